@@ -1,0 +1,5 @@
+import sys
+
+from iopd.cli import main
+
+sys.exit(main())

@@ -1,0 +1,138 @@
+"""The ``iopd`` command line (SPEC §10 "Commands").
+
+Sub-commands import their modules lazily so ``iopd token`` or
+``iopd config check`` start fast and never pull in the daemons.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import secrets
+import sys
+from collections.abc import Sequence
+
+from iopd import __version__
+
+DEFAULT_ADMIN = "http://127.0.0.1:7071"
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    token = "iop_" + secrets.token_urlsafe(32)
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    print(f"token:             {token}")
+    print(f"token_hash_sha256: {digest}")
+    return 0
+
+
+def _cmd_config_check(args: argparse.Namespace) -> int:
+    from iopd.config.check import check_main
+
+    return check_main(args.path)
+
+
+def _cmd_edge(args: argparse.Namespace) -> int:
+    from iopd.edge.run import edge_main
+
+    return edge_main(args.config, log_level=args.log_level)
+
+
+def _cmd_node(args: argparse.Namespace) -> int:
+    from iopd.node.run import node_main
+
+    return node_main(args.config, log_level=args.log_level)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from iopd.demo import demo_main
+
+    return demo_main(port=args.port)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from iopd.admin_client import status_main
+
+    return status_main(args.admin, as_json=args.json)
+
+
+def _cmd_refresh(args: argparse.Namespace) -> int:
+    from iopd.admin_client import refresh_main
+
+    return refresh_main(args.admin, dry_run=args.dry_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="iopd",
+        description="iopd: a self-hosted OpenAI-compatible LLM gateway (edge + node daemons).",
+    )
+    parser.add_argument("--version", action="version", version=f"iopd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("edge", help="run the edge daemon (OpenAI API, wire listener, admin API)")
+    p.add_argument("--config", required=True, metavar="PATH", help="edge config YAML")
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=None,
+        help="override edge.log_level from the config",
+    )
+    p.set_defaults(func=_cmd_edge)
+
+    p = sub.add_parser("node", help="run the node daemon (dials the edge, runs providers)")
+    p.add_argument("--config", required=True, metavar="PATH", help="node config YAML")
+    p.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=None,
+        help="override node.log_level from the config",
+    )
+    p.set_defaults(func=_cmd_node)
+
+    p = sub.add_parser(
+        "demo", help="edge + one node + the built-in echo provider in one process"
+    )
+    p.add_argument(
+        "--port", type=int, default=8080, help="OpenAI listener port (default 8080; 0 = any free)"
+    )
+    p.set_defaults(func=_cmd_demo)
+
+    p = sub.add_parser("config", help="configuration tools")
+    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    c = csub.add_parser(
+        "check", help="validate an edge or node config; exit 1 listing every problem"
+    )
+    c.add_argument("path", metavar="PATH", help="config YAML (edge or node, detected)")
+    c.set_defaults(func=_cmd_config_check)
+
+    p = sub.add_parser("status", help="show the provider catalog of a running edge")
+    p.add_argument(
+        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
+    )
+    p.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    p.set_defaults(func=_cmd_status)
+
+    p = sub.add_parser("refresh", help="dry-run or apply the running edge's config file")
+    p.add_argument(
+        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="only classify and report; change nothing"
+    )
+    p.set_defaults(func=_cmd_refresh)
+
+    p = sub.add_parser("token", help="print a new random token and its SHA-256 for the config")
+    p.set_defaults(func=_cmd_token)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Typed schemas of the edge and node configuration files (SPEC §10).
+
+Every section is a msgspec Struct with ``forbid_unknown_fields=True`` so a typo
+in an operator's YAML is an error, never silently ignored.  Field names, types
+and defaults here *are* the contract; ``docs/configuration.md`` documents every
+one of them (a test compares the two).
+
+Semantic checks (references, bounds, uniqueness) live in ``validate.py``;
+loading, ``${NAME}`` substitution and error paths in ``load.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+ProviderType = Literal["openai", "ollama", "cli", "echo"]
+ProviderCategory = Literal["api", "cli", "local_inference"]
+LogFormat = Literal["keyvalue", "json"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+PromptVia = Literal["stdin", "arg"]
+
+#: Display-only flags an operator may attach to a provider (SPEC §3).
+LIFECYCLE_CAPABILITIES: frozenset[str] = frozenset(
+    {
+        "streaming",
+        "passthrough",
+        "tool_calls",
+        "reasoning",
+        "cancel",
+        "health_probe",
+        "long_context",
+        "responses",
+    }
+)
+
+DEFAULT_STRICT_OUTPUT_INSTRUCTION = (
+    "Put your final answer, and nothing else, inside a single "
+    "<completion>...</completion> element."
+)
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """Base for every config section: unknown keys are rejected."""
+
+
+# --------------------------------------------------------------------- edge
+
+
+class EdgeTLS(_Section):
+    cert: str | None = None
+    key: str | None = None
+    client_ca: str | None = None
+
+
+class EdgeSection(_Section):
+    id: str
+    node_listen: str
+    admin_listen: str
+    drain_timeout: float = 30.0
+    log_format: LogFormat = "keyvalue"
+    log_level: LogLevel = "info"
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 15.0
+    handshake_timeout: float = 10.0
+    max_frame_bytes: int = 16 * 1024 * 1024
+    tls: EdgeTLS = msgspec.field(default_factory=EdgeTLS)
+
+
+class PrincipalToken(_Section):
+    token_ref: str
+    token_hash_sha256: str
+    principal_ref: str
+    alias: str = ""
+
+
+class ProviderAuth(_Section):
+    header: str = "X-Provider-Authorization"
+    target_header: str = "Authorization"
+    required: bool = False
+
+
+class ModelRoute(_Section):
+    """Legacy ``openai.model_routes[]`` entry; normalised to a one-provider group."""
+
+    model: str
+    node: str
+    adapter: str  # the provider id on ``node``
+    target: str  # the served model name
+    session_id: str | None = None
+    queue_timeout: float | None = None
+
+
+class OpenAISection(_Section):
+    enabled: bool = True
+    listen: str = "127.0.0.1:8080"
+    bearer_token: str | None = None
+    principal_tokens: list[PrincipalToken] = msgspec.field(default_factory=list)
+    provider_auth: ProviderAuth = msgspec.field(default_factory=ProviderAuth)
+    long_context_threshold_tokens: int = 100000
+    strict_output: bool = False
+    strict_output_instruction: str = DEFAULT_STRICT_OUTPUT_INSTRUCTION
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    request_timeout: float = 600.0
+    idle_timeout: float = 30.0
+    header_timeout: float = 10.0
+    model_routes: list[ModelRoute] = msgspec.field(default_factory=list)
+    # Legacy single-target form: every request whose model is not otherwise
+    # resolved goes to provider ``adapter`` (on ``node``) with served ``target``.
+    node: str | None = None
+    adapter: str | None = None
+    target: str | None = None
+
+
+class ProviderPoolSection(_Section):
+    max_queue: int = 256
+    queue_timeout: float = 30.0
+
+
+class Generation(_Section):
+    defaults: dict[str, float | int | str | bool] = msgspec.field(default_factory=dict)
+    limits: dict[str, float | int] = msgspec.field(default_factory=dict)
+
+
+class ModelGroup(_Section):
+    id: str
+    providers: dict[str, str]  # provider id -> served model name
+    generation: Generation = msgspec.field(default_factory=Generation)
+
+
+class ProviderConfig(_Section):
+    """One provider under ``nodes[].providers[]``; also pushed to the node."""
+
+    id: str
+    type: ProviderType
+    category: ProviderCategory = "local_inference"
+    models: list[str] = msgspec.field(default_factory=list)
+    base_url: str | None = None
+    api_key: str | None = None  # sent as Bearer to the provider; use ${NAME}
+    capacity: int = 1
+    long_context_capacity: int = 0
+    priority: int = 0
+    enabled: bool = True
+    lifecycle_capabilities: list[str] = msgspec.field(default_factory=list)
+    connect_timeout: float = 5.0
+    read_timeout: float = 300.0
+    health_interval: float = 10.0
+    # cli
+    command: list[str] | None = None
+    prompt_via: PromptVia = "stdin"
+    health_command: list[str] | None = None
+    kill_grace: float = 5.0
+    # echo
+    delay_ms: int = 0
+
+
+class NodeEntry(_Section):
+    id: str
+    token_hash_sha256: str
+    alias: str = ""
+    providers: list[ProviderConfig] = msgspec.field(default_factory=list)
+
+
+class EdgeConfig(_Section):
+    edge: EdgeSection
+    openai: OpenAISection = msgspec.field(default_factory=OpenAISection)
+    provider_pool: ProviderPoolSection = msgspec.field(default_factory=ProviderPoolSection)
+    models: list[ModelGroup] = msgspec.field(default_factory=list)
+    nodes: list[NodeEntry] = msgspec.field(default_factory=list)
+
+
+# --------------------------------------------------------------------- node
+
+
+class NodeTLS(_Section):
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
+    server_hostname: str | None = None
+
+
+class NodeSection(_Section):
+    id: str
+    edge: str
+    token: str
+    tls: NodeTLS = msgspec.field(default_factory=NodeTLS)
+    drain_timeout: float = 30.0
+    reconnect_max_backoff: float = 30.0
+    reconnect_initial_backoff: float = 0.5
+    max_frame_bytes: int = 16 * 1024 * 1024
+    log_format: LogFormat = "keyvalue"
+    log_level: LogLevel = "info"
+
+
+class NodeConfigFile(_Section):
+    node: NodeSection

@@ -1,0 +1,89 @@
+"""The gateway's error hierarchy for the OpenAI surface (SPEC §10 error table).
+
+Every failure that can reach an HTTP caller is one of these; the OpenAI
+listener turns them into the ``{"error": {...}}`` envelope in exactly one
+place (``iopd/edge/openai/errors.py``).  ``metric_status`` is the ``status``
+label of ``iop_openai_requests_total``.
+"""
+
+from __future__ import annotations
+
+
+class GatewayError(Exception):
+    """Base: an error with an HTTP status and an OpenAI ``type``/``code``."""
+
+    status: int = 500
+    type: str = "server_error"
+    code: str = "internal_error"
+    metric_status: str = "provider_error"
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.headers: list[tuple[str, str]] = []
+
+
+class AuthenticationError(GatewayError):
+    status, type, code, metric_status = 401, "authentication_error", "invalid_api_key", "auth_error"
+
+
+class ProviderAuthRequired(GatewayError):
+    status, type, code, metric_status = (
+        401,
+        "authentication_error",
+        "provider_auth_required",
+        "auth_error",
+    )
+
+
+class InvalidRequest(GatewayError):
+    status, type, code, metric_status = 400, "invalid_request_error", "invalid_request_error", "client_error"
+
+
+class ModelNotFound(GatewayError):
+    status, type, code, metric_status = 404, "invalid_request_error", "model_not_found", "client_error"
+
+
+class RouteNotFound(GatewayError):
+    status, type, code, metric_status = 404, "invalid_request_error", "not_found", "client_error"
+
+
+class MethodNotAllowed(GatewayError):
+    status, type, code, metric_status = 405, "invalid_request_error", "method_not_allowed", "client_error"
+
+
+class RequestTooLarge(GatewayError):
+    status, type, code, metric_status = 413, "invalid_request_error", "request_too_large", "client_error"
+
+
+class HeadersTooLarge(GatewayError):
+    status, type, code, metric_status = 431, "invalid_request_error", "headers_too_large", "client_error"
+
+
+class RequestTimeout(GatewayError):
+    status, type, code, metric_status = 408, "invalid_request_error", "request_timeout", "client_error"
+
+
+class QueueFull(GatewayError):
+    status, type, code, metric_status = 429, "rate_limit_error", "queue_full", "queue_full"
+
+
+class QueueTimeout(GatewayError):
+    status, type, code, metric_status = 503, "server_error", "queue_timeout", "queue_timeout"
+
+    def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.headers = [("Retry-After", str(max(1, retry_after)))]
+
+
+class NodeDispatchError(GatewayError):
+    status, type, code, metric_status = 502, "server_error", "node_dispatch_error", "dispatch_error"
+
+
+class ProviderError(GatewayError):
+    status, type, code, metric_status = 502, "server_error", "provider_error", "provider_error"
+
+
+class ProviderTimeout(GatewayError):
+    status, type, code, metric_status = 504, "server_error", "provider_timeout", "provider_error"

@@ -1,0 +1,36 @@
+"""The one input-token estimate used everywhere (SPEC §2.4).
+
+ceil(code points of all text parts / 4).  Text parts are string message
+contents, the ``text`` of content parts, and string ``input`` of /v1/responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def estimate_tokens_from_chars(chars: int) -> int:
+    """ceil(chars / 4) without floats."""
+    return (chars + 3) // 4
+
+
+def text_parts(messages: Iterable[Any]) -> Iterable[str]:
+    """Yield every text part of OpenAI-shaped chat messages."""
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            yield content
+        elif isinstance(content, list):
+            for part in content:
+                if isinstance(part, dict):
+                    text = part.get("text")
+                    if isinstance(text, str):
+                        yield text
+
+
+def estimate_input_tokens(messages: Iterable[Any]) -> int:
+    """The §2.4 estimate over all text parts of ``messages``."""
+    return estimate_tokens_from_chars(sum(len(t) for t in text_parts(messages)))

@@ -1,0 +1,1 @@
+"""Sans-IO Edge-Node protocol: messages, framing, connection state. No trio here."""

@@ -1,0 +1,250 @@
+"""Every message of the Edge-Node wire, as tagged msgspec Structs in one union.
+
+Schema evolution follows msgspec's rules: a new field always gets a default,
+a field is never renamed or retyped, unknown fields are ignored on decode.
+``omit_defaults`` keeps hot messages (RunEvent, ProviderTunnelFrame) small.
+
+Streams: the edge opens every stream (RunRequest, ProviderTunnelRequest,
+NodeConfig) with a fresh ``stream_id``; all replies carry the same id. A stream
+ends with exactly one terminal message: RunEvent kind ``complete``/``error``,
+ProviderTunnelFrame kind ``end``/``error``, or NodeConfigAck.
+Flow control is credit based: a request carries ``window`` (frames the node may
+send before waiting), the edge returns credit with ``Credit`` as it consumes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+
+class _Msg(msgspec.Struct, tag_field="t", omit_defaults=True, kw_only=True):
+    """Base of every wire message; the tag is the class name."""
+
+
+# ----------------------------------------------------------------- handshake
+
+
+class Hello(_Msg, tag=True):
+    """Node -> edge, first frame on a connection."""
+
+    protocol_version: int
+    node_id: str
+    token: str
+    software_version: str = ""
+
+
+class HelloAck(_Msg, tag=True):
+    """Edge -> node: the session is established."""
+
+    edge_id: str
+    protocol_version: int = PROTOCOL_VERSION
+    heartbeat_interval: float = 5.0
+    heartbeat_timeout: float = 15.0
+    session_id: str = ""
+
+
+class Refused(_Msg, tag=True):
+    """Edge -> node: the handshake is refused; the edge closes the connection."""
+
+    reason: str
+    code: Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"] = (
+        "bad_handshake"
+    )
+
+
+class Heartbeat(_Msg, tag=True):
+    """Either direction; the peer answers with Pong carrying the same seq."""
+
+    seq: int = 0
+
+
+class Pong(_Msg, tag=True):
+    seq: int = 0
+
+
+# ------------------------------------------------------------ provider state
+
+Health = Literal["unknown", "healthy", "unhealthy"]
+
+
+class ProviderHealth(msgspec.Struct, omit_defaults=True, kw_only=True):
+    provider_id: str
+    health: Health = "unknown"
+    last_error: str = ""
+
+
+class ProviderStatus(_Msg, tag=True):
+    """Node -> edge: health of some or all of the node's providers."""
+
+    providers: list[ProviderHealth] = msgspec.field(default_factory=list)
+
+
+class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One provider as the node needs it: the adapter settings, no edge policy."""
+
+    id: str
+    type: Literal["openai", "ollama", "cli", "echo"]
+    category: str = "local_inference"
+    models: list[str] = msgspec.field(default_factory=list)
+    base_url: str | None = None
+    api_key: str | None = None
+    capacity: int = 1
+    connect_timeout: float = 5.0
+    read_timeout: float = 300.0
+    health_interval: float = 10.0
+    command: list[str] | None = None
+    prompt_via: Literal["stdin", "arg"] = "stdin"
+    health_command: list[str] | None = None
+    kill_grace: float = 5.0
+    delay_ms: int = 0
+
+
+class NodeConfig(_Msg, tag=True):
+    """Edge -> node: the node's provider set, at handshake and on refresh."""
+
+    stream_id: int
+    version: int
+    providers: list[ProviderSpec] = msgspec.field(default_factory=list)
+
+
+class NodeConfigAck(_Msg, tag=True):
+    stream_id: int
+    version: int
+    ok: bool = True
+    error: str = ""
+
+
+# ------------------------------------------------------------- normalized run
+
+
+class Usage(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Token usage as the provider reported it (None = not reported)."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    reasoning_tokens: int | None = None
+    cached_input_tokens: int | None = None
+
+
+class RunRequest(_Msg, tag=True):
+    """Edge -> node: run a normalized request on ``provider_id``."""
+
+    stream_id: int
+    provider_id: str
+    adapter: Literal["openai", "ollama", "cli", "echo"]
+    target: str  # the provider's served model name (already rewritten)
+    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    tools: list[dict[str, Any]] | None = None
+    params: dict[str, Any] = msgspec.field(default_factory=dict)  # temperature, max_tokens...
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    workspace: str | None = None
+    stream: bool = False
+    window: int = 64
+
+
+RunEventKind = Literal["text", "reasoning", "tool_call", "usage", "complete", "error"]
+
+
+class RunEvent(_Msg, tag=True):
+    """Node -> edge: one event of a normalized run.
+
+    ``complete`` and ``error`` are terminal.  ``error`` carries ``code``:
+    ``provider_error``, ``provider_timeout``, ``cancelled``, ``bad_request``.
+    """
+
+    stream_id: int
+    kind: RunEventKind
+    text: str = ""
+    tool_call: dict[str, Any] | None = None  # OpenAI shape {id, type, function{name, arguments}}
+    usage: Usage | None = None
+    finish_reason: str | None = None
+    code: str = ""
+    message: str = ""
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+# -------------------------------------------------------------- passthrough
+
+
+class ProviderTunnelRequest(_Msg, tag=True):
+    """Edge -> node: relay one raw HTTP request to an ``openai``/``ollama`` provider."""
+
+    stream_id: int
+    provider_id: str
+    method: str
+    path: str  # origin-form, e.g. /v1/chat/completions
+    headers: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    body: bytes = b""
+    window: int = 64
+
+
+TunnelFrameKind = Literal["head", "body", "usage", "end", "error"]
+
+
+class ProviderTunnelFrame(_Msg, tag=True):
+    """Node -> edge: one frame of a relayed response.
+
+    Order: ``head`` (status, headers), ``body``* (data), at most one ``usage``,
+    then terminal ``end`` or ``error`` (code, message; ``error`` may come
+    before ``head`` when the provider could not be reached).
+    """
+
+    stream_id: int
+    kind: TunnelFrameKind
+    status: int = 0
+    headers: list[tuple[str, str]] = msgspec.field(default_factory=list)
+    data: bytes = b""
+    usage: Usage | None = None
+    code: str = ""
+    message: str = ""
+
+
+# ------------------------------------------------------------------- control
+
+
+class Cancel(_Msg, tag=True):
+    """Edge -> node: abort the run or tunnel on ``stream_id``."""
+
+    stream_id: int
+    reason: str = ""
+
+
+class Credit(_Msg, tag=True):
+    """Edge -> node: the edge consumed ``frames`` more frames of ``stream_id``."""
+
+    stream_id: int
+    frames: int
+
+
+Message = (
+    Hello
+    | HelloAck
+    | Refused
+    | Heartbeat
+    | Pong
+    | ProviderStatus
+    | NodeConfig
+    | NodeConfigAck
+    | RunRequest
+    | RunEvent
+    | ProviderTunnelRequest
+    | ProviderTunnelFrame
+    | Cancel
+    | Credit
+)
+
+TERMINAL_RUN_KINDS = frozenset({"complete", "error"})
+TERMINAL_TUNNEL_KINDS = frozenset({"end", "error"})
+
+
+def is_terminal(msg: Message) -> bool:
+    """True when ``msg`` ends its stream."""
+    if isinstance(msg, RunEvent):
+        return msg.kind in TERMINAL_RUN_KINDS
+    if isinstance(msg, ProviderTunnelFrame):
+        return msg.kind in TERMINAL_TUNNEL_KINDS
+    return isinstance(msg, NodeConfigAck)
