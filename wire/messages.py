@@ -198,7 +198,13 @@ class ProviderTunnelFrame(_Msg, tag=True):
     status: int = 0
     headers: list[tuple[str, str]] = msgspec.field(default_factory=list)
     data: bytes = b""
+    # kind "usage": ``body_usage`` is what the node extracted from the provider's
+    # body (JSON ``usage`` or the SSE chunk carrying it); ``usage`` is usage the
+    # node learned otherwise (e.g. response headers).  The edge merges them:
+    # body input/output win, frame reasoning/cached_input supplement.
     usage: Usage | None = None
+    body_usage: Usage | None = None
+    reasoning_chars: int = 0  # reasoning text the node saw in the relayed body
     code: str = ""
     message: str = ""
 
