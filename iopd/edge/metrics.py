@@ -1,0 +1,628 @@
+"""Usage metering and gateway health in Prometheus (SPEC §5).
+
+Why this module looks the way it does:
+
+* Every ``GatewayMetrics`` owns its registry (never prometheus_client's global
+  default), so two edges in one process -- or two tests -- never share state.
+* Label cardinality must stay low and no caller-controlled string may ever
+  become a label value.  Labels with a fixed vocabulary (``endpoint``,
+  ``status``, ...) are checked against frozensets and a wrong value raises
+  ``ValueError`` -- that is a programming error in the caller, caught by tests.
+  Identity labels (``model_group``, ``principal_ref``, ...) come from config
+  ids; once the edge registered them with :meth:`GatewayMetrics.allow_ids`, an
+  id that is not registered raises ``ValueError`` too.  There is no parameter
+  through which a request id, a session id, a token, a prompt or a response
+  could reach ``/metrics``.
+* A request is counted by exactly one call, :meth:`GatewayMetrics.record_request`,
+  made when the request is finished (ok, failed or cancelled).  Requests,
+  tokens, reasoning and the duration histogram all come from that call, so they
+  can never disagree.
+* Provider gauges (in-flight, capacity, load ratio, health) are read from a
+  status callable at scrape time by a custom collector: the values are always
+  current and nothing has to remember to update a gauge.
+
+Label conventions (also in ``docs/openai-usage-grafana.md``):
+
+* ``principal_ref``/``principal_alias``/``token_ref`` are ``unmapped`` for
+  legacy-bearer and open callers and for requests that failed authentication.
+* ``model_group`` is the catalog id the request resolved to, or ``unknown``
+  (unknown model, failed before the body was parsed, failed auth).
+* ``response_mode`` names the execution path actually used: ``passthrough``
+  (raw tunnel to a ``type: openai`` provider, and the raw ``/api/*`` relay) or
+  ``normalized`` (``RunRequest``).  A request that failed before a provider was
+  chosen uses :func:`expected_response_mode`: ``passthrough`` for ``/api/*`` or
+  when every provider of the group is passthrough, else ``normalized``.
+* ``iop_openai_usage_tokens_total`` carries the full label set of
+  ``iop_openai_requests_total`` (``status`` included) plus ``usage_source`` and
+  ``token_type``, so usage of failed or cancelled requests stays visible.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from iopd.edge.usage import UsageItem
+from iopd.tokens import estimate_tokens_from_chars
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DIRECTIONS",
+    "DISPATCH_OUTCOMES",
+    "ENDPOINTS",
+    "ESTIMATION_METHOD",
+    "HEALTH_VALUES",
+    "REFRESH_OUTCOMES",
+    "RESPONSE_MODES",
+    "STATUSES",
+    "TOKEN_TYPES",
+    "UNKNOWN_GROUP",
+    "UNMAPPED",
+    "USAGE_SOURCES",
+    "WIRE_ERROR_REASONS",
+    "GatewayMetrics",
+    "GatewayStatus",
+    "PrincipalLabels",
+    "ProviderGaugeRow",
+    "RequestLabels",
+    "UsageItem",
+    "expected_response_mode",
+]
+
+# ------------------------------------------------------------ vocabularies
+
+UNMAPPED: Final = "unmapped"
+"""principal_ref/principal_alias/token_ref of legacy-bearer, open and unauthenticated callers."""
+UNKNOWN_GROUP: Final = "unknown"
+"""model_group of a request that did not resolve to a catalog id."""
+ESTIMATION_METHOD: Final = "chars_div_4"
+
+Endpoint = Literal["chat_completions", "responses", "api"]
+ResponseMode = Literal["passthrough", "normalized"]
+Status = Literal[
+    "ok",
+    "client_error",
+    "auth_error",
+    "queue_full",
+    "queue_timeout",
+    "dispatch_error",
+    "provider_error",
+    "cancelled",
+]
+UsageSource = Literal["provider_body", "tunnel_frame", "run_event"]
+TokenType = Literal["input", "output", "reasoning", "cached_input"]
+DispatchOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]
+RefreshOutcome = Literal["applied", "refused", "failed", "dry_run"]
+Direction = Literal["in", "out"]
+WireErrorReason = Literal[
+    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
+]
+Health = Literal["unhealthy", "unknown", "healthy"]
+
+ENDPOINTS: Final = frozenset({"chat_completions", "responses", "api"})
+RESPONSE_MODES: Final = frozenset({"passthrough", "normalized"})
+STATUSES: Final = frozenset(
+    {
+        "ok",
+        "client_error",
+        "auth_error",
+        "queue_full",
+        "queue_timeout",
+        "dispatch_error",
+        "provider_error",
+        "cancelled",
+    }
+)
+USAGE_SOURCES: Final = frozenset({"provider_body", "tunnel_frame", "run_event"})
+TOKEN_TYPES: Final = frozenset({"input", "output", "reasoning", "cached_input"})
+DISPATCH_OUTCOMES: Final = frozenset(
+    {"admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"}
+)
+REFRESH_OUTCOMES: Final = frozenset({"applied", "refused", "failed", "dry_run"})
+DIRECTIONS: Final = frozenset({"in", "out"})
+WIRE_ERROR_REASONS: Final = frozenset(
+    {"frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"}
+)
+HEALTH_VALUES: Final = {"unhealthy": 0, "unknown": 1, "healthy": 2}
+"""``iop_provider_health`` gauge value per health state (higher is better)."""
+
+_MAX_ID_LEN: Final = 128
+# Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
+_REQUEST_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+def _check_member(kind: str, value: str, allowed: frozenset[str]) -> None:
+    if value not in allowed:
+        # The value itself is left out of the message: it may be anything.
+        raise ValueError(f"{kind} must be one of {sorted(allowed)}")
+
+
+def _check_id_shape(kind: str, value: str) -> None:
+    """A config id: a non-empty printable string without whitespace breaks, bounded."""
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID_LEN:
+        raise ValueError(f"{kind} must be a non-empty string of at most {_MAX_ID_LEN} chars")
+    if not value.isprintable():
+        raise ValueError(f"{kind} must be printable")
+
+
+def expected_response_mode(endpoint: str, provider_types: Iterable[str]) -> ResponseMode:
+    """The ``response_mode`` label for a request that failed before a provider was chosen.
+
+    ``provider_types`` are the ``type`` values of the resolved group's providers
+    (empty when the group is unknown).  ``/api/*`` is a raw relay, so
+    ``passthrough``; a group made only of ``type: openai`` providers always
+    tunnels, so ``passthrough``; anything else (mixed, normalized-only, unknown
+    group) is ``normalized``.
+    """
+    _check_member("endpoint", endpoint, ENDPOINTS)
+    if endpoint == "api":
+        return "passthrough"
+    types = set(provider_types)
+    if types and types == {"openai"}:
+        return "passthrough"
+    return "normalized"
+
+
+# ------------------------------------------------------------ label records
+
+
+@dataclass(frozen=True)
+class PrincipalLabels:
+    """The identity labels of a matched ``openai.principal_tokens[]`` entry."""
+
+    principal_ref: str
+    principal_alias: str
+    token_ref: str
+
+    def __post_init__(self) -> None:
+        _check_id_shape("principal_ref", self.principal_ref)
+        _check_id_shape("principal_alias", self.principal_alias)
+        _check_id_shape("token_ref", self.token_ref)
+
+    @classmethod
+    def from_config(cls, principal_ref: str, alias: str, token_ref: str) -> PrincipalLabels:
+        """Labels of a configured principal token; an empty alias shows the principal_ref."""
+        return cls(principal_ref=principal_ref, principal_alias=alias or principal_ref, token_ref=token_ref)
+
+
+UNMAPPED_PRINCIPAL: Final = PrincipalLabels(UNMAPPED, UNMAPPED, UNMAPPED)
+
+
+@dataclass(frozen=True)
+class RequestLabels:
+    """Everything that labels one finished OpenAI-surface request except ``status``.
+
+    Fixed-vocabulary fields are checked on construction (``ValueError``).
+    Use :meth:`build` rather than spelling out the identity fields.
+    """
+
+    principal_ref: str
+    principal_alias: str
+    token_ref: str
+    model_group: str
+    endpoint: str
+    response_mode: str
+
+    def __post_init__(self) -> None:
+        _check_member("endpoint", self.endpoint, ENDPOINTS)
+        _check_member("response_mode", self.response_mode, RESPONSE_MODES)
+        _check_id_shape("principal_ref", self.principal_ref)
+        _check_id_shape("principal_alias", self.principal_alias)
+        _check_id_shape("token_ref", self.token_ref)
+        _check_id_shape("model_group", self.model_group)
+
+    @classmethod
+    def build(
+        cls,
+        principal: PrincipalLabels | None,
+        *,
+        model_group: str,
+        endpoint: str,
+        response_mode: str,
+    ) -> RequestLabels:
+        """Labels for a request; ``principal=None`` means an unmapped caller.
+
+        ``model_group`` must be the resolved catalog id or :data:`UNKNOWN_GROUP`
+        -- never the caller's ``model`` string.
+        """
+        p = principal or UNMAPPED_PRINCIPAL
+        return cls(
+            principal_ref=p.principal_ref,
+            principal_alias=p.principal_alias,
+            token_ref=p.token_ref,
+            model_group=model_group,
+            endpoint=endpoint,
+            response_mode=response_mode,
+        )
+
+    @classmethod
+    def unauthenticated(cls, endpoint: str, response_mode: str = "normalized") -> RequestLabels:
+        """Labels for a request rejected before auth succeeded (unmapped, model unknown)."""
+        return cls.build(
+            None, model_group=UNKNOWN_GROUP, endpoint=endpoint, response_mode=response_mode
+        )
+
+    @property
+    def principal(self) -> PrincipalLabels:
+        """The identity part of these labels."""
+        return PrincipalLabels(self.principal_ref, self.principal_alias, self.token_ref)
+
+
+# ------------------------------------------------------------ status rows
+
+
+@dataclass(frozen=True)
+class ProviderGaugeRow:
+    """One provider's live numbers, as the pool sees them at scrape time."""
+
+    node_id: str
+    provider_id: str
+    in_flight: int
+    capacity: int
+    long_in_flight: int = 0
+    long_capacity: int = 0
+    health: str = "unknown"  # one of HEALTH_VALUES
+    enabled: bool = True
+
+    @property
+    def load_ratio(self) -> float:
+        """``in_flight / capacity``; 0 when capacity is 0 (kept as 0, never dropped)."""
+        return self.in_flight / self.capacity if self.capacity > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class GatewayStatus:
+    """What the status source returns at each scrape: one consistent read."""
+
+    queue_depth: int = 0
+    max_queue: int = 0
+    connected_nodes: int = 0
+    providers: Sequence[ProviderGaugeRow] = field(default_factory=tuple)
+
+
+StatusSource = Callable[[], GatewayStatus]
+
+
+class _StatusCollector(Collector):
+    """Reads the status source at scrape time and yields gauge families."""
+
+    def __init__(self, edge_id: str) -> None:
+        self._edge_id = edge_id
+        self.source: StatusSource | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        # Declaring no names up front keeps the registry from calling collect()
+        # at registration time (the source may not be set yet).
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        try:
+            status = self.source()
+        except Exception:  # a scrape must never fail because of the pool
+            log.exception("metrics status source failed")
+            return
+        edge = [self._edge_id]
+        for name, doc, value in (
+            ("iop_queue_depth", "Requests waiting in the global provider queue.", status.queue_depth),
+            ("iop_queue_max", "provider_pool.max_queue (0 = never wait).", status.max_queue),
+            ("iop_connected_nodes", "Nodes with a live wire session.", status.connected_nodes),
+        ):
+            g = GaugeMetricFamily(name, doc, labels=["edge_id"])
+            g.add_metric(edge, float(value))
+            yield g
+        labels = ["edge_id", "node_id", "provider_id"]
+        fams = {
+            "in_flight": GaugeMetricFamily(
+                "iop_provider_in_flight", "Leases held on the provider (normal slots).", labels=labels
+            ),
+            "capacity": GaugeMetricFamily(
+                "iop_provider_capacity", "Configured capacity (normal slots).", labels=labels
+            ),
+            "load_ratio": GaugeMetricFamily(
+                "iop_provider_load_ratio", "in_flight / capacity (0 when capacity is 0).", labels=labels
+            ),
+            "long_in_flight": GaugeMetricFamily(
+                "iop_provider_long_in_flight", "Long-context slots in use.", labels=labels
+            ),
+            "long_capacity": GaugeMetricFamily(
+                "iop_provider_long_capacity", "Configured long_context_capacity.", labels=labels
+            ),
+            "health": GaugeMetricFamily(
+                "iop_provider_health",
+                "Provider health: 0 unhealthy, 1 unknown (not probed yet), 2 healthy.",
+                labels=labels,
+            ),
+            "enabled": GaugeMetricFamily(
+                "iop_provider_enabled", "1 when the provider is enabled in config.", labels=labels
+            ),
+        }
+        for row in status.providers:
+            key = [self._edge_id, row.node_id, row.provider_id]
+            fams["in_flight"].add_metric(key, float(row.in_flight))
+            fams["capacity"].add_metric(key, float(row.capacity))
+            fams["load_ratio"].add_metric(key, row.load_ratio)
+            fams["long_in_flight"].add_metric(key, float(row.long_in_flight))
+            fams["long_capacity"].add_metric(key, float(row.long_capacity))
+            fams["health"].add_metric(key, float(HEALTH_VALUES.get(row.health, 1)))
+            fams["enabled"].add_metric(key, 1.0 if row.enabled else 0.0)
+        yield from fams.values()
+
+
+# ------------------------------------------------------------ the metrics
+
+
+_REQ_LABELS: Final = (
+    "edge_id",
+    "principal_ref",
+    "principal_alias",
+    "token_ref",
+    "model_group",
+    "endpoint",
+    "response_mode",
+    "status",
+)
+_REASONING_LABELS: Final = ("edge_id", "principal_ref", "token_ref", "model_group", "endpoint")
+
+
+class GatewayMetrics:
+    """All Prometheus metrics of one edge, in a registry of their own.
+
+    Typical use by the request handlers::
+
+        labels = RequestLabels.build(principal, model_group=group_id,
+                                     endpoint="chat_completions", response_mode="normalized")
+        metrics.record_request(labels, status="ok", duration=elapsed,
+                               usage=run_event_usage(final_usage), reasoning_chars=n)
+
+    and ``body, content_type = metrics.exposition()`` for ``GET /metrics``.
+    """
+
+    def __init__(self, edge_id: str, registry: CollectorRegistry | None = None) -> None:
+        _check_id_shape("edge_id", edge_id)
+        self.edge_id = edge_id
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._groups: set[str] = set()
+        self._principals: set[PrincipalLabels] = set()
+        self._strict_groups = False
+        self._strict_principals = False
+        r = self.registry
+        self._requests = Counter(
+            "iop_openai_requests",
+            "Finished OpenAI-surface requests, each counted once.",
+            _REQ_LABELS,
+            registry=r,
+        )
+        self._tokens = Counter(
+            "iop_openai_usage_tokens",
+            "Tokens as providers reported them, by where the number came from.",
+            (*_REQ_LABELS, "usage_source", "token_type"),
+            registry=r,
+        )
+        self._reasoning_observed = Counter(
+            "iop_openai_reasoning_observed",
+            "Requests in which the edge saw reasoning text.",
+            _REASONING_LABELS,
+            registry=r,
+        )
+        self._reasoning_chars = Counter(
+            "iop_openai_reasoning_chars",
+            "Code points of reasoning text the edge saw.",
+            _REASONING_LABELS,
+            registry=r,
+        )
+        self._reasoning_estimated = Counter(
+            "iop_openai_reasoning_estimated_tokens",
+            "ceil(chars/4) of reasoning text the provider reported no reasoning tokens for.",
+            (*_REASONING_LABELS, "estimation_method"),
+            registry=r,
+        )
+        self._request_duration = Histogram(
+            "iop_request_duration_seconds",
+            "Wall time of finished OpenAI-surface requests, queueing included.",
+            ("edge_id", "endpoint", "response_mode"),
+            buckets=_REQUEST_BUCKETS,
+            registry=r,
+        )
+        self._dispatch_wait = Histogram(
+            "iop_dispatch_wait_seconds",
+            "Time from asking the pool for a provider to the outcome.",
+            ("edge_id", "model_group", "outcome"),
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        self._queue_timeouts = Counter(
+            "iop_queue_waiters_timed_out",
+            "Queue waiters that reached their queue_timeout.",
+            ("edge_id",),
+            registry=r,
+        )
+        self._refresh = Counter(
+            "iop_config_refresh",
+            "Config refresh requests by outcome.",
+            ("edge_id", "outcome"),
+            registry=r,
+        )
+        self._wire_frames = Counter(
+            "iop_wire_frames",
+            "Wire frames by direction (in = node to edge).",
+            ("edge_id", "direction"),
+            registry=r,
+        )
+        self._wire_errors = Counter(
+            "iop_wire_protocol_errors",
+            "Wire connections closed because of a protocol problem.",
+            ("edge_id", "reason"),
+            registry=r,
+        )
+        self._status = _StatusCollector(edge_id)
+        r.register(self._status)
+
+    # -------------------------------------------------- label vocabulary
+
+    def allow_ids(
+        self,
+        *,
+        model_groups: Iterable[str] = (),
+        principals: Iterable[PrincipalLabels] = (),
+    ) -> None:
+        """Register the config ids that may appear as label values.
+
+        Call at start with the catalog's group ids and the configured
+        principals, and again after each refresh (ids accumulate; a group
+        removed by refresh stays allowed so in-flight requests still record).
+        After the first call for a kind, an unregistered value of that kind
+        makes :meth:`record_request` / :meth:`observe_dispatch_wait` raise
+        ``ValueError``.  :data:`UNKNOWN_GROUP` and the unmapped principal are
+        always allowed.
+        """
+        for g in model_groups:
+            _check_id_shape("model_group", g)
+            self._groups.add(g)
+            self._strict_groups = True
+        for p in principals:
+            self._principals.add(p)
+            self._strict_principals = True
+
+    def _check_group(self, group: str) -> None:
+        _check_id_shape("model_group", group)
+        if self._strict_groups and group != UNKNOWN_GROUP and group not in self._groups:
+            raise ValueError("model_group is not a registered catalog id")
+
+    def _check_principal(self, p: PrincipalLabels) -> None:
+        if self._strict_principals and p != UNMAPPED_PRINCIPAL and p not in self._principals:
+            raise ValueError("principal labels are not a registered principal token")
+
+    # -------------------------------------------------- per request
+
+    def record_request(
+        self,
+        labels: RequestLabels,
+        *,
+        status: str,
+        duration: float,
+        usage: Iterable[UsageItem] = (),
+        reasoning_chars: int = 0,
+        reasoning_reported: bool = False,
+    ) -> None:
+        """Count one finished request: call exactly once per request, on every path.
+
+        ``usage`` is the list from ``iopd.edge.usage`` (each token type at most
+        once; zero counts are skipped).  ``reasoning_chars`` is the reasoning
+        text the edge (or the node, for tunnels) saw.  Reasoning counts as
+        reported when ``reasoning_reported`` is true or ``usage`` has a
+        non-zero ``reasoning`` item.  When ``reasoning_chars > 0``:
+        ``observed`` += 1 and ``chars`` += chars always; the ``chars_div_4``
+        estimate is added only when reasoning was not reported.  A reported
+        reasoning count is only ever in ``token_type="reasoning"``; an estimate
+        never is.
+
+        Everything is validated before anything is counted, so a ``ValueError``
+        leaves the counters untouched.
+        """
+        _check_member("status", status, STATUSES)
+        self._check_group(labels.model_group)
+        self._check_principal(labels.principal)
+        if duration < 0:
+            raise ValueError("duration must be >= 0")
+        if reasoning_chars < 0:
+            raise ValueError("reasoning_chars must be >= 0")
+        items: list[UsageItem] = []
+        seen_types: set[str] = set()
+        for source, token_type, count in usage:
+            _check_member("usage_source", source, USAGE_SOURCES)
+            _check_member("token_type", token_type, TOKEN_TYPES)
+            if count < 0:
+                raise ValueError("token counts must be >= 0")
+            if token_type in seen_types:
+                raise ValueError(f"token_type {token_type} given twice (would double count)")
+            seen_types.add(token_type)
+            if count:
+                items.append((source, token_type, count))
+        reported = reasoning_reported or any(t == "reasoning" for _, t, _ in items)
+
+        base = (
+            self.edge_id,
+            labels.principal_ref,
+            labels.principal_alias,
+            labels.token_ref,
+            labels.model_group,
+            labels.endpoint,
+            labels.response_mode,
+            status,
+        )
+        self._requests.labels(*base).inc()
+        for source, token_type, count in items:
+            self._tokens.labels(*base, source, token_type).inc(count)
+        if reasoning_chars:
+            r = (
+                self.edge_id,
+                labels.principal_ref,
+                labels.token_ref,
+                labels.model_group,
+                labels.endpoint,
+            )
+            self._reasoning_observed.labels(*r).inc()
+            self._reasoning_chars.labels(*r).inc(reasoning_chars)
+            if not reported:
+                self._reasoning_estimated.labels(*r, ESTIMATION_METHOD).inc(
+                    estimate_tokens_from_chars(reasoning_chars)
+                )
+        self._request_duration.labels(self.edge_id, labels.endpoint, labels.response_mode).observe(
+            duration
+        )
+
+    # -------------------------------------------------- gateway health
+
+    def set_status_source(self, fn: StatusSource | None) -> None:
+        """Install the callable read at every scrape for queue, node and provider gauges.
+
+        It must be cheap and synchronous (it runs inside ``exposition()``); if
+        it raises, that scrape simply has no status gauges.
+        """
+        self._status.source = fn
+
+    def observe_dispatch_wait(self, group: str, seconds: float, outcome: str) -> None:
+        """Time spent getting a lease for ``group``; ``outcome`` in :data:`DISPATCH_OUTCOMES`."""
+        _check_member("outcome", outcome, DISPATCH_OUTCOMES)
+        self._check_group(group)
+        if seconds < 0:
+            raise ValueError("seconds must be >= 0")
+        self._dispatch_wait.labels(self.edge_id, group, outcome).observe(seconds)
+
+    def count_queue_timeout(self) -> None:
+        """One queue waiter reached its ``queue_timeout``."""
+        self._queue_timeouts.labels(self.edge_id).inc()
+
+    def count_refresh(self, outcome: str) -> None:
+        """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""
+        _check_member("outcome", outcome, REFRESH_OUTCOMES)
+        self._refresh.labels(self.edge_id, outcome).inc()
+
+    def count_wire_frames(self, direction: str, n: int = 1) -> None:
+        """``n`` wire frames sent (``out``) or received (``in``)."""
+        _check_member("direction", direction, DIRECTIONS)
+        if n < 0:
+            raise ValueError("n must be >= 0")
+        self._wire_frames.labels(self.edge_id, direction).inc(n)
+
+    def count_wire_error(self, reason: str) -> None:
+        """A wire connection closed for ``reason`` in :data:`WIRE_ERROR_REASONS`."""
+        _check_member("reason", reason, WIRE_ERROR_REASONS)
+        self._wire_errors.labels(self.edge_id, reason).inc()
+
+    # -------------------------------------------------- exposition
+
+    def exposition(self) -> tuple[bytes, str]:
+        """The ``/metrics`` body and its ``Content-Type`` (text format 0.0.4)."""
+        return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
