@@ -1,0 +1,398 @@
+"""A small HTTP/1.1 client on trio + h11, used by the node to reach providers.
+
+Why our own: the node needs exactly three things from a client — keep-alive
+reuse (LLM servers are called many times a second), bytes relayed as they
+arrive (SSE), and *closing* the upstream connection when a run is cancelled
+(that is how a provider learns the caller went away).  A general-purpose
+client hides the last one behind pool logic; here it is explicit:
+
+* a connection goes back to the idle pool only when its response was read to
+  the end and h11 says both sides are ``DONE``; anything else (cancel, error,
+  a body left unread) closes it;
+* every low-level failure is mapped in one place (``_map_errors``) into
+  ``ProviderConnectError`` / ``ProviderTimeoutError`` / ``ProviderProtocolError``;
+* timeouts are ``fail_after`` scopes: ``connect_timeout`` around the dial,
+  ``read_timeout`` around every single receive (and send).
+
+A pooled connection may have been closed by the server while idle.  Before
+reuse it is checked for readability (an idle socket that is readable has
+seen EOF or junk), and a request that fails on a *reused* connection before
+any response byte arrived is retried once on a fresh connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import ssl
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+import trio
+
+__all__ = [
+    "ProviderConnectError",
+    "ProviderHTTPClient",
+    "ProviderHTTPError",
+    "ProviderProtocolError",
+    "ProviderResponse",
+    "ProviderTimeoutError",
+    "FullResponse",
+]
+
+_RECEIVE_BYTES = 65536
+# Request headers the client owns: framing and routing are computed here.
+_CLIENT_OWNED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+
+
+class ProviderHTTPError(Exception):
+    """Base of every error the provider client raises."""
+
+
+class ProviderConnectError(ProviderHTTPError):
+    """The provider could not be reached (refused, DNS, TLS, connect timeout)."""
+
+
+class ProviderTimeoutError(ProviderHTTPError):
+    """The provider stopped answering for longer than ``read_timeout``."""
+
+
+class ProviderProtocolError(ProviderHTTPError):
+    """The provider broke HTTP/1.1 or dropped the connection mid-response."""
+
+
+class _StaleConnection(Exception):
+    """A reused connection failed before any response byte: safe to retry once."""
+
+
+@contextlib.contextmanager
+def _map_errors(phase: str) -> Iterator[None]:
+    """The one boundary where low-level errors become ``ProviderHTTPError``s.
+
+    ``trio.Cancelled`` is a BaseException and passes through untouched.
+    """
+    try:
+        yield
+    except ProviderHTTPError:
+        raise
+    except trio.TooSlowError:
+        if phase == "connect":
+            raise ProviderConnectError("connect timed out") from None
+        raise ProviderTimeoutError(f"provider did not answer in time ({phase})") from None
+    except h11.RemoteProtocolError as exc:
+        raise ProviderProtocolError(f"invalid HTTP from provider: {exc}") from None
+    except h11.LocalProtocolError as exc:
+        raise ProviderProtocolError(f"cannot send request: {exc}") from None
+    except ssl.SSLError as exc:
+        raise ProviderConnectError(f"TLS error: {exc.reason or exc}") from None
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        if phase == "connect":
+            raise ProviderConnectError(f"cannot connect: {_describe(exc)}") from None
+        raise ProviderProtocolError(f"connection lost ({phase}): {_describe(exc)}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.strerror:
+        return cause.strerror
+    return type(exc).__name__
+
+
+class _Connection:
+    """One TCP (or TLS) connection and its h11 state machine."""
+
+    def __init__(self, stream: trio.abc.Stream, sock: Any) -> None:
+        self.stream = stream
+        self.sock = sock
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.reused = False
+
+    def looks_reusable(self) -> bool:
+        """False when the idle socket is readable, i.e. the server closed it."""
+        if self.h11.our_state is not h11.IDLE or self.h11.their_state is not h11.IDLE:
+            return False
+        if self.sock is None:
+            return True
+        try:
+            readable, _, _ = select.select([self.sock], [], [], 0)
+        except (OSError, ValueError):
+            return False
+        return not readable
+
+    async def aclose(self) -> None:
+        await trio.aclose_forcefully(self.stream)
+
+
+@dataclass
+class FullResponse:
+    """A whole response, as returned by ``ProviderHTTPClient.request``."""
+
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class ProviderResponse:
+    """A response whose body is read as it arrives (``aiter_bytes``)."""
+
+    def __init__(
+        self,
+        conn: _Connection,
+        status: int,
+        headers: list[tuple[str, str]],
+        read_timeout: float,
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._conn = conn
+        self._read_timeout = read_timeout
+        self.complete = False  # the whole body was read
+
+    def header(self, name: str) -> str | None:
+        """First value of header ``name`` (case-insensitive), or None."""
+        lname = name.lower()
+        for key, value in self.headers:
+            if key == lname:
+                return value
+        return None
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """Yield body bytes as they arrive (h11 undoes chunked encoding)."""
+        while not self.complete:
+            with _map_errors("read body"):
+                event = await _next_event(self._conn, self._read_timeout)
+            if isinstance(event, h11.Data):
+                if event.data:
+                    yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                self.complete = True
+            else:  # pragma: no cover - h11 guarantees Data/EndOfMessage here
+                raise ProviderProtocolError(f"unexpected HTTP event {type(event).__name__}")
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """Read the rest of the body (at most ``limit`` bytes are kept)."""
+        parts: list[bytes] = []
+        size = 0
+        async for chunk in self.aiter_bytes():
+            if limit is not None and size >= limit:
+                continue
+            parts.append(chunk)
+            size += len(chunk)
+        body = b"".join(parts)
+        return body if limit is None else body[:limit]
+
+
+async def _next_event(conn: _Connection, read_timeout: float) -> Any:
+    while True:
+        event = conn.h11.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        with trio.fail_after(read_timeout):
+            data = await conn.stream.receive_some(_RECEIVE_BYTES)
+        if not data and conn.reused and conn.h11.their_state is h11.SEND_RESPONSE:
+            # Server hung up before a response on a reused connection: the
+            # classic keep-alive race (it closed the idle socket meanwhile).
+            raise _StaleConnection()
+        conn.h11.receive_data(bytes(data))
+
+
+class ProviderHTTPClient:
+    """Keep-alive HTTP/1.1 client for one provider ``base_url`` (http or https).
+
+    ``connect_timeout`` bounds the dial (and TLS handshake); ``read_timeout``
+    bounds every single read or write, so a stream that keeps producing
+    tokens never times out while a hung provider does.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        max_idle_connections: int = 8,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"unsupported provider base_url scheme or host: {parts.scheme!r}")
+        self.scheme = parts.scheme
+        self.host = parts.hostname
+        self.port = parts.port or (443 if parts.scheme == "https" else 80)
+        self.path_prefix = parts.path.rstrip("/")
+        default_port = 443 if parts.scheme == "https" else 80
+        host_for_header = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = (
+            host_for_header if self.port == default_port else f"{host_for_header}:{self.port}"
+        )
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self.max_idle_connections = max_idle_connections
+        self._idle: deque[_Connection] = deque()
+        self._ssl_context: ssl.SSLContext | None = None
+        self._closed = False
+        #: How many connections this client has opened (tests, diagnostics).
+        self.connections_opened = 0
+
+    # ------------------------------------------------------------ pool
+
+    async def _open(self) -> _Connection:
+        with _map_errors("connect"), trio.fail_after(self.connect_timeout):
+            tcp = await trio.open_tcp_stream(self.host, self.port)
+            stream: trio.abc.Stream = tcp
+            if self.scheme == "https":
+                if self._ssl_context is None:
+                    self._ssl_context = ssl.create_default_context()
+                tls = trio.SSLStream(tcp, self._ssl_context, server_hostname=self.host)
+                try:
+                    await tls.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(tcp)
+                    raise
+                stream = tls
+        self.connections_opened += 1
+        return _Connection(stream, tcp.socket)
+
+    async def _acquire(self) -> _Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.looks_reusable():
+                conn.reused = True
+                return conn
+            await conn.aclose()
+        return await self._open()
+
+    async def _release(self, conn: _Connection, response: ProviderResponse | None) -> None:
+        """Pool ``conn`` if its exchange finished cleanly, else close it."""
+        reusable = (
+            not self._closed
+            and response is not None
+            and response.complete
+            and conn.h11.our_state is h11.DONE
+            and conn.h11.their_state is h11.DONE
+        )
+        if reusable:
+            try:
+                conn.h11.start_next_cycle()
+            except h11.LocalProtocolError:
+                reusable = False
+        if reusable and len(self._idle) < self.max_idle_connections:
+            self._idle.append(conn)
+        else:
+            await conn.aclose()
+
+    async def aclose(self) -> None:
+        """Close every idle connection; connections in use close when released."""
+        self._closed = True
+        while self._idle:
+            await self._idle.pop().aclose()
+
+    @property
+    def idle_connections(self) -> int:
+        """Number of pooled idle connections."""
+        return len(self._idle)
+
+    # ------------------------------------------------------------ requests
+
+    def _build_headers(
+        self, headers: Iterable[tuple[str, str]], body: bytes, method: str
+    ) -> list[tuple[str, str]]:
+        out = [("Host", self.host_header)]
+        for name, value in headers:
+            if name.lower() not in _CLIENT_OWNED_HEADERS:
+                out.append((name, value))
+        if body or method.upper() not in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            out.append(("Content-Length", str(len(body))))
+        return out
+
+    async def _send_request(
+        self, conn: _Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        data = conn.h11.send(h11.Request(method=method, target=target, headers=headers))
+        if body:
+            data = (data or b"") + (conn.h11.send(h11.Data(data=body)) or b"")
+        data = (data or b"") + (conn.h11.send(h11.EndOfMessage()) or b"")
+        with trio.fail_after(self.read_timeout):
+            await conn.stream.send_all(data)
+
+    async def _start(
+        self, conn: _Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> ProviderResponse:
+        try:
+            await self._send_request(conn, method, target, headers, body)
+        except (trio.BrokenResourceError, OSError):
+            if conn.reused:
+                raise _StaleConnection() from None
+            raise
+        while True:
+            event = await _next_event(conn, self.read_timeout)
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.Response):
+                headers_out = [
+                    (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in event.headers
+                ]
+                return ProviderResponse(conn, event.status_code, headers_out, self.read_timeout)
+            if isinstance(event, h11.ConnectionClosed):
+                if conn.reused:
+                    raise _StaleConnection()
+                raise ProviderProtocolError("provider closed the connection without a response")
+            raise ProviderProtocolError(f"unexpected HTTP event {type(event).__name__}")
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+    ) -> AsyncIterator[ProviderResponse]:
+        """Send one request; yield the response once its head has arrived.
+
+        The body is read with ``resp.aiter_bytes()``.  Leaving the block
+        before the body was read to the end (cancel, error, early exit)
+        closes the connection instead of pooling it.
+        """
+        if self._closed:
+            raise ProviderConnectError("client is closed")
+        target = self.path_prefix + (path if path.startswith("/") else "/" + path)
+        req_headers = self._build_headers(headers, body, method)
+        response: ProviderResponse | None = None
+        conn: _Connection | None = None
+        try:
+            for attempt in range(2):
+                conn = await self._acquire()
+                try:
+                    with _map_errors("request"):
+                        response = await self._start(conn, method, target, req_headers, body)
+                    break
+                except _StaleConnection:
+                    await conn.aclose()
+                    conn = None
+                    if attempt == 1:  # pragma: no cover - fresh connections are never "reused"
+                        raise ProviderProtocolError("provider closed the connection") from None
+            assert response is not None and conn is not None
+            yield response
+        finally:
+            if conn is not None:
+                with trio.CancelScope(shield=True):
+                    await self._release(conn, response)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        headers: Iterable[tuple[str, str]] = (),
+        body: bytes = b"",
+        *,
+        max_body_bytes: int | None = None,
+    ) -> FullResponse:
+        """Send one request and read the whole response body."""
+        async with self.stream(method, path, headers, body) as resp:
+            data = await resp.read(max_body_bytes)
+            return FullResponse(resp.status, resp.headers, data)

@@ -1,0 +1,469 @@
+"""Mock model servers for tests: an OpenAI-compatible one and an Ollama-style one.
+
+Both are real HTTP/1.1 servers (trio + h11) on 127.0.0.1 port 0, so they
+exercise real sockets, keep-alive and disconnects.  Use them like this::
+
+    async with trio.open_nursery() as nursery:
+        mock = await nursery.start(MockOpenAIServer().serve)
+        ... mock.base_url ...
+        nursery.cancel_scope.cancel()
+
+What can be configured:
+
+* ``reply_text`` / ``reasoning_text`` / ``tool_calls`` / ``usage`` — the
+  content of generated replies (chat, responses, ollama chat/generate);
+* ``mode`` — ``"ok"`` (default), ``"error500"`` (500 with a JSON error body),
+  ``"garbage"`` (bytes that are not HTTP, then close), ``"hang"`` (read the
+  request, never answer), ``"hang_after_head"`` (send the head and hang),
+  ``"drop"`` (close without answering);
+* ``chunk_delay`` — seconds between streamed chunks (``slow`` streams);
+* ``healthy`` — whether the health route (``/v1/models`` / ``/api/tags``) says 200;
+* ``handler`` — a callable ``(RecordedRequest) -> MockReply | None`` that
+  overrides everything for the requests it answers.
+
+What is recorded: ``requests`` (method, path, headers, body),
+``connections_opened``, ``client_closes`` (connections the *client* closed,
+incl. while a reply was hanging or streaming) with ``client_closed_at``
+(trio clock times) and ``wait_client_close(n)``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import trio
+
+__all__ = ["MockOpenAIServer", "MockOllamaServer", "MockReply", "RecordedRequest", "MockHTTPServer"]
+
+
+@dataclass
+class RecordedRequest:
+    """One request as the mock received it (header names lower-cased)."""
+
+    method: str
+    path: str
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        for key, value in self.headers:
+            if key == name.lower():
+                return value
+        return None
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+@dataclass
+class MockReply:
+    """What the mock sends back.
+
+    ``chunks`` (if not None) are streamed with chunked encoding, one write each,
+    ``chunk_delay`` seconds apart; otherwise ``body`` is sent with a length.
+    """
+
+    status: int = 200
+    headers: list[tuple[str, str]] = field(
+        default_factory=lambda: [("content-type", "application/json")]
+    )
+    body: bytes = b""
+    chunks: list[bytes] | None = None
+    chunk_delay: float = 0.0
+    hang_before_head: bool = False
+    hang_after_head: bool = False
+    hang_after_chunks: bool = False
+    raw: bytes | None = None  # written verbatim instead of a response, then close
+    close: bool = False
+
+
+def _json_reply(obj: Any, status: int = 200) -> MockReply:
+    return MockReply(status=status, body=json.dumps(obj).encode())
+
+
+class MockHTTPServer:
+    """Base: connection handling, recording, modes.  Subclasses route requests."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.healthy = True
+        self.chunk_delay = 0.0
+        self.handler: Callable[[RecordedRequest], MockReply | None] | None = None
+        self.requests: list[RecordedRequest] = []
+        self.connections_opened = 0
+        self.client_closes = 0
+        self.client_closed_at: list[float] = []
+        self._close_event = trio.Event()
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Listen on 127.0.0.1 port 0; ``task_status.started(self)`` once bound."""
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = listeners[0].socket.getsockname()[1]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(trio.serve_listeners, self._handle, listeners)
+            task_status.started(self)
+
+    async def wait_client_close(self, count: int = 1) -> None:
+        """Wait until at least ``count`` connections were closed by the client."""
+        while self.client_closes < count:
+            await self._close_event.wait()
+
+    def _record_client_close(self) -> None:
+        self.client_closes += 1
+        self.client_closed_at.append(trio.current_time())
+        self._close_event.set()
+        self._close_event = trio.Event()
+
+    # ---------------------------------------------------------- routing
+
+    def route(self, req: RecordedRequest) -> MockReply:  # pragma: no cover - overridden
+        return _json_reply({"error": {"message": "not found"}}, 404)
+
+    def _reply_for(self, req: RecordedRequest) -> MockReply:
+        if self.handler is not None:
+            reply = self.handler(req)
+            if reply is not None:
+                return reply
+        if self.mode == "error500":
+            return _json_reply({"error": {"message": "boom", "type": "server_error"}}, 500)
+        if self.mode == "garbage":
+            return MockReply(raw=b"\x00\xffNOT HTTP AT ALL\r\n\r\n")
+        if self.mode == "hang":
+            return MockReply(hang_before_head=True)
+        if self.mode == "drop":
+            return MockReply(raw=b"")
+        reply = self.route(req)
+        if self.mode == "hang_after_head":
+            reply.hang_after_head = True
+        return reply
+
+    # ---------------------------------------------------------- connections
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.connections_opened += 1
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                req = await self._read_request(conn, stream)
+                if req is None:
+                    return
+                self.requests.append(req)
+                reply = self._reply_for(req)
+                if not await self._send_reply(conn, stream, reply):
+                    return
+                if reply.close or conn.our_state is h11.MUST_CLOSE:
+                    return
+                try:
+                    conn.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError):
+            self._record_client_close()
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _read_request(
+        self, conn: h11.Connection, stream: trio.SocketStream
+    ) -> RecordedRequest | None:
+        request: h11.Request | None = None
+        body = bytearray()
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                data = await stream.receive_some(65536)
+                if not data:
+                    self._record_client_close()
+                    return None
+                conn.receive_data(data)
+                continue
+            if isinstance(event, h11.Request):
+                request = event
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                assert request is not None
+                return RecordedRequest(
+                    method=request.method.decode(),
+                    path=request.target.decode(),
+                    headers=[(k.decode().lower(), v.decode()) for k, v in request.headers],
+                    body=bytes(body),
+                )
+            elif isinstance(event, h11.ConnectionClosed):
+                self._record_client_close()
+                return None
+
+    async def _send_reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, reply: MockReply
+    ) -> bool:
+        """Send ``reply``; False when the connection must end (closed, raw, client gone)."""
+        client_gone = False
+
+        async def watch_client(cancel_scope: trio.CancelScope) -> None:
+            nonlocal client_gone
+            try:
+                while True:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        break
+                    conn.receive_data(data)  # pipelined bytes; h11 buffers them
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass
+            client_gone = True
+            cancel_scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_client, nursery.cancel_scope)
+            try:
+                await self._write_reply(conn, stream, reply)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                client_gone = True
+            nursery.cancel_scope.cancel()
+        if client_gone:
+            self._record_client_close()
+            return False
+        return reply.raw is None
+
+    async def _write_reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, reply: MockReply
+    ) -> None:
+        if reply.raw is not None:
+            if reply.raw:
+                await stream.send_all(reply.raw)
+            return
+        if reply.hang_before_head:
+            await trio.sleep_forever()
+        headers = list(reply.headers)
+        if reply.chunks is None:
+            headers.append(("content-length", str(len(reply.body))))
+        if reply.close:
+            headers.append(("connection", "close"))
+        await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=headers)))
+        if reply.hang_after_head:
+            await trio.sleep_forever()
+        if reply.chunks is None:
+            if reply.body:
+                await stream.send_all(conn.send(h11.Data(data=reply.body)))
+        else:
+            delay = reply.chunk_delay or self.chunk_delay
+            for chunk in reply.chunks:
+                if delay:
+                    await trio.sleep(delay)
+                await stream.send_all(conn.send(h11.Data(data=chunk)))
+            if reply.hang_after_chunks:
+                await trio.sleep_forever()
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+
+
+def _words(text: str) -> list[str]:
+    import re
+
+    return re.findall(r"\S+\s*", text)
+
+
+def sse(obj: Any) -> bytes:
+    """One SSE ``data:`` event."""
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+class MockOpenAIServer(MockHTTPServer):
+    """An OpenAI-compatible server: /v1/models, /v1/chat/completions, /v1/responses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models = ["mock-model"]
+        self.reply_text = "Hello from the mock"
+        self.reasoning_text = ""
+        self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(str)}]
+        self.usage = {"prompt_tokens": 11, "completion_tokens": 7}
+        self.extra_fields: dict[str, Any] = {"x_unknown_field": {"kept": True}}
+
+    def route(self, req: RecordedRequest) -> MockReply:
+        if req.method == "GET" and req.path == "/v1/models":
+            if not self.healthy:
+                return _json_reply({"error": {"message": "unhealthy"}}, 503)
+            return _json_reply(
+                {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
+            )
+        if req.method == "POST" and req.path == "/v1/chat/completions":
+            return self._chat(req.json() or {})
+        if req.method == "POST" and req.path == "/v1/responses":
+            return self._responses(req.json() or {})
+        return _json_reply({"error": {"message": f"no route {req.path}"}}, 404)
+
+    def _chat(self, body: dict[str, Any]) -> MockReply:
+        model = body.get("model", "")
+        base = {"id": "chatcmpl-mock", "created": 1, "model": model, **self.extra_fields}
+        if not body.get("stream"):
+            message: dict[str, Any] = {"role": "assistant", "content": self.reply_text}
+            if self.reasoning_text:
+                message["reasoning_content"] = self.reasoning_text
+            finish = "stop"
+            if self.tool_calls:
+                finish = "tool_calls"
+                message["tool_calls"] = [
+                    {"id": f"call_{i}", "type": "function", "function": dict(tc)}
+                    for i, tc in enumerate(self.tool_calls)
+                ]
+            return _json_reply(
+                {
+                    **base,
+                    "object": "chat.completion",
+                    "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                    "usage": self.usage,
+                }
+            )
+        chunk = {**base, "object": "chat.completion.chunk"}
+        events = [sse({**chunk, "choices": [{"index": 0, "delta": {"role": "assistant"}}]})]
+        for word in _words(self.reasoning_text):
+            events.append(
+                sse({**chunk, "choices": [{"index": 0, "delta": {"reasoning_content": word}}]})
+            )
+        for word in _words(self.reply_text):
+            events.append(sse({**chunk, "choices": [{"index": 0, "delta": {"content": word}}]}))
+        for i, tc in enumerate(self.tool_calls):
+            args = tc.get("arguments", "")
+            half = len(args) // 2
+            first = {"index": i, "id": f"call_{i}", "type": "function",
+                     "function": {"name": tc["name"], "arguments": args[:half]}}
+            second = {"index": i, "function": {"arguments": args[half:]}}
+            for part in (first, second):
+                events.append(
+                    sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
+                )
+        finish = "tool_calls" if self.tool_calls else "stop"
+        events.append(sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        if (body.get("stream_options") or {}).get("include_usage", True):
+            events.append(sse({**chunk, "choices": [], "usage": self.usage}))
+        events.append(b"data: [DONE]\n\n")
+        return MockReply(headers=[("content-type", "text/event-stream")], chunks=events)
+
+    def _responses_usage(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.usage.get("prompt_tokens", 0),
+            "output_tokens": self.usage.get("completion_tokens", 0),
+            "output_tokens_details": {"reasoning_tokens": 3},
+            "input_tokens_details": {"cached_tokens": 2},
+            "total_tokens": self.usage.get("prompt_tokens", 0)
+            + self.usage.get("completion_tokens", 0),
+        }
+
+    def _responses(self, body: dict[str, Any]) -> MockReply:
+        response = {
+            "id": "resp_mock",
+            "object": "response",
+            "status": "completed",
+            "model": body.get("model", ""),
+            "output": [
+                {"type": "message", "role": "assistant",
+                 "content": [{"type": "output_text", "text": self.reply_text}]}
+            ],
+            "usage": self._responses_usage(),
+            **self.extra_fields,
+        }
+        if not body.get("stream"):
+            return _json_reply(response)
+        events = [
+            b"event: response.created\n"
+            + sse({"type": "response.created", "response": {**response, "usage": None}})
+        ]
+        for word in _words(self.reasoning_text):
+            events.append(
+                b"event: response.reasoning_text.delta\n"
+                + sse({"type": "response.reasoning_text.delta", "delta": word})
+            )
+        for word in _words(self.reply_text):
+            events.append(
+                b"event: response.output_text.delta\n"
+                + sse({"type": "response.output_text.delta", "delta": word})
+            )
+        events.append(
+            b"event: response.completed\n"
+            + sse({"type": "response.completed", "response": response})
+        )
+        return MockReply(headers=[("content-type", "text/event-stream")], chunks=events)
+
+
+class MockOllamaServer(MockHTTPServer):
+    """An Ollama-style server: /api/tags, /api/chat and /api/generate (NDJSON streams)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.models = ["mock:latest"]
+        self.reply_text = "Hello from ollama"
+        self.reasoning_text = ""
+        self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(dict)}]
+        self.prompt_eval_count = 13
+        self.eval_count = 5
+        self.done_reason = "stop"
+
+    def route(self, req: RecordedRequest) -> MockReply:
+        if req.method == "GET" and req.path == "/api/tags":
+            if not self.healthy:
+                return _json_reply({"error": "unhealthy"}, 503)
+            return _json_reply({"models": [{"name": m, "model": m} for m in self.models]})
+        if req.method == "POST" and req.path in ("/api/chat", "/api/generate"):
+            return self._generate(req.json() or {}, chat=req.path == "/api/chat")
+        return _json_reply({"error": f"no route {req.path}"}, 404)
+
+    def _final(self, model: str, chat: bool) -> dict[str, Any]:
+        final: dict[str, Any] = {
+            "model": model,
+            "created_at": "2026-01-01T00:00:00Z",
+            "done": True,
+            "done_reason": self.done_reason,
+            "total_duration": 1000,
+            "prompt_eval_count": self.prompt_eval_count,
+            "eval_count": self.eval_count,
+        }
+        if chat:
+            final["message"] = {"role": "assistant", "content": ""}
+        else:
+            final["response"] = ""
+        return final
+
+    def _generate(self, body: dict[str, Any], *, chat: bool) -> MockReply:
+        model = body.get("model", "")
+        stream = body.get("stream", True)
+
+        def piece(content: str = "", thinking: str = "", tool_calls: Any = None) -> dict[str, Any]:
+            obj: dict[str, Any] = {"model": model, "created_at": "2026-01-01T00:00:00Z", "done": False}
+            if chat:
+                msg: dict[str, Any] = {"role": "assistant", "content": content}
+                if thinking:
+                    msg["thinking"] = thinking
+                if tool_calls:
+                    msg["tool_calls"] = tool_calls
+                obj["message"] = msg
+            else:
+                obj["response"] = content
+                if thinking:
+                    obj["thinking"] = thinking
+            return obj
+
+        if not stream:
+            final = self._final(model, chat)
+            if chat:
+                final["message"] = {"role": "assistant", "content": self.reply_text}
+                if self.tool_calls:
+                    final["message"]["tool_calls"] = [{"function": tc} for tc in self.tool_calls]
+            else:
+                final["response"] = self.reply_text
+            return _json_reply(final)
+        lines = [piece(thinking=w) for w in _words(self.reasoning_text)]
+        lines += [piece(content=w) for w in _words(self.reply_text)]
+        if self.tool_calls:
+            lines.append(piece(tool_calls=[{"function": tc} for tc in self.tool_calls]))
+        lines.append(self._final(model, chat))
+        return MockReply(
+            headers=[("content-type", "application/x-ndjson")],
+            chunks=[json.dumps(obj).encode() + b"\n" for obj in lines],
+        )

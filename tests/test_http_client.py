@@ -1,0 +1,195 @@
+"""ProviderHTTPClient against the mock servers on real sockets (port 0)."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import AsyncIterator
+
+import pytest
+import trio
+
+from iopd.http.client import (
+    ProviderConnectError,
+    ProviderHTTPClient,
+    ProviderProtocolError,
+    ProviderTimeoutError,
+)
+from tests.mock_providers import MockOpenAIServer, MockReply
+
+
+@pytest.fixture
+async def mock() -> AsyncIterator[MockOpenAIServer]:
+    async with trio.open_nursery() as nursery:
+        server = await nursery.start(MockOpenAIServer().serve)
+        yield server
+        nursery.cancel_scope.cancel()
+
+
+def client_for(mock: MockOpenAIServer, read_timeout: float = 5.0) -> ProviderHTTPClient:
+    return ProviderHTTPClient(mock.base_url, connect_timeout=5.0, read_timeout=read_timeout)
+
+
+async def test_request_returns_status_headers_and_body(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        resp = await client.request("GET", "/v1/models")
+        assert resp.status == 200
+        assert ("content-type", "application/json") in resp.headers
+        assert json.loads(resp.body)["data"][0]["id"] == "mock-model"
+        req = mock.requests[0]
+        assert req.header("host") == f"127.0.0.1:{mock.port}"
+        await client.aclose()
+
+
+async def test_keep_alive_reuses_one_connection(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        body = json.dumps({"model": "m", "messages": []}).encode()
+        first = await client.request("POST", "/v1/chat/completions", [], body)
+        second = await client.request("POST", "/v1/chat/completions", [], body)
+        assert first.status == second.status == 200
+        assert mock.connections_opened == 1
+        assert client.connections_opened == 1
+        assert mock.requests[0].header("content-length") == str(len(body))
+        await client.aclose()
+
+
+async def test_streamed_body_arrives_in_pieces_and_is_byte_exact(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.reply_text = "one two three four"
+        body = json.dumps({"model": "m", "stream": True}).encode()
+        pieces: list[bytes] = []
+        async with client.stream("POST", "/v1/chat/completions", [], body) as resp:
+            assert resp.status == 200
+            assert resp.header("content-type") == "text/event-stream"
+            async for chunk in resp.aiter_bytes():
+                pieces.append(chunk)
+        expected = b"".join(mock._chat({"model": "m", "stream": True}).chunks or [])
+        assert b"".join(pieces) == expected
+        assert client.idle_connections == 1
+        await client.aclose()
+
+
+async def test_unread_body_closes_connection_instead_of_pooling(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.chunk_delay = 0.05
+        body = json.dumps({"model": "m", "stream": True}).encode()
+        async with client.stream("POST", "/v1/chat/completions", [], body) as resp:
+            async for _ in resp.aiter_bytes():
+                break
+        assert client.idle_connections == 0
+        await mock.wait_client_close(1)
+        await client.request("GET", "/v1/models")
+        assert mock.connections_opened == 2
+        await client.aclose()
+
+
+async def test_cancel_mid_stream_closes_upstream_connection(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.handler = lambda req: MockReply(
+            headers=[("content-type", "text/event-stream")],
+            chunks=[b"data: 1\n\n"],
+            hang_after_chunks=True,
+        )
+        got_first = trio.Event()
+
+        async def consume(cancel_scope: trio.CancelScope) -> None:
+            with cancel_scope:
+                async with client.stream("POST", "/x", [], b"{}") as resp:
+                    async for _ in resp.aiter_bytes():
+                        got_first.set()
+
+        scope = trio.CancelScope()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(consume, scope)
+            await got_first.wait()
+            assert mock.client_closes == 0
+            scope.cancel()
+        await mock.wait_client_close(1)
+        assert mock.client_closes == 1
+        assert client.idle_connections == 0
+
+
+async def test_connection_refused_is_connect_error() -> None:
+    with trio.fail_after(5):
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        sock.close()
+        client = ProviderHTTPClient(f"http://127.0.0.1:{port}", connect_timeout=2, read_timeout=2)
+        with pytest.raises(ProviderConnectError):
+            await client.request("GET", "/")
+
+
+async def test_hanging_provider_times_out_per_read(
+    mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(60):
+        client = client_for(mock, read_timeout=10)
+        mock.mode = "hang"
+        with pytest.raises(ProviderTimeoutError):
+            await client.request("GET", "/v1/models")
+        await mock.wait_client_close(1)
+
+
+async def test_slow_stream_within_read_timeout_is_fine(
+    mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    with trio.fail_after(120):
+        client = client_for(mock, read_timeout=10)
+        mock.chunk_delay = 8  # each gap < read_timeout, whole stream > read_timeout
+        resp = await client.request("POST", "/v1/chat/completions", [], b'{"stream": true}')
+        assert resp.status == 200
+        assert resp.body.endswith(b"data: [DONE]\n\n")
+
+
+async def test_garbage_is_protocol_error(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.mode = "garbage"
+        with pytest.raises(ProviderProtocolError):
+            await client.request("GET", "/v1/models")
+
+
+async def test_server_closing_idle_connection_is_retried_transparently(
+    mock: MockOpenAIServer,
+) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.handler = lambda req: MockReply(body=b"{}", close=False)
+        await client.request("GET", "/a")
+        assert client.idle_connections == 1
+        # The server drops the next request on that connection without answering.
+        mock.mode = "drop"
+        mock.handler = None
+        with pytest.raises(ProviderProtocolError):
+            # first attempt reused (stale) -> retried on a fresh one -> dropped again
+            await client.request("GET", "/b")
+        mock.mode = "ok"
+        resp = await client.request("GET", "/v1/models")
+        assert resp.status == 200
+
+
+async def test_error_status_is_returned_not_raised(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.mode = "error500"
+        resp = await client.request("GET", "/v1/models")
+        assert resp.status == 500
+        assert b"boom" in resp.body
+
+
+async def test_base_url_path_prefix_is_kept(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = ProviderHTTPClient(mock.base_url + "/prefix/", connect_timeout=2, read_timeout=2)
+        await client.request("GET", "/v1/models")
+        assert mock.requests[-1].path == "/prefix/v1/models"
+
+
+def test_unsupported_scheme_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        ProviderHTTPClient("ftp://x", connect_timeout=1, read_timeout=1)
