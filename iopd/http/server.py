@@ -1,0 +1,611 @@
+"""A small HTTP/1.1 server on h11 + trio: the edge's OpenAI listener and the admin API.
+
+Why no framework: measured on these machines (``STACK-NOTES.md``), quart-trio on
+hypercorn's trio worker leaks connections (``Connection: close`` is not honoured,
+idle keep-alive connections never time out), Quart's 60 s response timeout cuts
+SSE streams, and a request costs ~580 µs of CPU there against ~140 µs for raw
+h11 + trio.  The gateway's budget is <= 0.8 ms of CPU per request for edge and
+node together, so the HTTP layer is written here, directly on h11's sans-IO
+state machine, and kept lean: it is the hot path.
+
+What this module guarantees:
+
+* keep-alive, with ``idle_timeout`` between requests; ``Connection: close`` (or
+  HTTP/1.0) closes after the response;
+* headers must arrive within ``header_timeout`` and the body within
+  ``body_timeout`` (else 408); oversized headers -> 431, oversized bodies -> 413
+  (``Content-Length`` checked before reading, chunked bodies counted as they
+  come); malformed HTTP -> 400; ``Expect: 100-continue`` is answered;
+* the handler gets the whole body and runs in a cancel scope that is cancelled
+  when the client goes away: while it runs, a watcher task keeps reading the
+  socket (pipelined bytes are buffered up to a cap) and EOF or a reset cancels
+  it.  A client that half-closes its side after sending counts as gone;
+* nothing here ever cuts a streaming response: ``start``/``write``/``end`` may
+  take as long as the handler wants;
+* an exception escaping the handler becomes a generic 500 (traceback logged
+  here, never sent) or, once the response has started, a closed connection;
+  ``trio.Cancelled`` is never swallowed; one bad client never takes the server
+  down;
+* graceful shutdown: stop accepting, close idle keep-alive connections, let
+  in-flight requests finish (their connections close afterwards).
+
+All error responses produced by this layer go through the caller's
+``render_error`` so the OpenAI listener answers with its envelope.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from email.utils import formatdate
+
+import h11
+import trio
+
+from iopd.errors import (
+    GatewayError,
+    HeadersTooLarge,
+    InvalidRequest,
+    RequestTimeout,
+    RequestTooLarge,
+)
+
+log = logging.getLogger("iopd.http.server")
+
+#: Bytes asked of the socket per ``receive_some``.
+RECEIVE_SIZE = 65536
+#: Pipelined bytes buffered while a handler runs; beyond this the watcher stops
+#: reading (TCP backpressure) until the handler is done.
+PIPELINE_BUFFER_CAP = 65536
+#: After an error response sent before the request was fully read, keep
+#: draining the client's bytes this long (and at most this much) so the close
+#: does not turn into a reset that destroys the response in flight.
+LINGER_SECONDS = 1.0
+LINGER_MAX_BYTES = 1024 * 1024
+#: accept() errors that mean "out of resources": wait and retry, like trio does.
+_ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """Size limits (bytes) and timeouts (seconds) of one listener."""
+
+    max_body_bytes: int = 8 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    idle_timeout: float = 30.0
+
+
+@dataclass(slots=True)
+class Request:
+    """One parsed request with its complete body.  Header names are lower-case."""
+
+    method: str
+    target: str
+    path: str
+    query: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    client: tuple[str, int] | None
+    http_version: str
+
+    def header(self, name: str) -> str | None:
+        """The first value of header ``name`` (case-insensitive), or None."""
+        name = name.lower()
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+
+class ClientDisconnected(Exception):
+    """Raised by :class:`Responder` when the client is gone while writing.
+
+    The handler's cancel scope is cancelled at the same time, so the handler's
+    cleanup sees ``trio.Cancelled`` at its next checkpoint unless shielded.
+    """
+
+
+Handler = Callable[[Request, "Responder"], Awaitable[None]]
+ErrorRenderer = Callable[[GatewayError], tuple[int, list[tuple[str, str]], bytes]]
+
+_date_second = -1
+_date_value = ""
+
+
+def _http_date() -> str:
+    """The ``Date`` header value, formatted at most once per second."""
+    global _date_second, _date_value
+    now = int(time.time())
+    if now != _date_second:
+        _date_second = now
+        _date_value = formatdate(now, usegmt=True)
+    return _date_value
+
+
+class Responder:
+    """Writes the response to one request: whole (``send``) or streamed.
+
+    Use from one task at a time.  Writing to a client that went away raises
+    :class:`ClientDisconnected`.
+    """
+
+    __slots__ = ("_conn", "_head_only", "_scope", "started", "finished")
+
+    def __init__(self, conn: _Connection, head_only: bool, scope: trio.CancelScope) -> None:
+        self._conn = conn
+        self._head_only = head_only
+        self._scope = scope
+        #: True once the status line has been produced.
+        self.started = False
+        #: True once the response is complete.
+        self.finished = False
+
+    def _head(self, status: int, headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        if self.started:
+            raise RuntimeError("response already started")
+        self.started = True
+        conn = self._conn
+        out = [("server", conn.server.server_header), ("date", _http_date())]
+        out += headers
+        if conn.server.closing:
+            out.append(("connection", "close"))
+        return out
+
+    async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        """Send a whole response; ``Content-Length`` is added (do not pass one)."""
+        head = self._head(status, headers)
+        head.append(("content-length", str(len(body))))
+        h = self._conn.h11
+        parts = [h.send(h11.Response(status_code=status, headers=head))]
+        if body and not self._head_only:
+            parts.append(h.send(h11.Data(data=body)))
+        parts.append(h.send(h11.EndOfMessage()))
+        self.finished = True
+        await self._conn.send_bytes(b"".join(parts), self._scope)
+
+    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """Start a streamed response (chunked on HTTP/1.1, close-delimited on 1.0)."""
+        head = self._head(status, headers)
+        data = self._conn.h11.send(h11.Response(status_code=status, headers=head))
+        await self._conn.send_bytes(data, self._scope)
+
+    async def write(self, data: bytes) -> None:
+        """Write one piece of a streamed response (empty data is ignored)."""
+        if not self.started or self.finished:
+            raise RuntimeError("write() outside a started, unfinished response")
+        if not data or self._head_only:
+            return
+        out = self._conn.h11.send(h11.Data(data=data))
+        await self._conn.send_bytes(out, self._scope)
+
+    async def end(self) -> None:
+        """Finish a streamed response."""
+        if not self.started:
+            raise RuntimeError("end() before start()")
+        if self.finished:
+            return
+        self.finished = True
+        out = self._conn.h11.send(h11.EndOfMessage())
+        await self._conn.send_bytes(out, self._scope)
+
+
+class HttpServer:
+    """Serves ``handler`` on TCP listeners, with graceful shutdown.
+
+    ``await nursery.start(server.serve, host, port)`` returns ``(host, port)``
+    as bound.  ``shutdown()`` stops accepting, closes idle keep-alive
+    connections and lets in-flight requests finish; ``serve`` returns once the
+    last connection is closed.  Put a deadline around it to bound the drain.
+    """
+
+    def __init__(
+        self,
+        handler: Handler,
+        *,
+        limits: HttpLimits,
+        render_error: ErrorRenderer,
+        allow_peer: Callable[[str], bool] | None = None,
+        server_header: str = "iopd",
+    ) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.render_error = render_error
+        self.allow_peer = allow_peer
+        self.server_header = server_header
+        self.closing = False
+        self._in_flight = 0
+        self._idle = trio.Event()
+        self._idle.set()
+        self._accept_scope: trio.CancelScope | None = None
+        self._connections: set[_Connection] = set()
+
+    @property
+    def in_flight(self) -> int:
+        """Requests whose handler is running now."""
+        return self._in_flight
+
+    @property
+    def open_connections(self) -> int:
+        """Connections currently served."""
+        return len(self._connections)
+
+    async def wait_idle(self) -> None:
+        """Return once no request is in flight."""
+        while self._in_flight:
+            await self._idle.wait()
+
+    def _request_started(self) -> None:
+        if self._in_flight == 0:
+            self._idle = trio.Event()
+        self._in_flight += 1
+
+    def _request_done(self) -> None:
+        self._in_flight -= 1
+        if self._in_flight == 0:
+            self._idle.set()
+
+    def shutdown(self) -> None:
+        """Stop accepting, close idle connections, close the rest after their response."""
+        self.closing = True
+        if self._accept_scope is not None:
+            self._accept_scope.cancel()
+        for conn in list(self._connections):
+            conn.close_if_idle()
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` (0 picks a port) until shut down or cancelled."""
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound_port = int(listeners[0].socket.getsockname()[1])
+        try:
+            async with trio.open_nursery() as connections:
+                with trio.CancelScope() as accept_scope:
+                    self._accept_scope = accept_scope
+                    if self.closing:
+                        accept_scope.cancel()
+                    async with trio.open_nursery() as acceptors:
+                        for listener in listeners:
+                            acceptors.start_soon(self._accept_loop, listener, connections)
+                        task_status.started((host, bound_port))
+                for listener in listeners:
+                    await trio.aclose_forcefully(listener)
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                    log.error("accept failed, retrying: %s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                raise
+            connections.start_soon(self._handle_connection, stream)
+
+    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+        conn: _Connection | None = None
+        try:
+            try:
+                peer = stream.socket.getpeername()
+            except OSError:
+                return
+            client = (str(peer[0]), int(peer[1]))
+            if self.allow_peer is not None and not self.allow_peer(client[0]):
+                log.warning("connection from %s refused by peer filter", client[0])
+                return
+            conn = _Connection(self, stream, client)
+            self._connections.add(conn)
+            await conn.run()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer reset or closed the connection: nothing to answer
+        except* Exception as group:
+            log.error("connection error", exc_info=group)
+        finally:
+            if conn is not None:
+                self._connections.discard(conn)
+            await trio.aclose_forcefully(stream)
+
+
+class _Connection:
+    """One client connection: request loop, limits, handler, disconnect watcher."""
+
+    __slots__ = ("server", "stream", "client", "h11", "idle_scope", "pending", "peer_closed")
+
+    def __init__(self, server: HttpServer, stream: trio.SocketStream, client: tuple[str, int]):
+        self.server = server
+        self.stream = stream
+        self.client = client
+        self.h11 = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=server.limits.max_header_bytes
+        )
+        self.idle_scope: trio.CancelScope | None = None
+        self.pending = bytearray()
+        self.peer_closed = False
+
+    def close_if_idle(self) -> None:
+        """Shutdown: end the connection if it waits for a next request."""
+        if self.idle_scope is not None:
+            self.idle_scope.cancel()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            while await self._serve_one(nursery):
+                self.h11.start_next_cycle()
+
+    async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
+        """Write to the client; a broken connection cancels ``scope``."""
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.peer_closed = True
+            if scope is not None:
+                scope.cancel()
+            raise ClientDisconnected("client disconnected") from None
+
+    async def _receive_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
+        conn = self.h11
+        while True:
+            event = conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            conn.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
+
+    async def _serve_one(self, nursery: trio.Nursery) -> bool:
+        """Serve one request; True when the connection may carry another."""
+        conn = self.h11
+        limits = self.server.limits
+        try:
+            event = conn.next_event()
+            if event is h11.NEED_DATA and not conn.trailing_data[0]:
+                # Between requests: wait for the first byte of the next one.
+                if self.server.closing:
+                    return False
+                data = None
+                with trio.move_on_after(limits.idle_timeout) as self.idle_scope:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                self.idle_scope = None
+                if not data:
+                    return False
+                conn.receive_data(data)
+                event = conn.next_event()
+            if event is h11.NEED_DATA:
+                with trio.move_on_after(limits.header_timeout):
+                    event = await self._receive_event()
+                if event is h11.NEED_DATA:
+                    await self._fail(RequestTimeout("request headers not received in time"))
+                    return False
+        except h11.RemoteProtocolError as exc:
+            await self._fail(_protocol_error(exc))
+            return False
+        if type(event) is not h11.Request:
+            return False  # ConnectionClosed (or nothing usable)
+
+        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+        for key, value in headers:
+            if key == "content-length":
+                if int(value) > limits.max_body_bytes:
+                    await self._fail(RequestTooLarge("request body too large"))
+                    return False
+                break
+
+        body_parts: list[bytes] = []
+        try:
+            if conn.they_are_waiting_for_100_continue:
+                await self.send_bytes(
+                    conn.send(h11.InformationalResponse(status_code=100, headers=[])),
+                    None,
+                )
+            size = 0
+            done = False
+            with trio.move_on_after(limits.body_timeout):
+                while True:
+                    part = await self._receive_event()
+                    if type(part) is h11.Data:
+                        size += len(part.data)
+                        if size > limits.max_body_bytes:
+                            await self._fail(RequestTooLarge("request body too large"))
+                            return False
+                        body_parts.append(part.data)
+                    elif type(part) is h11.EndOfMessage:
+                        done = True
+                        break
+                    else:
+                        return False  # the client closed mid-body
+            if not done:
+                await self._fail(RequestTimeout("request body not received in time"))
+                return False
+        except h11.RemoteProtocolError as exc:
+            await self._fail(_protocol_error(exc))
+            return False
+        except ClientDisconnected:
+            return False
+
+        target = event.target.decode("latin-1")
+        path, _, query = target.partition("?")
+        method = event.method.decode("latin-1")
+        request = Request(
+            method=method,
+            target=target,
+            path=path,
+            query=query,
+            headers=headers,
+            body=body_parts[0] if len(body_parts) == 1 else b"".join(body_parts),
+            client=self.client,
+            http_version=event.http_version.decode("latin-1"),
+        )
+        if type(request.body) is not bytes:
+            request.body = bytes(request.body)
+        return await self._run_handler(request, nursery)
+
+    async def _run_handler(self, request: Request, nursery: trio.Nursery) -> bool:
+        server = self.server
+        handler_scope = trio.CancelScope()
+        watch_scope = trio.CancelScope()
+        watcher_done = trio.Event()
+        responder = Responder(self, request.method == "HEAD", handler_scope)
+        crashed: BaseException | None = None
+        nursery.start_soon(self._watch_for_disconnect, handler_scope, watch_scope, watcher_done)
+        server._request_started()
+        try:
+            with handler_scope:
+                try:
+                    await server.handler(request, responder)
+                except* ClientDisconnected:
+                    pass
+                except* GatewayError as group:
+                    crashed = group.exceptions[0]
+                except* Exception as group:
+                    log.error("handler failed: %s %s", request.method, request.path, exc_info=group)
+                    crashed = group
+        finally:
+            server._request_done()
+            watch_scope.cancel()
+            await watcher_done.wait()
+
+        if handler_scope.cancelled_caught or self.peer_closed:
+            return False
+        try:
+            if not responder.started:
+                if isinstance(crashed, GatewayError):
+                    error: GatewayError = crashed
+                elif crashed is not None:
+                    error = GatewayError("Internal server error")
+                else:
+                    log.error("handler sent no response: %s %s", request.method, request.path)
+                    error = GatewayError("Internal server error")
+                await self._send_error(error, responder)
+            elif crashed is not None:
+                return False  # cannot report an error mid-response: cut it
+            elif not responder.finished:
+                await responder.end()
+        except ClientDisconnected:
+            return False
+        if self.pending:
+            self.h11.receive_data(bytes(self.pending))
+            self.pending.clear()
+        return (
+            self.h11.our_state is h11.DONE
+            and self.h11.their_state is h11.DONE
+            and not server.closing
+        )
+
+    async def _watch_for_disconnect(
+        self, handler_scope: trio.CancelScope, watch_scope: trio.CancelScope, done: trio.Event
+    ) -> None:
+        """Read while the handler runs: EOF or a reset cancels the handler."""
+        try:
+            with watch_scope:
+                while len(self.pending) < PIPELINE_BUFFER_CAP:
+                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                    if not data:
+                        self.peer_closed = True
+                        handler_scope.cancel()
+                        return
+                    self.pending += data
+                await trio.sleep_forever()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.peer_closed = True
+            handler_scope.cancel()
+        finally:
+            done.set()
+
+    def _render(self, error: GatewayError) -> tuple[int, list[tuple[str, str]], bytes]:
+        try:
+            return self.server.render_error(error)
+        except Exception:
+            log.exception("render_error failed")
+            return 500, [("content-type", "text/plain")], b"internal server error\n"
+
+    async def _send_error(self, error: GatewayError, responder: Responder) -> None:
+        status, headers, body = self._render(error)
+        await responder.send(status, headers, body)
+
+    async def _fail(self, error: GatewayError) -> None:
+        """Answer a request this layer refuses, then close gracefully."""
+        conn = self.h11
+        if conn.our_state is not h11.IDLE and conn.our_state is not h11.SEND_RESPONSE:
+            return
+        status, headers, body = self._render(error)
+        head = [("server", self.server.server_header), ("date", _http_date())]
+        head += headers
+        head += [("content-length", str(len(body))), ("connection", "close")]
+        try:
+            data = b"".join(
+                [
+                    conn.send(h11.Response(status_code=status, headers=head)),
+                    conn.send(h11.Data(data=body)),
+                    conn.send(h11.EndOfMessage()),
+                ]
+            )
+        except h11.LocalProtocolError:
+            return
+        try:
+            await self.stream.send_all(data)
+            await self.stream.send_eof()
+            # Drain what the client still sends so closing does not reset the
+            # connection before it has read the response.
+            drained = 0
+            with trio.move_on_after(LINGER_SECONDS):
+                while drained < LINGER_MAX_BYTES:
+                    chunk = await self.stream.receive_some(RECEIVE_SIZE)
+                    if not chunk:
+                        break
+                    drained += len(chunk)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+
+
+def _protocol_error(exc: h11.RemoteProtocolError) -> GatewayError:
+    if exc.error_status_hint == 431:
+        return HeadersTooLarge("request headers too large")
+    return InvalidRequest(f"malformed HTTP request: {exc}")
+
+
+async def serve_http(
+    handler: Handler,
+    host: str,
+    port: int,
+    *,
+    limits: HttpLimits,
+    render_error: ErrorRenderer,
+    allow_peer: Callable[[str], bool] | None = None,
+    server_header: str = "iopd",
+    shutdown: trio.Event | None = None,
+    task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``handler`` on ``host:port``; ``task_status.started((host, bound_port))``.
+
+    When ``shutdown`` is set the server stops accepting, closes idle
+    connections, lets in-flight requests finish and then returns.  Cancel the
+    caller's scope to stop at once.
+    """
+    server = HttpServer(
+        handler,
+        limits=limits,
+        render_error=render_error,
+        allow_peer=allow_peer,
+        server_header=server_header,
+    )
+    async with trio.open_nursery() as nursery:
+        bound = await nursery.start(server.serve, host, port)
+        if shutdown is not None:
+            nursery.start_soon(_shutdown_when_set, shutdown, server)
+        task_status.started(bound)
+
+
+async def _shutdown_when_set(event: trio.Event, server: HttpServer) -> None:
+    await event.wait()
+    server.shutdown()
