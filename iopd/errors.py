@@ -87,3 +87,9 @@ class ProviderError(GatewayError):
 
 class ProviderTimeout(GatewayError):
     status, type, code, metric_status = 504, "server_error", "provider_timeout", "provider_error"
+
+
+class ShuttingDown(GatewayError):
+    """The edge is draining and its deadline passed before this request finished."""
+
+    status, type, code, metric_status = 503, "server_error", "shutting_down", "cancelled"

@@ -106,6 +106,7 @@ class OpenAISection(_Section):
     request_timeout: float = 600.0
     idle_timeout: float = 30.0
     header_timeout: float = 10.0
+    body_timeout: float = 60.0
     model_routes: list[ModelRoute] = msgspec.field(default_factory=list)
     # Legacy single-target form: every request whose model is not otherwise
     # resolved goes to provider ``adapter`` (on ``node``) with served ``target``.
