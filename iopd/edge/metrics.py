@@ -191,7 +191,9 @@ class PrincipalLabels:
     @classmethod
     def from_config(cls, principal_ref: str, alias: str, token_ref: str) -> PrincipalLabels:
         """Labels of a configured principal token; an empty alias shows the principal_ref."""
-        return cls(principal_ref=principal_ref, principal_alias=alias or principal_ref, token_ref=token_ref)
+        return cls(
+            principal_ref=principal_ref, principal_alias=alias or principal_ref, token_ref=token_ref
+        )
 
 
 UNMAPPED_PRINCIPAL: Final = PrincipalLabels(UNMAPPED, UNMAPPED, UNMAPPED)
@@ -314,7 +316,11 @@ class _StatusCollector(Collector):
             return
         edge = [self._edge_id]
         for name, doc, value in (
-            ("iop_queue_depth", "Requests waiting in the global provider queue.", status.queue_depth),
+            (
+                "iop_queue_depth",
+                "Requests waiting in the global provider queue.",
+                status.queue_depth,
+            ),
             ("iop_queue_max", "provider_pool.max_queue (0 = never wait).", status.max_queue),
             ("iop_connected_nodes", "Nodes with a live wire session.", status.connected_nodes),
         ):
@@ -324,13 +330,17 @@ class _StatusCollector(Collector):
         labels = ["edge_id", "node_id", "provider_id"]
         fams = {
             "in_flight": GaugeMetricFamily(
-                "iop_provider_in_flight", "Leases held on the provider (normal slots).", labels=labels
+                "iop_provider_in_flight",
+                "Leases held on the provider (normal slots).",
+                labels=labels,
             ),
             "capacity": GaugeMetricFamily(
                 "iop_provider_capacity", "Configured capacity (normal slots).", labels=labels
             ),
             "load_ratio": GaugeMetricFamily(
-                "iop_provider_load_ratio", "in_flight / capacity (0 when capacity is 0).", labels=labels
+                "iop_provider_load_ratio",
+                "in_flight / capacity (0 when capacity is 0).",
+                labels=labels,
             ),
             "long_in_flight": GaugeMetricFamily(
                 "iop_provider_long_in_flight", "Long-context slots in use.", labels=labels
