@@ -1,0 +1,225 @@
+"""Tool calls on the normalized path (SPEC §4 "Tool calls").
+
+Two sources of tool calls reach the edge:
+
+- **provider-native** calls (Ollama ``tool_calls``, a node event's
+  ``tool_call`` or its ``openai_tool_calls`` metadata): already structured,
+  only reshaped into the OpenAI form by :func:`restore_native_tool_call`;
+- **text protocol** for text-only providers (``cli``): the request's
+  ``tools[]`` are described in a system instruction (:func:`tool_instruction`)
+  that asks for ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
+  blocks, and :func:`parse_text_tool_calls` turns the answer back into calls.
+
+The parser is deliberately unforgiving: a call is only produced from an
+explicit block whose name is a declared tool and whose arguments validate
+against that tool's ``parameters`` schema.  If any block is unusable the whole
+answer is returned as plain text (``fallback=True``; the edge records
+``openai_text_tool_fallback``) — never a call guessed from prose.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from iopd.edge.openai.jsonschema import validate
+from iopd.errors import ProviderError
+
+__all__ = [
+    "TextToolResult",
+    "new_call_id",
+    "parse_text_tool_calls",
+    "restore_native_tool_call",
+    "tool_instruction",
+]
+
+_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_OPEN_TAG = "<tool_call>"
+_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _loads(text: str) -> Any:
+    """Strict JSON: NaN/Infinity are rejected like any other invalid JSON."""
+    return json.loads(text, parse_constant=_reject_constant)
+
+
+def new_call_id() -> str:
+    """A fresh OpenAI-style tool call id (``call_`` + 24 hex chars)."""
+    return "call_" + secrets.token_hex(12)
+
+
+def _encode_arguments(arguments: Any) -> str:
+    return msgspec.json.encode(arguments).decode()
+
+
+def _function_of(tool: Any) -> dict[str, Any] | None:
+    """The function definition of a ``tools[]`` entry (chat or Responses shape)."""
+    if not isinstance(tool, dict):
+        return None
+    if tool.get("type", "function") != "function":
+        return None
+    fn = tool.get("function", tool)  # Responses puts name/parameters at the top level
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
+        return None
+    return fn
+
+
+def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    found: dict[str, dict[str, Any]] = {}
+    for tool in tools:
+        fn = _function_of(tool)
+        if fn is not None:
+            found.setdefault(fn["name"], fn)
+    return found
+
+
+def tool_instruction(tools: list[dict[str, Any]]) -> str:
+    """A system instruction describing ``tools`` and the ``<tool_call>`` protocol.
+
+    Each function tool is listed with its name, description and ``parameters``
+    JSON schema; tools that are not functions are skipped.
+    """
+    lines = [
+        "You can call the following tools. Each tool is given with its name, "
+        "description and the JSON schema of its arguments.",
+        "",
+    ]
+    for name, fn in _functions(tools).items():
+        lines.append(f"Tool: {name}")
+        description = fn.get("description")
+        if isinstance(description, str) and description.strip():
+            lines.append(f"Description: {description.strip()}")
+        parameters = fn.get("parameters")
+        if parameters is None:
+            parameters = {"type": "object", "properties": {}}
+        lines.append("Arguments JSON schema: " + json.dumps(parameters, ensure_ascii=False))
+        lines.append("")
+    lines += [
+        "To call a tool, answer with one or more blocks of exactly this form and "
+        "nothing that imitates them:",
+        '<tool_call>{"name": "<tool name>", "arguments": {<arguments as a JSON '
+        "object matching the tool's schema>}}</tool_call>",
+        "Use one block per call. The content of each block must be a single valid "
+        "JSON object. If you do not need a tool, answer in plain text without any "
+        "<tool_call> block.",
+    ]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class TextToolResult:
+    """The outcome of :func:`parse_text_tool_calls`.
+
+    ``calls``: OpenAI ``tool_calls`` when every block was valid, else None.
+    ``content``: the text to return as the message content (None when the
+    calls stand alone).  ``fallback``: blocks were present but at least one was
+    unusable, so the original text is returned as plain content.
+    ``problem``: why the fallback happened (for logs; never shown to callers).
+    """
+
+    calls: list[dict[str, Any]] | None
+    content: str | None
+    fallback: bool
+    problem: str = ""
+
+
+def _block_call(raw: str, functions: dict[str, dict[str, Any]]) -> dict[str, Any] | str:
+    """One block → an OpenAI tool call, or a string saying why it is unusable."""
+    body = raw.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1).strip()
+    try:
+        payload = _loads(body)
+    except ValueError:
+        return "a <tool_call> block is not valid JSON"
+    if not isinstance(payload, dict):
+        return "a <tool_call> block is not a JSON object"
+    name = payload.get("name")
+    if not isinstance(name, str) or name not in functions:
+        return f"a <tool_call> block names an unknown tool {str(name)[:64]!r}"
+    arguments = payload.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = _loads(arguments)
+        except ValueError:
+            return f"the arguments of {name!r} are not valid JSON"
+    if not isinstance(arguments, dict):
+        return f"the arguments of {name!r} are not a JSON object"
+    schema = functions[name].get("parameters")
+    if schema is not None:
+        errors = validate(arguments, schema)
+        if errors:
+            return f"the arguments of {name!r} do not match its schema: {errors[0]}"
+    return {
+        "id": new_call_id(),
+        "type": "function",
+        "function": {"name": name, "arguments": _encode_arguments(arguments)},
+    }
+
+
+def parse_text_tool_calls(text: str, tools: list[dict[str, Any]]) -> TextToolResult:
+    """Turn ``<tool_call>`` blocks in a text answer into OpenAI tool calls.
+
+    - no block at all → ``calls=None, content=text, fallback=False``;
+    - every block valid (declared tool name, arguments an object — or a JSON
+      string of one — valid against the tool's ``parameters``) → the calls,
+      and the text outside the blocks as content (None when only whitespace);
+    - any block invalid, or an opening tag never closed → ``calls=None``,
+      ``content=text`` unchanged, ``fallback=True``.
+    """
+    blocks = list(_BLOCK.finditer(text))
+    if not blocks:
+        if _OPEN_TAG in text:
+            return TextToolResult(None, text, True, "a <tool_call> block is not closed")
+        return TextToolResult(None, text, False)
+    functions = _functions(tools)
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        call = _block_call(block.group(1), functions)
+        if isinstance(call, str):
+            return TextToolResult(None, text, True, call)
+        calls.append(call)
+    outside = _BLOCK.sub("", text)
+    if _OPEN_TAG in outside:
+        return TextToolResult(None, text, True, "a <tool_call> block is not closed")
+    outside = outside.strip()
+    return TextToolResult(calls, outside or None, False)
+
+
+def restore_native_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    """Reshape a provider-native tool call into the OpenAI ``tool_calls`` item.
+
+    Accepts the OpenAI shape, Ollama's ``{"function": {"name", "arguments":
+    {...}}}`` (no id, arguments as an object) and a flat ``{"name",
+    "arguments"}``.  Arguments that are an object are encoded as a JSON
+    string, missing arguments become ``"{}"``, a missing id is generated.
+    ``index`` is the call's position in the message, used in the error raised
+    (:class:`~iopd.errors.ProviderError`) for a call without a function name.
+    """
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        fn = call
+    name = fn.get("name")
+    if not isinstance(name, str) or not name:
+        raise ProviderError(f"the provider returned tool call #{index} without a function name")
+    arguments = fn.get("arguments")
+    if arguments is None:
+        encoded = "{}"
+    elif isinstance(arguments, str):
+        encoded = arguments
+    else:
+        encoded = _encode_arguments(arguments)
+    call_id = call.get("id")
+    if not isinstance(call_id, str) or not call_id:
+        call_id = new_call_id()
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": encoded}}
