@@ -1,0 +1,810 @@
+"""The edge's OpenAI-compatible surface: routing and the request lifecycle (SPEC §3, §4).
+
+One request, start to end:
+
+    authenticate → parse → resolve model group → estimate tokens / context
+    class → lease a provider from the pool (may queue) → by the provider's
+    type: normalized RunRequest or raw ProviderTunnelRequest on the node's
+    session → write JSON or SSE → metrics + one log line.
+
+Errors are ``iopd.errors.GatewayError``s raised anywhere below and rendered
+in one place (``errors.render_error``).  A caller disconnect cancels the
+handler (the HTTP server does that); leaving ``open_stream`` then sends
+``Cancel`` to the node and leaving ``pool.lease`` frees the slot.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import trio
+
+from iopd import errors
+from iopd.edge.metrics import RequestLabels
+from iopd.edge.openai import chat as chatfmt
+from iopd.edge.openai import requests as rq
+from iopd.edge.openai.auth import Principal
+from iopd.edge.openai.errors import error_sse_event, render_error
+from iopd.edge.openai.generation import apply_generation
+from iopd.edge.openai.responses import build_response, responses_input_to_messages
+from iopd.edge.openai.sse import SSE_HEADERS
+from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
+from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
+from iopd.edge.pool.pool import Lease
+from iopd.edge.runtime import EdgeRuntime, Snapshot
+from iopd.edge.usage import run_event_usage, tunnel_usage
+from iopd.http.server import Request, Responder
+from iopd.tokens import estimate_input_tokens
+from wire.messages import (
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    RunEvent,
+    RunRequest,
+    Usage,
+)
+
+log = logging.getLogger("iopd.edge.request")
+
+JSON = "application/json"
+_json_encode = msgspec.json.Encoder().encode
+
+#: Provider types that speak the OpenAI HTTP API natively (raw tunnel).
+PASSTHROUGH_TYPES = frozenset({"openai"})
+#: Text-only providers: tools go through the <tool_call> text protocol.
+TEXT_TOOL_TYPES = frozenset({"cli", "echo"})
+
+# Headers never relayed in either direction (RFC 9110 §7.6.1 and friends).
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
+# Request headers the edge owns: framing, the caller's credentials, the host.
+_REQUEST_DROP = HOP_BY_HOP | {
+    "host",
+    "content-length",
+    "authorization",
+    "expect",
+    "accept-encoding",  # usage is extracted from the body on the node: keep it plain
+    "x-request-id",
+}
+
+_KNOWN_ROUTES: dict[str, frozenset[str]] = {
+    "/healthz": frozenset({"GET", "HEAD"}),
+    "/v1/models": frozenset({"GET"}),
+    "/v1/chat/completions": frozenset({"POST"}),
+    "/v1/responses": frozenset({"POST"}),
+    "/api/chat": frozenset({"POST"}),
+    "/api/generate": frozenset({"POST"}),
+    "/api/tags": frozenset({"GET"}),
+}
+
+
+@dataclass
+class Outcome:
+    """What one request did, for the metrics and the log line."""
+
+    request_id: str
+    endpoint: str | None = None  # chat_completions | responses | api
+    principal: Principal | None = None
+    group: str = "unknown"
+    mode: str = "normalized"
+    provider: str = "-"
+    status: str | None = None  # metric status; None until known
+    http_status: int = 0
+    usage: list[tuple[str, str, int]] = field(default_factory=list)
+    reasoning_chars: int = 0
+    reasoning_reported: bool = False
+    started: float = field(default_factory=time.perf_counter)
+
+
+class OpenAIApp:
+    """The request handler of the OpenAI listener (an ``iopd.http.server.Handler``)."""
+
+    def __init__(self, runtime: EdgeRuntime) -> None:
+        self.rt = runtime
+        self._seq = itertools.count(1)
+        self._id_prefix = secrets.token_hex(4)
+        self._active: set[trio.CancelScope] = set()
+        self._cut = False
+
+    def cut_all(self) -> None:
+        """Drain deadline: end every request in flight with a terminal error."""
+        self._cut = True
+        for scope in list(self._active):
+            scope.cancel()
+
+    def _new_id(self, prefix: str) -> str:
+        return f"{prefix}-{self._id_prefix}{next(self._seq):08x}"
+
+    # ---------------------------------------------------------------- entry
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        out = Outcome(request_id=self._new_id("req"))
+        snap = self.rt.snapshot  # this request's snapshot, kept until it ends
+        try:
+            timeout = snap.config.openai.request_timeout
+            with trio.move_on_after(timeout) as scope:
+                self._active.add(scope)
+                try:
+                    await self._route(snap, request, responder, out)
+                finally:
+                    self._active.discard(scope)
+            if scope.cancelled_caught:
+                exc: errors.GatewayError = (
+                    errors.ShuttingDown("the edge is shutting down")
+                    if self._cut
+                    else errors.ProviderTimeout("the request exceeded its time limit")
+                )
+                await self._fail(responder, out, exc)
+        except errors.GatewayError as exc:
+            await self._fail(responder, out, exc)
+        finally:
+            self._finish(out)
+
+    async def _fail(self, responder: Responder, out: Outcome, exc: errors.GatewayError) -> None:
+        out.status = exc.metric_status
+        if not responder.started:
+            status, headers, body = render_error(exc)
+            out.http_status = status
+            headers.append(("x-request-id", out.request_id))
+            await responder.send(status, headers, body)
+        elif out.mode == "normalized" and out.endpoint != "api":
+            # An SSE stream already started: end it with an error event.
+            await responder.write(error_sse_event(exc))
+            await responder.end()
+        else:
+            # A raw relay is mid-body: the only honest signal is a cut connection.
+            raise _AbortConnection(exc.message)
+
+    def _finish(self, out: Outcome) -> None:
+        duration = time.perf_counter() - out.started
+        status = out.status or "cancelled"
+        if out.endpoint is not None:
+            p = out.principal
+            labels = RequestLabels(
+                principal_ref=p.label_principal_ref if p else "unmapped",
+                principal_alias=p.label_principal_alias if p else "unmapped",
+                token_ref=p.label_token_ref if p else "unmapped",
+                model_group=out.group,
+                endpoint=out.endpoint,
+                response_mode=out.mode,
+            )
+            self.rt.metrics.record_request(
+                labels,
+                status=status,
+                duration=duration,
+                usage=out.usage,
+                reasoning_chars=out.reasoning_chars,
+                reasoning_reported=out.reasoning_reported,
+            )
+            tokens = {(t): 0 for t in ("input", "output")}
+            for _src, ttype, n in out.usage:
+                if ttype in tokens:
+                    tokens[ttype] += n
+            log.info(
+                "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
+                "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
+                out.request_id,
+                (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
+                    p.source if p else "-"
+                ),
+                out.group,
+                out.provider,
+                out.endpoint,
+                out.mode,
+                status,
+                out.http_status,
+                duration * 1000,
+                tokens["input"],
+                tokens["output"],
+            )
+
+    # --------------------------------------------------------------- routing
+
+    async def _route(
+        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    ) -> None:
+        path = request.path
+        method = request.method
+        allowed = _KNOWN_ROUTES.get(path)
+        if allowed is None and path.startswith("/api/"):
+            out.endpoint = "api"
+        elif path == "/v1/chat/completions":
+            out.endpoint = "chat_completions"
+        elif path == "/v1/responses":
+            out.endpoint = "responses"
+        elif path.startswith("/api/"):
+            out.endpoint = "api"
+        if path == "/healthz":
+            if method not in allowed:  # type: ignore[operator]
+                raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
+            out.status = "ok"
+            await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
+            return
+        if allowed is None:
+            raise errors.RouteNotFound(f"no route for {method} {path}")
+        if method not in allowed:
+            raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
+
+        out.principal = snap.auth.authenticate(request.header("authorization"))
+
+        if path == "/v1/models":
+            await self._list_models(snap, responder, out)
+        elif path == "/api/tags":
+            await self._ollama_tags(snap, responder, out)
+        elif path == "/v1/chat/completions":
+            await self._chat(snap, request, responder, out)
+        elif path == "/v1/responses":
+            await self._responses(snap, request, responder, out)
+        else:
+            await self._ollama_relay(snap, request, responder, out)
+
+    # ---------------------------------------------------------------- models
+
+    async def _list_models(self, snap: Snapshot, responder: Responder, out: Outcome) -> None:
+        data = [
+            {"id": g.id, "object": "model", "created": 0, "owned_by": "iopd"}
+            for g in snap.catalog.listed()
+        ]
+        out.status = "ok"
+        await responder.send(
+            200, [("content-type", JSON)], _json_encode({"object": "list", "data": data})
+        )
+
+    async def _ollama_tags(self, snap: Snapshot, responder: Responder, out: Outcome) -> None:
+        models = [
+            {
+                "name": g.id,
+                "model": g.id,
+                "modified_at": "1970-01-01T00:00:00Z",
+                "size": 0,
+                "digest": "",
+                "details": {},
+            }
+            for g in snap.catalog.listed()
+            if snap.catalog.has_type(g.id, "ollama")
+        ]
+        out.status = "ok"
+        await responder.send(200, [("content-type", JSON)], _json_encode({"models": models}))
+
+    # ------------------------------------------------------------ shared prep
+
+    def _resolve(self, snap: Snapshot, model: str, out: Outcome) -> Any:
+        group = snap.catalog.resolve(model)
+        if group is None:
+            raise errors.ModelNotFound(
+                f"The model '{model[:200]}' does not exist", param="model"
+            )
+        out.group = group.id
+        types = {snap.catalog.providers[pid].config.type for pid, _ in group.providers}
+        out.mode = "passthrough" if types and types <= PASSTHROUGH_TYPES else "normalized"
+        return group
+
+    def _check_provider_auth(
+        self, snap: Snapshot, request: Request, group_id: str
+    ) -> str | None:
+        pa = snap.config.openai.provider_auth
+        value = request.header(pa.header.lower())
+        if pa.required and not value and snap.catalog.has_type(group_id, "openai"):
+            raise errors.ProviderAuthRequired(
+                f"this model requires the {pa.header} header with the provider's credentials"
+            )
+        return value
+
+    def _run_metadata(
+        self,
+        snap: Snapshot,
+        meta: dict[str, str],
+        principal: Principal,
+        *,
+        model: str,
+        stream: bool,
+        estimate: int,
+        context_class: str,
+    ) -> dict[str, str]:
+        md = dict(meta)
+        md.pop("workspace", None)
+        md = snap.auth.apply_principal_metadata(md, principal)
+        md.update(
+            openai_model=model,
+            openai_stream="true" if stream else "false",
+            strict_output="true" if snap.config.openai.strict_output else "false",
+            estimated_input_tokens=str(estimate),
+            context_class=context_class,
+        )
+        return md
+
+    def _check_workspace(self, snap: Snapshot, group: Any, workspace: str | None) -> None:
+        if workspace is None:
+            return
+        if not os.path.isabs(workspace) and snap.catalog.has_type(group.id, "cli"):
+            raise errors.InvalidRequest(
+                "metadata.workspace must be an absolute path", param="metadata.workspace"
+            )
+
+    def _tunnel_headers(
+        self, snap: Snapshot, request: Request, provider_auth: str | None
+    ) -> list[tuple[str, str]]:
+        pa = snap.config.openai.provider_auth
+        source = pa.header.lower()
+        headers = [
+            (k, v) for k, v in request.headers if k not in _REQUEST_DROP and k != source
+        ]
+        if provider_auth:
+            headers.append((pa.target_header, provider_auth))
+        headers.append(("content-type", JSON))
+        return _dedupe_content_type(headers)
+
+    @staticmethod
+    def _long_class(snap: Snapshot, estimate: int) -> str:
+        threshold = snap.config.openai.long_context_threshold_tokens
+        return "long" if estimate >= threshold else "normal"
+
+    # ------------------------------------------------------------------ chat
+
+    async def _chat(
+        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    ) -> None:
+        body = rq.parse_json_object(request.body)
+        if isinstance(body.get("model"), str):
+            group_try = snap.catalog.resolve(body["model"])
+            if group_try is not None:
+                out.group = group_try.id
+        req = rq.ChatRequest.parse(body)
+        group = self._resolve(snap, req.model, out)
+        assert out.principal is not None
+        provider_auth = self._check_provider_auth(snap, request, group.id)
+        meta = req.metadata
+        workspace = meta.get("workspace")
+        self._check_workspace(snap, group, workspace)
+        estimate = estimate_input_tokens(req.messages)
+        cclass = self._long_class(snap, estimate)
+        run_meta = self._run_metadata(
+            snap,
+            meta,
+            out.principal,
+            model=req.model,
+            stream=req.stream,
+            estimate=estimate,
+            context_class=cclass,
+        )
+        async with self.rt.pool.lease(
+            group.id, context_class=cclass, requires=frozenset(), queue_timeout=group.queue_timeout
+        ) as lease:
+            out.provider = lease.provider_id
+            session = self._session(lease)
+            if lease.provider_type in PASSTHROUGH_TYPES:
+                out.mode = "passthrough"
+                apply_generation(req.params(), group.generation, passthrough=True)
+                treq = ProviderTunnelRequest(
+                    stream_id=0,
+                    provider_id=lease.provider_id,
+                    method="POST",
+                    path="/v1/chat/completions",
+                    headers=self._tunnel_headers(snap, request, provider_auth),
+                    body=rq.rewrite_model(req.raw, lease.target),
+                )
+                await self._relay(session, treq, responder, out)
+                return
+            out.mode = "normalized"
+            params = apply_generation(req.params(), group.generation, passthrough=False)
+            messages = list(req.messages)
+            tools = req.tools
+            text_tools = bool(tools) and lease.provider_type in TEXT_TOOL_TYPES
+            prefix: list[dict[str, Any]] = []
+            if snap.config.openai.strict_output:
+                prefix.append(strict_system_message(snap.config.openai.strict_output_instruction))
+            if text_tools:
+                prefix.append({"role": "system", "content": tool_instruction(tools or [])})
+            run = RunRequest(
+                stream_id=0,
+                provider_id=lease.provider_id,
+                adapter=lease.provider_type,  # type: ignore[arg-type]
+                target=lease.target,
+                messages=prefix + messages,
+                tools=None if text_tools else tools,
+                params=params,
+                metadata=run_meta,
+                workspace=workspace,
+                stream=req.stream,
+            )
+            if req.stream:
+                await self._chat_stream(
+                    snap, session, run, responder, out, req, text_tools=text_tools
+                )
+            else:
+                await self._chat_once(snap, session, run, responder, out, req, text_tools=text_tools)
+
+    def _session(self, lease: Lease) -> Any:
+        session = self.rt.hub.session(lease.node_id)
+        if session is None:
+            raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
+        return session
+
+    async def _chat_once(
+        self,
+        snap: Snapshot,
+        session: Any,
+        run: RunRequest,
+        responder: Responder,
+        out: Outcome,
+        req: rq.ChatRequest,
+        *,
+        text_tools: bool,
+    ) -> None:
+        asm = chatfmt.CompletionAssembler(
+            completion_id=self._new_id("chatcmpl"), model=req.model, created=int(time.time())
+        )
+        await self._collect(session, run, asm, out)
+        text_override: str | None = None
+        calls_override: list[dict[str, Any]] | None = None
+        text = asm.text
+        if snap.config.openai.strict_output:
+            text = extract_completion(text)
+            text_override = text
+        if text_tools:
+            res = parse_text_tool_calls(text, req.tools or [])
+            if res.calls:
+                calls_override = res.calls
+                text_override = res.content or ""
+            elif res.fallback:
+                run.metadata["openai_text_tool_fallback"] = "true"
+        result = asm.result(text_override=text_override, tool_calls_override=calls_override)
+        out.status = "ok"
+        out.http_status = 200
+        await responder.send(200, [("content-type", JSON)], _json_encode(result))
+
+    async def _collect(self, session: Any, run: RunRequest, asm: Any, out: Outcome) -> None:
+        """Run a normalized request to its end, feeding every event to ``asm``."""
+        try:
+            async with session.open_stream(run) as events:
+                async for ev in events:
+                    if ev.kind == "complete":
+                        asm.finish(ev)
+                    elif ev.kind == "error":
+                        raise _run_error(ev)
+                    else:
+                        asm.feed(_restore_tool_event(ev, asm))
+        finally:
+            self._account_run_usage(asm, out)
+
+    @staticmethod
+    def _account_run_usage(asm: Any, out: Outcome) -> None:
+        usage: Usage | None = asm.usage
+        out.usage = run_event_usage(usage)
+        out.reasoning_reported = bool(usage and usage.reasoning_tokens)
+        out.reasoning_chars = len(asm.reasoning_text)
+
+    async def _chat_stream(
+        self,
+        snap: Snapshot,
+        session: Any,
+        run: RunRequest,
+        responder: Responder,
+        out: Outcome,
+        req: rq.ChatRequest,
+        *,
+        text_tools: bool,
+    ) -> None:
+        chunks = chatfmt.ChunkStream(
+            completion_id=self._new_id("chatcmpl"),
+            model=req.model,
+            created=int(time.time()),
+            include_usage=req.include_usage,
+        )
+        asm = chatfmt.CompletionAssembler(
+            completion_id="", model=req.model, created=0
+        )  # accounting only
+        strict = StrictStreamFilter() if snap.config.openai.strict_output else None
+        try:
+            await self._stream_events(session, run, responder, out, req, chunks, asm, strict, text_tools)
+        finally:
+            self._account_run_usage(asm, out)
+
+    async def _stream_events(
+        self,
+        session: Any,
+        run: RunRequest,
+        responder: Responder,
+        out: Outcome,
+        req: rq.ChatRequest,
+        chunks: Any,
+        asm: Any,
+        strict: StrictStreamFilter | None,
+        text_tools: bool,
+    ) -> None:
+        tool_index = 0
+        async with session.open_stream(run) as events:
+            await responder.start(200, list(SSE_HEADERS))
+            out.http_status = 200
+            await responder.write(chunks.first())
+            async for ev in events:
+                kind = ev.kind
+                if kind == "text":
+                    asm.feed(ev)
+                    if text_tools:
+                        continue  # the whole text decides: tool calls or text
+                    delta = strict.feed(ev.text) if strict else ev.text
+                    if delta:
+                        await responder.write(chunks.text(delta))
+                elif kind == "reasoning":
+                    asm.feed(ev)
+                    await responder.write(chunks.reasoning(ev.text))
+                elif kind == "tool_call":
+                    ev = _restore_tool_event(ev, asm)
+                    asm.feed(ev)
+                    await responder.write(chunks.tool_call(tool_index, ev.tool_call))
+                    tool_index += 1
+                elif kind == "usage":
+                    asm.feed(ev)
+                elif kind == "complete":
+                    asm.finish(ev)
+                    finish = asm.finish_reason or "stop"
+                    if text_tools:
+                        text = extract_completion(asm.text) if strict else asm.text
+                        res = parse_text_tool_calls(text, req.tools or [])
+                        if res.calls:
+                            if res.content:
+                                await responder.write(chunks.text(res.content))
+                            for call in res.calls:
+                                await responder.write(chunks.tool_call(tool_index, call))
+                                tool_index += 1
+                            finish = "tool_calls"
+                        elif text:
+                            await responder.write(chunks.text(text))
+                    elif strict:
+                        rest = strict.flush()
+                        if rest:
+                            await responder.write(chunks.text(rest))
+                    if tool_index and finish == "stop":
+                        finish = "tool_calls"
+                    await responder.write(chunks.finish(finish, asm.usage))
+                    await responder.end()
+                    out.status = "ok"
+                    return
+                elif kind == "error":
+                    raise _run_error(ev)
+
+    # ------------------------------------------------------------- responses
+
+    async def _responses(
+        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    ) -> None:
+        body = rq.parse_json_object(request.body)
+        req = rq.ResponsesRequest.parse(body)
+        group = self._resolve(snap, req.model, out)
+        assert out.principal is not None
+        provider_auth = self._check_provider_auth(snap, request, group.id)
+        has_passthrough = snap.catalog.has_type(group.id, "openai")
+        simple = not req.stream and isinstance(req.raw.get("input"), str)
+        requires: frozenset[str] = frozenset()
+        if not simple:
+            if not has_passthrough:
+                raise errors.InvalidRequest(
+                    "this model's providers support only non-streaming /v1/responses with a "
+                    "string 'input'",
+                    param="input" if not isinstance(req.raw.get("input"), str) else "stream",
+                )
+            requires = frozenset({"passthrough"})
+        meta = req.metadata
+        workspace = meta.get("workspace")
+        self._check_workspace(snap, group, workspace)
+        messages = responses_input_to_messages(req.raw) if simple else []
+        estimate = estimate_input_tokens(messages) if simple else _estimate_raw_input(req.raw)
+        cclass = self._long_class(snap, estimate)
+        async with self.rt.pool.lease(
+            group.id, context_class=cclass, requires=requires, queue_timeout=group.queue_timeout
+        ) as lease:
+            out.provider = lease.provider_id
+            session = self._session(lease)
+            if lease.provider_type in PASSTHROUGH_TYPES:
+                out.mode = "passthrough"
+                apply_generation(req.params(), group.generation, passthrough=True)
+                treq = ProviderTunnelRequest(
+                    stream_id=0,
+                    provider_id=lease.provider_id,
+                    method="POST",
+                    path="/v1/responses",
+                    headers=self._tunnel_headers(snap, request, provider_auth),
+                    body=rq.rewrite_model(req.raw, lease.target),
+                )
+                await self._relay(session, treq, responder, out)
+                return
+            out.mode = "normalized"
+            prefix: list[dict[str, Any]] = []
+            if snap.config.openai.strict_output:
+                prefix.append(strict_system_message(snap.config.openai.strict_output_instruction))
+            run = RunRequest(
+                stream_id=0,
+                provider_id=lease.provider_id,
+                adapter=lease.provider_type,  # type: ignore[arg-type]
+                target=lease.target,
+                messages=prefix + messages,
+                params=apply_generation(req.params(), group.generation, passthrough=False),
+                metadata=self._run_metadata(
+                    snap,
+                    meta,
+                    out.principal,
+                    model=req.model,
+                    stream=False,
+                    estimate=estimate,
+                    context_class=cclass,
+                ),
+                workspace=workspace,
+                stream=False,
+            )
+            asm = chatfmt.CompletionAssembler(completion_id="", model=req.model, created=0)
+            await self._collect(session, run, asm, out)
+            text = asm.text
+            if snap.config.openai.strict_output:
+                text = extract_completion(text)
+            doc = build_response(
+                response_id=self._new_id("resp"),
+                model=req.model,
+                created_at=int(time.time()),
+                text=text,
+                reasoning_text=asm.reasoning_text,
+                usage=asm.usage,
+                metadata={k: v for k, v in meta.items() if k != "workspace"},
+            )
+            out.status = "ok"
+            out.http_status = 200
+            await responder.send(200, [("content-type", JSON)], _json_encode(doc))
+
+    # ---------------------------------------------------------------- ollama
+
+    async def _ollama_relay(
+        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    ) -> None:
+        body = rq.parse_json_object(request.body)
+        req = rq.OllamaRequest.parse(body)
+        group = self._resolve(snap, req.model, out)
+        out.mode = "passthrough"
+        if not snap.catalog.has_type(group.id, "ollama"):
+            raise errors.InvalidRequest(
+                f"model '{req.model[:200]}' has no ollama provider for {request.path}",
+                param="model",
+            )
+        async with self.rt.pool.lease(
+            group.id, requires=frozenset({"ollama"}), queue_timeout=group.queue_timeout
+        ) as lease:
+            out.provider = lease.provider_id
+            session = self._session(lease)
+            treq = ProviderTunnelRequest(
+                stream_id=0,
+                provider_id=lease.provider_id,
+                method="POST",
+                path=request.path,
+                headers=self._tunnel_headers(snap, request, None),
+                body=rq.rewrite_model(req.raw, lease.target),
+            )
+            await self._relay(session, treq, responder, out)
+
+    # ----------------------------------------------------------------- relay
+
+    async def _relay(
+        self, session: Any, treq: ProviderTunnelRequest, responder: Responder, out: Outcome
+    ) -> None:
+        """Relay a provider's raw response: status, end-to-end headers, body bytes."""
+        body_usage: Usage | None = None
+        frame_usage: Usage | None = None
+        try:
+            async with session.open_stream(treq) as frames:
+                async for fr in frames:
+                    fr_: ProviderTunnelFrame = fr
+                    kind = fr_.kind
+                    if kind == "body":
+                        if fr_.data:
+                            await responder.write(fr_.data)
+                    elif kind == "head":
+                        headers = [(k, v) for k, v in fr_.headers if k.lower() not in HOP_BY_HOP]
+                        ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
+                        if ctype.startswith("text/event-stream") or ctype.startswith(
+                            "application/x-ndjson"
+                        ):
+                            headers.append(("X-Accel-Buffering", "no"))
+                        await responder.start(fr_.status, headers)
+                        out.http_status = fr_.status
+                    elif kind == "usage":
+                        body_usage = fr_.body_usage or body_usage
+                        frame_usage = fr_.usage or frame_usage
+                        out.reasoning_chars += fr_.reasoning_chars
+                    elif kind == "end":
+                        await responder.end()
+                        out.status = "ok" if out.http_status < 400 else (
+                            "client_error" if out.http_status < 500 else "provider_error"
+                        )
+                        return
+                    else:  # error
+                        raise _tunnel_error(fr_)
+        finally:
+            out.usage = tunnel_usage(body_usage, frame_usage)
+            out.reasoning_reported = bool(
+                (body_usage and body_usage.reasoning_tokens)
+                or (frame_usage and frame_usage.reasoning_tokens)
+            )
+
+
+class _AbortConnection(Exception):
+    """Raised to make the HTTP server cut a connection whose body was mid-relay."""
+
+
+def _run_error(ev: RunEvent) -> errors.GatewayError:
+    msg = ev.message or "the provider failed"
+    if ev.code == "provider_timeout":
+        return errors.ProviderTimeout(msg)
+    if ev.code == "bad_request":
+        return errors.InvalidRequest(msg)
+    if ev.code in ("node_lost", "node_dispatch_error"):
+        return errors.NodeDispatchError(msg)
+    return errors.ProviderError(msg)
+
+
+def _tunnel_error(fr: ProviderTunnelFrame) -> errors.GatewayError:
+    msg = fr.message or "the provider failed"
+    if fr.code == "provider_timeout":
+        return errors.ProviderTimeout(msg)
+    if fr.code == "bad_request":
+        return errors.InvalidRequest(msg)
+    return errors.ProviderError(msg)
+
+
+def _restore_tool_event(ev: RunEvent, asm: Any) -> RunEvent:
+    if ev.kind != "tool_call" or ev.tool_call is None:
+        return ev
+    index = len(asm.tool_calls)
+    return msgspec.structs.replace(ev, tool_call=restore_native_tool_call(ev.tool_call, index))
+
+
+def _dedupe_content_type(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    seen = False
+    result = []
+    for k, v in reversed(headers):
+        if k.lower() == "content-type":
+            if seen:
+                continue
+            seen = True
+        result.append((k, v))
+    result.reverse()
+    return result
+
+
+def _estimate_raw_input(raw: dict[str, Any]) -> int:
+    """The §2.4 estimate over a /v1/responses body's text parts."""
+    from iopd.tokens import estimate_tokens_from_chars
+
+    chars = 0
+    instr = raw.get("instructions")
+    if isinstance(instr, str):
+        chars += len(instr)
+    inp = raw.get("input")
+    if isinstance(inp, str):
+        chars += len(inp)
+    elif isinstance(inp, list):
+        for item in inp:
+            if not isinstance(item, dict):
+                continue
+            content = item.get("content")
+            if isinstance(content, str):
+                chars += len(content)
+            elif isinstance(content, list):
+                for part in content:
+                    if isinstance(part, dict) and isinstance(part.get("text"), str):
+                        chars += len(part["text"])
+    return estimate_tokens_from_chars(chars)

@@ -1,0 +1,193 @@
+"""The edge daemon: one nursery owning the wire listener, the OpenAI and admin
+listeners, signal handling and the drain (SPEC §9).
+
+Drain (SIGTERM/SIGINT or ``EdgeHandle.drain()``): stop accepting on the OpenAI
+listener, let in-flight requests finish within ``edge.drain_timeout``, then
+end the rest with a terminal error (their leaving the node stream sends
+``Cancel`` to the node), close node sessions and return.  A second signal
+stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+
+import trio
+
+from iopd import __version__, errors
+from iopd.config.load import ConfigError, load_edge_config
+from iopd.config.schema import EdgeConfig
+from iopd.edge.admin import AdminApp, is_loopback_peer
+from iopd.edge.openai.app import OpenAIApp
+from iopd.edge.openai.errors import render_error
+from iopd.edge.runtime import EdgeRuntime
+from iopd.http.server import HttpLimits, HttpServer
+from iopd.logs import setup_logging
+from iopd.transport.listen import serve_wire
+from iopd.transport.tls import server_ssl_context
+
+log = logging.getLogger("iopd.edge")
+
+#: After the drain deadline, how long cut requests get to write their error.
+CUT_GRACE = 2.0
+
+
+def split_hostport(addr: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port); validated by the config loader."""
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _fmt(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class EdgeHandle:
+    """What ``run_edge`` reports when it is serving: the runtime and bound addresses."""
+
+    runtime: EdgeRuntime
+    wire: tuple[str, int]
+    admin: tuple[str, int]
+    openai: tuple[str, int] | None
+    _drain: trio.Event = field(default_factory=trio.Event)
+    _stop_now: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def base_url(self) -> str:
+        assert self.openai is not None
+        return f"http://{_fmt(self.openai)}/v1"
+
+    def drain(self) -> None:
+        """Begin a graceful drain (like SIGTERM); a second call stops at once."""
+        if self._drain.is_set():
+            self._stop_now.set()
+        self._drain.set()
+
+
+async def run_edge(
+    cfg: EdgeConfig,
+    config_path: str | None = None,
+    *,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[EdgeHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run an edge until drained; reports an ``EdgeHandle`` once every listener is bound."""
+    rt = EdgeRuntime.create(cfg, config_path)
+    oa = cfg.openai
+    app = OpenAIApp(rt)
+    openai_srv = HttpServer(
+        app,
+        limits=HttpLimits(
+            max_body_bytes=oa.max_body_bytes,
+            max_header_bytes=oa.max_header_bytes,
+            header_timeout=oa.header_timeout,
+            body_timeout=oa.body_timeout,
+            idle_timeout=oa.idle_timeout,
+        ),
+        render_error=render_error,
+    )
+    admin_srv = HttpServer(
+        AdminApp(rt),
+        limits=HttpLimits(max_body_bytes=64 * 1024, idle_timeout=oa.idle_timeout),
+        render_error=render_error,
+        allow_peer=is_loopback_peer,
+    )
+    ssl_ctx = server_ssl_context(cfg.edge.tls)
+    async with trio.open_nursery() as nursery:
+        wire_host, wire_port = split_hostport(cfg.edge.node_listen)
+        wire_addr = await nursery.start(
+            lambda task_status: serve_wire(
+                rt.hub.handle_connection,
+                wire_host,
+                wire_port,
+                ssl_context=ssl_ctx,
+                task_status=task_status,
+            )
+        )
+        admin_addr = await nursery.start(admin_srv.serve, *split_hostport(cfg.edge.admin_listen))
+        openai_addr = None
+        if oa.enabled:
+            openai_addr = await nursery.start(openai_srv.serve, *split_hostport(oa.listen))
+        handle = EdgeHandle(
+            runtime=rt,
+            wire=tuple(wire_addr[:2]),  # type: ignore[arg-type]
+            admin=admin_addr,
+            openai=openai_addr,
+        )
+        log.info(
+            "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
+            cfg.edge.id,
+            __version__,
+            _fmt(handle.wire),
+            _fmt(admin_addr),
+            _fmt(openai_addr) if openai_addr else "disabled",
+            "on" if ssl_ctx is not None else "off",
+        )
+        if handle_signals:
+            nursery.start_soon(_signals, handle, rt)
+        task_status.started(handle)
+
+        await handle._drain.wait()
+        with trio.CancelScope() as hard:
+            nursery.start_soon(_stop_at_second_signal, handle, hard)
+            await _drain(rt, app, openai_srv, admin_srv, cfg.edge.drain_timeout)
+        await rt.hub.aclose("edge shutting down")
+        nursery.cancel_scope.cancel()
+    log.info("event=edge_stopped edge=%s", cfg.edge.id)
+
+
+async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> None:
+    await handle._stop_now.wait()
+    log.warning("event=edge_stop_now reason=second_signal")
+    hard.cancel()
+
+
+async def _drain(
+    rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: HttpServer, timeout: float
+) -> None:
+    in_flight = openai_srv.in_flight
+    log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
+    openai_srv.shutdown()
+    with trio.move_on_after(timeout):
+        await openai_srv.wait_idle()
+    if openai_srv.in_flight:
+        log.warning("event=drain_deadline cut=%d", openai_srv.in_flight)
+        app.cut_all()
+        rt.pool.fail_all_waiters(lambda: errors.ShuttingDown("the edge is shutting down"))
+        with trio.move_on_after(CUT_GRACE):
+            await openai_srv.wait_idle()
+    admin_srv.shutdown()
+    log.info("event=drain_done")
+
+
+async def _signals(handle: EdgeHandle, rt: EdgeRuntime) -> None:
+    with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            if signum == signal.SIGHUP:
+                log.info("event=sighup action=refresh")
+                await rt.refresh("apply")
+            else:
+                log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
+                handle.drain()
+
+
+def edge_main(config_path: str, *, log_level: str | None = None) -> int:
+    """``iopd edge --config PATH``."""
+    try:
+        cfg = load_edge_config(config_path)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 1
+    setup_logging(cfg.edge.log_format, log_level or cfg.edge.log_level)
+    try:
+        trio.run(lambda: run_edge(cfg, config_path, handle_signals=True))
+    except OSError as exc:
+        log.error("event=edge_failed reason=%r", str(exc))
+        return 1
+    return 0

@@ -1,0 +1,327 @@
+"""The edge's runtime state and its copy-on-write refresh (SPEC §6).
+
+Why one object: a request reads ``runtime.snapshot`` once at its start and
+keeps that immutable ``Snapshot`` (config, catalog, authenticator) until it
+ends, so a refresh never changes the rules under a request in flight.  A
+refresh builds a complete new ``Snapshot`` off to the side and swaps it in
+with one assignment, then tells the pool (which re-examines its waiters) and
+pushes a new ``NodeConfig`` to every changed node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from iopd.config.catalog import Catalog, build_catalog, node_config_for
+from iopd.config.load import ConfigError, load_edge_config
+from iopd.config.refresh_classify import classify
+from iopd.config.schema import EdgeConfig, NodeEntry
+from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
+from iopd.edge.nodes import NodeHub
+from iopd.edge.openai.auth import Authenticator
+from iopd.edge.pool.pool import ProviderPool
+from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from wire.messages import NodeConfig, ProviderStatus
+
+log = logging.getLogger("iopd.edge")
+
+NODE_PUSH_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything a request needs from the config, frozen for its lifetime."""
+
+    config: EdgeConfig
+    catalog: Catalog
+    auth: Authenticator
+    version: int
+    nodes: Mapping[str, NodeEntry]
+
+
+def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
+    """The pool's view of a config: providers with their slots, groups with targets."""
+    providers = {
+        pid: ProviderSlot(
+            provider_id=pid,
+            node_id=ref.node_id,
+            type=ref.config.type,
+            capacity=ref.config.capacity,
+            long_context_capacity=ref.config.long_context_capacity,
+            priority=ref.config.priority,
+            enabled=ref.config.enabled,
+        )
+        for pid, ref in catalog.providers.items()
+    }
+    groups = {
+        g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
+        for g in catalog.listed()
+    }
+    return PoolSnapshot(
+        providers=providers,
+        groups=groups,
+        max_queue=cfg.provider_pool.max_queue,
+        queue_timeout=cfg.provider_pool.queue_timeout,
+    )
+
+
+def _make_snapshot(cfg: EdgeConfig, version: int) -> Snapshot:
+    return Snapshot(
+        config=cfg,
+        catalog=build_catalog(cfg),
+        auth=Authenticator(cfg.openai),
+        version=version,
+        nodes={n.id: n for n in cfg.nodes},
+    )
+
+
+@dataclass
+class ProviderHealthState:
+    health: str = "unknown"
+    last_error: str = ""
+
+
+@dataclass
+class EdgeRuntime:
+    """Owns the snapshot, the pool, the node hub and the metrics of one edge."""
+
+    config_path: str | None
+    snapshot: Snapshot
+    pool: ProviderPool
+    metrics: GatewayMetrics
+    hub: NodeHub = field(init=False)
+    health: dict[str, ProviderHealthState] = field(default_factory=dict)
+    _refresh_lock: trio.Lock = field(default_factory=trio.Lock)
+    started_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
+        snap = _make_snapshot(cfg, version=1)
+        metrics = GatewayMetrics(cfg.edge.id)
+        pool = ProviderPool(
+            pool_snapshot(cfg, snap.catalog), on_wait_done=metrics.observe_dispatch_wait
+        )
+        rt = cls(config_path=config_path, snapshot=snap, pool=pool, metrics=metrics)
+        rt._allow_metric_ids(cfg)
+        edge = cfg.edge
+        rt.hub = NodeHub(
+            edge_id=edge.id,
+            get_nodes=lambda: rt.snapshot.nodes,
+            get_node_config=lambda node_id: node_config_for(
+                rt.snapshot.config, node_id, rt.snapshot.version
+            ),
+            heartbeat_interval=edge.heartbeat_interval,
+            heartbeat_timeout=edge.heartbeat_timeout,
+            handshake_timeout=edge.handshake_timeout,
+            max_frame_bytes=edge.max_frame_bytes,
+            on_connect=rt._on_node_connect,
+            on_disconnect=rt._on_node_disconnect,
+            on_status=rt._on_provider_status,
+        )
+        metrics.set_status_source(rt._gateway_status)
+        return rt
+
+    def _allow_metric_ids(self, cfg: EdgeConfig) -> None:
+        """Only config ids may become metric label values (never caller strings)."""
+        self.metrics.allow_ids(
+            model_groups=[g.id for g in self.snapshot.catalog.listed()],
+            principals=[
+                PrincipalLabels.from_config(t.principal_ref, t.alias, t.token_ref)
+                for t in cfg.openai.principal_tokens
+            ],
+        )
+
+    # ------------------------------------------------------------ node events
+
+    def _on_node_connect(self, node_id: str) -> None:
+        log.info("event=node_connected node=%s", node_id)
+        self.pool.set_node_connected(node_id, True)
+
+    def _on_node_disconnect(self, node_id: str) -> None:
+        log.info("event=node_disconnected node=%s", node_id)
+        self.pool.set_node_connected(node_id, False)
+
+    def _on_provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+        for p in msg.providers:
+            ref = self.snapshot.catalog.providers.get(p.provider_id)
+            if ref is None or ref.node_id != node_id:
+                log.warning(
+                    "event=provider_status_ignored node=%s provider=%s reason=not_this_nodes",
+                    node_id,
+                    p.provider_id,
+                )
+                continue
+            state = self.health.setdefault(p.provider_id, ProviderHealthState())
+            if state.health != p.health:
+                log.info(
+                    "event=provider_health node=%s provider=%s health=%s last_error=%r",
+                    node_id,
+                    p.provider_id,
+                    p.health,
+                    p.last_error[:200],
+                )
+            state.health = p.health
+            state.last_error = p.last_error
+            self.pool.set_provider_health(p.provider_id, p.health)
+
+    # ---------------------------------------------------------------- status
+
+    def _connected_count(self) -> int:
+        return sum(1 for n in self.snapshot.nodes if self.hub.connected_since(n) is not None)
+
+    def _gateway_status(self) -> GatewayStatus:
+        return GatewayStatus(
+            queue_depth=self.pool.queue_depth,
+            max_queue=self.pool.max_queue,
+            connected_nodes=self._connected_count(),
+            providers=self._gauge_rows(),
+        )
+
+    def _gauge_rows(self) -> list[ProviderGaugeRow]:
+        loads = self.pool.provider_loads()
+        rows = []
+        for pid, ref in self.snapshot.catalog.providers.items():
+            load = loads.get(pid)
+            rows.append(
+                ProviderGaugeRow(
+                    node_id=ref.node_id,
+                    provider_id=pid,
+                    in_flight=load.in_flight if load else 0,
+                    capacity=ref.config.capacity,
+                    long_in_flight=load.long_in_flight if load else 0,
+                    long_capacity=ref.config.long_context_capacity,
+                    health=self.health.get(pid, ProviderHealthState()).health,
+                    enabled=ref.config.enabled,
+                )
+            )
+        return rows
+
+    def status(self) -> dict[str, Any]:
+        """The admin ``GET /status`` document (SPEC §10)."""
+        snap = self.snapshot
+        loads = self.pool.provider_loads()
+        nodes = []
+        for node in snap.config.nodes:
+            since = self.hub.connected_since(node.id)
+            nodes.append(
+                {
+                    "id": node.id,
+                    "alias": node.alias,
+                    "connected": since is not None,
+                    "connected_since": since,
+                    "providers": [p.id for p in node.providers],
+                }
+            )
+        providers = []
+        for node in snap.config.nodes:
+            for p in node.providers:
+                load = loads.get(p.id)
+                hs = self.health.get(p.id, ProviderHealthState())
+                in_flight = load.in_flight if load else 0
+                providers.append(
+                    {
+                        "node_id": node.id,
+                        "id": p.id,
+                        "type": p.type,
+                        "category": p.category,
+                        "models": list(p.models),
+                        "enabled": p.enabled,
+                        "health": hs.health,
+                        "capacity": p.capacity,
+                        "in_flight": in_flight,
+                        "queued": load.queued if load else 0,
+                        "load_ratio": (in_flight / p.capacity) if p.capacity else 0.0,
+                        "long_context_capacity": p.long_context_capacity,
+                        "long_in_flight": load.long_in_flight if load else 0,
+                        "lifecycle_capabilities": list(p.lifecycle_capabilities),
+                        "last_error": hs.last_error,
+                    }
+                )
+        return {
+            "edge_id": snap.config.edge.id,
+            "config_version": snap.version,
+            "nodes": nodes,
+            "providers": providers,
+            "queue": {"depth": self.pool.queue_depth, "max_queue": self.pool.max_queue},
+        }
+
+    # --------------------------------------------------------------- refresh
+
+    async def refresh(self, mode: str) -> dict[str, Any]:
+        """Dry-run or apply the config file the edge was started with (SPEC §6)."""
+        report: dict[str, Any] = {
+            "mode": mode,
+            "applied": False,
+            "changed_nodes": [],
+            "changed_providers": [],
+            "changed_models": [],
+            "restart_required": [],
+            "errors": [],
+        }
+        if mode not in ("dry_run", "apply"):
+            report["errors"] = [f"mode: must be 'dry_run' or 'apply', not {mode!r}"]
+            self.metrics.count_refresh("failed")
+            return report
+        if self.config_path is None:
+            report["errors"] = ["config: this edge was started without a config file"]
+            self.metrics.count_refresh("failed")
+            return report
+        async with self._refresh_lock:
+            try:
+                new_cfg = await trio.to_thread.run_sync(load_edge_config, self.config_path)
+            except ConfigError as exc:
+                report["errors"] = list(exc.errors)
+                self.metrics.count_refresh("failed")
+                log.warning("event=refresh mode=%s outcome=failed errors=%d", mode, len(exc.errors))
+                return report
+            diff = classify(self.snapshot.config, new_cfg)
+            report["changed_nodes"] = list(diff.changed_nodes)
+            report["changed_providers"] = list(diff.changed_providers)
+            report["changed_models"] = list(diff.changed_models)
+            report["restart_required"] = list(diff.restart_required)
+            if mode == "dry_run":
+                self.metrics.count_refresh("dry_run")
+                return report
+            if diff.restart_required:
+                self.metrics.count_refresh("refused")
+                log.warning(
+                    "event=refresh mode=apply outcome=refused restart_required=%s",
+                    ",".join(diff.restart_required),
+                )
+                return report
+            await self._apply(new_cfg, diff.changed_nodes)
+            report["applied"] = True
+            self.metrics.count_refresh("applied")
+            log.info(
+                "event=refresh mode=apply outcome=applied version=%d nodes=%s providers=%s models=%s",
+                self.snapshot.version,
+                ",".join(diff.changed_nodes),
+                ",".join(diff.changed_providers),
+                ",".join(diff.changed_models),
+            )
+            return report
+
+    async def _apply(self, cfg: EdgeConfig, changed_nodes: list[str]) -> None:
+        new = _make_snapshot(cfg, version=self.snapshot.version + 1)
+        self.snapshot = new  # the one atomic swap
+        self._allow_metric_ids(cfg)
+        self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
+        for node_id in changed_nodes:
+            if self.hub.session(node_id) is None:
+                continue  # it gets the new config at its next handshake
+            msg: NodeConfig = node_config_for(cfg, node_id, new.version)
+            try:
+                ack = await self.hub.push_config(node_id, msg, timeout=NODE_PUSH_TIMEOUT)
+            except Exception as exc:  # a node lost mid-push reconnects and gets it then
+                log.warning("event=node_config_push node=%s outcome=failed reason=%s", node_id, exc)
+                continue
+            if not ack.ok:
+                log.warning(
+                    "event=node_config_push node=%s outcome=rejected reason=%s", node_id, ack.error
+                )
