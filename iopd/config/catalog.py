@@ -1,0 +1,159 @@
+"""The model catalog: which model groups exist, in which order, and where providers live.
+
+Pure and immutable, built once per config (at start and on every refresh)
+and shared by the OpenAI surface, the pool and the admin API.  The legacy
+forms of SPEC §1 are normalised here and nowhere else: each
+``openai.model_routes[]`` entry becomes a one-provider group (source
+``"route"``), and the single ``openai.adapter`` + ``openai.target`` form
+becomes a ``fallback`` group that catches every model not otherwise resolved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal
+
+from iopd.config.schema import EdgeConfig, Generation, ProviderConfig
+from wire.messages import NodeConfig, ProviderSpec
+
+__all__ = [
+    "Catalog",
+    "GroupSource",
+    "GroupSpec",
+    "ProviderRef",
+    "build_catalog",
+    "node_config_for",
+    "provider_spec_for",
+]
+
+GroupSource = Literal["models", "route", "fallback"]
+
+_SPEC_FIELDS: tuple[str, ...] = ProviderSpec.__struct_fields__
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSpec:
+    """One model group: the providers (``(provider_id, served_name)``) a model maps to."""
+
+    id: str
+    providers: tuple[tuple[str, str], ...]
+    queue_timeout: float | None = None  # None = provider_pool.queue_timeout
+    generation: Generation = field(default_factory=Generation)
+    source: GroupSource = "models"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRef:
+    """Where a provider lives (its node) and its settings."""
+
+    node_id: str
+    config: ProviderConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """Model groups in resolution order, the optional fallback, and every provider by id."""
+
+    groups: Mapping[str, GroupSpec]
+    fallback: GroupSpec | None
+    providers: Mapping[str, ProviderRef]
+
+    def resolve(self, model: str) -> GroupSpec | None:
+        """The group a request's ``model`` maps to: models[], legacy routes, then the fallback."""
+        group = self.groups.get(model)
+        if group is not None:
+            return group
+        return self.fallback
+
+    def group(self, group_id: str) -> GroupSpec | None:
+        """The group with exactly this id (the fallback included), without falling back."""
+        group = self.groups.get(group_id)
+        if group is None and self.fallback is not None and self.fallback.id == group_id:
+            return self.fallback
+        return group
+
+    def listed(self) -> list[GroupSpec]:
+        """Groups as ``/v1/models`` lists them: models[], routes, fallback; no duplicates."""
+        out = list(self.groups.values())
+        if self.fallback is not None and self.fallback.id not in self.groups:
+            out.append(self.fallback)
+        return out
+
+    def has_type(self, group_id: str, provider_type: str) -> bool:
+        """True when group ``group_id`` has at least one provider of ``provider_type``."""
+        group = self.group(group_id)
+        if group is None:
+            return False
+        for provider_id, _served in group.providers:
+            ref = self.providers.get(provider_id)
+            if ref is not None and ref.config.type == provider_type:
+                return True
+        return False
+
+
+def build_catalog(cfg: EdgeConfig) -> Catalog:
+    """The catalog of a (validated) edge config."""
+    providers: dict[str, ProviderRef] = {}
+    for node in cfg.nodes:
+        for p in node.providers:
+            providers.setdefault(p.id, ProviderRef(node_id=node.id, config=p))
+
+    groups: dict[str, GroupSpec] = {}
+    for m in cfg.models:
+        if m.id in groups:
+            continue
+        groups[m.id] = GroupSpec(
+            id=m.id,
+            providers=tuple(m.providers.items()),
+            queue_timeout=None,
+            generation=m.generation,
+            source="models",
+        )
+    for route in cfg.openai.model_routes:
+        if route.model in groups:
+            continue  # models[] wins: it comes first in resolution order
+        groups[route.model] = GroupSpec(
+            id=route.model,
+            providers=((route.adapter, route.target),),
+            queue_timeout=route.queue_timeout,
+            generation=Generation(),
+            source="route",
+        )
+
+    fallback: GroupSpec | None = None
+    o = cfg.openai
+    if o.adapter is not None and o.target is not None:
+        fallback = GroupSpec(
+            id=o.target,
+            providers=((o.adapter, o.target),),
+            queue_timeout=None,
+            generation=Generation(),
+            source="fallback",
+        )
+    return Catalog(
+        groups=MappingProxyType(groups),
+        fallback=fallback,
+        providers=MappingProxyType(providers),
+    )
+
+
+def provider_spec_for(p: ProviderConfig) -> ProviderSpec:
+    """The node's view of a provider: the adapter settings, no edge-only policy."""
+    values: dict[str, Any] = {name: getattr(p, name) for name in _SPEC_FIELDS}
+    # Copy lists so the pushed message never aliases the running config.
+    copied: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in values.items()}
+    return ProviderSpec(**copied)
+
+
+def node_config_for(cfg: EdgeConfig, node_id: str, version: int, stream_id: int = 0) -> NodeConfig:
+    """The ``NodeConfig`` push for node ``node_id``; raises ``KeyError`` for an unknown node."""
+    for node in cfg.nodes:
+        if node.id == node_id:
+            return NodeConfig(
+                stream_id=stream_id,
+                version=version,
+                providers=[provider_spec_for(p) for p in node.providers],
+            )
+    raise KeyError(node_id)

@@ -1,0 +1,538 @@
+"""Load edge and node configs from YAML: ``${NAME}`` substitution, every error at its path.
+
+Why this is more than ``msgspec.convert(yaml.safe_load(text), EdgeConfig)``:
+msgspec stops at the first problem, and an operator fixing a config wants the
+whole list at once.  So the YAML data is walked against the Struct
+definitions (``msgspec.inspect``) first; each unknown key, missing key, wrong
+type or bad enum value becomes one ``YAML.PATH: reason`` line.  A bad value is
+replaced by its default (or a typed placeholder) so the semantic rules of
+``validate.py`` can still run over the rest; semantic errors at or under a
+path that already failed the walk are dropped as noise.  Only a config with
+no error at all is turned into Structs.
+
+Environment substitution happens during the same walk, only in string
+positions the schema knows (unknown keys are never expanded), so a recursive
+YAML alias or a huge unknown subtree cannot make the walk run away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
+import msgspec.inspect as mi
+import yaml
+
+from iopd.config.schema import EdgeConfig, NodeConfigFile
+
+__all__ = [
+    "ConfigError",
+    "load_any_config",
+    "load_edge_config",
+    "load_node_config",
+    "parse_edge_config",
+    "parse_node_config",
+]
+
+#: The path used for problems of the document as a whole (syntax, top level).
+DOCUMENT_PATH = "(document)"
+#: The path used when the file itself cannot be read.
+FILE_PATH = "(file)"
+#: At most this many errors are reported; the rest are summarised.
+MAX_ERRORS = 200
+
+_REF = re.compile(r"\$\{([^}]*)\}")
+_REF_BODY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$", re.DOTALL)
+_TYPE_DEPENDENT = ("base_url", "command")
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.:/@+\-]+$")
+
+T = TypeVar("T", EdgeConfig, NodeConfigFile)
+
+
+class ConfigError(Exception):
+    """A config could not be loaded; ``errors`` lists every problem as ``YAML.PATH: reason``."""
+
+    def __init__(self, errors: list[str], *, source: str = "<config>") -> None:
+        self.errors = list(errors)
+        self.source = source
+        n = len(self.errors)
+        lines = "\n".join(f"  {e}" for e in self.errors)
+        super().__init__(f"{source}: {n} config error{'s' if n != 1 else ''}\n{lines}")
+
+
+# ------------------------------------------------------------------ paths
+
+
+def _key_segment(key: object) -> str:
+    """How a mapping key appears in a YAML path (``a.b``, or ``a["odd key"]``)."""
+    if isinstance(key, str) and _PLAIN_KEY.match(key):
+        return "." + key
+    if isinstance(key, str):
+        return "[" + json.dumps(key[:80]) + "]"
+    return "[" + repr(key)[:80] + "]"
+
+
+def join_key(path: str, key: object) -> str:
+    """``path`` extended by mapping key ``key``."""
+    seg = _key_segment(key)
+    if not path:
+        return seg[1:] if seg.startswith(".") else seg
+    return path + seg
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def _type_name(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "mapping"
+    return type(value).__name__
+
+
+def _describe(t: mi.Type) -> str:
+    """A short human name of a schema type, for 'expected ...' messages."""
+    if isinstance(t, mi.StrType):
+        return "a string"
+    if isinstance(t, mi.BoolType):
+        return "a boolean (true/false)"
+    if isinstance(t, mi.IntType):
+        return "an integer"
+    if isinstance(t, mi.FloatType):
+        return "a number"
+    if isinstance(t, mi.NoneType):
+        return "null"
+    if isinstance(t, mi.LiteralType):
+        return "one of " + ", ".join(repr(v) for v in t.values)
+    if isinstance(t, mi.ListType):
+        return "a list"
+    if isinstance(t, mi.DictType | mi.StructType):
+        return "a mapping"
+    if isinstance(t, mi.UnionType):
+        return " or ".join(_describe(x) for x in t.types)
+    return "a value"
+
+
+# ------------------------------------------------------------------ walk
+
+
+class _Walk:
+    """State of one schema walk: environment, collected errors, failed paths."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+        self.errors: list[str] = []
+        self.failed: list[str] = []
+
+    def error(self, path: str, reason: str) -> None:
+        self.errors.append(f"{path or DOCUMENT_PATH}: {reason}")
+        self.failed.append(path)
+
+    # -- ${NAME} substitution
+
+    def substitute(self, text: str, path: str) -> tuple[str | None, bool]:
+        """Expand ``${NAME}``/``${NAME:-default}``; returns (result or None on error, had_ref)."""
+        if "${" not in text:
+            return text, False
+        ok = True
+
+        def repl(m: re.Match[str]) -> str:
+            nonlocal ok
+            body = _REF_BODY.match(m.group(1))
+            if body is None:
+                ok = False
+                self.error(
+                    path,
+                    "malformed environment reference (use ${NAME} or ${NAME:-default})",
+                )
+                return ""
+            name, default = body.group(1), body.group(2)
+            if name in self.env:
+                return self.env[name]
+            if default is not None:
+                return default
+            ok = False
+            self.error(path, f"environment variable {name} is not set and has no default")
+            return ""
+
+        result = _REF.sub(repl, text)
+        if ok and "${" in _REF.sub("", text):
+            self.error(path, "unterminated environment reference '${' (missing '}')")
+            ok = False
+        return (result if ok else None), True
+
+    # -- type checks
+
+    def check(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+        """Check ``value`` against ``t``; returns (ok, repaired value).
+
+        A string is expanded here, once: its result is never expanded again.
+        """
+        if isinstance(value, str) and "${" in value:
+            expanded, had_ref = self.substitute(value, path)
+            if expanded is None:
+                return False, _placeholder(t)
+            if _wants_scalar_from_str(t):
+                # ``capacity: ${CAP:-4}``: the text becomes a YAML scalar.
+                try:
+                    value = yaml.safe_load(expanded) if expanded.strip() else None
+                except yaml.YAMLError:
+                    value = expanded
+            elif had_ref and expanded == "" and _allows_none(t):
+                return True, None  # ${NAME:-} means "not set"
+            else:
+                value = expanded
+        return self._check(value, t, path)
+
+    def _check(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+        if isinstance(t, mi.AnyType):
+            return True, value
+        if isinstance(t, mi.StructType):
+            return self.check_struct(value, t, path)
+        if isinstance(t, mi.UnionType):
+            return self._check_union(value, t, path)
+        if isinstance(t, mi.StrType):
+            if not isinstance(value, str):
+                return self._wrong(value, t, path)
+            return True, value
+        if isinstance(t, mi.LiteralType):
+            if isinstance(value, str | int) and not isinstance(value, bool) and value in t.values:
+                return True, value
+            shown = repr(value)[:60] if isinstance(value, str | int | float) else _type_name(value)
+            self.error(path, f"must be {_describe(t)} (got {shown})")
+            return False, t.values[0]
+        if isinstance(t, mi.BoolType):
+            if isinstance(value, bool):
+                return True, value
+            return self._wrong(value, t, path)
+        if isinstance(t, mi.IntType):
+            if isinstance(value, int) and not isinstance(value, bool):
+                return True, value
+            return self._wrong(value, t, path)
+        if isinstance(t, mi.FloatType):
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return True, float(value)
+            return self._wrong(value, t, path)
+        if isinstance(t, mi.NoneType):
+            if value is None:
+                return True, None
+            return self._wrong(value, t, path)
+        if isinstance(t, mi.ListType):
+            if not isinstance(value, list):
+                return self._wrong(value, t, path)
+            ok, out = True, []
+            for i, item in enumerate(value):
+                item_ok, fixed = self.check(item, t.item_type, f"{path}[{i}]")
+                ok = ok and item_ok
+                out.append(fixed)
+            return ok, out
+        if isinstance(t, mi.DictType):
+            if not isinstance(value, dict):
+                return self._wrong(value, t, path)
+            ok, out_d = True, {}
+            for k, v in value.items():
+                if not isinstance(k, str):
+                    ok = False
+                    self.error(join_key(path, k), f"key must be a string, got {_type_name(k)}")
+                    continue
+                item_ok, fixed = self.check(v, t.value_type, join_key(path, k))
+                ok = ok and item_ok
+                out_d[k] = fixed
+            return ok, out_d
+        self.error(path, "unsupported schema type")  # pragma: no cover - schema bug
+        return False, None  # pragma: no cover
+
+    def _check_union(self, value: Any, t: mi.UnionType, path: str) -> tuple[bool, Any]:
+        if value is None:
+            if _allows_none(t):
+                return True, None
+            return self._wrong(value, t, path)
+        for member in t.types:
+            if isinstance(member, mi.NoneType):
+                continue
+            if _fits(value, member):
+                sub = _Walk(self.env)
+                ok, fixed = sub._check(value, member, path)
+                if ok:
+                    return True, fixed
+        return self._wrong(value, t, path)
+
+    def _wrong(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+        self.error(path, f"expected {_describe(t)}, got {_type_name(value)}")
+        return False, _placeholder(t)
+
+    def check_struct(self, value: Any, t: mi.StructType, path: str) -> tuple[bool, Any]:
+        if not isinstance(value, dict):
+            self.error(path, f"expected a mapping, got {_type_name(value)}")
+            return False, _placeholder(t)
+        fields = {f.encode_name: f for f in t.fields}
+        ok = True
+        out: dict[str, Any] = {}
+        for key in value:
+            if not isinstance(key, str) or key not in fields:
+                ok = False
+                known = ", ".join(sorted(fields))
+                self.error(join_key(path, key), f"unknown key (known keys here: {known})")
+        for name, f in fields.items():
+            fpath = join_key(path, name)
+            if name not in value:
+                if f.required:
+                    ok = False
+                    self.error(fpath, "required key is missing")
+                    out[name] = _placeholder(f.type)
+                continue
+            raw = value[name]
+            if isinstance(raw, str) and "${" in raw:
+                # An optional key whose reference expands to "" is "not set".
+                probe = _Walk(self.env)
+                expanded, had_ref = probe.substitute(raw, fpath)
+                if expanded == "" and had_ref and not probe.errors:
+                    if f.required:
+                        ok = False
+                        self.error(fpath, "required key is empty after ${...} substitution")
+                        out[name] = _placeholder(f.type)
+                    continue
+            failed_before = len(self.failed)
+            field_ok, fixed = self.check(raw, f.type, fpath)
+            if field_ok:
+                out[name] = fixed
+            else:
+                ok = False
+                # Keep a container whose problems are all inside it (so the
+                # rest of it is still validated); drop a bad value itself.
+                value_itself_bad = fpath in self.failed[failed_before:]
+                if f.required or not value_itself_bad:
+                    out[name] = fixed
+        return ok, out
+
+
+def _wants_scalar_from_str(t: mi.Type) -> bool:
+    """True when a ``${...}`` string in this position must become a number/bool."""
+    if isinstance(t, mi.IntType | mi.FloatType | mi.BoolType):
+        return True
+    if isinstance(t, mi.UnionType):
+        members = [x for x in t.types if not isinstance(x, mi.NoneType)]
+        return bool(members) and all(
+            isinstance(x, mi.IntType | mi.FloatType | mi.BoolType) for x in members
+        )
+    return False
+
+
+def _allows_none(t: mi.Type) -> bool:
+    return isinstance(t, mi.NoneType) or (
+        isinstance(t, mi.UnionType) and any(isinstance(x, mi.NoneType) for x in t.types)
+    )
+
+
+def _fits(value: Any, t: mi.Type) -> bool:
+    """Cheap pre-check which union member a value is meant for."""
+    if isinstance(t, mi.StrType | mi.LiteralType):
+        return isinstance(value, str)
+    if isinstance(t, mi.BoolType):
+        return isinstance(value, bool)
+    if isinstance(t, mi.IntType):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(t, mi.FloatType):
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if isinstance(t, mi.ListType):
+        return isinstance(value, list)
+    if isinstance(t, mi.DictType | mi.StructType):
+        return isinstance(value, dict)
+    return True
+
+
+def _placeholder(t: mi.Type) -> Any:
+    """A value of type ``t`` standing in for a bad one, so validation can go on."""
+    if isinstance(t, mi.StrType):
+        return ""
+    if isinstance(t, mi.BoolType):
+        return False
+    if isinstance(t, mi.IntType):
+        return 0
+    if isinstance(t, mi.FloatType):
+        return 0.0
+    if isinstance(t, mi.LiteralType):
+        return t.values[0]
+    if isinstance(t, mi.ListType):
+        return []
+    if isinstance(t, mi.DictType):
+        return {}
+    if isinstance(t, mi.StructType):
+        return {f.encode_name: _placeholder(f.type) for f in t.fields if f.required}
+    if isinstance(t, mi.UnionType):
+        if any(isinstance(x, mi.NoneType) for x in t.types):
+            return None
+        return _placeholder(t.types[0])
+    return None
+
+
+def _under(path: str, failed: str) -> bool:
+    if not failed:
+        return True
+    return path == failed or path.startswith(failed + ".") or path.startswith(failed + "[")
+
+
+# ------------------------------------------------------------------ public
+
+
+def _read_yaml(text: str) -> tuple[Any, list[str]]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return None, [f"{DOCUMENT_PATH}: YAML syntax error{where}: {_one_line(str(problem))}"]
+    except (RecursionError, ValueError, TypeError) as exc:  # pathological input
+        return None, [f"{DOCUMENT_PATH}: cannot parse YAML: {_one_line(type(exc).__name__)}"]
+    return data, []
+
+
+def _finish(errors: list[str]) -> list[str]:
+    out = [_one_line(e) for e in errors]
+    if len(out) > MAX_ERRORS:
+        extra = len(out) - MAX_ERRORS
+        out = out[:MAX_ERRORS] + [f"{DOCUMENT_PATH}: ... and {extra} more errors"]
+    return out
+
+
+def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) -> T:
+    from iopd.config.validate import validate_edge_config, validate_node_config
+
+    top = "edge" if cls is EdgeConfig else "node"
+    if data is None:
+        raise ConfigError(
+            [f"{DOCUMENT_PATH}: the config is empty (expected a mapping with key '{top}')"],
+            source=source,
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(
+            [
+                f"{DOCUMENT_PATH}: expected a mapping with key '{top}' at the top level, "
+                f"got {_type_name(data)}"
+            ],
+            source=source,
+        )
+    walk = _Walk(os.environ if env is None else env)
+    t = mi.type_info(cls)
+    assert isinstance(t, mi.StructType)
+    ok, repaired = walk.check_struct(data, t, "")
+    errors = list(walk.errors)
+    try:
+        cfg = msgspec.convert(repaired, cls)
+    except (msgspec.ValidationError, ValueError, TypeError) as exc:
+        # The walk mirrors msgspec's rules; this is a safety net, not a path.
+        if ok:
+            errors.append(f"{DOCUMENT_PATH}: {_one_line(str(exc))}")
+        raise ConfigError(_finish(errors), source=source) from None
+    semantic = validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
+    failed = list(walk.failed)
+    for f in walk.failed:
+        # A provider whose ``type`` was bad is checked as a placeholder type:
+        # its type-specific rules would only add noise.
+        if f.endswith(".type"):
+            failed += [f[: -len("type")] + dep for dep in _TYPE_DEPENDENT]
+    for err in semantic:
+        err_path = err.split(": ", 1)[0]
+        if not any(_under(err_path, f) for f in failed):
+            errors.append(err)
+    if errors:
+        raise ConfigError(_finish(errors), source=source)
+    return cfg
+
+
+def parse_edge_config(
+    text: str, *, env: Mapping[str, str] | None = None, source: str = "<config>"
+) -> EdgeConfig:
+    """Parse and validate an edge config from YAML text.
+
+    ``env`` is the environment for ``${NAME}`` substitution (default: ``os.environ``).
+    Raises ``ConfigError`` listing every problem.
+    """
+    data, errors = _read_yaml(text)
+    if errors:
+        raise ConfigError(errors, source=source)
+    return _build(data, EdgeConfig, env, source)
+
+
+def parse_node_config(
+    text: str, *, env: Mapping[str, str] | None = None, source: str = "<config>"
+) -> NodeConfigFile:
+    """Parse and validate a node config from YAML text (see ``parse_edge_config``)."""
+    data, errors = _read_yaml(text)
+    if errors:
+        raise ConfigError(errors, source=source)
+    return _build(data, NodeConfigFile, env, source)
+
+
+def _read_text(path: str | os.PathLike[str]) -> str:
+    source = os.fspath(path)
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise ConfigError([f"{FILE_PATH}: cannot read {source}: {reason}"], source=source) from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            [f"{FILE_PATH}: {source} is not UTF-8 text (byte offset {exc.start})"], source=source
+        ) from None
+
+
+def load_edge_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> EdgeConfig:
+    """Read, parse and validate the edge config file at ``path``."""
+    return parse_edge_config(_read_text(path), env=env, source=os.fspath(path))
+
+
+def load_node_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> NodeConfigFile:
+    """Read, parse and validate the node config file at ``path``."""
+    return parse_node_config(_read_text(path), env=env, source=os.fspath(path))
+
+
+def parse_any_config(
+    text: str, *, env: Mapping[str, str] | None = None, source: str = "<config>"
+) -> EdgeConfig | NodeConfigFile:
+    """Parse an edge or node config, told apart by the top-level ``edge:``/``node:`` key."""
+    data, errors = _read_yaml(text)
+    if errors:
+        raise ConfigError(errors, source=source)
+    if isinstance(data, dict) and "edge" not in data and "node" in data:
+        return _build(data, NodeConfigFile, env, source)
+    if isinstance(data, dict) and "edge" not in data:
+        raise ConfigError(
+            [
+                f"{DOCUMENT_PATH}: expected a top-level key 'edge' (edge config) "
+                "or 'node' (node config)"
+            ],
+            source=source,
+        )
+    return _build(data, EdgeConfig, env, source)
+
+
+def load_any_config(
+    path: str | os.PathLike[str], *, env: Mapping[str, str] | None = None
+) -> EdgeConfig | NodeConfigFile:
+    """Read an edge or node config file, detected by its top-level ``edge:``/``node:`` key."""
+    return parse_any_config(_read_text(path), env=env, source=os.fspath(path))

@@ -1,0 +1,162 @@
+"""Classify a config refresh: what may change live and what needs a restart (SPEC §6).
+
+Pure: two validated ``EdgeConfig``s in, a ``RefreshDiff`` out.  Providers
+and nodes are compared by id, never by list position, so reordering a list
+is not a change.  Restart-required changes are reported as YAML paths of the
+*new* config (``nodes[0].providers[1].base_url``); a node or provider that was
+added or removed is named by id (``nodes[node-a]``,
+``nodes[0].providers[vllm-b]``), since it has no index in one of the two
+files.  Values are never part of the report, so secrets never leak into it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from iopd.config.schema import EdgeConfig, NodeEntry, ProviderConfig
+
+__all__ = ["LIVE_OPENAI_KEYS", "LIVE_PROVIDER_KEYS", "RefreshDiff", "classify"]
+
+#: Provider keys a refresh applies without a restart.
+LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
+    {"capacity", "long_context_capacity", "priority", "enabled"}
+)
+#: ``openai.*`` keys a refresh applies without a restart.
+LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
+    {"long_context_threshold_tokens", "strict_output", "strict_output_instruction"}
+)
+#: ``openai.*`` keys reported as a whole rather than field by field.
+_OPENAI_WHOLE = frozenset({"principal_tokens", "model_routes"})
+
+
+@dataclass
+class RefreshDiff:
+    """What a refresh changes. Every list is always present and in a deterministic order."""
+
+    changed_nodes: list[str] = field(default_factory=list)
+    changed_providers: list[str] = field(default_factory=list)
+    changed_models: list[str] = field(default_factory=list)
+    restart_required: list[str] = field(default_factory=list)
+
+    @property
+    def live_ok(self) -> bool:
+        """True when the refresh can be applied without a restart."""
+        return not self.restart_required
+
+    @property
+    def is_empty(self) -> bool:
+        """True when nothing at all changed."""
+        return not (
+            self.changed_nodes
+            or self.changed_providers
+            or self.changed_models
+            or self.restart_required
+        )
+
+
+def _struct_diff(old: msgspec.Struct, new: msgspec.Struct, path: str, out: list[str]) -> None:
+    """Append ``path.field`` for every differing field, descending into sub-sections."""
+    for name in new.__struct_fields__:
+        a: Any = getattr(old, name)
+        b: Any = getattr(new, name)
+        if a == b:
+            continue
+        if isinstance(a, msgspec.Struct) and isinstance(b, msgspec.Struct):
+            _struct_diff(a, b, f"{path}.{name}", out)
+        else:
+            out.append(f"{path}.{name}")
+
+
+def _provider_diff(
+    old: ProviderConfig, new: ProviderConfig, path: str, restart: list[str]
+) -> bool:
+    """Record restart-required fields of one provider; True when a live field changed."""
+    live_changed = False
+    for name in new.__struct_fields__:
+        if getattr(old, name) == getattr(new, name):
+            continue
+        if name in LIVE_PROVIDER_KEYS:
+            live_changed = True
+        else:
+            restart.append(f"{path}.{name}")
+    return live_changed
+
+
+def _node_diff(
+    old: NodeEntry,
+    new: NodeEntry,
+    path: str,
+    restart: list[str],
+    changed_providers: set[str],
+) -> bool:
+    """Compare one node present in both configs; True when a provider of it changed live."""
+    for name in ("token_hash_sha256", "alias"):
+        if getattr(old, name) != getattr(new, name):
+            restart.append(f"{path}.{name}")
+    old_providers = {p.id: p for p in old.providers}
+    new_ids = {p.id for p in new.providers}
+    live = False
+    for j, p in enumerate(new.providers):
+        before = old_providers.get(p.id)
+        if before is None:
+            restart.append(f"{path}.providers[{p.id}]")
+        elif _provider_diff(before, p, f"{path}.providers[{j}]", restart):
+            changed_providers.add(p.id)
+            live = True
+    for p in old.providers:
+        if p.id not in new_ids:
+            restart.append(f"{path}.providers[{p.id}]")
+    return live
+
+
+def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
+    """Compare the running config ``old`` with the reloaded ``new``."""
+    restart: list[str] = []
+
+    _struct_diff(old.edge, new.edge, "edge", restart)
+
+    for name in new.openai.__struct_fields__:
+        if name in LIVE_OPENAI_KEYS:
+            continue
+        a: Any = getattr(old.openai, name)
+        b: Any = getattr(new.openai, name)
+        if a == b:
+            continue
+        if isinstance(a, msgspec.Struct) and isinstance(b, msgspec.Struct):
+            _struct_diff(a, b, f"openai.{name}", restart)
+        else:
+            restart.append(f"openai.{name}")
+
+    # provider_pool.* is live; it needs no entry in the report's lists.
+
+    changed_providers: set[str] = set()
+    changed_nodes: set[str] = set()
+    old_nodes = {n.id: n for n in old.nodes}
+    new_ids = {n.id for n in new.nodes}
+    for i, node in enumerate(new.nodes):
+        before = old_nodes.get(node.id)
+        if before is None:
+            restart.append(f"nodes[{node.id}]")
+        elif _node_diff(before, node, f"nodes[{i}]", restart, changed_providers):
+            changed_nodes.add(node.id)
+    for node in old.nodes:
+        if node.id not in new_ids:
+            restart.append(f"nodes[{node.id}]")
+
+    old_groups = {m.id: m for m in old.models}
+    new_groups = {m.id: m for m in new.models}
+    changed_models = {
+        gid
+        for gid in old_groups.keys() | new_groups.keys()
+        if old_groups.get(gid) != new_groups.get(gid)
+    }
+
+    return RefreshDiff(
+        changed_nodes=sorted(changed_nodes),
+        changed_providers=sorted(changed_providers),
+        changed_models=sorted(changed_models),
+        restart_required=list(dict.fromkeys(restart)),
+    )

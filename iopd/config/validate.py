@@ -1,0 +1,382 @@
+"""Semantic rules over typed configs (SPEC §1): references, bounds, uniqueness, addresses.
+
+Pure functions from a Struct to a list of ``YAML.PATH: reason`` strings, so
+they serve ``load.py`` (every problem of a file at once), config refresh
+(the new file must validate before it is classified) and tests alike.
+Messages never contain secrets: token values are never echoed, and hashes
+are named by the path of their first use rather than printed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import re
+from urllib.parse import urlsplit
+
+from iopd.config.load import join_key
+from iopd.config.schema import (
+    LIFECYCLE_CAPABILITIES,
+    EdgeConfig,
+    EdgeTLS,
+    NodeConfigFile,
+    NodeTLS,
+    ProviderConfig,
+)
+
+__all__ = [
+    "is_loopback_host",
+    "parse_host_port",
+    "validate_edge_config",
+    "validate_node_config",
+]
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+_HASH_HINT = "must be 64 lowercase hex characters (the SHA-256 of the token; see 'iopd token')"
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """Split ``host:port`` (IPv6 as ``[::1]:7071``); raises ``ValueError`` with the reason."""
+    if not address or address != address.strip() or any(c.isspace() for c in address):
+        raise ValueError("must be host:port without spaces, e.g. 127.0.0.1:7070")
+    if address.startswith("["):
+        end = address.find("]")
+        if end < 0 or address[end + 1 : end + 2] != ":":
+            raise ValueError("must be [IPv6]:port, e.g. [::1]:7071")
+        host, port_text = address[1:end], address[end + 2 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"'{host}' in brackets is not an IPv6 address") from None
+    else:
+        host, sep, port_text = address.rpartition(":")
+        if not sep:
+            raise ValueError("must be host:port, e.g. 127.0.0.1:7070 (the port is missing)")
+        if ":" in host:
+            raise ValueError("an IPv6 address must be in brackets, e.g. [::1]:7071")
+        if not host:
+            raise ValueError(
+                "the host is empty (use 0.0.0.0 or [::] to listen on every interface)"
+            )
+    if not port_text.isascii() or not port_text.isdigit():
+        raise ValueError("the port must be a number 0..65535")
+    port = int(port_text)
+    if port > 65535:
+        raise ValueError("the port must be a number 0..65535")
+    return host, port
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class _Errors:
+    """Collects ``path: reason`` lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, path: str, reason: str) -> None:
+        self.lines.append(f"{path}: {reason}")
+
+    def positive(self, path: str, value: float) -> None:
+        if not value > 0 or (isinstance(value, float) and math.isnan(value)):
+            self.add(path, f"must be > 0 (got {value})")
+
+    def non_negative(self, path: str, value: float) -> None:
+        if not value >= 0:
+            self.add(path, f"must be >= 0 (got {value})")
+
+    def not_empty(self, path: str, value: str) -> bool:
+        if not value.strip():
+            self.add(path, "must not be empty")
+            return False
+        return True
+
+    def address(self, path: str, value: str) -> str | None:
+        try:
+            host, _ = parse_host_port(value)
+        except ValueError as exc:
+            self.add(path, f"{exc} (got {value[:80]!r})")
+            return None
+        return host
+
+    def hash64(self, path: str, value: str) -> bool:
+        if not _HEX64.match(value):
+            self.add(path, _HASH_HINT)
+            return False
+        return True
+
+    def tls_pair(self, path: str, cert: str | None, key: str | None) -> None:
+        if cert and not key:
+            self.add(f"{path}.key", f"required when {path}.cert is set")
+        if key and not cert:
+            self.add(f"{path}.cert", f"required when {path}.key is set")
+
+
+def _check_provider(err: _Errors, path: str, p: ProviderConfig) -> None:
+    if p.type in ("openai", "ollama"):
+        if not p.base_url:
+            err.add(f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)")
+        else:
+            try:
+                parts = urlsplit(p.base_url)
+                ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+                _ = parts.port  # raises ValueError on a bad port
+            except ValueError:
+                ok = False
+            if not ok:
+                err.add(f"{path}.base_url", "must be an http:// or https:// URL with a host")
+    if p.type == "cli":
+        if not p.command:
+            err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
+        elif not p.command[0].strip():
+            err.add(f"{path}.command[0]", "the program must not be empty")
+    if p.health_command is not None and (not p.health_command or not p.health_command[0].strip()):
+        err.add(f"{path}.health_command", "must be a non-empty argv list when given")
+    if not p.models:
+        err.add(f"{path}.models", "must list at least one served model name")
+    for i, name in enumerate(p.models):
+        if not name.strip():
+            err.add(f"{path}.models[{i}]", "must not be empty")
+    if p.capacity < 1:
+        err.add(f"{path}.capacity", f"must be >= 1 (got {p.capacity})")
+    if not 0 <= p.long_context_capacity <= max(p.capacity, 0):
+        err.add(
+            f"{path}.long_context_capacity",
+            f"must be between 0 and capacity ({p.capacity}) (got {p.long_context_capacity})",
+        )
+    err.non_negative(f"{path}.priority", p.priority)
+    err.positive(f"{path}.connect_timeout", p.connect_timeout)
+    err.positive(f"{path}.read_timeout", p.read_timeout)
+    err.positive(f"{path}.health_interval", p.health_interval)
+    err.non_negative(f"{path}.kill_grace", p.kill_grace)
+    err.non_negative(f"{path}.delay_ms", p.delay_ms)
+    for i, cap in enumerate(p.lifecycle_capabilities):
+        if cap not in LIFECYCLE_CAPABILITIES:
+            known = ", ".join(sorted(LIFECYCLE_CAPABILITIES))
+            err.add(
+                f"{path}.lifecycle_capabilities[{i}]",
+                f"unknown capability {cap[:60]!r} (known: {known})",
+            )
+
+
+def _check_edge_tls(err: _Errors, tls: EdgeTLS) -> None:
+    err.tls_pair("edge.tls", tls.cert, tls.key)
+    if tls.client_ca and not (tls.cert and tls.key):
+        err.add("edge.tls.client_ca", "requires edge.tls.cert and edge.tls.key")
+
+
+def validate_edge_config(cfg: EdgeConfig) -> list[str]:
+    """Every semantic problem of an edge config, as ``YAML.PATH: reason`` lines."""
+    err = _Errors()
+    e = cfg.edge
+    err.not_empty("edge.id", e.id)
+    err.address("edge.node_listen", e.node_listen)
+    admin_host = err.address("edge.admin_listen", e.admin_listen)
+    if admin_host is not None and not is_loopback_host(admin_host):
+        err.add(
+            "edge.admin_listen",
+            f"must be a loopback address (127.0.0.0/8, ::1 or localhost), got {e.admin_listen!r}",
+        )
+    err.positive("edge.drain_timeout", e.drain_timeout)
+    err.positive("edge.heartbeat_interval", e.heartbeat_interval)
+    err.positive("edge.heartbeat_timeout", e.heartbeat_timeout)
+    if e.heartbeat_interval > 0 and e.heartbeat_timeout > 0 and (
+        not e.heartbeat_timeout > e.heartbeat_interval
+    ):
+        err.add(
+            "edge.heartbeat_timeout",
+            f"must be greater than edge.heartbeat_interval ({e.heartbeat_interval})",
+        )
+    err.positive("edge.handshake_timeout", e.handshake_timeout)
+    err.positive("edge.max_frame_bytes", e.max_frame_bytes)
+    _check_edge_tls(err, e.tls)
+
+    # ---- nodes and providers
+    node_index: dict[str, int] = {}
+    provider_at: dict[str, str] = {}  # provider id -> path of its definition
+    providers: dict[str, ProviderConfig] = {}
+    provider_node: dict[str, str] = {}
+    for n, node in enumerate(cfg.nodes):
+        npath = f"nodes[{n}]"
+        if err.not_empty(f"{npath}.id", node.id):
+            if node.id in node_index:
+                err.add(
+                    f"{npath}.id",
+                    f"duplicate node id {node.id!r} (first defined at nodes[{node_index[node.id]}])",
+                )
+            else:
+                node_index[node.id] = n
+        err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
+        for j, p in enumerate(node.providers):
+            ppath = f"{npath}.providers[{j}]"
+            if err.not_empty(f"{ppath}.id", p.id):
+                if p.id in provider_at:
+                    err.add(
+                        f"{ppath}.id",
+                        f"duplicate provider id {p.id!r} (first defined at {provider_at[p.id]})",
+                    )
+                else:
+                    provider_at[p.id] = ppath
+                    providers[p.id] = p
+                    provider_node[p.id] = node.id
+            _check_provider(err, ppath, p)
+
+    # ---- model groups
+    group_index: dict[str, int] = {}
+    for m, group in enumerate(cfg.models):
+        mpath = f"models[{m}]"
+        if err.not_empty(f"{mpath}.id", group.id):
+            if group.id in group_index:
+                err.add(
+                    f"{mpath}.id",
+                    f"duplicate model group id {group.id!r} "
+                    f"(first defined at models[{group_index[group.id]}])",
+                )
+            else:
+                group_index[group.id] = m
+        if not group.providers:
+            err.add(f"{mpath}.providers", "must map at least one provider id to a served model")
+        for pid, served in group.providers.items():
+            ppath = join_key(f"{mpath}.providers", pid)
+            if pid not in providers:
+                err.add(ppath, f"provider {pid!r} is not defined under nodes[].providers")
+            elif served not in providers[pid].models:
+                err.add(
+                    ppath,
+                    f"served model {served!r} is not in the models of provider {pid!r}",
+                )
+        for key, limit in group.generation.limits.items():
+            if not limit >= 0:
+                err.add(join_key(f"{mpath}.generation.limits", key), f"must be >= 0 (got {limit})")
+
+    # ---- openai section
+    o = cfg.openai
+    err.address("openai.listen", o.listen)
+    err.positive("openai.long_context_threshold_tokens", o.long_context_threshold_tokens)
+    err.positive("openai.max_header_bytes", o.max_header_bytes)
+    if not o.max_body_bytes > 0:
+        err.add("openai.max_body_bytes", f"must be > 0 (got {o.max_body_bytes})")
+    elif e.max_frame_bytes > 0 and not o.max_body_bytes < e.max_frame_bytes:
+        err.add(
+            "openai.max_body_bytes",
+            f"must be less than edge.max_frame_bytes ({e.max_frame_bytes})",
+        )
+    err.positive("openai.request_timeout", o.request_timeout)
+    err.positive("openai.idle_timeout", o.idle_timeout)
+    err.positive("openai.header_timeout", o.header_timeout)
+    for name in ("header", "target_header"):
+        value = getattr(o.provider_auth, name)
+        if not _HEADER_NAME.match(value):
+            err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
+
+    ref_at: dict[str, int] = {}
+    hash_at: dict[str, int] = {}
+    for i, tok in enumerate(o.principal_tokens):
+        tpath = f"openai.principal_tokens[{i}]"
+        if err.not_empty(f"{tpath}.token_ref", tok.token_ref):
+            if tok.token_ref in ref_at:
+                err.add(
+                    f"{tpath}.token_ref",
+                    f"duplicate token_ref {tok.token_ref!r} "
+                    f"(first at openai.principal_tokens[{ref_at[tok.token_ref]}])",
+                )
+            else:
+                ref_at[tok.token_ref] = i
+        if err.hash64(f"{tpath}.token_hash_sha256", tok.token_hash_sha256):
+            if tok.token_hash_sha256 in hash_at:
+                err.add(
+                    f"{tpath}.token_hash_sha256",
+                    "duplicate token hash "
+                    f"(same as openai.principal_tokens[{hash_at[tok.token_hash_sha256]}])",
+                )
+            else:
+                hash_at[tok.token_hash_sha256] = i
+        err.not_empty(f"{tpath}.principal_ref", tok.principal_ref)
+
+    def provider_on(path: str, node_id: str | None, pid: str) -> ProviderConfig | None:
+        if pid not in providers:
+            err.add(path, f"provider {pid!r} is not defined under nodes[].providers")
+            return None
+        if node_id is not None and node_id in node_index and provider_node[pid] != node_id:
+            err.add(path, f"provider {pid!r} is not defined on node {node_id!r}")
+            return None
+        return providers[pid]
+
+    route_at: dict[str, int] = {}
+    for r, route in enumerate(o.model_routes):
+        rpath = f"openai.model_routes[{r}]"
+        if err.not_empty(f"{rpath}.model", route.model):
+            if route.model in route_at:
+                err.add(
+                    f"{rpath}.model",
+                    f"duplicate route model {route.model!r} "
+                    f"(first at openai.model_routes[{route_at[route.model]}])",
+                )
+            else:
+                route_at[route.model] = r
+        if route.node not in node_index:
+            err.add(f"{rpath}.node", f"node {route.node!r} is not defined under nodes[]")
+        prov = provider_on(f"{rpath}.adapter", route.node, route.adapter)
+        if prov is not None and route.target not in prov.models:
+            err.add(
+                f"{rpath}.target",
+                f"{route.target!r} is not in the models of provider {route.adapter!r}",
+            )
+        if route.queue_timeout is not None:
+            err.positive(f"{rpath}.queue_timeout", route.queue_timeout)
+
+    if o.adapter is not None and o.target is None:
+        err.add("openai.target", "required when openai.adapter is set")
+    if o.target is not None and o.adapter is None:
+        err.add("openai.adapter", "required when openai.target is set")
+    if o.node is not None:
+        if o.adapter is None and o.target is None:
+            err.add("openai.node", "only meaningful with openai.adapter and openai.target")
+        elif o.node not in node_index:
+            err.add("openai.node", f"node {o.node!r} is not defined under nodes[]")
+    if o.adapter is not None and o.target is not None:
+        prov = provider_on("openai.adapter", o.node, o.adapter)
+        if prov is not None and o.target not in prov.models:
+            err.add("openai.target", f"{o.target!r} is not in the models of provider {o.adapter!r}")
+
+    # ---- pool
+    err.non_negative("provider_pool.max_queue", cfg.provider_pool.max_queue)
+    err.positive("provider_pool.queue_timeout", cfg.provider_pool.queue_timeout)
+    return err.lines
+
+
+def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
+    err.tls_pair("node.tls", tls.cert, tls.key)
+
+
+def validate_node_config(cfg: NodeConfigFile) -> list[str]:
+    """Every semantic problem of a node config, as ``YAML.PATH: reason`` lines."""
+    err = _Errors()
+    n = cfg.node
+    err.not_empty("node.id", n.id)
+    err.address("node.edge", n.edge)
+    err.not_empty("node.token", n.token)
+    _check_node_tls(err, n.tls)
+    err.positive("node.drain_timeout", n.drain_timeout)
+    err.positive("node.reconnect_initial_backoff", n.reconnect_initial_backoff)
+    err.positive("node.reconnect_max_backoff", n.reconnect_max_backoff)
+    if (
+        n.reconnect_initial_backoff > 0
+        and n.reconnect_max_backoff > 0
+        and n.reconnect_initial_backoff > n.reconnect_max_backoff
+    ):
+        err.add(
+            "node.reconnect_initial_backoff",
+            f"must not exceed node.reconnect_max_backoff ({n.reconnect_max_backoff})",
+        )
+    err.positive("node.max_frame_bytes", n.max_frame_bytes)
+    return err.lines
