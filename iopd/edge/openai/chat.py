@@ -248,7 +248,9 @@ class ChunkStream:
     do.
     """
 
-    def __init__(self, *, completion_id: str, model: str, created: int, include_usage: bool) -> None:
+    def __init__(
+        self, *, completion_id: str, model: str, created: int, include_usage: bool
+    ) -> None:
         self.completion_id = completion_id
         self.model = model
         self.created = created

@@ -42,7 +42,9 @@ def _limit_for(field: str, limits: dict[str, float | int]) -> float | int | None
     return min(found) if found else None
 
 
-def apply_generation(params: dict[str, Any], policy: Generation, *, passthrough: bool) -> dict[str, Any]:
+def apply_generation(
+    params: dict[str, Any], policy: Generation, *, passthrough: bool
+) -> dict[str, Any]:
     """Apply ``policy`` to the request fields ``params``; return a new dict.
 
     Raises :class:`~iopd.errors.InvalidRequest` (``param`` = the field) for a

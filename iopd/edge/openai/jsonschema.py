@@ -166,7 +166,9 @@ class _Validator:
 
         self._check_combinators(value, schema, path, errors, depth)
 
-    def _check_type(self, value: Any, schema: dict[str, Any], where: str, errors: list[str]) -> bool:
+    def _check_type(
+        self, value: Any, schema: dict[str, Any], where: str, errors: list[str]
+    ) -> bool:
         declared = schema.get("type")
         if declared is None:
             return True
@@ -207,7 +209,9 @@ class _Validator:
             if not (math.isfinite(quotient) and abs(quotient - round(quotient)) < 1e-9):
                 errors.append(f"{where}: {value} is not a multiple of {multiple}")
 
-    def _check_string(self, value: str, schema: dict[str, Any], where: str, errors: list[str]) -> None:
+    def _check_string(
+        self, value: str, schema: dict[str, Any], where: str, errors: list[str]
+    ) -> None:
         min_len, max_len = schema.get("minLength"), schema.get("maxLength")
         if isinstance(min_len, int) and len(value) < min_len:
             errors.append(f"{where}: shorter than {min_len} characters")
@@ -256,7 +260,12 @@ class _Validator:
                 self.check(value[i], items, _pointer(path, i), errors, depth + 1)
 
     def _check_object(
-        self, value: dict[str, Any], schema: dict[str, Any], path: str, errors: list[str], depth: int
+        self,
+        value: dict[str, Any],
+        schema: dict[str, Any],
+        path: str,
+        errors: list[str],
+        depth: int,
     ) -> None:
         where = path or "/"
         required = schema.get("required")
@@ -312,9 +321,7 @@ class _Validator:
         if isinstance(one_of, list) and one_of:
             matches = sum(1 for sub in one_of if self._passes(value, sub, path, depth))
             if matches != 1:
-                errors.append(
-                    f"{where}: must match exactly one schema (oneOf), matched {matches}"
-                )
+                errors.append(f"{where}: must match exactly one schema (oneOf), matched {matches}")
         not_schema = schema.get("not")
         if isinstance(not_schema, (dict, bool)) and self._passes(value, not_schema, path, depth):
             errors.append(f"{where}: must not match the 'not' schema")
@@ -323,4 +330,3 @@ class _Validator:
         scratch: list[str] = []
         self.check(value, schema, path, scratch, depth + 1)
         return not scratch
-

@@ -37,7 +37,9 @@ def responses_input_to_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
     raise :class:`~iopd.errors.InvalidRequest` (400).
     """
     if req.get("stream") is True:
-        raise InvalidRequest(_UNSUPPORTED.format(detail="streaming is not supported"), param="stream")
+        raise InvalidRequest(
+            _UNSUPPORTED.format(detail="streaming is not supported"), param="stream"
+        )
     if "input" not in req or req["input"] is None:
         raise InvalidRequest("`input` is required", param="input")
     text = req["input"]

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["CLOSE_TAG", "OPEN_TAG", "StrictStreamFilter", "extract_completion", "strict_system_message"]
+__all__ = [
+    "CLOSE_TAG",
+    "OPEN_TAG",
+    "StrictStreamFilter",
+    "extract_completion",
+    "strict_system_message",
+]
 
 OPEN_TAG = "<completion>"
 CLOSE_TAG = "</completion>"
