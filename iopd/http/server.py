@@ -394,6 +394,12 @@ class _Connection:
             return False  # ConnectionClosed (or nothing usable)
 
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
+        # h11's max_incomplete_event_size only bounds a head still incomplete;
+        # a complete head that arrived in one read is measured here.
+        head_size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
+        if head_size > limits.max_header_bytes:
+            await self._fail(HeadersTooLarge("request headers too large"))
+            return False
         for key, value in headers:
             if key == "content-length":
                 if int(value) > limits.max_body_bytes:

@@ -1,0 +1,541 @@
+"""iopd.http.server over real sockets on port 0, driven by raw trio TCP clients."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import h11
+import pytest
+import trio
+
+from iopd.edge.openai.errors import render_error
+from iopd.errors import QueueTimeout
+from iopd.http.server import (
+    ClientDisconnected,
+    HttpLimits,
+    HttpServer,
+    Request,
+    Responder,
+    serve_http,
+)
+
+LIMITS = HttpLimits(
+    max_body_bytes=1024,
+    max_header_bytes=2048,
+    header_timeout=5.0,
+    body_timeout=5.0,
+    idle_timeout=20.0,
+)
+
+HandlerFn = Callable[[Request, Responder], Awaitable[None]]
+
+
+async def echo_handler(request: Request, responder: Responder) -> None:
+    body = json.dumps(
+        {
+            "method": request.method,
+            "path": request.path,
+            "query": request.query,
+            "body": request.body.decode(),
+            "client_port": request.client[1] if request.client else None,
+            "host": request.header("HOST"),
+        }
+    ).encode()
+    await responder.send(200, [("content-type", "application/json")], body)
+
+
+@asynccontextmanager
+async def running(
+    handler: HandlerFn = echo_handler,
+    limits: HttpLimits = LIMITS,
+    **kwargs: object,
+) -> AsyncIterator[tuple[int, HttpServer]]:
+    server = HttpServer(handler, limits=limits, render_error=render_error, **kwargs)  # type: ignore[arg-type]
+    async with trio.open_nursery() as nursery:
+        _, port = await nursery.start(server.serve, "127.0.0.1", 0)
+        yield port, server
+        nursery.cancel_scope.cancel()
+
+
+class Client:
+    """A raw TCP client with an h11 parser for the responses."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.parser = h11.Connection(h11.CLIENT)
+        # We write raw bytes ourselves; tell the parser what we "sent".
+        self.parser_primed = False
+
+    async def send(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    async def response(self, method: bytes = b"GET") -> tuple[int, dict[str, str], bytes]:
+        """Read one response (the parser tracks request/response pairing)."""
+        p = self.parser
+        if p.our_state is h11.DONE and p.their_state is h11.DONE:
+            p.start_next_cycle()
+        if p.our_state is h11.IDLE:
+            p.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
+            p.send(h11.EndOfMessage())
+        status = 0
+        headers: dict[str, str] = {}
+        body = b""
+        while True:
+            event = p.next_event()
+            if event is h11.NEED_DATA:
+                p.receive_data(await self.stream.receive_some(65536))
+                continue
+            if isinstance(event, h11.InformationalResponse):
+                continue
+            if isinstance(event, h11.Response):
+                status = event.status_code
+                headers = {k.decode(): v.decode() for k, v in event.headers}
+            elif isinstance(event, h11.Data):
+                body += event.data
+            elif isinstance(event, h11.EndOfMessage):
+                return status, headers, body
+            else:
+                raise AssertionError(f"unexpected {event!r}")
+
+    async def at_eof(self) -> bool:
+        """True when the server closed the connection (EOF or reset)."""
+        try:
+            while True:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    return True
+        except trio.BrokenResourceError:
+            return True
+
+
+@asynccontextmanager
+async def connect(port: int) -> AsyncIterator[Client]:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    try:
+        yield Client(stream)
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+def get(path: str = "/", extra: str = "") -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: x\r\n{extra}\r\n".encode()
+
+
+def post(body: bytes, path: str = "/", extra: str = "") -> bytes:
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    return head.encode() + body
+
+
+def envelope(body: bytes) -> dict[str, object]:
+    data = json.loads(body)
+    assert set(data) == {"error"}
+    assert set(data["error"]) == {"message", "type", "code", "param"}
+    return data["error"]  # type: ignore[no-any-return]
+
+
+async def test_keep_alive_reuses_the_connection() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(post(b"hello", "/a?x=1"))
+            status, _, body = await client.response(b"POST")
+            first = json.loads(body)
+            assert status == 200
+            assert first["body"] == "hello" and first["path"] == "/a" and first["query"] == "x=1"
+            assert first["host"] == "x"
+            await client.send(get("/b"))
+            status, headers, body = await client.response()
+            second = json.loads(body)
+            assert status == 200 and second["path"] == "/b"
+            assert second["client_port"] == first["client_port"]
+            assert headers["server"] == "iopd"
+            assert "date" in headers
+
+
+async def test_connection_close_closes_after_the_response() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(get("/", "Connection: close\r\n"))
+            status, headers, _ = await client.response()
+            assert status == 200
+            assert headers.get("connection") == "close"
+            assert await client.at_eof()
+
+
+async def test_http10_closes_after_the_response() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(b"GET / HTTP/1.0\r\n\r\n")
+            data = b""
+            while chunk := await client.stream.receive_some(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200")
+
+
+async def test_idle_keep_alive_connection_is_closed(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(LIMITS.idle_timeout + 10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(get())
+            assert (await client.response())[0] == 200
+            before = trio.current_time()
+            assert await client.at_eof()
+            assert trio.current_time() - before >= LIMITS.idle_timeout
+
+
+async def test_slow_headers_get_408_then_close(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(LIMITS.header_timeout + 10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(b"GET / HTTP/1.1\r\nHost: x\r\n")  # never finished
+            status, _, body = await client.response()
+            assert status == 408
+            assert envelope(body)["code"] == "request_timeout"
+            assert await client.at_eof()
+
+
+async def test_slow_body_gets_408(autojump_clock: trio.abc.Clock) -> None:
+    with trio.fail_after(LIMITS.body_timeout + 10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(post(b"abc")[:-2])  # two bytes short
+            status, _, body = await client.response(b"POST")
+            assert status == 408
+            assert envelope(body)["code"] == "request_timeout"
+
+
+async def test_huge_headers_get_431() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(get("/", f"X-Big: {'a' * 5000}\r\n"))
+            status, _, body = await client.response()
+            assert status == 431
+            assert envelope(body)["code"] == "headers_too_large"
+
+
+async def test_content_length_over_limit_gets_413_without_reading_the_body() -> None:
+    reached = False
+
+    async def handler(request: Request, responder: Responder) -> None:
+        nonlocal reached
+        reached = True
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000\r\n\r\n")
+            status, headers, body = await client.response(b"POST")
+            assert status == 413
+            assert headers["connection"] == "close"
+            assert envelope(body)["code"] == "request_too_large"
+            assert await client.at_eof()
+    assert not reached
+
+
+async def test_chunked_body_over_limit_gets_413() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            chunk = b"200\r\n" + b"a" * 0x200 + b"\r\n"
+            await client.send(head + chunk * 3)  # 1536 bytes > 1024
+            status, _, body = await client.response(b"POST")
+            assert status == 413
+            assert envelope(body)["code"] == "request_too_large"
+
+
+async def test_chunked_body_within_limit_is_assembled() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+            await client.send(head + b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n")
+            status, _, body = await client.response(b"POST")
+            assert status == 200
+            assert json.loads(body)["body"] == "abcde"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GARBAGE\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",  # no Host
+        b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: nope\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    ],
+)
+async def test_malformed_http_gets_400_envelope(raw: bytes) -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(raw)
+            status, headers, body = await client.response()
+            assert status == 400
+            assert headers["content-type"] == "application/json"
+            error = envelope(body)
+            assert error["code"] == "invalid_request_error"
+            assert "Traceback" not in str(error["message"])
+            assert await client.at_eof()
+
+
+async def test_pipelined_requests_are_answered_in_order() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(get("/1") + post(b"two", "/2") + get("/3"))
+            paths = []
+            for method in (b"GET", b"POST", b"GET"):
+                status, _, body = await client.response(method)
+                assert status == 200
+                paths.append(json.loads(body)["path"])
+            assert paths == ["/1", "/2", "/3"]
+
+
+async def test_expect_100_continue() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(
+                b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\nExpect: 100-continue\r\n\r\n"
+            )
+            interim = await client.stream.receive_some(65536)
+            assert interim.startswith(b"HTTP/1.1 100 ")
+            client.parser.receive_data(interim)
+            await client.send(b"ping")
+            status, _, body = await client.response(b"POST")
+            assert status == 200 and json.loads(body)["body"] == "ping"
+
+
+async def test_long_streaming_response_is_never_cut(autojump_clock: trio.abc.Clock) -> None:
+    chunks = 200
+
+    async def handler(request: Request, responder: Responder) -> None:
+        if request.path == "/short":
+            await responder.send(200, [], b"ok")
+            return
+        await responder.start(200, [("content-type", "text/event-stream")])
+        for i in range(chunks):
+            await trio.sleep(10)  # 2000 s in all: far beyond every limit
+            await responder.write(f"data: {i}\n\n".encode())
+        await responder.end()
+
+    with trio.fail_after(chunks * 10 + 60):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            status, headers, body = await client.response()
+            assert status == 200
+            assert headers["transfer-encoding"] == "chunked"
+            assert body == b"".join(f"data: {i}\n\n".encode() for i in range(chunks))
+            # and the connection is still usable afterwards
+            await client.send(get("/short"))
+            assert (await client.response())[0] == 200
+
+
+async def test_client_disconnect_cancels_the_handler() -> None:
+    entered = trio.Event()
+    cleaned_up = trio.Event()
+
+    async def handler(request: Request, responder: Responder) -> None:
+        try:
+            entered.set()
+            await trio.sleep_forever()
+        finally:
+            cleaned_up.set()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, server):
+            async with connect(port) as client:
+                await client.send(get())
+                await entered.wait()
+                assert server.in_flight == 1
+            await cleaned_up.wait()
+            await server.wait_idle()
+            assert server.in_flight == 0
+
+
+async def test_client_disconnect_during_streaming_cancels_the_handler() -> None:
+    cleaned_up = trio.Event()
+    first_sent = trio.Event()
+
+    async def handler(request: Request, responder: Responder) -> None:
+        try:
+            await responder.start(200, [("content-type", "text/event-stream")])
+            await responder.write(b"data: 1\n\n")
+            first_sent.set()
+            while True:
+                await trio.sleep(0.01)
+                await responder.write(b"data: more\n\n")
+        finally:
+            cleaned_up.set()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _):
+            async with connect(port) as client:
+                await client.send(get())
+                await first_sent.wait()
+            await cleaned_up.wait()
+
+
+async def test_handler_exception_gets_generic_500() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        raise ValueError("secret-internal-detail sk-123")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            status, _, body = await client.response()
+            assert status == 500
+            error = envelope(body)
+            assert error["type"] == "server_error"
+            assert b"secret-internal-detail" not in body
+            assert b"Traceback" not in body
+            assert b"ValueError" not in body
+
+
+async def test_handler_gateway_error_is_rendered_with_its_status() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        raise QueueTimeout("queue timeout", retry_after=3)
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            status, headers, body = await client.response()
+            assert status == 503
+            assert headers["retry-after"] == "3"
+            assert envelope(body)["code"] == "queue_timeout"
+
+
+async def test_handler_exception_after_start_closes_the_connection() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [])
+        await responder.write(b"partial")
+        raise RuntimeError("boom")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            data = b""
+            while chunk := await client.stream.receive_some(65536):
+                data += chunk
+            assert b"partial" in data
+            assert not data.endswith(b"0\r\n\r\n")  # no terminating chunk
+
+
+async def test_handler_without_response_gets_500_and_unended_stream_is_ended() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        if request.path == "/stream":
+            await responder.start(200, [])
+            await responder.write(b"abc")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get("/none"))
+            assert (await client.response())[0] == 500
+            await client.send(get("/stream"))
+            status, _, body = await client.response()
+            assert status == 200 and body == b"abc"
+
+
+async def test_write_after_disconnect_raises_client_disconnected() -> None:
+    seen: list[BaseException] = []
+    done = trio.Event()
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [])
+        try:
+            with trio.CancelScope(shield=True):
+                for _ in range(1000):
+                    await trio.sleep(0.005)
+                    await responder.write(b"x" * 65536)
+        except ClientDisconnected as exc:
+            seen.append(exc)
+        finally:
+            done.set()
+
+    with trio.fail_after(20):
+        async with running(handler) as (port, _):
+            async with connect(port) as client:
+                await client.send(get())
+                await client.stream.receive_some(10)
+            await done.wait()
+    assert seen and isinstance(seen[0], ClientDisconnected)
+
+
+async def test_disallowed_peer_is_closed_immediately() -> None:
+    reached = False
+
+    async def handler(request: Request, responder: Responder) -> None:
+        nonlocal reached
+        reached = True
+
+    with trio.fail_after(10):
+        async with (
+            running(handler, allow_peer=lambda ip: ip != "127.0.0.1") as (port, _),
+            connect(port) as client,
+        ):
+            try:
+                await client.send(get())
+            except trio.BrokenResourceError:
+                pass
+            assert await client.at_eof()
+    assert not reached
+
+
+async def test_head_request_has_no_body() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(b"HEAD / HTTP/1.1\r\nHost: x\r\n\r\n")
+            status, headers, body = await client.response(b"HEAD")
+            assert status == 200 and body == b""
+            assert int(headers["content-length"]) > 0
+            await client.send(get())
+            assert (await client.response())[0] == 200
+
+
+async def test_graceful_shutdown_drains_in_flight_and_closes_idle() -> None:
+    release = trio.Event()
+    entered = trio.Event()
+
+    async def handler(request: Request, responder: Responder) -> None:
+        if request.path == "/slow":
+            entered.set()
+            await release.wait()
+        await responder.send(200, [], b"done")
+
+    shutdown = trio.Event()
+    returned = trio.Event()
+
+    async def run_server(task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        await serve_http(
+            handler,
+            "127.0.0.1",
+            0,
+            limits=LIMITS,
+            render_error=render_error,
+            shutdown=shutdown,
+            task_status=task_status,
+        )
+        returned.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            _, port = await nursery.start(run_server)
+            async with connect(port) as idle, connect(port) as busy:
+                await idle.send(get())
+                assert (await idle.response())[0] == 200
+                await busy.send(get("/slow"))
+                await entered.wait()
+                shutdown.set()
+                assert await idle.at_eof()  # the idle keep-alive connection is closed
+                with pytest.raises(OSError):
+                    await trio.open_tcp_stream("127.0.0.1", port)  # no longer accepting
+                assert not returned.is_set()
+                release.set()
+                status, headers, body = await busy.response()
+                assert status == 200 and body == b"done"
+                assert headers["connection"] == "close"
+                assert await busy.at_eof()
+            await returned.wait()
+
+
+async def test_one_bad_client_does_not_take_the_server_down() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _):
+            for raw in (b"\x00\xff\r\n\r\n", b"GET / HTTP/1.1\r\nHost: x\r\n"):
+                async with connect(port) as bad:
+                    await bad.send(raw)
+            async with connect(port) as good:
+                await good.send(get())
+                assert (await good.response())[0] == 200
