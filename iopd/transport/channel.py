@@ -1,0 +1,284 @@
+"""``WireChannel``: one trio stream + one sans-IO ``wire.Connection``.
+
+Why it looks like this:
+
+* One reader task (inside ``serve``) decodes frames and hands each message to a
+  *synchronous* ``dispatch`` callback.  Dispatch never awaits, so a slow
+  consumer can never stall the reader; whatever must be written in reaction
+  (Pong, Credit, Cancel) is ``post``-ed to a small outbox drained by a writer
+  task.
+* One writer at a time (a ``trio.Lock``).  The actual ``send_all`` is shielded
+  from cancellation: a cancelled caller must never leave half a frame on the
+  wire.  A write that blocks forever (peer not reading) is ended by the
+  heartbeat watchdog, which closes the stream under it.
+* Heartbeats: every ``heartbeat_interval`` we send ``Heartbeat``; any traffic
+  from the peer counts as life; nothing for ``heartbeat_timeout`` seconds means
+  a dead peer and the channel closes.
+* Every low-level failure (``trio.BrokenResourceError``,
+  ``trio.ClosedResourceError``, ``OSError``, ``ssl.SSLError``, a
+  ``RemoteProtocolError`` from the peer) is mapped to ``ChannelClosed`` in one
+  place, ``_map_errors``.  ``ChannelClosed`` subclasses
+  ``trio.BrokenResourceError``, so code written against trio streams keeps
+  working.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Literal
+
+import trio
+
+from wire.connection import Connection
+from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.messages import Heartbeat, Message, Pong
+
+log = logging.getLogger("iopd.transport")
+
+#: Bytes asked of the stream per read.
+READ_SIZE = 65536
+#: Messages the outbox may hold before the peer is considered stuck.
+MAX_OUTBOX = 10_000
+
+CloseKind = Literal["eof", "broken", "protocol", "heartbeat", "local", "closed"]
+
+
+class ChannelClosed(trio.BrokenResourceError):
+    """The channel is gone.  ``reason`` is safe to log; ``kind`` says why.
+
+    kinds: ``eof`` (peer closed cleanly), ``broken`` (I/O error), ``protocol``
+    (the peer broke the protocol), ``heartbeat`` (peer silent too long),
+    ``local`` (we broke the protocol: a bug), ``closed`` (we closed it).
+    """
+
+    def __init__(self, reason: str, kind: CloseKind = "broken") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.kind: CloseKind = kind
+
+
+@contextmanager
+def _map_errors(what: str) -> Iterator[None]:
+    """The one boundary where low-level errors become ``ChannelClosed``."""
+    try:
+        yield
+    except ChannelClosed:
+        raise
+    except trio.ClosedResourceError:
+        raise ChannelClosed(f"{what}: channel closed", "closed") from None
+    except trio.BrokenResourceError as exc:
+        cause = exc.__cause__
+        detail = f" ({type(cause).__name__})" if cause is not None else ""
+        raise ChannelClosed(f"{what}: connection broken{detail}", "broken") from None
+    except ssl.SSLError as exc:
+        raise ChannelClosed(f"{what}: TLS error ({exc.reason or type(exc).__name__})") from None
+    except OSError as exc:
+        raise ChannelClosed(f"{what}: {type(exc).__name__} errno={exc.errno}") from None
+    except RemoteProtocolError as exc:
+        raise ChannelClosed(f"protocol error: {exc.reason}", "protocol") from None
+    except LocalProtocolError as exc:
+        raise ChannelClosed(f"local protocol error: {exc.reason}", "local") from None
+
+
+class WireChannel:
+    """A wire connection over a trio stream: locked sends, a reader, heartbeats.
+
+    Typical use: ``await send(...)`` / ``await receive_message()`` for the
+    handshake, then ``await serve(dispatch, ...)`` for the session, which
+    returns only by raising ``ChannelClosed``.  Always ``await aclose()`` (it
+    is idempotent) in a ``finally``.
+    """
+
+    def __init__(self, stream: trio.abc.Stream, conn: Connection, *, name: str = "peer") -> None:
+        self.stream = stream
+        self.conn = conn
+        self.name = name
+        self._send_lock = trio.Lock()
+        self._pending: deque[Message] = deque()  # decoded but not yet handed out
+        self._outbox: deque[Message] = deque()
+        self._outbox_wakeup = trio.Event()
+        self._closed: ChannelClosed | None = None
+        self._last_rx = trio.current_time()
+        self._hb_seq = 0
+        self._serve_scope: trio.CancelScope | None = None
+
+    @property
+    def closed(self) -> bool:
+        """True once the channel has been closed (by us or by a failure)."""
+        return self._closed is not None
+
+    @property
+    def close_reason(self) -> str | None:
+        return self._closed.reason if self._closed is not None else None
+
+    # --------------------------------------------------------------- writing
+
+    async def send(self, msg: Message) -> None:
+        """Send one message.  Raises ``ChannelClosed`` when the channel is gone.
+
+        Raises ``wire.errors.LocalProtocolError`` (nothing sent) when ``msg``
+        is not legal now: that is a bug of the caller, not a peer problem.
+        """
+        async with self._send_lock:
+            if self._closed is not None:
+                raise self._closed
+            data = self.conn.send(msg)
+            await self._write(data)
+
+    async def _write(self, data: bytes) -> None:
+        try:
+            with _map_errors("send"), trio.CancelScope(shield=True):
+                await self.stream.send_all(data)
+        except ChannelClosed as exc:
+            self._mark_closed(exc)
+            raise
+
+    def post(self, msg: Message) -> None:
+        """Queue ``msg`` for the writer task without waiting (from sync code).
+
+        Messages that are no longer legal when their turn comes (a Credit or
+        Cancel for a stream that ended meanwhile is still legal; anything else
+        illegal) are dropped with a debug log.  No-op once closed.
+        """
+        if self._closed is not None:
+            return
+        if len(self._outbox) >= MAX_OUTBOX:
+            self._fail(ChannelClosed("outbox overflow: peer is not reading", "heartbeat"))
+            return
+        self._outbox.append(msg)
+        self._outbox_wakeup.set()
+
+    async def _drain_outbox(self) -> None:
+        while True:
+            await self._outbox_wakeup.wait()
+            self._outbox_wakeup = trio.Event()
+            while self._outbox:
+                msg = self._outbox.popleft()
+                try:
+                    await self.send(msg)
+                except LocalProtocolError as exc:
+                    log.debug("dropped queued %s: %s", type(msg).__name__, exc.reason)
+                except ChannelClosed as exc:
+                    self._fail(exc)
+                    return
+
+    # --------------------------------------------------------------- reading
+
+    async def _read_more(self) -> list[Message]:
+        """Read once from the stream; return decoded messages (maybe none).
+
+        Raises ``ChannelClosed`` at EOF, on I/O errors and protocol errors.
+        """
+        if self._closed is not None:
+            raise self._closed
+        try:
+            with _map_errors("receive"):
+                data = await self.stream.receive_some(READ_SIZE)
+                if not data:
+                    self.conn.receive_eof()
+                    raise ChannelClosed("peer closed the connection", "eof")
+                msgs = self.conn.receive_data(data)
+        except ChannelClosed as exc:
+            self._mark_closed(exc)
+            raise
+        self._last_rx = trio.current_time()
+        return msgs
+
+    async def receive_message(self) -> Message:
+        """Return the next message (for the handshake, before ``serve``)."""
+        while not self._pending:
+            self._pending.extend(await self._read_more())
+        return self._pending.popleft()
+
+    # --------------------------------------------------------------- session
+
+    async def serve(
+        self,
+        dispatch: Callable[[Message], None],
+        *,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+    ) -> None:
+        """Run the session: reader, outbox writer, heartbeats.  Never returns normally.
+
+        ``dispatch`` is called for every message except Heartbeat/Pong (handled
+        here), in order, from the reader task; it must not block.  It may
+        raise ``RemoteProtocolError`` to reject a message.  Ends by raising
+        ``ChannelClosed`` (the stream is closed by then).
+        """
+        self._last_rx = trio.current_time()
+        try:
+            # Children never raise ChannelClosed (that would arrive wrapped in an
+            # ExceptionGroup): they call ``_fail``, which records the reason and
+            # cancels this nursery.
+            async with trio.open_nursery() as nursery:
+                self._serve_scope = nursery.cancel_scope
+                if self._closed is not None:
+                    nursery.cancel_scope.cancel()
+                nursery.start_soon(self._drain_outbox)
+                nursery.start_soon(self._heartbeat, heartbeat_interval)
+                nursery.start_soon(self._watchdog, heartbeat_timeout)
+                try:
+                    while self._pending:
+                        self._dispatch_one(dispatch, self._pending.popleft())
+                    while True:
+                        for msg in await self._read_more():
+                            self._dispatch_one(dispatch, msg)
+                except ChannelClosed as exc:
+                    self._fail(exc)
+        finally:
+            await self.aclose()
+        assert self._closed is not None
+        raise self._closed
+
+    def _dispatch_one(self, dispatch: Callable[[Message], None], msg: Message) -> None:
+        if isinstance(msg, Heartbeat):
+            self.post(Pong(seq=msg.seq))
+        elif not isinstance(msg, Pong):
+            try:
+                dispatch(msg)
+            except RemoteProtocolError as exc:
+                self.conn.close()
+                raise ChannelClosed(f"protocol error: {exc.reason}", "protocol") from None
+
+    async def _heartbeat(self, interval: float) -> None:
+        while True:
+            await trio.sleep(interval)
+            self._hb_seq += 1
+            self.post(Heartbeat(seq=self._hb_seq))
+
+    async def _watchdog(self, timeout: float) -> None:
+        while True:
+            deadline = self._last_rx + timeout
+            if trio.current_time() >= deadline:
+                self._fail(
+                    ChannelClosed(f"peer silent for {timeout:g}s (heartbeat timeout)", "heartbeat")
+                )
+                return
+            await trio.sleep_until(deadline)
+
+    # --------------------------------------------------------------- closing
+
+    def _mark_closed(self, exc: ChannelClosed) -> None:
+        if self._closed is None:
+            self._closed = exc
+            self.conn.close()
+
+    def _fail(self, exc: ChannelClosed) -> None:
+        """Sync close from anywhere: records the reason and ends ``serve``."""
+        self._mark_closed(exc)
+        if self._serve_scope is not None:
+            self._serve_scope.cancel()
+
+    def close_soon(self, reason: str) -> None:
+        """Close from sync code: ``serve`` ends with ``ChannelClosed(reason, "closed")``."""
+        self._fail(ChannelClosed(reason, "closed"))
+
+    async def aclose(self, reason: str = "closed") -> None:
+        """Close the stream (idempotent, never blocks on the peer)."""
+        self._mark_closed(ChannelClosed(reason, "closed"))
+        await trio.aclose_forcefully(self.stream)
