@@ -1,0 +1,157 @@
+"""What every provider adapter implements, and what it writes its output to.
+
+An adapter never talks to the wire.  The executor hands it an output object
+(``RunOutput`` for the normalized path, ``TunnelOutput`` for passthrough) and
+turns the calls into ``RunEvent``/``ProviderTunnelFrame`` messages; the
+executor also sends every terminal message.  An adapter reports failure by
+raising ``AdapterError(code, message)``; cancellation arrives as
+``trio.Cancelled`` and the adapter only has to clean up (close the upstream
+connection, kill the process group) — the usage it recorded so far on
+``out.usage`` is still reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from wire.messages import Health, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
+
+__all__ = [
+    "Adapter",
+    "AdapterError",
+    "AdapterErrorCode",
+    "CollectedRunOutput",
+    "CollectedTunnelOutput",
+    "RunOutput",
+    "TunnelOutput",
+]
+
+AdapterErrorCode = Literal["provider_error", "provider_timeout", "bad_request"]
+
+
+class AdapterError(Exception):
+    """A run failed in a way the edge should report; ``message`` never holds secrets."""
+
+    def __init__(self, code: AdapterErrorCode, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code: AdapterErrorCode = code
+        self.message = message
+
+
+class RunOutput:
+    """Where a normalized run writes its results.
+
+    ``usage`` is mutable: the adapter fills in totals as it learns them.
+    ``finish_reason`` is what the run ended with (``stop``, ``length``,
+    ``tool_calls``); None means ``stop``.
+    """
+
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self.finish_reason: str | None = None
+
+    async def text(self, delta: str) -> None:
+        """A piece of the answer."""
+        raise NotImplementedError
+
+    async def reasoning(self, delta: str) -> None:
+        """A piece of reasoning ("thinking") text."""
+        raise NotImplementedError
+
+    async def tool_call(self, call: dict[str, Any]) -> None:
+        """One complete tool call, OpenAI shape ``{id, type, function{name, arguments}}``."""
+        raise NotImplementedError
+
+
+class CollectedRunOutput(RunOutput):
+    """A RunOutput that keeps everything in lists (tests, non-streaming callers)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, Any]] = []
+
+    async def text(self, delta: str) -> None:
+        self.events.append(("text", delta))
+
+    async def reasoning(self, delta: str) -> None:
+        self.events.append(("reasoning", delta))
+
+    async def tool_call(self, call: dict[str, Any]) -> None:
+        self.events.append(("tool_call", call))
+
+    @property
+    def joined_text(self) -> str:
+        return "".join(v for k, v in self.events if k == "text")
+
+    @property
+    def joined_reasoning(self) -> str:
+        return "".join(v for k, v in self.events if k == "reasoning")
+
+    @property
+    def tool_calls(self) -> list[dict[str, Any]]:
+        return [v for k, v in self.events if k == "tool_call"]
+
+
+class TunnelOutput:
+    """Where a passthrough relay writes the provider's response.
+
+    ``usage`` is the usage extracted from the provider's body (None when the
+    body carried none); ``reasoning_chars`` counts reasoning text seen in it.
+    """
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.reasoning_chars = 0
+
+    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """The provider's status and end-to-end headers (sent once, first)."""
+        raise NotImplementedError
+
+    async def body(self, data: bytes) -> None:
+        """Body bytes, as they arrived from the provider."""
+        raise NotImplementedError
+
+
+class CollectedTunnelOutput(TunnelOutput):
+    """A TunnelOutput that keeps everything (tests)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.status: int | None = None
+        self.headers: list[tuple[str, str]] = []
+        self.chunks: list[bytes] = []
+
+    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.status = status
+        self.headers = headers
+
+    async def body(self, data: bytes) -> None:
+        self.chunks.append(data)
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class Adapter:
+    """Base of every provider adapter; one instance per provider per registry."""
+
+    def __init__(self, spec: ProviderSpec) -> None:
+        self.spec = spec
+        self.closed = False
+
+    async def run(self, req: RunRequest, out: RunOutput) -> None:
+        """Run a normalized request, writing to ``out``; raise AdapterError on failure."""
+        raise AdapterError("bad_request", f"provider type {self.spec.type!r} has no normalized path")
+
+    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+        """Relay a raw HTTP request; raise AdapterError on failure."""
+        raise AdapterError("bad_request", f"provider type {self.spec.type!r} has no passthrough path")
+
+    async def probe(self) -> tuple[Health, str]:
+        """One active health check: (health, last_error)."""
+        return "healthy", ""
+
+    async def aclose(self) -> None:
+        """Release connections and other resources; called once, after runs drained."""
+        self.closed = True

@@ -1,0 +1,58 @@
+"""The built-in ``echo`` provider (SPEC §10): answers with the last user message.
+
+Chunks are ``re.findall(r"\\S+\\s*", text)``; ``delay_ms`` is waited before
+each chunk.  Usage: input = the §2.4 estimate over all text parts as
+received, output = chunks sent so far (so a cancelled run reports exactly
+the chunks the caller got).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import trio
+
+from iopd.node.adapters.base import Adapter, RunOutput
+from iopd.tokens import estimate_input_tokens
+from wire.messages import Health, RunRequest
+
+_CHUNK = re.compile(r"\S+\s*")
+
+
+def last_user_text(messages: list[dict[str, Any]]) -> str:
+    """Text of the last ``user`` message: string content, or its text parts joined."""
+    for msg in reversed(messages):
+        if not isinstance(msg, dict) or msg.get("role") != "user":
+            continue
+        content = msg.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(
+                part["text"]
+                for part in content
+                if isinstance(part, dict) and isinstance(part.get("text"), str)
+            )
+        return ""
+    return ""
+
+
+class EchoAdapter(Adapter):
+    """Streams the last user message back, word by word."""
+
+    async def run(self, req: RunRequest, out: RunOutput) -> None:
+        out.usage.input_tokens = estimate_input_tokens(req.messages)
+        out.usage.output_tokens = 0
+        delay = self.spec.delay_ms / 1000.0
+        for chunk in _CHUNK.findall(last_user_text(req.messages)):
+            if delay > 0:
+                await trio.sleep(delay)
+            else:
+                await trio.lowlevel.checkpoint()
+            await out.text(chunk)
+            out.usage.output_tokens += 1
+        out.finish_reason = "stop"
+
+    async def probe(self) -> tuple[Health, str]:
+        return "healthy", ""

@@ -1,0 +1,179 @@
+"""Shared plumbing of the HTTP adapters (openai, ollama): raw relay, errors, probes.
+
+The relay forwards the edge's request to the provider and the provider's
+response back chunk by chunk — no re-buffering — while a usage scanner
+(``iopd.node.usage_extract``) reads along in bounded memory.  Hop-by-hop
+headers are dropped both ways; framing (content-length / chunked) is the
+HTTP client's job upstream and the edge's job downstream.
+
+``Accept-Encoding`` is not forwarded, so the provider answers uncompressed
+and usage can be read from the body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Iterable, Iterator
+
+import trio
+
+from iopd.http.client import (
+    ProviderConnectError,
+    ProviderHTTPClient,
+    ProviderHTTPError,
+    ProviderTimeoutError,
+)
+from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
+from iopd.node.usage_extract import scanner_for
+from wire.messages import Health, ProviderSpec, ProviderTunnelRequest
+
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "trailers",
+        "upgrade",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "proxy-connection",
+    }
+)
+# Dropped from requests: framing/routing owned by the client, and encodings we
+# could not scan for usage.
+_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}
+# Dropped from responses: the edge frames the body itself.
+_RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
+#: Bytes of a provider's error body quoted in an error message.
+ERROR_SNIPPET_BYTES = 512
+PROBE_EXTRA_SECONDS = 5.0
+
+
+def _is_hop(name: str, drop: frozenset[str]) -> bool:
+    lname = name.lower()
+    return lname in drop or lname.startswith("proxy-")
+
+
+def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """Header names listed in ``Connection:`` are hop-by-hop too (RFC 9110 §7.6.1)."""
+    names: set[str] = set()
+    for name, value in headers:
+        if name.lower() == "connection":
+            names.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return names
+
+
+def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tuple[str, str]]:
+    """Drop hop-by-hop headers (and framing headers) from ``headers``."""
+    headers = list(headers)
+    drop = (_REQUEST_DROP if request else _RESPONSE_DROP) | _connection_tokens(headers)
+    return [(k, v) for k, v in headers if not _is_hop(k, frozenset(drop))]
+
+
+@contextlib.contextmanager
+def adapter_errors() -> Iterator[None]:
+    """Map the HTTP client's errors to AdapterError (messages carry no secrets)."""
+    try:
+        yield
+    except ProviderTimeoutError as exc:
+        raise AdapterError("provider_timeout", str(exc)) from None
+    except ProviderConnectError as exc:
+        raise AdapterError("provider_error", f"provider unreachable: {exc}") from None
+    except ProviderHTTPError as exc:
+        raise AdapterError("provider_error", str(exc)) from None
+
+
+def error_snippet(body: bytes) -> str:
+    """A short, printable quote of a provider's error body."""
+    text = body[:ERROR_SNIPPET_BYTES].decode("utf-8", "replace")
+    return " ".join(text.split())
+
+
+class HTTPAdapter(Adapter):
+    """An adapter that talks HTTP to ``spec.base_url`` through one pooled client."""
+
+    #: Which usage flavour the relayed bodies have (``openai`` or ``ollama``).
+    usage_flavour = "openai"
+    #: Path of the health probe (GET, 200 = healthy).
+    probe_path = "/"
+
+    def __init__(self, spec: ProviderSpec) -> None:
+        super().__init__(spec)
+        if not spec.base_url:
+            raise ValueError(f"provider {spec.id!r}: base_url is required for type {spec.type}")
+        self.client = ProviderHTTPClient(
+            spec.base_url,
+            connect_timeout=spec.connect_timeout,
+            read_timeout=spec.read_timeout,
+        )
+
+    def auth_headers(self, existing: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+        """``Authorization: Bearer <api_key>`` unless one is already present."""
+        if not self.spec.api_key:
+            return []
+        if any(name.lower() == "authorization" for name, _ in existing):
+            return []
+        return [("Authorization", f"Bearer {self.spec.api_key}")]
+
+    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+        headers = end_to_end(req.headers, request=True)
+        headers += self.auth_headers(headers)
+        with adapter_errors():
+            async with self.client.stream(req.method, req.path, headers, req.body) as resp:
+                await out.head(resp.status, end_to_end(resp.headers, request=False))
+                scanner = scanner_for(resp.header("content-type"), flavour=self.usage_flavour)
+                try:
+                    async for chunk in resp.aiter_bytes():
+                        await out.body(chunk)
+                        scanner.feed(chunk)
+                finally:
+                    # Usage seen before a cancel or a broken stream still counts.
+                    scanner.finish()
+                    out.usage = scanner.usage
+                    out.reasoning_chars = scanner.reasoning_chars
+
+    async def probe(self) -> tuple[Health, str]:
+        try:
+            with trio.fail_after(self.spec.connect_timeout + PROBE_EXTRA_SECONDS):
+                with adapter_errors():
+                    resp = await self.client.request(
+                        "GET", self.probe_path, self.auth_headers(), max_body_bytes=65536
+                    )
+        except trio.TooSlowError:
+            return "unhealthy", "health probe timed out"
+        except AdapterError as exc:
+            return "unhealthy", exc.message
+        if resp.status == 200:
+            return "healthy", ""
+        return "unhealthy", f"{self.probe_path} returned status {resp.status}"
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+        await super().aclose()
+
+
+#: Longest line accepted from a provider's SSE/NDJSON stream on the normalized path.
+MAX_LINE_BYTES = 4 * 1024 * 1024
+
+
+async def iter_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Split a byte stream into lines (without ``\\r\\n``), bounded by MAX_LINE_BYTES."""
+    buf = bytearray()
+    async for chunk in chunks:
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                buf += chunk[start:]
+                if len(buf) > MAX_LINE_BYTES:
+                    raise AdapterError("provider_error", "provider sent an overlong line")
+                break
+            buf += chunk[start:nl]
+            line = bytes(buf).rstrip(b"\r")
+            buf.clear()
+            start = nl + 1
+            yield line
+    if buf:
+        yield bytes(buf).rstrip(b"\r")

@@ -1,0 +1,168 @@
+"""The ``ollama`` adapter: Ollama's native API.
+
+* ``run()`` — normalized: streaming ``POST /api/chat``; each NDJSON line's
+  ``message.content`` is text, ``message.thinking`` reasoning, and
+  ``message.tool_calls`` become OpenAI-shaped calls (generated ids, arguments
+  as a JSON string).  The final object (``done: true``) gives usage
+  (``prompt_eval_count`` / ``eval_count``) and ``done_reason``.
+  Generation params map into ``options``: temperature, top_p, seed, stop,
+  and ``max_tokens`` -> ``num_predict``.
+* ``tunnel()`` — raw relay for the edge's ``/api/chat`` and ``/api/generate``
+  routes; usage from the ``done: true`` object.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from typing import Any
+
+from iopd.node.adapters.base import AdapterError, RunOutput
+from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
+from iopd.node.usage_extract import usage_from_ollama
+from wire.messages import RunRequest
+
+# OpenAI param -> Ollama option.
+_OPTION_NAMES = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+    "stop": "stop",
+    "max_tokens": "num_predict",
+    "max_completion_tokens": "num_predict",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+}
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
+    return ""
+
+
+def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI chat messages -> Ollama ``/api/chat`` messages."""
+    out: list[dict[str, Any]] = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            continue
+        role = msg.get("role", "user")
+        if role == "developer":
+            role = "system"
+        converted: dict[str, Any] = {"role": role, "content": _text_of(msg.get("content"))}
+        calls = msg.get("tool_calls")
+        if isinstance(calls, list):
+            converted_calls = []
+            for call in calls:
+                function = call.get("function", {}) if isinstance(call, dict) else {}
+                args = function.get("arguments", {})
+                if isinstance(args, str):
+                    try:
+                        args = json.loads(args) if args else {}
+                    except ValueError:
+                        args = {}
+                converted_calls.append({"function": {"name": function.get("name", ""), "arguments": args}})
+            converted["tool_calls"] = converted_calls
+        if role == "tool" and isinstance(msg.get("name"), str):
+            converted["tool_name"] = msg["name"]
+        out.append(converted)
+    return out
+
+
+def to_openai_tool_call(call: Any) -> dict[str, Any] | None:
+    """One Ollama tool call -> OpenAI ``{id, type, function{name, arguments(str)}}``."""
+    if not isinstance(call, dict):
+        return None
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        return None
+    args = function.get("arguments", {})
+    arguments = args if isinstance(args, str) else json.dumps(args, separators=(",", ":"))
+    return {
+        "id": f"call_{secrets.token_hex(12)}",
+        "type": "function",
+        "function": {"name": function["name"], "arguments": arguments},
+    }
+
+
+class OllamaAdapter(HTTPAdapter):
+    """Normalized runs over ``/api/chat`` plus a raw relay of ``/api/*``."""
+
+    usage_flavour = "ollama"
+    probe_path = "/api/tags"
+
+    def chat_body(self, req: RunRequest) -> dict[str, Any]:
+        """The upstream ``/api/chat`` request for a normalized run."""
+        options: dict[str, Any] = {}
+        for name, value in req.params.items():
+            option = _OPTION_NAMES.get(name)
+            if option is not None and value is not None:
+                options[option] = value
+        body: dict[str, Any] = {
+            "model": req.target,
+            "messages": to_ollama_messages(req.messages),
+            "stream": True,
+        }
+        if options:
+            body["options"] = options
+        if req.tools:
+            body["tools"] = req.tools
+        return body
+
+    async def run(self, req: RunRequest, out: RunOutput) -> None:
+        payload = json.dumps(self.chat_body(req)).encode()
+        headers = [("Content-Type", "application/json")] + self.auth_headers()
+        saw_tool_call = False
+        done = False
+        with adapter_errors():
+            async with self.client.stream("POST", "/api/chat", headers, payload) as resp:
+                if resp.status != 200:
+                    snippet = error_snippet(await resp.read(4096))
+                    raise AdapterError(
+                        "provider_error", f"provider returned status {resp.status}: {snippet}"
+                    )
+                async for line in iter_lines(resp.aiter_bytes()):
+                    line = line.strip()
+                    if not line or done:  # read to the end so the connection is reused
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError:
+                        raise AdapterError(
+                            "provider_error", "provider sent invalid JSON in its stream"
+                        ) from None
+                    if not isinstance(obj, dict):
+                        continue
+                    if "error" in obj:
+                        raise AdapterError(
+                            "provider_error", f"provider error: {str(obj['error'])[:512]}"
+                        )
+                    message = obj.get("message")
+                    if isinstance(message, dict):
+                        thinking = message.get("thinking")
+                        if isinstance(thinking, str) and thinking:
+                            await out.reasoning(thinking)
+                        content = message.get("content")
+                        if isinstance(content, str) and content:
+                            await out.text(content)
+                        for raw_call in message.get("tool_calls") or []:
+                            call = to_openai_tool_call(raw_call)
+                            if call is not None:
+                                saw_tool_call = True
+                                await out.tool_call(call)
+                    if obj.get("done") is True:
+                        usage = usage_from_ollama(obj)
+                        if usage is not None:
+                            out.usage = usage
+                        reason = obj.get("done_reason")
+                        out.finish_reason = reason if isinstance(reason, str) and reason else "stop"
+                        done = True
+        if not done:
+            raise AdapterError("provider_error", "provider stream ended before it finished")
+        if saw_tool_call and out.finish_reason == "stop":
+            out.finish_reason = "tool_calls"

@@ -1,0 +1,317 @@
+"""Usage extraction from relayed provider bodies, incrementally and in bounded memory.
+
+Why incremental: a passthrough relay forwards body bytes as they arrive and
+must not hold a whole (possibly long) stream just to find the one chunk that
+carries ``usage``.  The scanners here are fed the same chunks the relay
+forwards; they keep at most one line (SSE/NDJSON) or a bounded head of a JSON
+body, plus a bounded tail for the overflow case, where a regex finds the last
+``"usage": {...}`` object.
+
+Pure synchronous code, no I/O: ``feed(bytes)`` then ``finish()``, then read
+``usage`` (a ``wire.messages.Usage`` or None) and ``reasoning_chars`` (reasoning
+text seen in the body, for the edge's observed-reasoning metrics).
+
+Shapes understood:
+
+* Chat Completions ``usage``: ``prompt_tokens``, ``completion_tokens``,
+  ``completion_tokens_details.reasoning_tokens``, ``prompt_tokens_details.cached_tokens``;
+* Responses ``usage``: ``input_tokens``, ``output_tokens``,
+  ``output_tokens_details.reasoning_tokens``, ``input_tokens_details.cached_tokens``;
+  in streams it sits in the ``response.completed`` event's ``response.usage``;
+* Ollama (NDJSON or single JSON): ``prompt_eval_count`` / ``eval_count`` of the
+  object with ``done: true``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import msgspec
+
+from wire.messages import Usage
+
+__all__ = [
+    "BodyUsageScanner",
+    "JsonUsageScanner",
+    "NdjsonUsageScanner",
+    "SseUsageScanner",
+    "scanner_for",
+    "usage_from_ollama",
+    "usage_from_openai",
+]
+
+#: Longest single SSE/NDJSON line (or JSON body) parsed whole.
+MAX_PARSED_BYTES = 8 * 1024 * 1024
+#: Tail kept of anything longer, searched for the last ``"usage"`` object.
+TAIL_BYTES = 64 * 1024
+
+_json_decode = msgspec.json.Decoder().decode
+# "usage": { ...one level of nesting... }
+_USAGE_RE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
+
+
+def _int(value: Any) -> int | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return int(value)
+
+
+def usage_from_openai(obj: Any) -> Usage | None:
+    """A ``usage`` object of Chat Completions or Responses shape -> Usage (None if neither)."""
+    if not isinstance(obj, dict):
+        return None
+    usage = Usage()
+    if "prompt_tokens" in obj or "completion_tokens" in obj:
+        usage.input_tokens = _int(obj.get("prompt_tokens"))
+        usage.output_tokens = _int(obj.get("completion_tokens"))
+        out_details = obj.get("completion_tokens_details")
+        in_details = obj.get("prompt_tokens_details")
+    elif "input_tokens" in obj or "output_tokens" in obj:
+        usage.input_tokens = _int(obj.get("input_tokens"))
+        usage.output_tokens = _int(obj.get("output_tokens"))
+        out_details = obj.get("output_tokens_details")
+        in_details = obj.get("input_tokens_details")
+    else:
+        return None
+    if isinstance(out_details, dict):
+        usage.reasoning_tokens = _int(out_details.get("reasoning_tokens"))
+    if isinstance(in_details, dict):
+        usage.cached_input_tokens = _int(in_details.get("cached_tokens"))
+    return usage
+
+
+def usage_from_ollama(obj: Any) -> Usage | None:
+    """Usage of an Ollama object with ``done: true`` (None otherwise)."""
+    if not isinstance(obj, dict) or obj.get("done") is not True:
+        return None
+    if "prompt_eval_count" not in obj and "eval_count" not in obj:
+        return None
+    return Usage(
+        input_tokens=_int(obj.get("prompt_eval_count")),
+        output_tokens=_int(obj.get("eval_count")),
+    )
+
+
+def _usage_in_openai_document(doc: Any) -> Usage | None:
+    """Usage carried by a JSON body or an SSE event of either OpenAI API."""
+    if not isinstance(doc, dict):
+        return None
+    usage = usage_from_openai(doc.get("usage"))
+    if usage is not None:
+        return usage
+    response = doc.get("response")  # responses stream: response.completed etc.
+    if isinstance(response, dict):
+        return usage_from_openai(response.get("usage"))
+    return None
+
+
+def _reasoning_chars_openai(doc: Any) -> int:
+    """Reasoning text in one chat chunk / message or one responses event."""
+    if not isinstance(doc, dict):
+        return 0
+    total = 0
+    kind = doc.get("type")
+    if isinstance(kind, str) and kind.startswith("response.reasoning") and kind.endswith(".delta"):
+        delta = doc.get("delta")
+        if isinstance(delta, str):
+            total += len(delta)
+    choices = doc.get("choices")
+    if isinstance(choices, list):
+        for choice in choices:
+            if not isinstance(choice, dict):
+                continue
+            for key in ("delta", "message"):
+                part = choice.get(key)
+                if isinstance(part, dict):
+                    for field in ("reasoning_content", "reasoning"):
+                        text = part.get(field)
+                        if isinstance(text, str):
+                            total += len(text)
+    return total
+
+
+def _reasoning_chars_ollama(doc: Any) -> int:
+    if not isinstance(doc, dict):
+        return 0
+    total = 0
+    thinking = doc.get("thinking")
+    if isinstance(thinking, str):
+        total += len(thinking)
+    message = doc.get("message")
+    if isinstance(message, dict) and isinstance(message.get("thinking"), str):
+        total += len(message["thinking"])
+    return total
+
+
+def _usage_from_tail(tail: bytes, flavour: str) -> Usage | None:
+    """Last-resort: the last ``"usage": {...}`` in an oversized document's tail."""
+    if flavour == "ollama":
+        prompt = re.findall(rb'"prompt_eval_count"\s*:\s*(\d+)', tail)
+        evals = re.findall(rb'"eval_count"\s*:\s*(\d+)', tail)
+        if not prompt and not evals:
+            return None
+        return Usage(
+            input_tokens=int(prompt[-1]) if prompt else None,
+            output_tokens=int(evals[-1]) if evals else None,
+        )
+    matches = _USAGE_RE.findall(tail)
+    for raw in reversed(matches):
+        try:
+            usage = usage_from_openai(_json_decode(raw))
+        except ValueError:
+            continue
+        if usage is not None:
+            return usage
+    return None
+
+
+class BodyUsageScanner:
+    """Common state: the usage found so far and reasoning characters seen."""
+
+    flavour = "openai"
+
+    def __init__(self) -> None:
+        self.usage: Usage | None = None
+        self.reasoning_chars = 0
+
+    def feed(self, data: bytes) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """The body ended; process what is still buffered."""
+
+    def _document(self, doc: Any) -> None:
+        if self.flavour == "ollama":
+            usage = usage_from_ollama(doc)
+            self.reasoning_chars += _reasoning_chars_ollama(doc)
+        else:
+            usage = _usage_in_openai_document(doc)
+            self.reasoning_chars += _reasoning_chars_openai(doc)
+        if usage is not None:
+            self.usage = usage
+
+
+class _LineScanner(BodyUsageScanner):
+    """Splits the body into lines with a bounded buffer; subclasses parse lines."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._buf = bytearray()
+        self._overflow = False  # current line longer than MAX_PARSED_BYTES
+
+    def feed(self, data: bytes) -> None:
+        start = 0
+        while True:
+            nl = data.find(b"\n", start)
+            if nl < 0:
+                self._append(data[start:])
+                return
+            self._append(data[start:nl])
+            self._end_line()
+            start = nl + 1
+
+    def _append(self, piece: bytes) -> None:
+        if not piece:
+            return
+        self._buf += piece
+        if len(self._buf) > MAX_PARSED_BYTES:
+            self._overflow = True
+        if self._overflow and len(self._buf) > TAIL_BYTES:
+            del self._buf[: len(self._buf) - TAIL_BYTES]
+
+    def _end_line(self) -> None:
+        line = bytes(self._buf).rstrip(b"\r")
+        overflow = self._overflow
+        self._buf.clear()
+        self._overflow = False
+        if overflow:
+            usage = _usage_from_tail(line, self.flavour)
+            if usage is not None:
+                self.usage = usage
+            return
+        self._line(line)
+
+    def _line(self, line: bytes) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        if self._buf:
+            self._end_line()
+
+
+class SseUsageScanner(_LineScanner):
+    """``text/event-stream``: every ``data:`` line is one JSON document."""
+
+    def _line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        payload = line[5:].strip()
+        if not payload or payload == b"[DONE]" or payload[:1] != b"{":
+            return
+        try:
+            doc = _json_decode(payload)
+        except ValueError:
+            return
+        self._document(doc)
+
+
+class NdjsonUsageScanner(_LineScanner):
+    """Ollama's ``application/x-ndjson``: one JSON object per line."""
+
+    flavour = "ollama"
+
+    def _line(self, line: bytes) -> None:
+        line = line.strip()
+        if not line.startswith(b"{"):
+            return
+        try:
+            doc = _json_decode(line)
+        except ValueError:
+            return
+        self._document(doc)
+
+
+class JsonUsageScanner(BodyUsageScanner):
+    """A single JSON body: parsed whole up to MAX_PARSED_BYTES, else from its tail."""
+
+    def __init__(self, flavour: str = "openai") -> None:
+        super().__init__()
+        self.flavour = flavour
+        self._buf = bytearray()
+        self._overflow = False
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        if len(self._buf) > MAX_PARSED_BYTES:
+            self._overflow = True
+        if self._overflow and len(self._buf) > TAIL_BYTES:
+            del self._buf[: len(self._buf) - TAIL_BYTES]
+
+    def finish(self) -> None:
+        data = bytes(self._buf)
+        self._buf.clear()
+        if self._overflow:
+            usage = _usage_from_tail(data, self.flavour)
+            if usage is not None:
+                self.usage = usage
+            return
+        try:
+            doc = _json_decode(data)
+        except ValueError:
+            return
+        self._document(doc)
+
+
+def scanner_for(content_type: str | None, *, flavour: str = "openai") -> BodyUsageScanner:
+    """Pick a scanner by the response's content type (``flavour``: openai | ollama)."""
+    ctype = (content_type or "").split(";")[0].strip().lower()
+    if ctype == "text/event-stream":
+        return SseUsageScanner()
+    if ctype in ("application/x-ndjson", "application/ndjson", "application/jsonl"):
+        return NdjsonUsageScanner()
+    if flavour == "ollama":
+        # Ollama streams NDJSON; a non-streaming reply is one JSON object, which
+        # the line scanner handles just as well.
+        return NdjsonUsageScanner()
+    return JsonUsageScanner(flavour)
