@@ -49,8 +49,16 @@ def test_principal_token_matches() -> None:
         "iop_token_ref": "app-3",
         "iop_principal_source": "principal_token",
     }
-    assert principal.principal_ref_label == "user-2"
-    assert principal.token_ref_label == "app-3"
+    assert principal.label_principal_ref == "user-2"
+    assert principal.label_token_ref == "app-3"
+    assert principal.label_principal_alias == "bob"
+
+
+def test_empty_alias_labels_show_the_principal_ref() -> None:
+    auth = Authenticator(section(None, ("tok-carol", "app-9", "user-9", "")))
+    principal = auth.authenticate("Bearer tok-carol")
+    assert principal.label_principal_alias == "user-9"
+    assert run_metadata(principal)["iop_principal_alias"] == "user-9"
 
 
 def test_several_tokens_share_one_principal_ref() -> None:
@@ -113,7 +121,7 @@ def test_open_api_when_nothing_configured() -> None:
         principal = auth.authenticate(header)
         assert principal.source == "open"
         assert run_metadata(principal)["iop_principal_source"] == "open"
-        assert principal.principal_ref_label == "unmapped"
+        assert principal.label_principal_ref == "unmapped"
 
 
 def test_empty_bearer_token_config_means_not_set() -> None:
@@ -133,6 +141,7 @@ def test_apply_principal_metadata_overwrites_caller_keys() -> None:
         "workspace": "/srv/ws",
     }
     out = apply_principal_metadata(caller, principal)
+    assert auth.apply_principal_metadata(caller, principal) == out
     assert out == {
         "iop_principal_ref": "user-1",
         "iop_principal_alias": "alice",

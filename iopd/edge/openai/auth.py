@@ -47,17 +47,18 @@ class Principal:
         return self.source == "principal_token"
 
     @property
-    def principal_ref_label(self) -> str:
+    def label_principal_ref(self) -> str:
         """``principal_ref`` metric label (``unmapped`` unless a principal matched)."""
         return self.principal_ref if self.mapped else UNMAPPED
 
     @property
-    def principal_alias_label(self) -> str:
-        """``principal_alias`` metric label (``unmapped`` unless a principal matched)."""
-        return (self.alias or UNMAPPED) if self.mapped else UNMAPPED
+    def label_principal_alias(self) -> str:
+        """``principal_alias`` metric label: the alias, or the principal_ref when the
+        alias is empty; ``unmapped`` unless a principal matched."""
+        return (self.alias or self.principal_ref) if self.mapped else UNMAPPED
 
     @property
-    def token_ref_label(self) -> str:
+    def label_token_ref(self) -> str:
         """``token_ref`` metric label (``unmapped`` unless a principal matched)."""
         return self.token_ref if self.mapped else UNMAPPED
 
@@ -124,13 +125,19 @@ class Authenticator:
             return LEGACY_BEARER
         raise AuthenticationError("Invalid API key")
 
+    def apply_principal_metadata(
+        self, metadata: dict[str, str], principal: Principal
+    ) -> dict[str, str]:
+        """Same as the module-level :func:`apply_principal_metadata`."""
+        return apply_principal_metadata(metadata, principal)
+
 
 def run_metadata(principal: Principal) -> dict[str, str]:
     """The gateway-owned run metadata describing ``principal``."""
     return {
-        "iop_principal_ref": principal.principal_ref_label,
-        "iop_principal_alias": principal.principal_alias_label,
-        "iop_token_ref": principal.token_ref_label,
+        "iop_principal_ref": principal.label_principal_ref,
+        "iop_principal_alias": principal.label_principal_alias,
+        "iop_token_ref": principal.label_token_ref,
         "iop_principal_source": principal.source,
     }
 
