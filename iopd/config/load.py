@@ -228,7 +228,7 @@ class _Walk:
             return self._wrong(value, t, path)
         if isinstance(t, mi.FloatType):
             if isinstance(value, int | float) and not isinstance(value, bool):
-                return True, float(value)
+                return True, value
             return self._wrong(value, t, path)
         if isinstance(t, mi.NoneType):
             if value is None:
@@ -285,42 +285,46 @@ class _Walk:
         fields = {f.encode_name: f for f in t.fields}
         ok = True
         out: dict[str, Any] = {}
-        for key in value:
+        # Keys in document order, so errors read top to bottom like the file.
+        for key, raw in value.items():
             if not isinstance(key, str) or key not in fields:
                 ok = False
                 known = ", ".join(sorted(fields))
                 self.error(join_key(path, key), f"unknown key (known keys here: {known})")
-        for name, f in fields.items():
-            fpath = join_key(path, name)
-            if name not in value:
-                if f.required:
-                    ok = False
-                    self.error(fpath, "required key is missing")
-                    out[name] = _placeholder(f.type)
                 continue
-            raw = value[name]
-            if isinstance(raw, str) and "${" in raw:
-                # An optional key whose reference expands to "" is "not set".
-                probe = _Walk(self.env)
-                expanded, had_ref = probe.substitute(raw, fpath)
-                if expanded == "" and had_ref and not probe.errors:
-                    if f.required:
-                        ok = False
-                        self.error(fpath, "required key is empty after ${...} substitution")
-                        out[name] = _placeholder(f.type)
-                    continue
-            failed_before = len(self.failed)
-            field_ok, fixed = self.check(raw, f.type, fpath)
-            if field_ok:
-                out[name] = fixed
-            else:
+            if not self._check_field(fields[key], raw, join_key(path, key), out):
                 ok = False
-                # Keep a container whose problems are all inside it (so the
-                # rest of it is still validated); drop a bad value itself.
-                value_itself_bad = fpath in self.failed[failed_before:]
-                if f.required or not value_itself_bad:
-                    out[name] = fixed
+        for name, f in fields.items():
+            if f.required and name not in value:
+                ok = False
+                self.error(join_key(path, name), "required key is missing")
+                out[name] = _placeholder(f.type)
         return ok, out
+
+    def _check_field(self, f: mi.Field, raw: Any, fpath: str, out: dict[str, Any]) -> bool:
+        """Check one present struct field; store its (repaired) value in ``out``."""
+        name = f.encode_name
+        if isinstance(raw, str) and "${" in raw:
+            # An optional key whose reference expands to "" is "not set".
+            probe = _Walk(self.env)
+            expanded, had_ref = probe.substitute(raw, fpath)
+            if expanded == "" and had_ref and not probe.errors:
+                if f.required:
+                    self.error(fpath, "required key is empty after ${...} substitution")
+                    out[name] = _placeholder(f.type)
+                    return False
+                return True
+        failed_before = len(self.failed)
+        field_ok, fixed = self.check(raw, f.type, fpath)
+        if field_ok:
+            out[name] = fixed
+            return True
+        # Keep a container whose problems are all inside it (so the rest of
+        # it is still validated); drop a bad value itself (its default applies).
+        value_itself_bad = fpath in self.failed[failed_before:]
+        if f.required or not value_itself_bad:
+            out[name] = fixed
+        return False
 
 
 def _wants_scalar_from_str(t: mi.Type) -> bool:

@@ -273,6 +273,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     err.positive("openai.request_timeout", o.request_timeout)
     err.positive("openai.idle_timeout", o.idle_timeout)
     err.positive("openai.header_timeout", o.header_timeout)
+    err.positive("openai.body_timeout", o.body_timeout)
     for name in ("header", "target_header"):
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):
