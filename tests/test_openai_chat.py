@@ -212,6 +212,8 @@ def test_overrides_for_text_tool_calls_and_strict_output() -> None:
     }
     assert result["choices"][0]["finish_reason"] == "tool_calls"
     check_sdk(result)
+    # A TextToolResult's None content passes straight through: no raw blocks leak.
+    assert asm.result(None, [parsed_call])["choices"][0]["message"]["content"] is None
     # Strict output: the override replaces the text, nothing else changes.
     plain = assemble(ev("text", text="<completion>7</completion>"), ev("complete")).result(
         text_override="7"
@@ -419,3 +421,39 @@ def test_stream_length_with_tool_calls_stays_length() -> None:
     cs = ChunkStream(completion_id=CID, model=MODEL, created=CREATED, include_usage=False)
     cs.tool_call(0, {"function": {"name": "f"}})
     assert decode_events(cs.finish("length", None))[0] == chunk({}, "length")
+
+
+def test_sdk_sse_decoder_and_stream_accumulator_rebuild_the_completion() -> None:
+    """The SDK's own SSE decoder and chunk accumulator read our stream end to end."""
+    from openai._streaming import SSEDecoder
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+
+    cs = ChunkStream(completion_id=CID, model=MODEL, created=CREATED, include_usage=True)
+    pieces = [
+        cs.first(),
+        cs.text("Checking "),
+        cs.text("now."),
+        cs.tool_call(0, {"function": {"name": "get_weather", "arguments": {"city": "Oslo"}}}),
+        cs.finish(None, Usage(input_tokens=3, output_tokens=4)),
+    ]
+    # Feed the bytes in awkward slices, as a socket would.
+    raw = b"".join(pieces)
+    slices = [raw[i : i + 7] for i in range(0, len(raw), 7)]
+    state = ChatCompletionStreamState()
+    saw_done = False
+    for sse in SSEDecoder().iter_bytes(iter(slices)):
+        if sse.data == "[DONE]":
+            saw_done = True
+            continue
+        state.handle_chunk(ChatCompletionChunk.model_validate(sse.json()))
+    assert saw_done
+    final = state.get_final_completion()
+    assert final.id == CID and final.model == MODEL
+    choice = final.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "Checking now."
+    assert choice.message.tool_calls is not None
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Oslo"}
+    assert final.usage is not None and final.usage.total_tokens == 7

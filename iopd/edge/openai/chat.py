@@ -205,10 +205,18 @@ class CompletionAssembler:
         ``text_override`` replaces the accumulated text (strict output, text
         tool parsing); ``tool_calls_override`` replaces the native tool calls
         (parsed text tool calls; ``[]`` means none).  With tool calls, empty
-        content is returned as None.
+        content is returned as None.  Parsed calls without a text override
+        also give None content: the raw text holds the ``<tool_call>`` blocks,
+        so ``result(res.content, res.calls)`` is right for a
+        :class:`~iopd.edge.openai.tools.TextToolResult` ``res`` either way.
         """
-        content = self.text if text_override is None else text_override
         calls = self.tool_calls if tool_calls_override is None else tool_calls_override
+        if text_override is not None:
+            content: str | None = text_override
+        elif tool_calls_override:
+            content = None
+        else:
+            content = self.text
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
