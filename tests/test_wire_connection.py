@@ -171,7 +171,13 @@ def test_heartbeats_and_status_in_session() -> None:
 
 
 @pytest.mark.parametrize(
-    "msg", [run_req(1), NodeConfig(stream_id=1, version=1), Cancel(stream_id=1), Credit(stream_id=1, frames=1)]
+    "msg",
+    [
+        run_req(1),
+        NodeConfig(stream_id=1, version=1),
+        Cancel(stream_id=1),
+        Credit(stream_id=1, frames=1),
+    ],
 )
 def test_node_may_not_send_edge_messages(msg: Message) -> None:
     edge, node = pair()
@@ -315,7 +321,11 @@ def test_config_stream_takes_only_its_ack() -> None:
 
 def test_tunnel_stream() -> None:
     edge, node = pair()
-    xfer(edge, node, ProviderTunnelRequest(stream_id=1, provider_id="p", method="POST", path="/v1/x", window=3))
+    xfer(
+        edge,
+        node,
+        ProviderTunnelRequest(stream_id=1, provider_id="p", method="POST", path="/v1/x", window=3),
+    )
     for kind in ("head", "body", "usage"):
         xfer(node, edge, ProviderTunnelFrame(stream_id=1, kind=kind))  # type: ignore[arg-type]
     xfer(node, edge, ProviderTunnelFrame(stream_id=1, kind="end"))

@@ -324,7 +324,9 @@ class Connection:
         state = self.stream_state(stream_id)
         next_state = STREAM_TRANSITIONS[state].get(event)
         if next_state is None:
-            raise _Illegal(f"{sender.value} may not send {name} on {state.value} stream {stream_id}")
+            raise _Illegal(
+                f"{sender.value} may not send {name} on {state.value} stream {stream_id}"
+            )
         if event is StreamEvent.OPEN:
             if stream_id <= self._last_stream_id:
                 raise _Illegal(

@@ -1,0 +1,535 @@
+"""``NodeHub``: the edge's side of the wire — one ``NodeSession`` per connected node.
+
+Why it looks like this:
+
+* ``handle_connection`` is the ``serve_wire`` handler: handshake (Hello checked
+  against the running config, ``Refused`` otherwise, all within
+  ``handshake_timeout``), then the session.  Every failure of one connection
+  is caught and logged here; the hub keeps serving the others.
+* A session is "ready" (returned by ``session()``, announced with
+  ``on_connect``) only after the node acknowledged its first ``NodeConfig``.
+* A new Hello for a node id that still has a session *replaces* it: the old
+  session's streams fail at once with ``NodeDispatchError`` and
+  ``on_disconnect`` is called for it before the new one's ``on_connect``.
+* Streams: the channel's reader task hands each reply to its stream's bounded
+  buffer without ever blocking (``window`` frames + the terminal; the wire's
+  credit accounting guarantees it fits — a node that sends past its window is
+  a protocol error).  The consumer returns ``Credit`` as it reads.  When the
+  session dies every stream raises ``NodeDispatchError`` at its next read,
+  even with frames still buffered.  Leaving ``open_stream`` before the terminal
+  sends ``Cancel`` (queued, never blocking the caller) and refunds the credit
+  of unread frames; late replies of abandoned streams are credited and dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from typing import Literal
+
+import msgspec
+import trio
+
+from iopd.config.schema import NodeEntry
+from iopd.errors import NodeDispatchError
+from iopd.transport.channel import ChannelClosed, WireChannel
+from wire.connection import Connection, Role
+from wire.errors import RemoteProtocolError
+from wire.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Credit,
+    Hello,
+    HelloAck,
+    Message,
+    NodeConfig,
+    NodeConfigAck,
+    ProviderStatus,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    Refused,
+    RunEvent,
+    RunRequest,
+    is_terminal,
+)
+
+log = logging.getLogger("iopd.edge.nodes")
+
+Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
+RefuseCode = Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"]
+
+
+def _printable(value: str, limit: int = 64) -> str:
+    """A peer-supplied string made safe for a log line."""
+    return repr(value[:limit])
+
+
+def _peer_name(stream: trio.abc.Stream) -> str:
+    inner = getattr(stream, "transport_stream", stream)
+    sock = getattr(inner, "socket", None)
+    try:
+        host, port = sock.getpeername()[:2] if sock is not None else ("?", 0)
+    except OSError:
+        return "?"
+    return f"{host}:{port}"
+
+
+class _ReplyStream:
+    """One open stream as its consumer sees it: an async iterator of replies."""
+
+    def __init__(self, session: NodeSession, stream_id: int, window: int) -> None:
+        self.session = session
+        self.stream_id = stream_id
+        self.window = window
+        self._send, self._recv = trio.open_memory_channel[Reply](window + 1)
+        self._credit_batch = max(1, window // 4)
+        self._unreported = 0  # consumed frames whose credit was not returned yet
+        self.terminal_received = False  # by the reader
+        self.terminal_consumed = False  # by the consumer
+        self.error: NodeDispatchError | None = None
+
+    # -- reader side (sync, never blocks)
+    def deliver(self, msg: Reply) -> None:
+        try:
+            self._send.send_nowait(msg)
+        except (trio.WouldBlock, trio.ClosedResourceError):
+            raise _WindowExceeded(self.stream_id) from None
+        if is_terminal(msg):
+            self.terminal_received = True
+            self._send.close()
+
+    def fail(self, error: NodeDispatchError) -> None:
+        if self.error is None:
+            self.error = error
+        self._send.close()
+
+    def buffered(self) -> int:
+        return self._recv.statistics().current_buffer_used
+
+    # -- consumer side
+    def __aiter__(self) -> _ReplyStream:
+        return self
+
+    async def __anext__(self) -> Reply:
+        if self.error is not None:
+            raise self.error
+        if self.terminal_consumed:
+            raise StopAsyncIteration
+        try:
+            msg = await self._recv.receive()
+        except trio.EndOfChannel:
+            raise self.error or NodeDispatchError(
+                f"node {self.session.node_id} disconnected"
+            ) from None
+        if self.error is not None:  # the session died while frames were buffered
+            raise self.error
+        if is_terminal(msg):
+            self.terminal_consumed = True
+        else:
+            self._unreported += 1
+            if self._unreported >= self._credit_batch:
+                self.session._post(Credit(stream_id=self.stream_id, frames=self._unreported))
+                self._unreported = 0
+        return msg
+
+    def abandon(self) -> int:
+        """The consumer left: frames whose credit the node should get back."""
+        refund = self._unreported + self.buffered()
+        self._unreported = 0
+        self._send.close()
+        return refund
+
+
+class _WindowExceeded(Exception):
+    def __init__(self, stream_id: int) -> None:
+        super().__init__(stream_id)
+        self.stream_id = stream_id
+
+
+class NodeSession:
+    """The edge's live session with one node.  Obtain it from ``NodeHub.session``."""
+
+    def __init__(self, hub: NodeHub, node_id: str, channel: WireChannel, peer: str) -> None:
+        self.node_id = node_id
+        self.peer = peer
+        self.session_id = secrets.token_hex(8)
+        self._hub = hub
+        self._channel = channel
+        self._streams: dict[int, _ReplyStream] = {}
+        self._next_stream_id = 0
+        self._open_lock = trio.Lock()
+        self.ready = False  # first NodeConfig acknowledged; announced via on_connect
+        self.announced = False  # on_connect was called and on_disconnect is still due
+        self.connected_since: float | None = None
+        self.end_reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.end_reason is None
+
+    # ---------------------------------------------------------------- streams
+
+    @asynccontextmanager
+    async def open_stream(
+        self, req: RunRequest | ProviderTunnelRequest | NodeConfig
+    ) -> AsyncIterator[AsyncIterator[Reply]]:
+        """Send ``req`` on a fresh stream; yield an async iterator of its replies.
+
+        The iterator ends after the terminal reply.  It raises
+        ``NodeDispatchError("node <id> disconnected")`` as soon as the session
+        is lost.  Leaving the block before the terminal sends ``Cancel``.
+        ``req.stream_id`` is assigned here.
+        """
+        window = 1 if isinstance(req, NodeConfig) else req.window
+        stream: _ReplyStream | None = None
+        async with self._open_lock:
+            if not self.alive:
+                raise NodeDispatchError(f"node {self.node_id} disconnected")
+            self._next_stream_id += 1
+            stream_id = self._next_stream_id
+            stream = _ReplyStream(self, stream_id, window)
+            self._streams[stream_id] = stream
+            try:
+                await self._channel.send(msgspec.structs.replace(req, stream_id=stream_id))
+            except ChannelClosed:
+                self._streams.pop(stream_id, None)
+                raise NodeDispatchError(f"node {self.node_id} disconnected") from None
+            except BaseException:
+                self._streams.pop(stream_id, None)
+                raise
+        try:
+            yield stream
+        finally:
+            self._streams.pop(stream_id, None)
+            refund = stream.abandon()
+            if self.alive and not stream.terminal_received:
+                self._post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
+                if refund:
+                    self._post(Credit(stream_id=stream_id, frames=refund))
+
+    async def push_config(self, msg: NodeConfig, *, timeout: float) -> NodeConfigAck:
+        """Send ``msg`` (its stream id is replaced) and wait for the node's ack.
+
+        Raises ``NodeDispatchError`` when the node is lost or does not answer
+        within ``timeout`` seconds.
+        """
+        with trio.move_on_after(timeout):
+            async with self.open_stream(msg) as replies:
+                async for reply in replies:
+                    if isinstance(reply, NodeConfigAck):
+                        return reply
+            raise NodeDispatchError(f"node {self.node_id} ended the config stream without an ack")
+        raise NodeDispatchError(
+            f"node {self.node_id} did not acknowledge config version {msg.version} "
+            f"within {timeout:g}s"
+        )
+
+    # ---------------------------------------------------------------- internals
+
+    def _post(self, msg: Message) -> None:
+        self._channel.post(msg)
+
+    def _dispatch(self, msg: Message) -> None:
+        """Called by the channel's reader for every message; never blocks."""
+        if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
+            stream = self._streams.get(msg.stream_id)
+            if stream is None:
+                # Abandoned stream: drop the late reply, give its credit back.
+                if not is_terminal(msg):
+                    self._post(Credit(stream_id=msg.stream_id, frames=1))
+                return
+            try:
+                stream.deliver(msg)
+            except _WindowExceeded:
+                raise RemoteProtocolError(
+                    f"node overran the buffer of stream {msg.stream_id}"
+                ) from None
+        elif isinstance(msg, ProviderStatus):
+            self._hub._call("on_status", self._hub._on_status, self.node_id, msg)
+
+    def _end(self, reason: str) -> None:
+        """End the session now (sync): every stream fails, the channel closes."""
+        if self.end_reason is not None:
+            return
+        self.end_reason = reason
+        error = NodeDispatchError(f"node {self.node_id} disconnected")
+        for stream in list(self._streams.values()):
+            stream.fail(error)
+        self._channel.close_soon(reason)
+
+    async def _run(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve, heartbeat_interval, heartbeat_timeout, nursery)
+            await self._announce()
+
+    async def _serve(self, interval: float, timeout: float, nursery: trio.Nursery) -> None:
+        try:
+            await self._channel.serve(
+                self._dispatch, heartbeat_interval=interval, heartbeat_timeout=timeout
+            )
+        except ChannelClosed as exc:
+            if exc.kind == "protocol":
+                self._hub._protocol_error(self.node_id, self.peer, exc.reason)
+            self._end(exc.reason)
+        finally:
+            self._end(self.end_reason or "session ended")
+            nursery.cancel_scope.cancel()
+
+    async def _announce(self) -> None:
+        hub = self._hub
+        try:
+            cfg = hub._get_node_config(self.node_id)
+            ack = await self.push_config(cfg, timeout=hub.handshake_timeout)
+        except NodeDispatchError as exc:
+            log.warning(
+                "node config push failed node_id=%s peer=%s reason=%s",
+                self.node_id,
+                self.peer,
+                exc.message,
+            )
+            self._end(f"initial config not acknowledged: {exc.message}")
+            return
+        if not ack.ok:
+            log.warning(
+                "node rejected its config node_id=%s version=%d error=%s",
+                self.node_id,
+                ack.version,
+                _printable(ack.error, 200),
+            )
+        if not self.alive:
+            return
+        self.ready = True
+        self.announced = True
+        self.connected_since = time.time()
+        log.info(
+            "node connected node_id=%s peer=%s session=%s config_version=%d",
+            self.node_id,
+            self.peer,
+            self.session_id,
+            ack.version,
+        )
+        hub._call("on_connect", hub._on_connect, self.node_id)
+
+
+class NodeHub:
+    """Every node session of the edge; the ``serve_wire`` handler lives here."""
+
+    def __init__(
+        self,
+        *,
+        edge_id: str,
+        get_nodes: Callable[[], Mapping[str, NodeEntry]],
+        get_node_config: Callable[[str], NodeConfig],
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        handshake_timeout: float,
+        max_frame_bytes: int,
+        on_connect: Callable[[str], None],
+        on_disconnect: Callable[[str], None],
+        on_status: Callable[[str, ProviderStatus], None],
+        on_protocol_error: Callable[[str], None] | None = None,
+    ) -> None:
+        self.edge_id = edge_id
+        self._get_nodes = get_nodes
+        self._get_node_config = get_node_config
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.handshake_timeout = handshake_timeout
+        self.max_frame_bytes = max_frame_bytes
+        self._on_connect = on_connect
+        self._on_disconnect = on_disconnect
+        self._on_status = on_status
+        self._on_protocol_error = on_protocol_error
+        self._sessions: dict[str, NodeSession] = {}
+        self._channels: set[WireChannel] = set()
+        self._closing: str | None = None
+        self._handlers = 0
+        self._no_handlers = trio.Event()
+        self._no_handlers.set()
+        self.protocol_errors = 0
+
+    # ---------------------------------------------------------------- queries
+
+    def session(self, node_id: str) -> NodeSession | None:
+        """The ready session of ``node_id`` (config acknowledged), or None."""
+        session = self._sessions.get(node_id)
+        if session is None or not session.ready or not session.alive:
+            return None
+        return session
+
+    def connected_since(self, node_id: str) -> float | None:
+        """Wall-clock epoch seconds since ``node_id``'s session is ready, or None."""
+        session = self.session(node_id)
+        return session.connected_since if session is not None else None
+
+    def connected_node_ids(self) -> list[str]:
+        """Ids of the nodes with a ready session."""
+        return [nid for nid in self._sessions if self.session(nid) is not None]
+
+    async def push_config(self, node_id: str, msg: NodeConfig, *, timeout: float) -> NodeConfigAck:
+        """Push ``msg`` to ``node_id`` and wait for its ack (``NodeDispatchError`` otherwise)."""
+        session = self.session(node_id)
+        if session is None:
+            raise NodeDispatchError(f"node {node_id} is not connected")
+        return await session.push_config(msg, timeout=timeout)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def aclose(self, reason: str) -> None:
+        """Shutdown: refuse new nodes, end every session, wait for the handlers to exit."""
+        self._closing = reason
+        for session in list(self._sessions.values()):
+            session._end(reason)
+        for channel in list(self._channels):
+            await channel.aclose(reason)
+        await self._no_handlers.wait()
+
+    async def handle_connection(self, stream: trio.abc.Stream) -> None:
+        """Serve one node connection until it ends; never raises (but Cancelled)."""
+        peer = _peer_name(stream)
+        channel = WireChannel(
+            stream, Connection(Role.EDGE, max_frame_bytes=self.max_frame_bytes), name=peer
+        )
+        session: NodeSession | None = None
+        self._enter(channel)
+        try:
+            hello = await self._handshake(channel, peer)
+            if hello is None:
+                return
+            session = NodeSession(self, hello.node_id, channel, peer)
+            self._replace(session)
+            await session._run(self.heartbeat_interval, self.heartbeat_timeout)
+        except ChannelClosed as exc:
+            if exc.kind == "protocol":
+                self._protocol_error(None, peer, exc.reason)
+            else:
+                log.info(
+                    "wire connection ended before the session peer=%s reason=%s", peer, exc.reason
+                )
+        except Exception:
+            log.exception("wire connection failed peer=%s", peer)
+        finally:
+            with trio.CancelScope(shield=True):
+                if session is not None:
+                    session._end(session.end_reason or "connection closed")
+                    self._leave_session(session)
+                await channel.aclose()
+                self._leave(channel)
+
+    # ---------------------------------------------------------------- internals
+
+    def _enter(self, channel: WireChannel) -> None:
+        if self._handlers == 0:
+            self._no_handlers = trio.Event()
+        self._handlers += 1
+        self._channels.add(channel)
+
+    def _leave(self, channel: WireChannel) -> None:
+        self._channels.discard(channel)
+        self._handlers -= 1
+        if self._handlers == 0:
+            self._no_handlers.set()
+
+    async def _handshake(self, channel: WireChannel, peer: str) -> Hello | None:
+        with trio.move_on_after(self.handshake_timeout):
+            msg = await channel.receive_message()
+            assert isinstance(msg, Hello)  # the connection table allows nothing else
+            return await self._authenticate(channel, peer, msg)
+        log.warning("wire handshake timed out peer=%s after=%gs", peer, self.handshake_timeout)
+        self.protocol_errors += 1
+        if self._on_protocol_error is not None:
+            self._call("on_protocol_error", self._on_protocol_error, "handshake_timeout")
+        return None
+
+    async def _authenticate(self, channel: WireChannel, peer: str, hello: Hello) -> Hello | None:
+        node_id = hello.node_id
+        if self._closing is not None:
+            await self._refuse(channel, peer, node_id, "edge is shutting down", "bad_handshake")
+            return None
+        if hello.protocol_version != PROTOCOL_VERSION:
+            await self._refuse(
+                channel,
+                peer,
+                node_id,
+                f"protocol version {hello.protocol_version} not supported "
+                f"(edge speaks {PROTOCOL_VERSION})",
+                "version_mismatch",
+            )
+            return None
+        entry = self._get_nodes().get(node_id)
+        if entry is None:
+            await self._refuse(channel, peer, node_id, "unknown node id", "unknown_node")
+            return None
+        presented = hashlib.sha256(hello.token.encode("utf-8", "surrogatepass")).hexdigest()
+        if not hmac.compare_digest(presented, entry.token_hash_sha256.lower()):
+            await self._refuse(channel, peer, node_id, "invalid node token", "bad_token")
+            return None
+        ack = HelloAck(
+            edge_id=self.edge_id,
+            heartbeat_interval=self.heartbeat_interval,
+            heartbeat_timeout=self.heartbeat_timeout,
+        )
+        await channel.send(ack)
+        return hello
+
+    async def _refuse(
+        self, channel: WireChannel, peer: str, node_id: str, reason: str, code: RefuseCode
+    ) -> None:
+        log.warning(
+            "node refused node_id=%s peer=%s code=%s reason=%s",
+            _printable(node_id),
+            peer,
+            code,
+            reason,
+        )
+        try:
+            await channel.send(Refused(reason=reason, code=code))
+        except ChannelClosed:
+            pass
+
+    def _replace(self, session: NodeSession) -> None:
+        old = self._sessions.get(session.node_id)
+        if old is not None:
+            log.info(
+                "node session replaced node_id=%s old_peer=%s new_peer=%s",
+                session.node_id,
+                old.peer,
+                session.peer,
+            )
+            old._end(f"replaced by a new connection from {session.peer}")
+            self._leave_session(old)
+        self._sessions[session.node_id] = session
+
+    def _leave_session(self, session: NodeSession) -> None:
+        """The session is over: unregister it and announce the disconnect once."""
+        if self._sessions.get(session.node_id) is session:
+            del self._sessions[session.node_id]
+        if session.announced:
+            session.announced = False
+            log.info(
+                "node disconnected node_id=%s peer=%s reason=%s",
+                session.node_id,
+                session.peer,
+                session.end_reason,
+            )
+            self._call("on_disconnect", self._on_disconnect, session.node_id)
+
+    def _protocol_error(self, node_id: str | None, peer: str, reason: str) -> None:
+        self.protocol_errors += 1
+        log.warning("wire protocol error node_id=%s peer=%s reason=%s", node_id, peer, reason)
+        if self._on_protocol_error is not None:
+            self._call("on_protocol_error", self._on_protocol_error, reason)
+
+    def _call(self, what: str, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("NodeHub %s callback failed", what)
+
+
+__all__ = ["NodeHub", "NodeSession"]

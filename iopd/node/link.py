@@ -1,0 +1,376 @@
+"""``NodeLink``: the node's side of the wire — dial out, handshake, serve, reconnect.
+
+Why it looks like this:
+
+* ``run()`` loops forever: dial the edge, send ``Hello``, wait for
+  ``HelloAck``/``Refused``, serve the session, and after any loss back off
+  (exponential, full jitter, ``reconnect_initial_backoff`` ..
+  ``reconnect_max_backoff``; reset after a session got through the
+  handshake) and dial again.  ``Refused`` for ``bad_token``/``unknown_node``
+  cannot be fixed by retrying fast, so those retry near the cap, loudly.
+* A session has one nursery: the channel's reader dispatches synchronously;
+  each ``RunRequest``/``ProviderTunnelRequest`` runs
+  ``handler.serve_stream(req, sender)`` in its own task; config pushes are
+  applied one at a time, in order, by a single task.  Losing the link cancels
+  the nursery, so every run of that session stops.
+* ``_StreamSender.send`` enforces the credit window: it waits while the
+  stream has no credit left (the terminal message never waits).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+
+import msgspec
+import trio
+
+from iopd.config.schema import NodeSection
+from iopd.node.handler import NodeHandler
+from iopd.transport.channel import ChannelClosed, WireChannel
+from iopd.transport.dial import Backoff, DialError, dial
+from iopd.transport.tls import client_ssl_context
+from wire.connection import Connection, Role, StreamState
+from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.messages import (
+    PROTOCOL_VERSION,
+    Cancel,
+    Credit,
+    Hello,
+    HelloAck,
+    Message,
+    NodeConfig,
+    NodeConfigAck,
+    ProviderStatus,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    Refused,
+    RunEvent,
+    RunRequest,
+    is_terminal,
+)
+
+log = logging.getLogger("iopd.node.link")
+
+#: Config pushes that may wait for the config task before the edge is misbehaving.
+MAX_PENDING_CONFIGS = 8
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """``"host:port"`` or ``"[v6]:port"`` -> ``(host, port)``."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"not a host:port address: {address!r}")
+    return host.strip("[]"), int(port)
+
+
+class _StreamSender:
+    """``iopd.node.handler.StreamSender`` for one stream: credit-aware sends."""
+
+    def __init__(self, channel: WireChannel, stream_id: int) -> None:
+        self._channel = channel
+        self.stream_id = stream_id
+        self._credit_changed = trio.Event()
+
+    def credit_arrived(self) -> None:
+        self._credit_changed.set()
+        self._credit_changed = trio.Event()
+
+    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Send one reply; waits while the window is exhausted (the terminal never waits).
+
+        Raises ``trio.BrokenResourceError`` (``ChannelClosed``) when the link is
+        gone and ``trio.ClosedResourceError`` when the stream already ended.
+        """
+        if msg.stream_id != self.stream_id:
+            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
+        conn = self._channel.conn
+        while not is_terminal(msg) and conn.stream_credit(self.stream_id) <= 0:
+            if self._channel.closed:
+                raise ChannelClosed(self._channel.close_reason or "link closed", "closed")
+            if conn.stream_state(self.stream_id) not in (StreamState.OPEN, StreamState.CANCELLED):
+                raise trio.ClosedResourceError(f"stream {self.stream_id} already ended")
+            await self._credit_changed.wait()
+        try:
+            await self._channel.send(msg)
+        except LocalProtocolError as exc:
+            raise trio.ClosedResourceError(exc.reason) from None
+
+
+class NodeLink:
+    """The node's connection to its edge; implements ``iopd.node.handler.StatusSink``.
+
+    Test hooks: ``connected`` (bool), ``await wait_connected()``,
+    ``await wait_disconnected()``, ``sessions`` (handshakes completed),
+    ``last_refused`` and ``last_error``.
+    """
+
+    def __init__(
+        self,
+        cfg: NodeSection,
+        handler: NodeHandler,
+        *,
+        software_version: str,
+        connect_timeout: float = 10.0,
+        handshake_timeout: float = 10.0,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.cfg = cfg
+        self.handler = handler
+        self.software_version = software_version
+        self.connect_timeout = connect_timeout
+        self.handshake_timeout = handshake_timeout
+        self.host, self.port = parse_host_port(cfg.edge)
+        self._ssl_context = client_ssl_context(cfg.tls)
+        self.backoff = Backoff(cfg.reconnect_initial_backoff, cfg.reconnect_max_backoff, rng=rng)
+        self._channel: WireChannel | None = None
+        self._senders: dict[int, _StreamSender] = {}
+        self._nursery: trio.Nursery | None = None
+        self._configs: trio.MemorySendChannel[NodeConfig] | None = None
+        self.connected = False
+        self._connected_event = trio.Event()
+        self._disconnected_event = trio.Event()
+        self._disconnected_event.set()
+        self.sessions = 0
+        self.last_refused: Refused | None = None
+        self.last_error: str | None = None
+
+    # ---------------------------------------------------------------- public
+
+    async def wait_connected(self) -> None:
+        """Wait until a session is established (returns at once if it is)."""
+        await self._connected_event.wait()
+
+    async def wait_disconnected(self) -> None:
+        """Wait until no session is established (returns at once if none is)."""
+        await self._disconnected_event.wait()
+
+    def send_status(self, msg: ProviderStatus) -> None:
+        """Queue a provider status for the edge; a no-op while disconnected."""
+        channel = self._channel
+        if self.connected and channel is not None and not channel.closed:
+            channel.post(msg)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Connect and serve forever, reconnecting with backoff; ends only when cancelled.
+
+        ``task_status.started()`` is reported at once (not after the first
+        handshake): a node with its edge down still starts.
+        """
+        task_status.started()
+        while True:
+            delay = await self._attempt()
+            log.info("reconnecting to edge %s:%d in %.2fs", self.host, self.port, delay)
+            await trio.sleep(delay)
+
+    # ---------------------------------------------------------------- one attempt
+
+    async def _attempt(self) -> float:
+        """Dial, handshake, serve until lost.  Returns the delay before the next try."""
+        try:
+            stream = await dial(
+                self.host,
+                self.port,
+                ssl_context=self._ssl_context,
+                server_hostname=self.cfg.tls.server_hostname,
+                connect_timeout=self.connect_timeout,
+            )
+        except DialError as exc:
+            self.last_error = exc.reason
+            log.warning("cannot reach edge: %s", exc.reason)
+            return self.backoff.next()
+        channel = WireChannel(
+            stream,
+            Connection(Role.NODE, max_frame_bytes=self.cfg.max_frame_bytes),
+            name=f"{self.host}:{self.port}",
+        )
+        try:
+            return await self._session(channel)
+        except ChannelClosed as exc:
+            self.last_error = exc.reason
+            if exc.kind == "protocol":
+                log.error("wire protocol error, link to edge closed: %s", exc.reason)
+            else:
+                log.warning("link to edge lost: %s", exc.reason)
+            return self.backoff.next()
+        finally:
+            with trio.CancelScope(shield=True):
+                await channel.aclose()
+            self._set_disconnected()
+
+    async def _session(self, channel: WireChannel) -> float:
+        await channel.send(
+            Hello(
+                protocol_version=PROTOCOL_VERSION,
+                node_id=self.cfg.id,
+                token=self.cfg.token,
+                software_version=self.software_version,
+            )
+        )
+        reply: Message | None = None
+        with trio.move_on_after(self.handshake_timeout):
+            reply = await channel.receive_message()
+        if reply is None:
+            self.last_error = f"edge did not answer Hello within {self.handshake_timeout:g}s"
+            log.warning("%s", self.last_error)
+            return self.backoff.next()
+        if isinstance(reply, Refused):
+            self.last_refused = reply
+            self.last_error = f"refused: {reply.code}: {reply.reason}"
+            if reply.code in ("bad_token", "unknown_node"):
+                log.error(
+                    "edge refused node %s: %s (%s); check node.id/node.token against the "
+                    "edge's nodes[] config; retrying slowly",
+                    self.cfg.id,
+                    reply.reason,
+                    reply.code,
+                )
+                return self.backoff.max_delay()
+            log.warning("edge refused node %s: %s (%s)", self.cfg.id, reply.reason, reply.code)
+            return self.backoff.next()
+        assert isinstance(reply, HelloAck)  # the connection table allows nothing else
+        self.backoff.reset()
+        await self._serve(channel, reply)
+        raise AssertionError("unreachable")  # _serve only ends by raising
+
+    async def _serve(self, channel: WireChannel, ack: HelloAck) -> None:
+        config_send, config_recv = trio.open_memory_channel[NodeConfig](MAX_PENDING_CONFIGS)
+        closed: ChannelClosed | None = None
+        async with trio.open_nursery() as nursery:
+            self._channel = channel
+            self._nursery = nursery
+            self._configs = config_send
+            self._senders = {}
+            self._set_connected(ack)
+            nursery.start_soon(self._apply_configs, channel, config_recv)
+            try:
+                await channel.serve(
+                    self._dispatch,
+                    heartbeat_interval=ack.heartbeat_interval,
+                    heartbeat_timeout=ack.heartbeat_timeout,
+                )
+            except ChannelClosed as exc:
+                closed = exc
+            finally:
+                self._set_disconnected()
+                nursery.cancel_scope.cancel()
+        raise closed or ChannelClosed("session ended", "closed")
+
+    # ---------------------------------------------------------------- session tasks
+
+    def _dispatch(self, msg: Message) -> None:
+        """Called by the reader for every edge message; never blocks."""
+        channel, nursery = self._channel, self._nursery
+        assert channel is not None and nursery is not None
+        if isinstance(msg, RunRequest | ProviderTunnelRequest):
+            sender = _StreamSender(channel, msg.stream_id)
+            self._senders[msg.stream_id] = sender
+            nursery.start_soon(self._serve_stream, channel, msg, sender)
+        elif isinstance(msg, Credit):
+            waiting = self._senders.get(msg.stream_id)
+            if waiting is not None:
+                waiting.credit_arrived()
+        elif isinstance(msg, Cancel):
+            if msg.stream_id in self._senders:
+                try:
+                    self.handler.cancel(msg.stream_id, msg.reason)
+                except Exception:
+                    log.exception("handler.cancel failed stream_id=%d", msg.stream_id)
+        elif isinstance(msg, NodeConfig):
+            assert self._configs is not None
+            try:
+                self._configs.send_nowait(msg)
+            except trio.WouldBlock:
+                raise RemoteProtocolError(
+                    f"more than {MAX_PENDING_CONFIGS} config pushes pending"
+                ) from None
+
+    async def _serve_stream(
+        self,
+        channel: WireChannel,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: _StreamSender,
+    ) -> None:
+        stream_id = req.stream_id
+        try:
+            await self.handler.serve_stream(req, sender)
+        except (ChannelClosed, trio.ClosedResourceError):
+            pass
+        except Exception:
+            log.exception("serve_stream failed stream_id=%d", stream_id)
+        finally:
+            self._senders.pop(stream_id, None)
+        if channel.conn.stream_state(stream_id) in (StreamState.OPEN, StreamState.CANCELLED):
+            # The executor ended without a terminal: close the stream for it.
+            terminal: RunEvent | ProviderTunnelFrame
+            if isinstance(req, RunRequest):
+                terminal = RunEvent(
+                    stream_id=stream_id,
+                    kind="error",
+                    code="provider_error",
+                    message="node ended the run without a result",
+                )
+            else:
+                terminal = ProviderTunnelFrame(
+                    stream_id=stream_id,
+                    kind="error",
+                    code="provider_error",
+                    message="node ended the tunnel without a result",
+                )
+            try:
+                await channel.send(terminal)
+            except (ChannelClosed, LocalProtocolError):
+                pass
+
+    async def _apply_configs(
+        self, channel: WireChannel, configs: trio.MemoryReceiveChannel[NodeConfig]
+    ) -> None:
+        first = True
+        async for cfg in configs:
+            try:
+                ack = await self.handler.on_config(cfg)
+                ack = msgspec.structs.replace(ack, stream_id=cfg.stream_id)
+            except Exception as exc:
+                log.exception("applying config version %d failed", cfg.version)
+                ack = NodeConfigAck(
+                    stream_id=cfg.stream_id,
+                    version=cfg.version,
+                    ok=False,
+                    error=f"{type(exc).__name__}: {str(exc)[:200]}",
+                )
+            try:
+                await channel.send(ack)
+                if first:
+                    first = False
+                    await channel.send(self.handler.current_status())
+            except ChannelClosed:
+                return
+            log.info("config version %d applied ok=%s", cfg.version, ack.ok)
+
+    # ---------------------------------------------------------------- state
+
+    def _set_connected(self, ack: HelloAck) -> None:
+        self.sessions += 1
+        self.connected = True
+        self.last_error = None
+        self.last_refused = None
+        self._disconnected_event = trio.Event()
+        self._connected_event.set()
+        log.info(
+            "connected to edge %s at %s:%d (heartbeat %gs/%gs)",
+            ack.edge_id,
+            self.host,
+            self.port,
+            ack.heartbeat_interval,
+            ack.heartbeat_timeout,
+        )
+
+    def _set_disconnected(self) -> None:
+        if self.connected:
+            self.connected = False
+            self._connected_event = trio.Event()
+            self._disconnected_event.set()
+        self._channel = None
+        self._nursery = None
+        self._configs = None
