@@ -1,0 +1,353 @@
+"""The node's executor: runs what the edge sends and owns every terminal message.
+
+``NodeExecutor`` implements ``iopd.node.handler.NodeHandler``.  For each
+stream it looks the provider up in the current adapter registry, runs the
+adapter inside a cancel scope registered under the stream id, turns the
+adapter's output calls into ``RunEvent`` / ``ProviderTunnelFrame`` messages,
+and always ends the stream with exactly one terminal message:
+
+==============  ==================================================
+outcome         messages sent after the adapter's output
+==============  ==================================================
+success         usage (if any usage is known), ``complete`` / ``end``
+AdapterError    usage (if any), ``error`` with the adapter's code
+``cancel()``    usage so far (if any), ``error`` code ``cancelled``
+==============  ==================================================
+
+After a ``cancel()`` the terminal is sent shielded with a short timeout (it
+may wait for credit).  A ``trio.Cancelled`` from *outside* (the link is gone,
+the daemon stops) is never swallowed: nothing more can be sent, the stream
+just ends.  A send that fails because the link broke cancels the stream's
+own scope and ends it quietly.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
+from iopd.node.handler import StreamSender
+from iopd.node.health import HealthMonitor
+from iopd.node.registry import AdapterRegistry, RegistryError
+from wire.messages import (
+    NodeConfig,
+    NodeConfigAck,
+    ProviderStatus,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    RunEvent,
+    RunRequest,
+    Usage,
+)
+
+log = logging.getLogger(__name__)
+
+#: Seconds allowed for sending the terminal messages of a cancelled stream.
+CANCEL_TERMINAL_TIMEOUT = 5.0
+
+
+def _has_usage(usage: Usage | None) -> bool:
+    return usage is not None and any(
+        v is not None
+        for v in (
+            usage.input_tokens,
+            usage.output_tokens,
+            usage.reasoning_tokens,
+            usage.cached_input_tokens,
+        )
+    )
+
+
+def _find_adapter_error(exc: BaseException) -> AdapterError | None:
+    """The AdapterError in ``exc`` (also inside an exception group), if any."""
+    if isinstance(exc, AdapterError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            found = _find_adapter_error(inner)
+            if found is not None:
+                return found
+    return None
+
+
+@dataclass
+class _Stream:
+    """One stream in flight: its cancel scope and how it is being told to stop."""
+
+    stream_id: int
+    sender: StreamSender
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+    link_gone: bool = False
+
+    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Send an output message; a broken link ends the stream's work."""
+        try:
+            await self.sender.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.link_gone = True
+            self.scope.cancel()
+            await trio.lowlevel.checkpoint()  # raises Cancelled for our own scope
+            raise  # pragma: no cover - unreachable: the scope is cancelled
+
+    async def send_terminal(self, *msgs: RunEvent | ProviderTunnelFrame) -> None:
+        """Send the closing messages; a broken link is not an error here."""
+        if self.link_gone:
+            return
+        try:
+            for msg in msgs:
+                await self.sender.send(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.link_gone = True
+
+
+class _WireRunOutput(RunOutput):
+    def __init__(self, stream: _Stream) -> None:
+        super().__init__()
+        self._stream = stream
+
+    async def text(self, delta: str) -> None:
+        await self._stream.send(RunEvent(stream_id=self._stream.stream_id, kind="text", text=delta))
+
+    async def reasoning(self, delta: str) -> None:
+        await self._stream.send(
+            RunEvent(stream_id=self._stream.stream_id, kind="reasoning", text=delta)
+        )
+
+    async def tool_call(self, call: dict[str, Any]) -> None:
+        await self._stream.send(
+            RunEvent(stream_id=self._stream.stream_id, kind="tool_call", tool_call=call)
+        )
+
+
+class _WireTunnelOutput(TunnelOutput):
+    def __init__(self, stream: _Stream) -> None:
+        super().__init__()
+        self._stream = stream
+        self.head_sent = False
+
+    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self.head_sent = True
+        await self._stream.send(
+            ProviderTunnelFrame(
+                stream_id=self._stream.stream_id, kind="head", status=status, headers=headers
+            )
+        )
+
+    async def body(self, data: bytes) -> None:
+        if data:
+            await self._stream.send(
+                ProviderTunnelFrame(stream_id=self._stream.stream_id, kind="body", data=data)
+            )
+
+
+class NodeExecutor:
+    """Runs streams on the current adapter registry (``NodeHandler``)."""
+
+    def __init__(self, *, health: HealthMonitor | None = None) -> None:
+        self.registry: AdapterRegistry | None = None
+        self.health = health if health is not None else HealthMonitor()
+        self.draining = False
+        self._streams: dict[int, _Stream] = {}
+        self._idle = trio.Event()
+        self._idle.set()
+        self._config_lock = trio.Lock()
+
+    # ------------------------------------------------------------ config
+
+    async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
+        """Build a registry for ``msg`` and swap it in; the old one drains, then closes."""
+        async with self._config_lock:
+            current = self.registry
+            if (
+                current is not None
+                and current.version == msg.version
+                and current.specs == list(msg.providers)
+            ):
+                return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+            try:
+                new = AdapterRegistry.build(msg.providers, version=msg.version)
+            except RegistryError as exc:
+                log.warning("event=node_config_rejected version=%d reason=%r", msg.version, str(exc))
+                return NodeConfigAck(
+                    stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
+                )
+            self.registry = new
+            self.health.set_registry(new)
+            log.info(
+                "event=node_config_applied version=%d providers=%s",
+                msg.version,
+                ",".join(new.adapters) or "-",
+            )
+            if current is not None:
+                await current.retire()
+            return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+
+    def current_status(self) -> ProviderStatus:
+        """Health of every provider (``unknown`` before its first probe)."""
+        return self.health.current_status()
+
+    # ------------------------------------------------------------ streams
+
+    @property
+    def active_streams(self) -> int:
+        return len(self._streams)
+
+    def cancel(self, stream_id: int, reason: str) -> None:
+        """Stop stream ``stream_id`` at once; it still sends its terminal ``cancelled``."""
+        stream = self._streams.get(stream_id)
+        if stream is not None and stream.cancel_reason is None:
+            stream.cancel_reason = reason or "cancelled"
+            stream.scope.cancel()
+
+    def cancel_all(self, reason: str) -> None:
+        """Cancel every stream in flight (drain deadline)."""
+        for stream_id in list(self._streams):
+            self.cancel(stream_id, reason)
+
+    def begin_drain(self) -> None:
+        """Take no new streams from now on (in-flight ones continue)."""
+        self.draining = True
+
+    async def wait_idle(self) -> None:
+        """Wait until no stream is in flight."""
+        while self._streams:
+            await self._idle.wait()
+
+    async def serve_stream(
+        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+    ) -> None:
+        """Run one request to completion, sending every reply incl. exactly one terminal."""
+        stream = _Stream(req.stream_id, sender)
+        tunnel = isinstance(req, ProviderTunnelRequest)
+        registry = self.registry
+        adapter = registry.get(req.provider_id) if registry is not None else None
+        if self.draining or registry is None or adapter is None:
+            code = "provider_error" if self.draining else "bad_request"
+            message = (
+                "node is shutting down"
+                if self.draining
+                else f"unknown provider {req.provider_id!r} on this node"
+            )
+            await stream.send_terminal(self._error(req, code, message))
+            return
+        self._streams[req.stream_id] = stream
+        self._idle = trio.Event()
+        start = trio.current_time()
+        try:
+            async with registry.use():
+                if isinstance(req, ProviderTunnelRequest):
+                    await self._tunnel(adapter, req, stream)
+                else:
+                    await self._run(adapter, req, stream)
+        finally:
+            if self._streams.get(req.stream_id) is stream:
+                del self._streams[req.stream_id]
+            if not self._streams:
+                self._idle.set()
+            log.debug(
+                "event=stream_end stream=%d provider=%s path=%s ms=%d",
+                req.stream_id,
+                req.provider_id,
+                "tunnel" if tunnel else "run",
+                int((trio.current_time() - start) * 1000),
+            )
+
+    @staticmethod
+    def _error(
+        req: RunRequest | ProviderTunnelRequest, code: str, message: str
+    ) -> RunEvent | ProviderTunnelFrame:
+        if isinstance(req, ProviderTunnelRequest):
+            return ProviderTunnelFrame(
+                stream_id=req.stream_id, kind="error", code=code, message=message
+            )
+        return RunEvent(stream_id=req.stream_id, kind="error", code=code, message=message)
+
+    async def _execute(self, stream: _Stream, work: Any, provider_id: str) -> AdapterError | None:
+        """Run ``work()`` in the stream's scope; the failure to report, if any."""
+        error: AdapterError | None = None
+        with stream.scope:
+            try:
+                await work()
+            except Exception as exc:
+                error = _find_adapter_error(exc)
+                if error is None:
+                    log.warning(
+                        "event=adapter_crashed provider=%s error=%s",
+                        provider_id,
+                        type(exc).__name__,
+                    )
+                    error = AdapterError("provider_error", "internal error in the node adapter")
+        if error is not None and error.code != "bad_request":
+            log.info(
+                "event=provider_error provider=%s code=%s message=%r",
+                provider_id,
+                error.code,
+                error.message,
+            )
+        return error
+
+    async def _run(self, adapter: Adapter, req: RunRequest, stream: _Stream) -> None:
+        out = _WireRunOutput(stream)
+        error = await self._execute(stream, lambda: adapter.run(req, out), req.provider_id)
+        if stream.link_gone:
+            return
+        sid = req.stream_id
+        usage = [RunEvent(stream_id=sid, kind="usage", usage=out.usage)] if _has_usage(out.usage) else []
+        if stream.cancel_reason is not None:
+            with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
+                await stream.send_terminal(
+                    *usage,
+                    RunEvent(stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason),
+                )
+        elif error is not None:
+            await stream.send_terminal(
+                *usage, RunEvent(stream_id=sid, kind="error", code=error.code, message=error.message)
+            )
+        else:
+            await stream.send_terminal(
+                *usage,
+                RunEvent(stream_id=sid, kind="complete", finish_reason=out.finish_reason or "stop"),
+            )
+
+    async def _tunnel(self, adapter: Adapter, req: ProviderTunnelRequest, stream: _Stream) -> None:
+        out = _WireTunnelOutput(stream)
+        error = await self._execute(stream, lambda: adapter.tunnel(req, out), req.provider_id)
+        if stream.link_gone:
+            return
+        sid = req.stream_id
+        usage: list[ProviderTunnelFrame] = []
+        if _has_usage(out.usage) or out.reasoning_chars:
+            usage.append(
+                ProviderTunnelFrame(
+                    stream_id=sid,
+                    kind="usage",
+                    body_usage=out.usage if _has_usage(out.usage) else None,
+                    reasoning_chars=out.reasoning_chars,
+                )
+            )
+        if stream.cancel_reason is not None:
+            with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
+                await stream.send_terminal(
+                    *usage,
+                    ProviderTunnelFrame(
+                        stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason
+                    ),
+                )
+        elif error is not None:
+            await stream.send_terminal(
+                *usage,
+                ProviderTunnelFrame(stream_id=sid, kind="error", code=error.code, message=error.message),
+            )
+        elif not out.head_sent:
+            await stream.send_terminal(
+                ProviderTunnelFrame(
+                    stream_id=sid, kind="error", code="provider_error", message="no response head"
+                )
+            )
+        else:
+            await stream.send_terminal(*usage, ProviderTunnelFrame(stream_id=sid, kind="end"))

@@ -1,0 +1,113 @@
+"""Active health probes of the node's providers (SPEC §7).
+
+One probe loop per provider of the *current* registry, every
+``health_interval`` seconds (``Adapter.probe``: openai ``GET /v1/models``,
+ollama ``GET /api/tags``, cli ``health_command``, echo always healthy).
+Health is ``unknown`` until the first probe answers.  When a provider's
+health or last error changes, a ``ProviderStatus`` with just that provider
+goes to the ``StatusSink`` (the wire link); ``current_status()`` gives all of
+them (sent by the link after every reconnect).
+
+When the registry is swapped the probe loops restart on the new adapters;
+a provider whose spec did not change keeps its last known health.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import trio
+
+from iopd.node.adapters.base import Adapter
+from iopd.node.handler import StatusSink
+from iopd.node.registry import AdapterRegistry
+from wire.messages import Health, ProviderHealth, ProviderStatus
+
+log = logging.getLogger(__name__)
+
+#: Shortest interval between probes of one provider, whatever the config says.
+MIN_INTERVAL = 0.5
+
+
+class HealthMonitor:
+    """Probes the providers of the registry it was last given."""
+
+    def __init__(self) -> None:
+        self._registry: AdapterRegistry | None = None
+        self._health: dict[str, ProviderHealth] = {}
+        self._swapped = trio.Event()
+
+    def set_registry(self, registry: AdapterRegistry) -> None:
+        """Follow ``registry`` from now on (probe loops restart)."""
+        previous = self._registry
+        kept: dict[str, ProviderHealth] = {}
+        for provider_id, adapter in registry.adapters.items():
+            old_adapter = previous.get(provider_id) if previous is not None else None
+            old_health = self._health.get(provider_id)
+            if old_adapter is not None and old_health is not None and old_adapter.spec == adapter.spec:
+                kept[provider_id] = old_health
+            else:
+                kept[provider_id] = ProviderHealth(provider_id=provider_id)
+        self._health = kept
+        self._registry = registry
+        self._swapped.set()
+        self._swapped = trio.Event()
+
+    def current_status(self) -> ProviderStatus:
+        """Health of every provider of the current registry."""
+        return ProviderStatus(
+            providers=[
+                ProviderHealth(provider_id=h.provider_id, health=h.health, last_error=h.last_error)
+                for h in self._health.values()
+            ]
+        )
+
+    def health_of(self, provider_id: str) -> Health:
+        entry = self._health.get(provider_id)
+        return entry.health if entry is not None else "unknown"
+
+    async def run(self, sink: StatusSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Probe forever, reporting changes to ``sink``."""
+        task_status.started()
+        while True:
+            registry, swapped = self._registry, self._swapped
+            async with trio.open_nursery() as nursery:
+                if registry is not None:
+                    for adapter in registry.adapters.values():
+                        nursery.start_soon(self._probe_loop, adapter, sink)
+                await swapped.wait()
+                nursery.cancel_scope.cancel()
+
+    async def probe_once(self, adapter: Adapter) -> tuple[Health, str]:
+        """One probe; a probe that raises counts as unhealthy (never propagates)."""
+        try:
+            return await adapter.probe()
+        except Exception as exc:
+            return "unhealthy", f"probe failed: {type(exc).__name__}"
+
+    async def _probe_loop(self, adapter: Adapter, sink: StatusSink) -> None:
+        provider_id = adapter.spec.id
+        while True:
+            health, last_error = await self.probe_once(adapter)
+            entry = self._health.get(provider_id)
+            if entry is None:  # pragma: no cover - swapped away under us
+                return
+            if (entry.health, entry.last_error) != (health, last_error):
+                entry.health, entry.last_error = health, last_error
+                log.info(
+                    "event=provider_health provider=%s health=%s last_error=%r",
+                    provider_id,
+                    health,
+                    last_error,
+                )
+                sink.send_status(
+                    ProviderStatus(
+                        providers=[
+                            ProviderHealth(
+                                provider_id=provider_id, health=health, last_error=last_error
+                            )
+                        ]
+                    )
+                )
+            await trio.sleep(max(MIN_INTERVAL, adapter.spec.health_interval))
