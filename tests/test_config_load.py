@@ -323,3 +323,28 @@ def test_node_config_defaults() -> None:
     cfg = parse_node_config("node: {id: n, edge: 'edge.local:7070', token: t}", env={})
     assert cfg.node.reconnect_max_backoff == 30.0
     assert cfg.node.tls.ca is None
+
+
+@pytest.mark.parametrize(
+    ("snippet", "expected"),
+    [
+        ("  id: 2024-01-01", "edge.id: expected a string, got date"),
+        ("  id: !!binary aGVsbG8=", "edge.id: expected a string, got bytes"),
+        ("  tls: !!set {a, b}", "edge.tls: expected a mapping, got set"),
+    ],
+)
+def test_yaml_tags_become_type_errors(snippet: str, expected: str) -> None:
+    text = "edge:\n  node_listen: 127.0.0.1:1\n  admin_listen: 127.0.0.1:2\n" + snippet + "\n"
+    if "id:" not in snippet:
+        text += "  id: e\n"
+    assert expected in errors(text)
+
+
+def test_unsafe_yaml_tags_are_rejected() -> None:
+    (err,) = errors("edge: !!python/object/apply:os.system ['true']\n")
+    assert err.startswith("(document): YAML syntax error")
+
+
+def test_deeply_nested_yaml_is_an_error() -> None:
+    (err,) = errors("edge: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert err.startswith("(document): ")
