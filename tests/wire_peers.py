@@ -1,0 +1,340 @@
+"""Scripted wire peers over the real transport, for tests of either daemon.
+
+* ``FakeNode`` — dials a real edge wire listener (e.g. ``serve_wire`` running
+  ``NodeHub.handle_connection``), handshakes, acks the pushed ``NodeConfig``,
+  and then lets the test read what the edge sends and reply by hand, or
+  answers every request with a ``responder`` script::
+
+      async with FakeNode.connect(host, port, node_id="node-a", token="tok") as node:
+          req = await node.receive(RunRequest)
+          await node.send(RunEvent(stream_id=req.stream_id, kind="complete"))
+
+      # or fully scripted:
+      def script(req):  # -> the replies to send, terminal last
+          return [RunEvent(stream_id=req.stream_id, kind="text", text="hi"),
+                  RunEvent(stream_id=req.stream_id, kind="complete")]
+      async with FakeNode.connect(host, port, node_id="node-a", token="tok",
+                                  responder=script) as node: ...
+
+* ``FakeEdge`` — a wire listener on port 0 playing the edge for ``NodeLink``
+  tests: it accepts ``Hello`` (optionally checking the token), answers
+  ``HelloAck`` (or a scripted ``Refused``), pushes a ``NodeConfig`` and waits
+  for the ack; then the test sends ``RunRequest``/``Cancel``/``Credit`` and
+  reads the replies::
+
+      async with FakeEdge.serve() as edge:      # edge.host, edge.port
+          ...start a NodeLink dialing edge.address...
+          session = await edge.accept()         # handshake + config done
+          sid = session.next_stream_id()
+          await session.send(RunRequest(stream_id=sid, provider_id="p", adapter="echo", target="m"))
+          reply = await session.receive(RunEvent)
+
+Both use the real ``Connection`` and ``WireChannel``, so protocol violations are
+caught on the fake side too; ``send_raw`` bypasses that for bad-peer tests.
+Heartbeats are answered automatically.  Every read waits at most
+``timeout`` seconds (default 10) so a broken test fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+import ssl
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import TypeVar
+
+import trio
+
+from iopd.transport.channel import ChannelClosed, WireChannel
+from iopd.transport.dial import dial
+from iopd.transport.listen import serve_wire
+from wire.connection import Connection, Role
+from wire.messages import (
+    PROTOCOL_VERSION,
+    Hello,
+    HelloAck,
+    Message,
+    NodeConfig,
+    NodeConfigAck,
+    ProviderStatus,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    Refused,
+    RunEvent,
+    RunRequest,
+)
+
+M = TypeVar("M")
+INBOX_SIZE = 10_000
+Responder = Callable[[RunRequest | ProviderTunnelRequest], Sequence[RunEvent | ProviderTunnelFrame]]
+
+
+class _Peer:
+    """What FakeNode and FakeEdgeSession share: an inbox fed by the channel's reader."""
+
+    def __init__(self, channel: WireChannel, *, timeout: float) -> None:
+        self.channel = channel
+        self.timeout = timeout
+        self.received: list[Message] = []  # everything but heartbeats, in order
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message](INBOX_SIZE)
+        self.closed_reason: str | None = None
+        self.closed = trio.Event()
+
+    async def send(self, msg: Message) -> None:
+        """Send one message through the real connection (legality checked)."""
+        await self.channel.send(msg)
+
+    async def send_raw(self, data: bytes) -> None:
+        """Write raw bytes to the stream, bypassing the protocol checks."""
+        await self.channel.stream.send_all(data)
+
+    async def receive(self, kind: type[M] | None = None) -> M:
+        """The next message from the peer (of type ``kind``, skipping others)."""
+        with trio.fail_after(self.timeout):
+            while True:
+                msg = await self._inbox.receive()
+                if kind is None or isinstance(msg, kind):
+                    return msg  # type: ignore[return-value]
+
+    def _store(self, msg: Message) -> None:
+        self.received.append(msg)
+        self._inbox_send.send_nowait(msg)
+
+    async def _serve(
+        self, dispatch: Callable[[Message], None], interval: float, timeout: float
+    ) -> None:
+        try:
+            await self.channel.serve(
+                dispatch, heartbeat_interval=interval, heartbeat_timeout=timeout
+            )
+        except ChannelClosed as exc:
+            self.closed_reason = exc.reason
+        finally:
+            self._inbox_send.close()
+            self.closed.set()
+
+    async def wait_closed(self) -> str | None:
+        """Wait until the connection is gone; return the reason."""
+        with trio.fail_after(self.timeout):
+            await self.closed.wait()
+        return self.closed_reason
+
+    async def aclose(self) -> None:
+        """Close the connection now."""
+        await self.channel.aclose("test closed it")
+
+
+class FakeNode(_Peer):
+    """A scripted node over the real transport.  See the module docstring."""
+
+    hello_reply: HelloAck | Refused
+    config: NodeConfig | None = None
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(
+        cls,
+        host: str,
+        port: int,
+        *,
+        node_id: str,
+        token: str,
+        protocol_version: int = PROTOCOL_VERSION,
+        ack_config: bool = True,
+        config_ok: bool = True,
+        responder: Responder | None = None,
+        status: ProviderStatus | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        timeout: float = 10.0,
+    ) -> AsyncIterator[FakeNode]:
+        """Dial, handshake, and serve in the background until the block ends.
+
+        ``node.hello_reply`` is the edge's HelloAck or Refused (after Refused the
+        node is closed).  With ``ack_config`` every NodeConfig is acked
+        (``ok=config_ok``) automatically; ``status`` is sent after the first ack.
+        """
+        stream = await dial(
+            host,
+            port,
+            ssl_context=ssl_context,
+            server_hostname=server_hostname,
+            connect_timeout=timeout,
+        )
+        channel = WireChannel(stream, Connection(Role.NODE), name="fake-node")
+        node = cls(channel, timeout=timeout)
+        node._ack_config, node._config_ok, node._responder = ack_config, config_ok, responder
+        node._status = status
+        try:
+            with trio.fail_after(timeout):
+                await channel.send(
+                    Hello(protocol_version=protocol_version, node_id=node_id, token=token)
+                )
+                reply = await channel.receive_message()
+            assert isinstance(reply, HelloAck | Refused)
+            node.hello_reply = reply
+            if isinstance(reply, Refused):
+                node.closed.set()
+                yield node
+                return
+            async with trio.open_nursery() as nursery:
+                node._nursery = nursery
+                nursery.start_soon(
+                    node._serve, node._dispatch, reply.heartbeat_interval, reply.heartbeat_timeout
+                )
+                yield node
+                nursery.cancel_scope.cancel()
+        finally:
+            await channel.aclose()
+
+    _ack_config: bool
+    _config_ok: bool
+    _responder: Responder | None
+    _status: ProviderStatus | None
+    _nursery: trio.Nursery
+
+    def _dispatch(self, msg: Message) -> None:
+        if isinstance(msg, NodeConfig) and self._ack_config:
+            first = self.config is None
+            self.config = msg
+            self.received.append(msg)
+            self.channel.post(
+                NodeConfigAck(stream_id=msg.stream_id, version=msg.version, ok=self._config_ok)
+            )
+            if first and self._status is not None:
+                self.channel.post(self._status)
+            return
+        if isinstance(msg, RunRequest | ProviderTunnelRequest) and self._responder is not None:
+            self.received.append(msg)
+            for reply in self._responder(msg):
+                self.channel.post(reply)
+            return
+        self._store(msg)
+
+
+class FakeEdgeSession(_Peer):
+    """One node connection accepted by ``FakeEdge``, after handshake and config."""
+
+    hello: Hello
+    config_ack: NodeConfigAck | None = None
+    _last_stream_id: int = 0
+
+    def next_stream_id(self) -> int:
+        """A fresh stream id for the next request the test sends."""
+        self._last_stream_id = max(self._last_stream_id, self.channel.conn.last_stream_id) + 1
+        return self._last_stream_id
+
+    def _dispatch(self, msg: Message) -> None:
+        self._store(msg)
+
+
+class FakeEdge:
+    """A wire listener playing the edge.  See the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        token: str | None,
+        node_config: NodeConfig | None,
+        refuse: Refused | None,
+        heartbeat_interval: float,
+        heartbeat_timeout: float,
+        timeout: float,
+    ) -> None:
+        self.token_hash = hashlib.sha256(token.encode()).hexdigest() if token else None
+        self.node_config = node_config
+        self.refuse = refuse
+        self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_timeout = heartbeat_timeout
+        self.timeout = timeout
+        self.host = ""
+        self.port = 0
+        self.hellos: list[Hello] = []  # every Hello seen, accepted or not
+        self._accepted_send, self._accepted = trio.open_memory_channel[FakeEdgeSession](100)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` for a node config's ``edge`` key."""
+        return f"{self.host}:{self.port}"
+
+    @classmethod
+    @asynccontextmanager
+    async def serve(
+        cls,
+        *,
+        token: str | None = None,
+        node_config: NodeConfig | None = None,
+        refuse: Refused | None = None,
+        heartbeat_interval: float = 5.0,
+        heartbeat_timeout: float = 15.0,
+        ssl_context: ssl.SSLContext | None = None,
+        timeout: float = 10.0,
+    ) -> AsyncIterator[FakeEdge]:
+        """Listen on 127.0.0.1 port 0 until the block ends.
+
+        ``token``: when set, a Hello with another token is refused (bad_token).
+        ``node_config``: pushed after HelloAck (default: an empty config,
+        version 1); ``refuse``: answer every Hello with this instead.
+        """
+        edge = cls(
+            token=token,
+            node_config=node_config or NodeConfig(stream_id=1, version=1),
+            refuse=refuse,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            timeout=timeout,
+        )
+        async with trio.open_nursery() as nursery:
+            edge.host, edge.port = await nursery.start(
+                functools.partial(serve_wire, ssl_context=ssl_context), edge._handle, "127.0.0.1", 0
+            )
+            yield edge
+            nursery.cancel_scope.cancel()
+
+    async def accept(self) -> FakeEdgeSession:
+        """The next node connection that completed the handshake and config push."""
+        with trio.fail_after(self.timeout):
+            return await self._accepted.receive()
+
+    async def _handle(self, stream: trio.abc.Stream) -> None:
+        channel = WireChannel(stream, Connection(Role.EDGE), name="fake-edge")
+        session = FakeEdgeSession(channel, timeout=self.timeout)
+        try:
+            hello = await channel.receive_message()
+        except ChannelClosed:
+            return
+        assert isinstance(hello, Hello)
+        self.hellos.append(hello)
+        session.hello = hello
+        refusal = self.refuse
+        if refusal is None and self.token_hash is not None:
+            presented = hashlib.sha256(hello.token.encode()).hexdigest()
+            if not hmac.compare_digest(presented, self.token_hash):
+                refusal = Refused(reason="invalid node token", code="bad_token")
+        if refusal is not None:
+            await channel.send(refusal)
+            await channel.aclose()
+            return
+        await channel.send(
+            HelloAck(
+                edge_id="fake-edge",
+                heartbeat_interval=self.heartbeat_interval,
+                heartbeat_timeout=self.heartbeat_timeout,
+            )
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                session._serve, session._dispatch, self.heartbeat_interval, self.heartbeat_timeout
+            )
+            if self.node_config is not None:
+                await channel.send(self.node_config)
+                try:
+                    session.config_ack = await session.receive(NodeConfigAck)
+                except (trio.EndOfChannel, trio.TooSlowError):
+                    return
+            self._accepted_send.send_nowait(session)
+
+
+__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode"]
