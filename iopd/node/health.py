@@ -27,7 +27,7 @@ from wire.messages import Health, ProviderHealth, ProviderStatus
 log = logging.getLogger(__name__)
 
 #: Shortest interval between probes of one provider, whatever the config says.
-MIN_INTERVAL = 0.5
+MIN_INTERVAL = 0.05
 
 
 class HealthMonitor:
