@@ -46,9 +46,10 @@ from contextlib import asynccontextmanager
 from typing import TypeVar
 
 import trio
+import trio.testing
 
 from iopd.transport.channel import ChannelClosed, WireChannel
-from iopd.transport.dial import dial
+from iopd.transport.dial import DialError, dial
 from iopd.transport.listen import serve_wire
 from wire.connection import Connection, Role
 from wire.messages import (
@@ -252,6 +253,7 @@ class FakeEdge:
         self.host = ""
         self.port = 0
         self.hellos: list[Hello] = []  # every Hello seen, accepted or not
+        self.dial_times: list[float] = []  # in_memory only
         self._accepted_send, self._accepted = trio.open_memory_channel[FakeEdgeSession](100)
 
     @property
@@ -293,6 +295,62 @@ class FakeEdge:
             yield edge
             nursery.cancel_scope.cancel()
 
+    @classmethod
+    @asynccontextmanager
+    async def in_memory(
+        cls,
+        *,
+        token: str | None = None,
+        node_config: NodeConfig | None = None,
+        refuse: Refused | None = None,
+        heartbeat_interval: float = 5.0,
+        heartbeat_timeout: float = 15.0,
+        silent: bool = False,
+        timeout: float = 10.0,
+    ) -> AsyncIterator[FakeEdge]:
+        """Like ``serve`` but without sockets, for ``autojump_clock`` tests.
+
+        ``edge.dial`` is a drop-in replacement for ``iopd.transport.dial.dial``
+        (monkeypatch it where the code under test imported it): each call
+        records ``trio.current_time()`` in ``edge.dial_times`` and returns one
+        end of an in-memory stream pair, or raises ``DialError`` while
+        ``edge.down`` is true.  ``silent``: after the config ack the edge
+        neither reads nor writes (a hung peer).
+        """
+        edge = cls(
+            token=token,
+            node_config=node_config or NodeConfig(stream_id=1, version=1),
+            refuse=refuse,
+            heartbeat_interval=heartbeat_interval,
+            heartbeat_timeout=heartbeat_timeout,
+            timeout=timeout,
+        )
+        edge.silent = silent
+        async with trio.open_nursery() as nursery:
+            edge._nursery = nursery
+            yield edge
+            nursery.cancel_scope.cancel()
+
+    silent: bool = False
+    down: bool = False
+    _nursery: trio.Nursery | None = None
+
+    async def dial(self, host: str, port: int, **_kwargs: object) -> trio.abc.Stream:
+        """In-memory ``dial`` (see ``in_memory``)."""
+        self.dial_times.append(trio.current_time())
+        if self.down:
+            raise DialError("fake edge is down", "broken")
+        assert self._nursery is not None, "dial() needs FakeEdge.in_memory()"
+        client, server = trio.testing.memory_stream_pair()
+        self._nursery.start_soon(self._handle_and_close, server)
+        return client
+
+    async def _handle_and_close(self, stream: trio.abc.Stream) -> None:
+        try:
+            await self._handle(stream)
+        finally:
+            await trio.aclose_forcefully(stream)
+
     async def accept(self) -> FakeEdgeSession:
         """The next node connection that completed the handshake and config push."""
         with trio.fail_after(self.timeout):
@@ -324,6 +382,10 @@ class FakeEdge:
                 heartbeat_timeout=self.heartbeat_timeout,
             )
         )
+        if self.silent:
+            if self.node_config is not None:
+                await channel.send(self.node_config)
+            await trio.sleep_forever()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(
                 session._serve, session._dispatch, self.heartbeat_interval, self.heartbeat_timeout
