@@ -14,7 +14,7 @@ import iopd.node.link as link_mod
 from iopd.config.schema import NodeSection
 from iopd.node.handler import StreamSender
 from iopd.node.link import NodeLink, parse_host_port
-from tests.wire_peers import FakeEdge, FakeEdgeSession
+from tests.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
     Credit,
@@ -237,8 +237,7 @@ async def test_reconnect_with_backoff(autojump_clock: trio.testing.MockClock) ->
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(link.run)
-                while len(edge.dial_times) < 6:
-                    await trio.sleep(0.1)
+                await wait_until(lambda: len(edge.dial_times) >= 6, poll=0.1, timeout=500)
                 edge.down = False
                 session = await edge.accept()
                 gaps = [b - a for a, b in zip(edge.dial_times, edge.dial_times[1:], strict=False)]
@@ -268,8 +267,7 @@ async def test_refused_bad_token_retries_at_max_backoff(
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(link.run)
-                while len(edge.hellos) < 3:
-                    await trio.sleep(0.1)
+                await wait_until(lambda: len(edge.hellos) >= 3, poll=0.1, timeout=500)
                 nursery.cancel_scope.cancel()
     gaps = [b - a for a, b in zip(edge.dial_times, edge.dial_times[1:], strict=False)]
     assert gaps[:2] == pytest.approx([8.0, 8.0])
@@ -312,8 +310,7 @@ async def test_heartbeat_timeout_detects_silent_edge(
                 up_at = trio.current_time()
                 await link.wait_disconnected()
                 assert trio.current_time() - up_at == pytest.approx(6.0, abs=0.01)
-                while len(edge.dial_times) < 2:  # it redials
-                    await trio.sleep(0.1)
+                await wait_until(lambda: len(edge.dial_times) >= 2, poll=0.1, timeout=500)
                 nursery.cancel_scope.cancel()
     assert "heartbeat timeout" in caplog.text
 
@@ -333,8 +330,7 @@ async def test_refused_other_code_uses_normal_backoff(
             )
             async with trio.open_nursery() as nursery:
                 await nursery.start(link.run)
-                while len(edge.hellos) < 3:
-                    await trio.sleep(0.1)
+                await wait_until(lambda: len(edge.hellos) >= 3, poll=0.1, timeout=500)
                 nursery.cancel_scope.cancel()
     gaps = [b - a for a, b in zip(edge.dial_times, edge.dial_times[1:], strict=False)]
     assert gaps[:2] == pytest.approx([1.0, 2.0])

@@ -21,7 +21,7 @@ from iopd.config.schema import NodeEntry
 from iopd.edge.nodes import NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
-from tests.wire_peers import FakeNode
+from tests.wire_peers import FakeNode, wait_until
 from wire.connection import Connection, Role
 from wire.framing import encode_frame
 from wire.messages import (
@@ -93,12 +93,6 @@ async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, R
         nursery.cancel_scope.cancel()
 
 
-async def wait_for(predicate: object, what: str = "condition") -> None:
-    with trio.fail_after(5):
-        while not predicate():  # type: ignore[operator]
-            await trio.sleep(0.001)
-
-
 def run_req(window: int = 64) -> RunRequest:
     return RunRequest(stream_id=0, provider_id="echo-1", adapter="echo", target="m", window=window)
 
@@ -114,14 +108,14 @@ async def test_connect_pushes_config_then_announces() -> None:
             ) as node:
                 assert isinstance(node.hello_reply, HelloAck)
                 assert node.hello_reply.edge_id == "edge-1"
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 assert node.config is not None and node.config.version == 7
                 assert node.config.stream_id >= 1  # assigned by the hub
                 assert rec.events == [("connect", "node-a")]
                 since = hub.connected_since("node-a")
                 assert since is not None and since > 1e9  # wall clock epoch
                 assert hub.connected_node_ids() == ["node-a"]
-            await wait_for(lambda: rec.events[-1] == ("disconnect", "node-a"))
+            await wait_until(lambda: rec.events[-1] == ("disconnect", "node-a"))
             assert hub.session("node-a") is None and hub.connected_since("node-a") is None
 
 
@@ -207,10 +201,10 @@ async def test_heartbeat_timeout_detects_silent_node(
         async with trio.open_nursery() as nursery:
             nursery.start_soon(hub.handle_connection, server)
             await raw.handshake()
-            await wait_for(lambda: ("connect", "node-a") in rec.events)
+            await wait_until(lambda: ("connect", "node-a") in rec.events)
             connected_at = trio.current_time()
             # The node stays silent (reads nothing, sends nothing) from here on.
-            await wait_for_virtual(lambda: ("disconnect", "node-a") in rec.events)
+            await wait_until(lambda: ("disconnect", "node-a") in rec.events, poll=0.5, timeout=100)
             assert trio.current_time() - connected_at == pytest.approx(15.0, abs=0.01)
     assert hub.session("node-a") is None
 
@@ -235,11 +229,6 @@ async def test_heartbeats_keep_a_live_node(autojump_clock: trio.testing.MockCloc
             assert hub.session("node-a") is not None
             assert rec.events == [("connect", "node-a")]
             nursery.cancel_scope.cancel()
-
-
-async def wait_for_virtual(predicate: object) -> None:
-    while not predicate():  # type: ignore[operator]
-        await trio.sleep(0.5)
 
 
 # ------------------------------------------------------------------ bad input
@@ -272,7 +261,7 @@ async def test_bad_input_closes_only_that_connection(
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as good:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 bad = await trio.open_tcp_stream("127.0.0.1", port)
                 await bad.send_all(_bad_inputs()[case])
                 if case == "truncated":
@@ -281,7 +270,7 @@ async def test_bad_input_closes_only_that_connection(
                 while await bad.receive_some(1000):
                     pass
                 await bad.aclose()
-                await wait_for(lambda: len(rec.protocol_errors) == 1)
+                await wait_until(lambda: len(rec.protocol_errors) == 1)
                 # the good node is unaffected and still serves
                 async with hub.session("node-a").open_stream(run_req()) as replies:  # type: ignore[union-attr]
                     req = await good.receive(RunRequest)
@@ -300,7 +289,7 @@ async def test_new_session_replaces_old() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as first:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 old_session = hub.session("node-a")
                 assert old_session is not None
                 async with old_session.open_stream(run_req()) as replies:
@@ -310,7 +299,7 @@ async def test_new_session_replaces_old() -> None:
                     ):
                         with pytest.raises(NodeDispatchError, match="node node-a disconnected"):
                             await replies.__anext__()
-                        await wait_for(lambda: rec.events.count(("connect", "node-a")) == 2)
+                        await wait_until(lambda: rec.events.count(("connect", "node-a")) == 2)
                         new_session = hub.session("node-a")
                         assert new_session is not None and new_session is not old_session
                         assert rec.events == [
@@ -331,8 +320,8 @@ async def test_run_stream_round_trip_and_status() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"], status=status
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
-                await wait_for(lambda: rec.statuses == [("node-a", status)])
+                await wait_until(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: rec.statuses == [("node-a", status)])
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req()) as replies:
@@ -371,7 +360,7 @@ async def test_tunnel_stream_scripted_node() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"], responder=script
             ):
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 req = ProviderTunnelRequest(
                     stream_id=0, provider_id="p", method="POST", path="/v1/x"
                 )
@@ -386,20 +375,20 @@ async def test_node_disconnect_mid_stream_fails_at_once() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req()) as replies:
                     req = await node.receive(RunRequest)
                     await node.send(RunEvent(stream_id=req.stream_id, kind="text", text="x"))
                     await node.send(RunEvent(stream_id=req.stream_id, kind="text", text="y"))
-                    await wait_for(lambda: replies.buffered() == 2)  # type: ignore[attr-defined]
+                    await wait_until(lambda: replies.buffered() == 2)  # type: ignore[attr-defined]
                     await node.aclose()
                     with pytest.raises(NodeDispatchError, match="node node-a disconnected"):
                         # frames are still buffered, the error comes first anyway
-                        await wait_for(lambda: not session.alive)
+                        await wait_until(lambda: not session.alive)
                         await replies.__anext__()
-                await wait_for(lambda: ("disconnect", "node-a") in rec.events)
+                await wait_until(lambda: ("disconnect", "node-a") in rec.events)
 
 
 async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> None:
@@ -408,7 +397,7 @@ async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> Non
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req(window=4)) as replies:
@@ -435,7 +424,7 @@ async def test_cancelled_consumer_sends_cancel() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 with trio.move_on_after(0.05):  # e.g. the HTTP caller went away
@@ -453,7 +442,7 @@ async def test_credit_returned_as_consumer_reads() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req(window=window)) as replies:
@@ -463,12 +452,12 @@ async def test_credit_returned_as_consumer_reads() -> None:
                         await node.send(RunEvent(stream_id=sid, kind="text", text=str(i)))
                     # window exhausted: the node's own connection refuses a 9th frame
                     assert node.channel.conn.stream_credit(sid) == 0
-                    await wait_for(lambda: replies.buffered() == window)  # type: ignore[attr-defined]
+                    await wait_until(lambda: replies.buffered() == window)  # type: ignore[attr-defined]
                     for _ in range(window // 2):
                         await replies.__anext__()
                     credit = await node.receive(Credit)
                     assert credit.frames == window // 4
-                    await wait_for(lambda: node.channel.conn.stream_credit(sid) == window // 2)
+                    await wait_until(lambda: node.channel.conn.stream_credit(sid) == window // 2)
                     await node.send(RunEvent(stream_id=sid, kind="complete"))
 
 
@@ -478,7 +467,7 @@ async def test_node_overrunning_its_window_is_closed() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req(window=2)) as replies:
@@ -492,7 +481,7 @@ async def test_node_overrunning_its_window_is_closed() -> None:
                     with pytest.raises(NodeDispatchError):
                         async for _ in replies:
                             pass
-                await wait_for(lambda: ("disconnect", "node-a") in rec.events)
+                await wait_until(lambda: ("disconnect", "node-a") in rec.events)
                 assert any("credit window" in r for r in rec.protocol_errors)
 
 
@@ -507,7 +496,7 @@ async def test_push_config_and_errors() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 ack = await hub.push_config(
                     "node-a", NodeConfig(stream_id=99, version=2), timeout=1
                 )
@@ -528,7 +517,7 @@ async def test_aclose_ends_sessions_and_refuses_new_nodes() -> None:
             async with FakeNode.connect(
                 "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
             ) as node:
-                await wait_for(lambda: hub.session("node-a") is not None)
+                await wait_until(lambda: hub.session("node-a") is not None)
                 session = hub.session("node-a")
                 assert session is not None
                 async with session.open_stream(run_req()) as replies:

@@ -72,6 +72,18 @@ INBOX_SIZE = 10_000
 Responder = Callable[[RunRequest | ProviderTunnelRequest], Sequence[RunEvent | ProviderTunnelFrame]]
 
 
+async def wait_until(
+    predicate: Callable[[], object], *, poll: float = 0.001, timeout: float = 10.0
+) -> None:
+    """Poll ``predicate`` until true: for state of the code under test that has no event.
+
+    Under ``autojump_clock`` the polling costs no real time.
+    """
+    with trio.fail_after(timeout):
+        while not predicate():  # noqa: ASYNC110 - nothing to wait on but the state itself
+            await trio.sleep(poll)
+
+
 class _Peer:
     """What FakeNode and FakeEdgeSession share: an inbox fed by the channel's reader."""
 
@@ -399,4 +411,4 @@ class FakeEdge:
             self._accepted_send.send_nowait(session)
 
 
-__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode"]
+__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode", "wait_until"]
