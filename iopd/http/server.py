@@ -322,7 +322,16 @@ class HttpServer:
 class _Connection:
     """One client connection: request loop, limits, handler, disconnect watcher."""
 
-    __slots__ = ("server", "stream", "client", "h11", "idle_scope", "pending", "peer_closed")
+    __slots__ = (
+        "server",
+        "stream",
+        "client",
+        "h11",
+        "idle_scope",
+        "reading",
+        "pending",
+        "peer_closed",
+    )
 
     def __init__(self, server: HttpServer, stream: trio.SocketStream, client: tuple[str, int]):
         self.server = server
@@ -332,6 +341,7 @@ class _Connection:
             h11.SERVER, max_incomplete_event_size=server.limits.max_header_bytes
         )
         self.idle_scope: trio.CancelScope | None = None
+        self.reading = "headers"  # what a 408 says was too slow
         self.pending = bytearray()
         self.peer_closed = False
 
@@ -365,96 +375,103 @@ class _Connection:
 
     async def _serve_one(self, nursery: trio.Nursery) -> bool:
         """Serve one request; True when the connection may carry another."""
+        result: Request | GatewayError | None = None
+        # One scope per request whose deadline moves with the phase (idle ->
+        # head -> body): cheaper than a scope per phase on the hot path.
+        with trio.CancelScope() as deadline:
+            try:
+                result = await self._read_request(deadline)
+            except h11.RemoteProtocolError as exc:
+                result = _protocol_error(exc)
+            except ClientDisconnected:
+                result = None
+        if deadline.cancelled_caught:
+            if self.idle_scope is not None:  # idle timeout or shutdown: close quietly
+                self.idle_scope = None
+                return False
+            result = RequestTimeout(f"request {self.reading} not received in time")
+        if result is None:
+            return False
+        if isinstance(result, GatewayError):
+            await self._fail(result)
+            return False
+        return await self._run_handler(result, nursery)
+
+    async def _read_request(self, deadline: trio.CancelScope) -> Request | GatewayError | None:
+        """Read one request under ``deadline``; None means close quietly."""
         conn = self.h11
         limits = self.server.limits
-        try:
-            event = conn.next_event()
-            if event is h11.NEED_DATA and not conn.trailing_data[0]:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            if not conn.trailing_data[0]:
                 # Between requests: wait for the first byte of the next one.
                 if self.server.closing:
-                    return False
-                data = None
-                with trio.move_on_after(limits.idle_timeout) as self.idle_scope:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
+                    return None
+                deadline.deadline = trio.current_time() + limits.idle_timeout
+                self.idle_scope = deadline
+                data = await self.stream.receive_some(RECEIVE_SIZE)
                 self.idle_scope = None
                 if not data:
-                    return False
+                    return None
                 conn.receive_data(data)
                 event = conn.next_event()
             if event is h11.NEED_DATA:
-                with trio.move_on_after(limits.header_timeout):
-                    event = await self._receive_event()
-                if event is h11.NEED_DATA:
-                    await self._fail(RequestTimeout("request headers not received in time"))
-                    return False
-        except h11.RemoteProtocolError as exc:
-            await self._fail(_protocol_error(exc))
-            return False
+                self.reading = "headers"
+                deadline.deadline = trio.current_time() + limits.header_timeout
+                event = await self._receive_event()
         if type(event) is not h11.Request:
-            return False  # ConnectionClosed (or nothing usable)
+            return None  # ConnectionClosed
 
         headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
         # h11's max_incomplete_event_size only bounds a head still incomplete;
         # a complete head that arrived in one read is measured here.
         head_size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
         if head_size > limits.max_header_bytes:
-            await self._fail(HeadersTooLarge("request headers too large"))
-            return False
+            return HeadersTooLarge("request headers too large")
         for key, value in headers:
             if key == "content-length":
                 if int(value) > limits.max_body_bytes:
-                    await self._fail(RequestTooLarge("request body too large"))
-                    return False
+                    return RequestTooLarge("request body too large")
                 break
 
+        if conn.they_are_waiting_for_100_continue:
+            await self.send_bytes(
+                conn.send(h11.InformationalResponse(status_code=100, headers=[])), None
+            )
         body_parts: list[bytes] = []
-        try:
-            if conn.they_are_waiting_for_100_continue:
-                await self.send_bytes(
-                    conn.send(h11.InformationalResponse(status_code=100, headers=[])),
-                    None,
-                )
-            size = 0
-            done = False
-            with trio.move_on_after(limits.body_timeout):
-                while True:
-                    part = await self._receive_event()
-                    if type(part) is h11.Data:
-                        size += len(part.data)
-                        if size > limits.max_body_bytes:
-                            await self._fail(RequestTooLarge("request body too large"))
-                            return False
-                        body_parts.append(part.data)
-                    elif type(part) is h11.EndOfMessage:
-                        done = True
-                        break
-                    else:
-                        return False  # the client closed mid-body
-            if not done:
-                await self._fail(RequestTimeout("request body not received in time"))
-                return False
-        except h11.RemoteProtocolError as exc:
-            await self._fail(_protocol_error(exc))
-            return False
-        except ClientDisconnected:
-            return False
+        size = 0
+        waited = False
+        while True:
+            part = conn.next_event()
+            if part is h11.NEED_DATA:
+                if not waited:
+                    waited = True
+                    self.reading = "body"
+                    deadline.deadline = trio.current_time() + limits.body_timeout
+                conn.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
+            elif type(part) is h11.Data:
+                size += len(part.data)
+                if size > limits.max_body_bytes:
+                    return RequestTooLarge("request body too large")
+                body_parts.append(part.data)
+            elif type(part) is h11.EndOfMessage:
+                break
+            else:
+                return None  # the client closed mid-body
 
         target = event.target.decode("latin-1")
         path, _, query = target.partition("?")
-        method = event.method.decode("latin-1")
-        request = Request(
-            method=method,
+        body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
+        return Request(
+            method=event.method.decode("latin-1"),
             target=target,
             path=path,
             query=query,
             headers=headers,
-            body=body_parts[0] if len(body_parts) == 1 else b"".join(body_parts),
+            body=body if type(body) is bytes else bytes(body),
             client=self.client,
             http_version=event.http_version.decode("latin-1"),
         )
-        if type(request.body) is not bytes:
-            request.body = bytes(request.body)
-        return await self._run_handler(request, nursery)
 
     async def _run_handler(self, request: Request, nursery: trio.Nursery) -> bool:
         server = self.server
