@@ -17,6 +17,7 @@ YAML alias or a huge unknown subtree cannot make the walk run away.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -193,7 +194,7 @@ class _Walk:
                 # ``capacity: ${CAP:-4}``: the text becomes a YAML scalar.
                 try:
                     value = yaml.safe_load(expanded) if expanded.strip() else None
-                except yaml.YAMLError:
+                except (yaml.YAMLError, RecursionError, ValueError):
                     value = expanded
             elif had_ref and expanded == "" and _allows_none(t):
                 return True, None  # ${NAME:-} means "not set"
@@ -417,6 +418,13 @@ def _finish(errors: list[str]) -> list[str]:
     return out
 
 
+@functools.cache
+def _schema(cls: type[msgspec.Struct]) -> mi.StructType:
+    t = mi.type_info(cls)
+    assert isinstance(t, mi.StructType)
+    return t
+
+
 def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) -> T:
     from iopd.config.validate import validate_edge_config, validate_node_config
 
@@ -435,8 +443,7 @@ def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) 
             source=source,
         )
     walk = _Walk(os.environ if env is None else env)
-    t = mi.type_info(cls)
-    assert isinstance(t, mi.StructType)
+    t = _schema(cls)
     ok, repaired = walk.check_struct(data, t, "")
     errors = list(walk.errors)
     try:
