@@ -1,0 +1,132 @@
+"""The node daemon: executor + health probes + the wire link, and the drain on SIGTERM.
+
+``run_node`` owns one nursery with three things in it: the ``NodeLink``
+(dials the edge, spawns ``serve_stream`` per request), the ``HealthMonitor``
+(reports to the link) and — with ``handle_signals`` — a signal watcher.
+
+Drain (SIGTERM/SIGINT, or ``NodeHandle.request_drain()``): the executor
+stops taking new streams (they get a terminal error at once), in-flight runs
+get up to ``node.drain_timeout`` seconds, then the rest are cancelled — each
+still sends its terminal ``cancelled`` error — and the daemon exits 0.  A
+second signal exits at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from iopd import __version__
+from iopd.config.schema import NodeConfigFile
+from iopd.node.executor import CANCEL_TERMINAL_TIMEOUT, NodeExecutor
+from iopd.node.link import NodeLink
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class NodeHandle:
+    """What ``run_node`` reports when started: the parts, for tests and the demo."""
+
+    executor: NodeExecutor
+    link: NodeLink
+    _drain: trio.Event = field(default_factory=trio.Event)
+
+    def request_drain(self) -> None:
+        """Start the graceful drain, as SIGTERM would."""
+        self._drain.set()
+
+
+async def _drain(handle: NodeHandle, drain_timeout: float) -> None:
+    executor = handle.executor
+    executor.begin_drain()
+    log.info(
+        "event=node_drain_start active_streams=%d timeout_s=%g",
+        executor.active_streams,
+        drain_timeout,
+    )
+    with trio.move_on_after(drain_timeout):
+        await executor.wait_idle()
+    if executor.active_streams:
+        log.info("event=node_drain_cancel active_streams=%d", executor.active_streams)
+        executor.cancel_all("node shutting down")
+        with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT + 1.0):
+            await executor.wait_idle()
+    log.info("event=node_drain_done")
+
+
+async def _watch_signals(
+    handle: NodeHandle, stop: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
+        seen = 0
+        async for signum in signals:
+            seen += 1
+            name = signal.Signals(signum).name
+            if seen == 1:
+                log.info("event=node_signal signal=%s action=drain", name)
+                handle.request_drain()
+            else:
+                log.warning("event=node_signal signal=%s action=exit_now", name)
+                stop.cancel()
+                return
+
+
+async def run_node(
+    cfg: NodeConfigFile,
+    *,
+    handle_signals: bool = False,
+    task_status: Any = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the node until cancelled or drained; reports a ``NodeHandle`` when started."""
+    from iopd import sdnotify
+
+    executor = NodeExecutor()
+    link = NodeLink(cfg.node, executor, software_version=__version__)
+    handle = NodeHandle(executor, link)
+    try:
+        with trio.CancelScope() as stop:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(executor.health.run, link)
+                await nursery.start(link.run)
+                if handle_signals:
+                    await nursery.start(_watch_signals, handle, stop)
+                log.info("event=node_start node=%s edge=%s version=%s", cfg.node.id, cfg.node.edge, __version__)
+                task_status.started(handle)
+                if handle_signals:
+                    sdnotify.notify(*sdnotify.ready(f"node {cfg.node.id} running"))
+                await handle._drain.wait()
+                if handle_signals:
+                    sdnotify.notify(*sdnotify.stopping())
+                await _drain(handle, cfg.node.drain_timeout)
+                nursery.cancel_scope.cancel()
+    finally:
+        registry = executor.registry
+        if registry is not None:
+            await registry.aclose()  # shielded inside
+    log.info("event=node_stop node=%s", cfg.node.id)
+
+
+def node_main(config_path: str, *, log_level: str | None) -> int:
+    """``iopd node --config PATH``: load the config, run until drained; the exit status."""
+    from iopd.config.load import ConfigError, load_node_config
+    from iopd.logs import setup_logging
+
+    try:
+        cfg = load_node_config(config_path)
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 1
+    setup_logging(cfg.node.log_format, log_level or cfg.node.log_level)
+    try:
+        trio.run(lambda: run_node(cfg, handle_signals=True))
+    except KeyboardInterrupt:  # pragma: no cover - a signal before the handler was installed
+        return 130
+    return 0
