@@ -283,7 +283,7 @@ class MockOpenAIServer(MockHTTPServer):
         self.reply_text = "Hello from the mock"
         self.reasoning_text = ""
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(str)}]
-        self.usage = {"prompt_tokens": 11, "completion_tokens": 7}
+        self.usage: dict[str, Any] = {"prompt_tokens": 11, "completion_tokens": 7}
         self.extra_fields: dict[str, Any] = {"x_unknown_field": {"kept": True}}
 
     def route(self, req: RecordedRequest) -> MockReply:
@@ -332,15 +332,21 @@ class MockOpenAIServer(MockHTTPServer):
         for i, tc in enumerate(self.tool_calls):
             args = tc.get("arguments", "")
             half = len(args) // 2
-            first = {"index": i, "id": f"call_{i}", "type": "function",
-                     "function": {"name": tc["name"], "arguments": args[:half]}}
+            first = {
+                "index": i,
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {"name": tc["name"], "arguments": args[:half]},
+            }
             second = {"index": i, "function": {"arguments": args[half:]}}
             for part in (first, second):
                 events.append(
                     sse({**chunk, "choices": [{"index": 0, "delta": {"tool_calls": [part]}}]})
                 )
         finish = "tool_calls" if self.tool_calls else "stop"
-        events.append(sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]}))
+        events.append(
+            sse({**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+        )
         if (body.get("stream_options") or {}).get("include_usage", True):
             events.append(sse({**chunk, "choices": [], "usage": self.usage}))
         events.append(b"data: [DONE]\n\n")
@@ -363,8 +369,11 @@ class MockOpenAIServer(MockHTTPServer):
             "status": "completed",
             "model": body.get("model", ""),
             "output": [
-                {"type": "message", "role": "assistant",
-                 "content": [{"type": "output_text", "text": self.reply_text}]}
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": self.reply_text}],
+                }
             ],
             "usage": self._responses_usage(),
             **self.extra_fields,
@@ -435,7 +444,11 @@ class MockOllamaServer(MockHTTPServer):
         stream = body.get("stream", True)
 
         def piece(content: str = "", thinking: str = "", tool_calls: Any = None) -> dict[str, Any]:
-            obj: dict[str, Any] = {"model": model, "created_at": "2026-01-01T00:00:00Z", "done": False}
+            obj: dict[str, Any] = {
+                "model": model,
+                "created_at": "2026-01-01T00:00:00Z",
+                "done": False,
+            }
             if chat:
                 msg: dict[str, Any] = {"role": "assistant", "content": content}
                 if thinking:

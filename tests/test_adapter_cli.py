@@ -26,7 +26,9 @@ def cli(script: str, **kw: Any) -> CliAdapter:
     return CliAdapter(ProviderSpec(id="agent", type="cli", command=[PY, "-c", script], **kw))
 
 
-def run_req(messages: list[dict[str, Any]] | None = None, workspace: str | None = None) -> RunRequest:
+def run_req(
+    messages: list[dict[str, Any]] | None = None, workspace: str | None = None
+) -> RunRequest:
     return RunRequest(
         stream_id=1,
         provider_id="agent",
@@ -47,7 +49,7 @@ def process_gone(pid: int) -> bool:
 
 
 def test_render_prompt_sections() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         *MESSAGES,
         {
             "role": "assistant",
@@ -182,7 +184,9 @@ async def test_probe_health_command() -> None:
     assert await cli("pass").probe() == ("healthy", "")
     ok = cli("pass", health_command=[PY, "-c", "pass"])
     assert await ok.probe() == ("healthy", "")
-    bad = cli("pass", health_command=[PY, "-c", "import sys; sys.stderr.write('nope'); sys.exit(2)"])
+    bad = cli(
+        "pass", health_command=[PY, "-c", "import sys; sys.stderr.write('nope'); sys.exit(2)"]
+    )
     health, error = await bad.probe()
     assert health == "unhealthy" and "exit status 2" in error and "nope" in error
     missing = cli("pass", health_command=["/nonexistent/health"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import trio
 import trio.testing
@@ -13,13 +14,15 @@ from iopd.tokens import estimate_input_tokens
 from wire.messages import ProviderSpec, ProviderTunnelRequest, RunRequest
 
 
-def make_req(messages: list[dict[str, object]]) -> RunRequest:
-    return RunRequest(stream_id=1, provider_id="echo", adapter="echo", target="echo", messages=messages)
+def make_req(messages: list[dict[str, Any]]) -> RunRequest:
+    return RunRequest(
+        stream_id=1, provider_id="echo", adapter="echo", target="echo", messages=messages
+    )
 
 
 async def test_echo_chunks_and_usage() -> None:
     adapter = EchoAdapter(ProviderSpec(id="echo", type="echo"))
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "be brief"},
         {"role": "user", "content": "first question"},
         {"role": "assistant", "content": "ok"},
@@ -29,14 +32,14 @@ async def test_echo_chunks_and_usage() -> None:
     await adapter.run(make_req(messages), out)
     chunks = [v for k, v in out.events if k == "text"]
     assert chunks == ["hello   ", "big\n", "world! "]
-    assert chunks == re.findall(r"\S+\s*", messages[-1]["content"])  # type: ignore[arg-type]
+    assert chunks == re.findall(r"\S+\s*", messages[-1]["content"])
     assert out.usage.output_tokens == 3
     assert out.usage.input_tokens == estimate_input_tokens(messages)
     assert out.finish_reason == "stop"
 
 
 def test_last_user_text_joins_text_parts() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "old"},
         {
             "role": "user",

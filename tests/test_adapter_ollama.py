@@ -36,7 +36,10 @@ def run_req(**kw: Any) -> RunRequest:
         target="qwen3:32b",
         messages=[
             {"role": "system", "content": "be nice"},
-            {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+            },
         ],
         **kw,
     )
@@ -47,13 +50,28 @@ async def test_run_maps_text_thinking_usage_and_options(mock: MockOllamaServer) 
     out = CollectedRunOutput()
     with trio.fail_after(5):
         await adapter_for(mock).run(
-            run_req(params={"temperature": 0.1, "top_p": 0.9, "max_tokens": 64, "stop": ["x"], "seed": 7, "user": "u"}),
+            run_req(
+                params={
+                    "temperature": 0.1,
+                    "top_p": 0.9,
+                    "max_tokens": 64,
+                    "stop": ["x"],
+                    "seed": 7,
+                    "user": "u",
+                }
+            ),
             out,
         )
     sent = mock.requests[0].json()
     assert mock.requests[0].path == "/api/chat"
     assert sent["model"] == "qwen3:32b" and sent["stream"] is True
-    assert sent["options"] == {"temperature": 0.1, "top_p": 0.9, "num_predict": 64, "stop": ["x"], "seed": 7}
+    assert sent["options"] == {
+        "temperature": 0.1,
+        "top_p": 0.9,
+        "num_predict": 64,
+        "stop": ["x"],
+        "seed": 7,
+    }
     assert sent["messages"] == [
         {"role": "system", "content": "be nice"},
         {"role": "user", "content": "hi there"},
@@ -69,7 +87,9 @@ async def test_run_tool_calls_become_openai_shape(mock: MockOllamaServer) -> Non
     mock.tool_calls = [{"name": "lookup", "arguments": {"q": "trio", "n": 2}}]
     out = CollectedRunOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).run(run_req(tools=[{"type": "function", "function": {"name": "lookup"}}]), out)
+        await adapter_for(mock).run(
+            run_req(tools=[{"type": "function", "function": {"name": "lookup"}}]), out
+        )
     (call,) = out.tool_calls
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == "lookup"
@@ -79,7 +99,7 @@ async def test_run_tool_calls_become_openai_shape(mock: MockOllamaServer) -> Non
 
 
 def test_history_tool_calls_are_converted_for_ollama() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {
             "role": "assistant",
             "content": None,
@@ -90,7 +110,11 @@ def test_history_tool_calls_are_converted_for_ollama() -> None:
         {"role": "tool", "tool_call_id": "c1", "content": "42"},
     ]
     assert to_ollama_messages(messages) == [
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]},
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}],
+        },
         {"role": "tool", "content": "42"},
     ]
 
@@ -114,7 +138,9 @@ async def test_run_errors(mock: MockOllamaServer) -> None:
 
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
 @pytest.mark.parametrize("stream", [True, False])
-async def test_tunnel_relays_raw_and_extracts_usage(mock: MockOllamaServer, path: str, stream: bool) -> None:
+async def test_tunnel_relays_raw_and_extracts_usage(
+    mock: MockOllamaServer, path: str, stream: bool
+) -> None:
     body = {"model": "qwen3:32b", "stream": stream, "prompt": "hi", "messages": []}
     req = ProviderTunnelRequest(
         stream_id=1, provider_id="ol", method="POST", path=path, body=json.dumps(body).encode()
@@ -130,7 +156,9 @@ async def test_tunnel_relays_raw_and_extracts_usage(mock: MockOllamaServer, path
 
 def test_ndjson_scanner_counts_thinking() -> None:
     scanner = NdjsonUsageScanner()
-    scanner.feed(b'{"message":{"thinking":"abc"},"done":false}\n{"done":true,"prompt_eval_count":1,')
+    scanner.feed(
+        b'{"message":{"thinking":"abc"},"done":false}\n{"done":true,"prompt_eval_count":1,'
+    )
     scanner.feed(b'"eval_count":2}')
     scanner.finish()
     assert scanner.usage == Usage(input_tokens=1, output_tokens=2)

@@ -40,7 +40,9 @@ def adapter_for(mock: MockOpenAIServer, **kw: Any) -> OpenAIAdapter:
     return OpenAIAdapter(ProviderSpec(id="vllm", type="openai", base_url=mock.base_url, **kw))
 
 
-def tunnel_req(path: str, body: dict[str, Any], headers: list[tuple[str, str]] | None = None) -> ProviderTunnelRequest:
+def tunnel_req(
+    path: str, body: dict[str, Any], headers: list[tuple[str, str]] | None = None
+) -> ProviderTunnelRequest:
     return ProviderTunnelRequest(
         stream_id=1,
         provider_id="vllm",
@@ -101,7 +103,9 @@ def test_overlong_sse_line_is_bounded_and_usage_found_in_tail() -> None:
     for i in range(0, len(big), 1 << 20):
         scanner.feed(big[i : i + (1 << 20)])
         assert len(scanner._buf) <= MAX_PARSED_BYTES + (1 << 20)
-    scanner.feed(b'","usage":{"input_tokens":7,"output_tokens":8,"output_tokens_details":{"reasoning_tokens":1}}}}\n\n')
+    scanner.feed(
+        b'","usage":{"input_tokens":7,"output_tokens":8,"output_tokens_details":{"reasoning_tokens":1}}}}\n\n'
+    )
     scanner.finish()
     assert scanner.usage == Usage(input_tokens=7, output_tokens=8, reasoning_tokens=1)
 
@@ -164,7 +168,9 @@ async def test_chat_passthrough_is_byte_exact_with_usage(
     assert b"x_unknown_field" in out.data
     assert json.loads(mock.requests[0].body)["codex_field"] == [1, 2]
     assert not any(k == "content-length" for k, _ in out.headers)
-    assert out.usage == Usage(input_tokens=12, output_tokens=9, reasoning_tokens=4, cached_input_tokens=6)
+    assert out.usage == Usage(
+        input_tokens=12, output_tokens=9, reasoning_tokens=4, cached_input_tokens=6
+    )
     assert out.reasoning_chars == len("let me think")
     if stream:
         assert len(out.chunks) > 1  # relayed as it arrived, not re-buffered
@@ -178,7 +184,9 @@ async def test_responses_passthrough_usage(mock: MockOpenAIServer, stream: bool)
     with trio.fail_after(5):
         await adapter.tunnel(tunnel_req("/v1/responses", body), out)
     assert out.data == expected_body(mock._responses(body))
-    assert out.usage == Usage(input_tokens=11, output_tokens=7, reasoning_tokens=3, cached_input_tokens=2)
+    assert out.usage == Usage(
+        input_tokens=11, output_tokens=7, reasoning_tokens=3, cached_input_tokens=2
+    )
 
 
 async def test_passthrough_request_headers_and_api_key(mock: MockOpenAIServer) -> None:
@@ -193,9 +201,16 @@ async def test_passthrough_request_headers_and_api_key(mock: MockOpenAIServer) -
         ("x-trace", "t-1"),
     ]
     with trio.fail_after(5):
-        await adapter.tunnel(tunnel_req("/v1/chat/completions", {"model": "m"}, headers), CollectedTunnelOutput())
-        forwarded = [("content-type", "application/json"), ("authorization", "Bearer caller-provider-key")]
-        await adapter.tunnel(tunnel_req("/v1/chat/completions", {"model": "m"}, forwarded), CollectedTunnelOutput())
+        await adapter.tunnel(
+            tunnel_req("/v1/chat/completions", {"model": "m"}, headers), CollectedTunnelOutput()
+        )
+        forwarded = [
+            ("content-type", "application/json"),
+            ("authorization", "Bearer caller-provider-key"),
+        ]
+        await adapter.tunnel(
+            tunnel_req("/v1/chat/completions", {"model": "m"}, forwarded), CollectedTunnelOutput()
+        )
     first, second = mock.requests
     names = {k for k, _ in first.headers}
     assert {"keep-alive", "te", "accept-encoding", "proxy-authorization"}.isdisjoint(names)
@@ -222,7 +237,9 @@ async def test_passthrough_unreachable_and_garbage(mock: MockOpenAIServer) -> No
         assert info.value.code == "provider_error"
         mock.mode = "garbage"
         with pytest.raises(AdapterError) as info:
-            await adapter_for(mock).tunnel(tunnel_req("/v1/chat/completions", {}), CollectedTunnelOutput())
+            await adapter_for(mock).tunnel(
+                tunnel_req("/v1/chat/completions", {}), CollectedTunnelOutput()
+            )
         assert info.value.code == "provider_error"
 
 
@@ -245,7 +262,11 @@ async def test_cancel_through_executor_closes_upstream_connection(mock: MockOpen
     mock.reply_text = " ".join(["word"] * 200)
     executor = NodeExecutor()
     await executor.on_config(
-        NodeConfig(stream_id=0, version=1, providers=[ProviderSpec(id="vllm", type="openai", base_url=mock.base_url)])
+        NodeConfig(
+            stream_id=0,
+            version=1,
+            providers=[ProviderSpec(id="vllm", type="openai", base_url=mock.base_url)],
+        )
     )
     sender = ListSender()
     req = tunnel_req("/v1/chat/completions", {"model": "m", "stream": True})
@@ -258,7 +279,7 @@ async def test_cancel_through_executor_closes_upstream_connection(mock: MockOpen
             executor.cancel(req.stream_id, "caller went away")
         await mock.wait_client_close(1)
     assert sender.kinds[0] == "head"
-    assert sender.kinds[-1] == "error" and sender.msgs[-1].code == "cancelled"  # type: ignore[union-attr]
+    assert sender.kinds[-1] == "error" and sender.msgs[-1].code == "cancelled"
 
 
 # ------------------------------------------------------------------ normalized run
@@ -290,7 +311,11 @@ async def test_normalized_run_text_reasoning_tools_usage(mock: MockOpenAIServer)
     assert out.joined_text == mock.reply_text
     assert out.joined_reasoning == "thinking hard"
     assert out.tool_calls == [
-        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'}}
+        {
+            "id": "call_0",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Seoul"}'},
+        }
     ]
     assert out.finish_reason == "tool_calls"
     assert out.usage == Usage(input_tokens=11, output_tokens=7)

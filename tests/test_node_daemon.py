@@ -77,7 +77,10 @@ async def collect(session: FakeEdgeSession, kind: type[Any], stream_id: int) -> 
 
 async def test_node_serves_echo_over_the_wire_and_reports_status() -> None:
     with trio.fail_after(10):
-        async with FakeEdge.serve(node_config=echo_config()) as edge, trio.open_nursery() as nursery:
+        async with (
+            FakeEdge.serve(node_config=echo_config()) as edge,
+            trio.open_nursery() as nursery,
+        ):
             handle: NodeHandle = await nursery.start(run_node, node_cfg(edge))
             session = await edge.accept()
             assert session.config_ack is not None and session.config_ack.ok
@@ -103,7 +106,10 @@ async def test_node_serves_echo_over_the_wire_and_reports_status() -> None:
 
 async def test_cancel_over_the_wire_reports_usage_and_cancelled() -> None:
     with trio.fail_after(10):
-        async with FakeEdge.serve(node_config=echo_config(delay_ms=20)) as edge, trio.open_nursery() as nursery:
+        async with (
+            FakeEdge.serve(node_config=echo_config(delay_ms=20)) as edge,
+            trio.open_nursery() as nursery,
+        ):
             await nursery.start(run_node, node_cfg(edge))
             session = await edge.accept()
             req = echo_req(session, " ".join(["w"] * 500))
@@ -159,8 +165,20 @@ async def test_provider_credentials_never_logged(caplog: pytest.LogCaptureFixtur
             stream_id=1,
             version=1,
             providers=[
-                ProviderSpec(id="up", type="openai", base_url=mock.base_url, api_key=CANARY, health_interval=0.05),
-                ProviderSpec(id="down", type="openai", base_url="http://127.0.0.1:1", api_key=CANARY, health_interval=0.05),
+                ProviderSpec(
+                    id="up",
+                    type="openai",
+                    base_url=mock.base_url,
+                    api_key=CANARY,
+                    health_interval=0.05,
+                ),
+                ProviderSpec(
+                    id="down",
+                    type="openai",
+                    base_url="http://127.0.0.1:1",
+                    api_key=CANARY,
+                    health_interval=0.05,
+                ),
             ],
         )
         with trio.fail_after(10):
@@ -168,26 +186,38 @@ async def test_provider_credentials_never_logged(caplog: pytest.LogCaptureFixtur
                 await nursery.start(run_node, node_cfg(edge))
                 session = await edge.accept()
                 for provider in ("up", "down"):
-                    run = RunRequest(stream_id=session.next_stream_id(), provider_id=provider,
-                                     adapter="openai", target="m", messages=[{"role": "user", "content": "hi"}])
+                    run = RunRequest(
+                        stream_id=session.next_stream_id(),
+                        provider_id=provider,
+                        adapter="openai",
+                        target="m",
+                        messages=[{"role": "user", "content": "hi"}],
+                    )
                     await session.send(run)
                     msgs = await collect(session, RunEvent, run.stream_id)
                     assert msgs[-1].kind == "error" and msgs[-1].code == "provider_error"
                     assert CANARY not in msgs[-1].message
-                    tunnel = ProviderTunnelRequest(stream_id=session.next_stream_id(), provider_id=provider,
-                                                   method="POST", path="/v1/chat/completions", body=b"{}")
+                    tunnel = ProviderTunnelRequest(
+                        stream_id=session.next_stream_id(),
+                        provider_id=provider,
+                        method="POST",
+                        path="/v1/chat/completions",
+                        body=b"{}",
+                    )
                     await session.send(tunnel)
                     frames = await collect(session, ProviderTunnelFrame, tunnel.stream_id)
                     assert CANARY not in repr(frames)
                 await wait_until(
-                    lambda: {
-                        p.provider_id
-                        for m in session.received
-                        if isinstance(m, ProviderStatus)
-                        for p in m.providers
-                        if p.health == "unhealthy"
-                    }
-                    == {"up", "down"}
+                    lambda: (
+                        {
+                            p.provider_id
+                            for m in session.received
+                            if isinstance(m, ProviderStatus)
+                            for p in m.providers
+                            if p.health == "unhealthy"
+                        }
+                        == {"up", "down"}
+                    )
                 )
                 nursery.cancel_scope.cancel()
         assert mock.requests and mock.requests[0].header("authorization") == f"Bearer {CANARY}"

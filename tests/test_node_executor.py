@@ -127,7 +127,7 @@ async def test_unknown_provider_is_bad_request() -> None:
     sender = ListSender()
     await executor.serve_stream(run_req(provider="nope"), sender)
     assert sender.kinds == ["error"]
-    assert sender.msgs[0].code == "bad_request"  # type: ignore[union-attr]
+    assert sender.msgs[0].code == "bad_request"
     tunnel_sender = ListSender()
     await executor.serve_stream(
         ProviderTunnelRequest(stream_id=2, provider_id="nope", method="GET", path="/"),
@@ -151,8 +151,8 @@ async def test_cancel_sends_usage_so_far_then_cancelled(
             executor.cancel(1, "twice is harmless")
     assert sender.kinds == ["text", "text", "usage", "error"]
     assert sender.msgs[2].usage.output_tokens == 2  # type: ignore[union-attr]
-    assert sender.msgs[3].code == "cancelled"  # type: ignore[union-attr]
-    assert sender.msgs[3].message == "client disconnected"  # type: ignore[union-attr]
+    assert sender.msgs[3].code == "cancelled"
+    assert sender.msgs[3].message == "client disconnected"
     assert executor.active_streams == 0
 
 
@@ -163,16 +163,22 @@ async def test_cancel_of_unknown_stream_is_ignored() -> None:
 
 @pytest.mark.parametrize(
     ("behaviour", "code"),
-    [("adapter_error", "provider_timeout"), ("crash", "provider_error"), ("group", "provider_error")],
+    [
+        ("adapter_error", "provider_timeout"),
+        ("crash", "provider_error"),
+        ("group", "provider_error"),
+    ],
 )
-async def test_adapter_failure_sends_usage_then_error(behaviour: str, code: str, caplog: Any) -> None:
+async def test_adapter_failure_sends_usage_then_error(
+    behaviour: str, code: str, caplog: Any
+) -> None:
     executor = scripted_executor(behaviour)
     sender = ListSender()
     with trio.fail_after(5):
         await executor.serve_stream(run_req(provider="p"), sender)
     assert sender.kinds == ["text", "usage", "error"]
-    assert sender.msgs[-1].code == code  # type: ignore[union-attr]
-    assert "sk-canary" not in sender.msgs[-1].message  # type: ignore[union-attr]
+    assert sender.msgs[-1].code == code
+    assert "sk-canary" not in sender.msgs[-1].message
     assert "sk-canary" not in caplog.text
     # the node keeps serving
     sender2 = ListSender()
@@ -226,7 +232,7 @@ async def test_tunnel_frames_success_error_and_cancel() -> None:
                 await sender.sent.wait()
             executor.cancel(7, "caller gone")
     assert sender.kinds == ["head", "body", "usage", "error"]
-    assert sender.msgs[-1].code == "cancelled"  # type: ignore[union-attr]
+    assert sender.msgs[-1].code == "cancelled"
 
 
 async def test_drain_rejects_new_streams_and_waits_for_running(

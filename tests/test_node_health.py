@@ -48,8 +48,12 @@ class ToggleAdapter(Adapter):
         return self.state
 
 
-def toggle_registry(*ids: str, interval: float = 10) -> tuple[AdapterRegistry, dict[str, ToggleAdapter]]:
-    adapters = {i: ToggleAdapter(ProviderSpec(id=i, type="echo", health_interval=interval)) for i in ids}
+def toggle_registry(
+    *ids: str, interval: float = 10
+) -> tuple[AdapterRegistry, dict[str, ToggleAdapter]]:
+    adapters = {
+        i: ToggleAdapter(ProviderSpec(id=i, type="echo", health_interval=interval)) for i in ids
+    }
     return AdapterRegistry(dict(adapters)), adapters
 
 

@@ -27,7 +27,12 @@ def test_build_picks_adapter_by_type() -> None:
         ],
         version=3,
     )
-    assert [type(registry.get(i)) for i in "abcd"] == [OpenAIAdapter, OllamaAdapter, CliAdapter, EchoAdapter]
+    assert [type(registry.get(i)) for i in "abcd"] == [
+        OpenAIAdapter,
+        OllamaAdapter,
+        CliAdapter,
+        EchoAdapter,
+    ]
     assert registry.get("zzz") is None
     assert registry.version == 3
 
@@ -72,8 +77,12 @@ async def test_swap_with_run_in_flight_finishes_on_old_adapter(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     executor = NodeExecutor()
-    v1 = NodeConfig(stream_id=1, version=1, providers=[ProviderSpec(id="echo", type="echo", delay_ms=100)])
-    v2 = NodeConfig(stream_id=2, version=2, providers=[ProviderSpec(id="echo", type="echo", delay_ms=1)])
+    v1 = NodeConfig(
+        stream_id=1, version=1, providers=[ProviderSpec(id="echo", type="echo", delay_ms=100)]
+    )
+    v2 = NodeConfig(
+        stream_id=2, version=2, providers=[ProviderSpec(id="echo", type="echo", delay_ms=1)]
+    )
     assert (await executor.on_config(v1)).ok
     old = executor.registry
     assert old is not None

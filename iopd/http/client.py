@@ -311,7 +311,12 @@ class ProviderHTTPClient:
         return out
 
     async def _send_request(
-        self, conn: _Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+        self,
+        conn: _Connection,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
     ) -> None:
         data = conn.h11.send(h11.Request(method=method, target=target, headers=headers))
         if body:
@@ -321,7 +326,12 @@ class ProviderHTTPClient:
             await conn.stream.send_all(data)
 
     async def _start(
-        self, conn: _Connection, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+        self,
+        conn: _Connection,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
     ) -> ProviderResponse:
         try:
             await self._send_request(conn, method, target, headers, body)

@@ -172,7 +172,9 @@ class NodeExecutor:
             try:
                 new = AdapterRegistry.build(msg.providers, version=msg.version)
             except RegistryError as exc:
-                log.warning("event=node_config_rejected version=%d reason=%r", msg.version, str(exc))
+                log.warning(
+                    "event=node_config_rejected version=%d reason=%r", msg.version, str(exc)
+                )
                 return NodeConfigAck(
                     stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
                 )
@@ -297,16 +299,23 @@ class NodeExecutor:
         if stream.link_gone:
             return
         sid = req.stream_id
-        usage = [RunEvent(stream_id=sid, kind="usage", usage=out.usage)] if _has_usage(out.usage) else []
+        usage = (
+            [RunEvent(stream_id=sid, kind="usage", usage=out.usage)]
+            if _has_usage(out.usage)
+            else []
+        )
         if stream.cancel_reason is not None:
             with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
                 await stream.send_terminal(
                     *usage,
-                    RunEvent(stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason),
+                    RunEvent(
+                        stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason
+                    ),
                 )
         elif error is not None:
             await stream.send_terminal(
-                *usage, RunEvent(stream_id=sid, kind="error", code=error.code, message=error.message)
+                *usage,
+                RunEvent(stream_id=sid, kind="error", code=error.code, message=error.message),
             )
         else:
             await stream.send_terminal(
@@ -341,7 +350,9 @@ class NodeExecutor:
         elif error is not None:
             await stream.send_terminal(
                 *usage,
-                ProviderTunnelFrame(stream_id=sid, kind="error", code=error.code, message=error.message),
+                ProviderTunnelFrame(
+                    stream_id=sid, kind="error", code=error.code, message=error.message
+                ),
             )
         elif not out.head_sent:
             await stream.send_terminal(

@@ -45,7 +45,11 @@ class HealthMonitor:
         for provider_id, adapter in registry.adapters.items():
             old_adapter = previous.get(provider_id) if previous is not None else None
             old_health = self._health.get(provider_id)
-            if old_adapter is not None and old_health is not None and old_adapter.spec == adapter.spec:
+            if (
+                old_adapter is not None
+                and old_health is not None
+                and old_adapter.spec == adapter.spec
+            ):
                 kept[provider_id] = old_health
             else:
                 kept[provider_id] = ProviderHealth(provider_id=provider_id)

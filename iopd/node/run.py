@@ -97,7 +97,12 @@ async def run_node(
                 await nursery.start(link.run)
                 if handle_signals:
                     await nursery.start(_watch_signals, handle, stop)
-                log.info("event=node_start node=%s edge=%s version=%s", cfg.node.id, cfg.node.edge, __version__)
+                log.info(
+                    "event=node_start node=%s edge=%s version=%s",
+                    cfg.node.id,
+                    cfg.node.edge,
+                    __version__,
+                )
                 task_status.started(handle)
                 if handle_signals:
                     sdnotify.notify(*sdnotify.ready(f"node {cfg.node.id} running"))

@@ -142,11 +142,15 @@ class Adapter:
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
         """Run a normalized request, writing to ``out``; raise AdapterError on failure."""
-        raise AdapterError("bad_request", f"provider type {self.spec.type!r} has no normalized path")
+        raise AdapterError(
+            "bad_request", f"provider type {self.spec.type!r} has no normalized path"
+        )
 
     async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
         """Relay a raw HTTP request; raise AdapterError on failure."""
-        raise AdapterError("bad_request", f"provider type {self.spec.type!r} has no passthrough path")
+        raise AdapterError(
+            "bad_request", f"provider type {self.spec.type!r} has no passthrough path"
+        )
 
     async def probe(self) -> tuple[Health, str]:
         """One active health check: (health, last_error)."""

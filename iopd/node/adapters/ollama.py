@@ -66,7 +66,9 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         args = json.loads(args) if args else {}
                     except ValueError:
                         args = {}
-                converted_calls.append({"function": {"name": function.get("name", ""), "arguments": args}})
+                converted_calls.append(
+                    {"function": {"name": function.get("name", ""), "arguments": args}}
+                )
             converted["tool_calls"] = converted_calls
         if role == "tool" and isinstance(msg.get("name"), str):
             converted["tool_name"] = msg["name"]

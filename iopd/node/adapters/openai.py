@@ -66,9 +66,7 @@ class OpenAIAdapter(HTTPAdapter):
 
     def chat_body(self, req: RunRequest) -> dict[str, Any]:
         """The upstream Chat Completions request for a normalized run."""
-        body: dict[str, Any] = {
-            k: v for k, v in req.params.items() if k not in _OWNED_FIELDS
-        }
+        body: dict[str, Any] = {k: v for k, v in req.params.items() if k not in _OWNED_FIELDS}
         body.update(
             model=req.target,
             messages=req.messages,
