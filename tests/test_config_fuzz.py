@@ -57,7 +57,7 @@ def dump(data: Any) -> str:
     return yaml.safe_dump(data, allow_unicode=True)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(TREES)
 def test_random_trees(tree: Any) -> None:
     text = dump(tree)
@@ -65,19 +65,19 @@ def test_random_trees(tree: Any) -> None:
     assert_outcome(text, node=True)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.dictionaries(st.sampled_from(["edge", "openai", "models", "nodes", "provider_pool"]), TREES))
 def test_random_sections(tree: dict[str, Any]) -> None:
     assert_outcome(dump(tree))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None, derandomize=True)
 @given(st.text(max_size=200))
 def test_random_text(text: str) -> None:
     assert_outcome(text)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True)
 @given(st.binary(max_size=200))
 def test_random_bytes_decoded_leniently(raw: bytes) -> None:
     assert_outcome(raw.decode("latin-1"))
@@ -97,7 +97,7 @@ def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
 ALL_PATHS = [p for p in _paths(VALID) if p]
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=300, deadline=None, derandomize=True)
 @given(
     st.lists(
         st.tuples(
