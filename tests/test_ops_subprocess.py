@@ -450,6 +450,28 @@ async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
             assert "[DONE]" not in sse_payloads(results["stream"].body)
 
 
+async def test_node_sigterm_finishes_its_runs_then_exits_0(tmp_path: Path) -> None:
+    text = " ".join(f"w{i}" for i in range(12))
+    with trio.fail_after(GUARD):
+        async with cluster(tmp_path, delay_ms=100) as c:
+            results: dict[str, Response] = {}
+            first = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(stream_until_first_chunk, c, text, results, first)
+                await first.wait()
+                c.node.proc.send_signal(signal.SIGTERM)
+                await c.node.wait_event("node_drain_start")
+            resp = results["stream"]
+            assert resp.status == 200
+            payloads = sse_payloads(resp.body)
+            assert payloads[-1] == "[DONE]"
+            assert streamed_text(payloads) == text
+            assert await c.node.wait_exit() == 0
+            assert not c.node.events("node_drain_cancel")
+            await c.edge.wait_event("node_disconnected")
+            assert c.edge.proc.returncode is None
+
+
 async def test_sighup_applies_a_capacity_change_visible_in_status(tmp_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with cluster(tmp_path, capacity=2) as c:
