@@ -320,7 +320,14 @@ class HttpServer:
 
 
 class _Connection:
-    """One client connection: request loop, limits, handler, disconnect watcher."""
+    """One client connection: request loop, limits, handler, disconnect detection.
+
+    A reader task owns the socket's receive side for the connection's whole
+    life: it moves bytes into ``pending`` (bounded: at the cap it stops reading,
+    which is TCP backpressure) and wakes the request loop.  Because a receive
+    is always outstanding, EOF or a reset is seen at once, also while a handler
+    runs, and cancels that handler.  Only the request loop touches h11.
+    """
 
     __slots__ = (
         "server",
@@ -328,9 +335,13 @@ class _Connection:
         "client",
         "h11",
         "idle_scope",
+        "handler_scope",
         "reading",
         "pending",
-        "peer_closed",
+        "eof",
+        "discard",
+        "_loop_waiter",
+        "_space",
     )
 
     def __init__(self, server: HttpServer, stream: trio.SocketStream, client: tuple[str, int]):
@@ -341,9 +352,13 @@ class _Connection:
             h11.SERVER, max_incomplete_event_size=server.limits.max_header_bytes
         )
         self.idle_scope: trio.CancelScope | None = None
+        self.handler_scope: trio.CancelScope | None = None
         self.reading = "headers"  # what a 408 says was too slow
         self.pending = bytearray()
-        self.peer_closed = False
+        self.eof = False  # the client closed (or reset) its side
+        self.discard = False  # lingering close: drop what still arrives
+        self._loop_waiter: trio.lowlevel.Task | None = None
+        self._space: trio.Event | None = None
 
     def close_if_idle(self) -> None:
         """Shutdown: end the connection if it waits for a next request."""
@@ -352,18 +367,67 @@ class _Connection:
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
-            while await self._serve_one(nursery):
-                self.h11.start_next_cycle()
+            nursery.start_soon(self._read_loop)
+            try:
+                while await self._serve_one():
+                    self.h11.start_next_cycle()
+            finally:
+                nursery.cancel_scope.cancel()
 
-    async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
-        """Write to the client; a broken connection cancels ``scope``."""
+    # ------------------------------------------------------------ receiving
+
+    async def _read_loop(self) -> None:
+        stream = self.stream
+        discarded = 0
         try:
-            await self.stream.send_all(data)
+            while True:
+                if len(self.pending) >= PIPELINE_BUFFER_CAP and not self.discard:
+                    self._space = trio.Event()
+                    await self._space.wait()
+                    continue
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    break
+                if self.discard:
+                    discarded += len(data)
+                    if discarded > LINGER_MAX_BYTES:
+                        break
+                else:
+                    self.pending += data
+                self._wake_loop()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.peer_closed = True
-            if scope is not None:
-                scope.cancel()
-            raise ClientDisconnected("client disconnected") from None
+            pass
+        self.eof = True
+        if self.handler_scope is not None:
+            self.handler_scope.cancel()
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        task = self._loop_waiter
+        if task is not None:
+            self._loop_waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
+        self._loop_waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _wait_for_reader(self) -> None:
+        self._loop_waiter = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+
+    async def _receive(self) -> bytes:
+        """The client's next bytes (everything buffered); b"" once it closed."""
+        while not self.pending:
+            if self.eof:
+                return b""
+            await self._wait_for_reader()
+        data = bytes(self.pending)
+        self.pending.clear()
+        if self._space is not None:
+            self._space.set()
+            self._space = None
+        return data
 
     async def _receive_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
         conn = self.h11
@@ -371,9 +435,23 @@ class _Connection:
             event = conn.next_event()
             if event is not h11.NEED_DATA:
                 return event
-            conn.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
+            conn.receive_data(await self._receive())
 
-    async def _serve_one(self, nursery: trio.Nursery) -> bool:
+    # -------------------------------------------------------------- sending
+
+    async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
+        """Write to the client; a broken connection cancels ``scope``."""
+        try:
+            await self.stream.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.eof = True
+            if scope is not None:
+                scope.cancel()
+            raise ClientDisconnected("client disconnected") from None
+
+    # ------------------------------------------------------------- requests
+
+    async def _serve_one(self) -> bool:
         """Serve one request; True when the connection may carry another."""
         result: Request | GatewayError | None = None
         # One scope per request whose deadline moves with the phase (idle ->
@@ -395,12 +473,14 @@ class _Connection:
         if isinstance(result, GatewayError):
             await self._fail(result)
             return False
-        return await self._run_handler(result, nursery)
+        return await self._run_handler(result)
 
     async def _read_request(self, deadline: trio.CancelScope) -> Request | GatewayError | None:
         """Read one request under ``deadline``; None means close quietly."""
         conn = self.h11
         limits = self.server.limits
+        if self.pending:  # pipelined bytes that arrived during the last response
+            conn.receive_data(await self._receive())
         event = conn.next_event()
         if event is h11.NEED_DATA:
             if not conn.trailing_data[0]:
@@ -409,7 +489,7 @@ class _Connection:
                     return None
                 deadline.deadline = trio.current_time() + limits.idle_timeout
                 self.idle_scope = deadline
-                data = await self.stream.receive_some(RECEIVE_SIZE)
+                data = await self._receive()
                 self.idle_scope = None
                 if not data:
                     return None
@@ -448,7 +528,7 @@ class _Connection:
                     waited = True
                     self.reading = "body"
                     deadline.deadline = trio.current_time() + limits.body_timeout
-                conn.receive_data(await self.stream.receive_some(RECEIVE_SIZE))
+                conn.receive_data(await self._receive())
             elif type(part) is h11.Data:
                 size += len(part.data)
                 if size > limits.max_body_bytes:
@@ -473,14 +553,14 @@ class _Connection:
             http_version=event.http_version.decode("latin-1"),
         )
 
-    async def _run_handler(self, request: Request, nursery: trio.Nursery) -> bool:
+    async def _run_handler(self, request: Request) -> bool:
         server = self.server
         handler_scope = trio.CancelScope()
-        watch_scope = trio.CancelScope()
-        watcher_done = trio.Event()
         responder = Responder(self, request.method == "HEAD", handler_scope)
         crashed: BaseException | None = None
-        nursery.start_soon(self._watch_for_disconnect, handler_scope, watch_scope, watcher_done)
+        if self.eof:
+            return False  # the client is already gone
+        self.handler_scope = handler_scope
         server._request_started()
         try:
             with handler_scope:
@@ -494,11 +574,10 @@ class _Connection:
                     log.error("handler failed: %s %s", request.method, request.path, exc_info=group)
                     crashed = group
         finally:
+            self.handler_scope = None
             server._request_done()
-            watch_scope.cancel()
-            await watcher_done.wait()
 
-        if handler_scope.cancelled_caught or self.peer_closed:
+        if handler_scope.cancelled_caught or self.eof:
             return False
         try:
             if not responder.started:
@@ -516,34 +595,13 @@ class _Connection:
                 await responder.end()
         except ClientDisconnected:
             return False
-        if self.pending:
-            self.h11.receive_data(bytes(self.pending))
-            self.pending.clear()
         return (
             self.h11.our_state is h11.DONE
             and self.h11.their_state is h11.DONE
             and not server.closing
         )
 
-    async def _watch_for_disconnect(
-        self, handler_scope: trio.CancelScope, watch_scope: trio.CancelScope, done: trio.Event
-    ) -> None:
-        """Read while the handler runs: EOF or a reset cancels the handler."""
-        try:
-            with watch_scope:
-                while len(self.pending) < PIPELINE_BUFFER_CAP:
-                    data = await self.stream.receive_some(RECEIVE_SIZE)
-                    if not data:
-                        self.peer_closed = True
-                        handler_scope.cancel()
-                        return
-                    self.pending += data
-                await trio.sleep_forever()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.peer_closed = True
-            handler_scope.cancel()
-        finally:
-            done.set()
+    # --------------------------------------------------------------- errors
 
     def _render(self, error: GatewayError) -> tuple[int, list[tuple[str, str]], bytes]:
         try:
@@ -578,17 +636,17 @@ class _Connection:
         try:
             await self.stream.send_all(data)
             await self.stream.send_eof()
-            # Drain what the client still sends so closing does not reset the
-            # connection before it has read the response.
-            drained = 0
-            with trio.move_on_after(LINGER_SECONDS):
-                while drained < LINGER_MAX_BYTES:
-                    chunk = await self.stream.receive_some(RECEIVE_SIZE)
-                    if not chunk:
-                        break
-                    drained += len(chunk)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
+            return
+        # Keep draining what the client still sends until it closes, so that
+        # closing does not reset the connection before it read the response.
+        self.discard = True
+        self.pending.clear()
+        if self._space is not None:
+            self._space.set()
+        with trio.move_on_after(LINGER_SECONDS):
+            while not self.eof:
+                await self._wait_for_reader()
 
 
 def _protocol_error(exc: h11.RemoteProtocolError) -> GatewayError:
