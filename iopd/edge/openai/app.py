@@ -462,7 +462,7 @@ class OpenAIApp:
             res = parse_text_tool_calls(text, req.tools or [])
             if res.calls:
                 calls_override = res.calls
-                text_override = res.content or ""
+                text_override = res.content
             elif res.fallback:
                 run.metadata["openai_text_tool_fallback"] = "true"
         result = asm.result(text_override=text_override, tool_calls_override=calls_override)

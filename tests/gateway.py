@@ -1,0 +1,209 @@
+"""A whole gateway in the test process: a real edge and real nodes over loopback.
+
+``running_gateway(edge_yaml, nodes={...})`` starts ``run_edge`` on port 0
+(wire, admin and OpenAI listeners) and one ``run_node`` per node id, waits
+until every node has completed its handshake and config ack, and yields a
+``Gateway`` with the URLs.  Callers use real sockets: the official ``openai``
+SDK in a worker thread (``trio.to_thread``) or the raw helpers below.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+import trio
+
+from iopd.config.load import parse_edge_config
+from iopd.config.schema import NodeConfigFile, NodeSection
+from iopd.edge.run import EdgeHandle, run_edge
+from iopd.edge.runtime import EdgeRuntime
+
+T = TypeVar("T")
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def node_token(node_id: str) -> str:
+    """The deterministic test token of ``node_id`` (its hash goes in the edge YAML)."""
+    return f"test-token-{node_id}"
+
+
+@dataclass
+class Gateway:
+    handle: EdgeHandle
+    nursery: trio.Nursery
+    node_scopes: dict[str, trio.CancelScope]
+
+    @property
+    def runtime(self) -> EdgeRuntime:
+        return self.handle.runtime
+
+    @property
+    def base_url(self) -> str:
+        return self.handle.base_url
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        assert self.handle.openai is not None
+        return self.handle.openai
+
+    @property
+    def admin_url(self) -> str:
+        host, port = self.handle.admin
+        return f"http://{host}:{port}"
+
+    def kill_node(self, node_id: str) -> None:
+        """Stop a node's task at once (its connection drops, like a crash)."""
+        self.node_scopes.pop(node_id).cancel()
+
+    async def start_node(self, node_id: str, **section: Any) -> None:
+        scope = await self.nursery.start(
+            functools.partial(_run_node_scoped, self.node_config(node_id, **section))
+        )
+        self.node_scopes[node_id] = scope
+        await wait_until(lambda: self.runtime.hub.connected_since(node_id) is not None)
+
+    def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
+        host, port = self.handle.wire
+        fields: dict[str, Any] = dict(
+            id=node_id,
+            edge=f"{host}:{port}",
+            token=node_token(node_id),
+            reconnect_initial_backoff=0.05,
+            reconnect_max_backoff=0.5,
+            drain_timeout=1.0,
+        )
+        fields.update(section)
+        return NodeConfigFile(node=NodeSection(**fields))
+
+    def sdk(self, **kwargs: Any) -> Any:
+        """A sync ``openai.OpenAI`` client (use it inside ``trio.to_thread.run_sync``)."""
+        import openai
+
+        kwargs.setdefault("api_key", "unused")
+        return openai.OpenAI(base_url=self.base_url, max_retries=0, timeout=30, **kwargs)
+
+
+async def _run_node_scoped(
+    cfg: NodeConfigFile, *, task_status: trio.TaskStatus[trio.CancelScope]
+) -> None:
+    from iopd.node.run import run_node
+
+    with trio.CancelScope() as scope:
+        task_status.started(scope)
+        await run_node(cfg)
+
+
+async def wait_until(pred: Callable[[], bool], *, interval: float = 0.005) -> None:
+    """Poll ``pred`` until true (callers bound it with ``fail_after``)."""
+    while not pred():  # noqa: ASYNC110 - polling state owned by other tasks
+        await trio.sleep(interval)
+
+
+def edge_config(yaml_text: str) -> Any:
+    cfg = parse_edge_config(yaml_text, env={})
+    edge = msgspec.structs.replace(cfg.edge, node_listen="127.0.0.1:0", admin_listen="127.0.0.1:0")
+    openai = msgspec.structs.replace(cfg.openai, listen="127.0.0.1:0")
+    return msgspec.structs.replace(cfg, edge=edge, openai=openai)
+
+
+@asynccontextmanager
+async def running_gateway(
+    yaml_text: str, *, nodes: list[str] | None = None, config_path: str | None = None
+) -> AsyncIterator[Gateway]:
+    """Start an edge from ``yaml_text`` (ports forced to 0) and the given nodes."""
+    cfg = edge_config(yaml_text)
+    if nodes is None:
+        nodes = [n.id for n in cfg.nodes]
+    async with trio.open_nursery() as nursery:
+        handle = await nursery.start(functools.partial(run_edge, cfg, config_path))
+        gw = Gateway(handle=handle, nursery=nursery, node_scopes={})
+        for node_id in nodes:
+            await gw.start_node(node_id)
+        try:
+            yield gw
+        finally:
+            nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------ raw HTTP
+
+
+@dataclass
+class RawResponse:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        for k, v in self.headers:
+            if k.lower() == name.lower():
+                return v
+        return None
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+async def http_request(
+    host_port: tuple[str, int],
+    method: str,
+    path: str,
+    *,
+    body: bytes | dict[str, Any] | None = None,
+    headers: list[tuple[str, str]] | None = None,
+) -> RawResponse:
+    """One request on a fresh connection with h11; reads the whole response."""
+    import h11
+
+    if isinstance(body, dict):
+        body = json.dumps(body).encode()
+    hdrs = [("host", f"{host_port[0]}:{host_port[1]}"), ("connection", "close")]
+    if body is not None:
+        hdrs.append(("content-length", str(len(body))))
+        hdrs.append(("content-type", "application/json"))
+    hdrs += headers or []
+    conn = h11.Connection(h11.CLIENT)
+    stream = await trio.open_tcp_stream(*host_port)
+    async with stream:
+        data = conn.send(h11.Request(method=method, target=path, headers=hdrs))
+        if body is not None:
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
+        await stream.send_all(data)
+        status, rheaders, chunks = 0, [], []
+        while True:
+            ev = conn.next_event()
+            if ev is h11.NEED_DATA:
+                conn.receive_data(await stream.receive_some(65536))
+                continue
+            if isinstance(ev, h11.Response):
+                status = ev.status_code
+                rheaders = [(k.decode(), v.decode()) for k, v in ev.headers]
+            elif isinstance(ev, h11.Data):
+                chunks.append(bytes(ev.data))
+            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
+                break
+        return RawResponse(status, rheaders, b"".join(chunks))
+
+
+async def get_json(url_host_port: tuple[str, int], path: str) -> Any:
+    resp = await http_request(url_host_port, "GET", path)
+    return resp.json()
+
+
+def admin_host_port(gw: Gateway) -> tuple[str, int]:
+    return gw.handle.admin
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    return await trio.to_thread.run_sync(fn)
