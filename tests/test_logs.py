@@ -136,6 +136,18 @@ def test_json_escaped_quote_stays_inside_the_value() -> None:
     assert doc["after"] == "1"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="JsonFormatter drops text outside key=value pairs, so the two formats do not "
+    "carry the same data (logs.py docstring); reported to the lead",
+)
+def test_json_keeps_free_text_around_pairs() -> None:
+    # transport/listen.py logs "wire listening on %s:%d tls=%s".
+    doc = _json(_record("wire listening on %s:%d tls=%s", "127.0.0.1", 7070, False))
+    assert doc["tls"] == "False"
+    assert any("wire listening on 127.0.0.1:7070" in str(v) for v in doc.values())
+
+
 def test_json_message_without_pairs_goes_to_msg() -> None:
     doc = _json(_record("connection error"))
     assert doc["msg"] == "connection error"
