@@ -539,3 +539,48 @@ async def test_one_bad_client_does_not_take_the_server_down() -> None:
             async with connect(port) as good:
                 await good.send(get())
                 assert (await good.response())[0] == 200
+
+
+async def test_pipelined_bytes_beyond_the_buffer_cap_are_backpressured_not_lost() -> None:
+    release = trio.Event()
+    seen: list[int] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        if not seen:
+            await release.wait()
+        seen.append(len(request.body))
+        await responder.send(200, [], str(len(request.body)).encode())
+
+    limits = HttpLimits(
+        max_body_bytes=200_000,
+        max_header_bytes=2048,
+        header_timeout=5,
+        body_timeout=5,
+        idle_timeout=5,
+    )
+    bodies = [b"a" * 10, b"b" * 150_000, b"c" * 150_000, b"d" * 5]
+    with trio.fail_after(10):
+        async with running(handler, limits) as (port, _), connect(port) as client:
+            async with trio.open_nursery() as nursery:
+                # 300 kB pipelined behind a blocked handler: more than the
+                # server buffers (PIPELINE_BUFFER_CAP), the rest waits in TCP.
+                nursery.start_soon(client.send, b"".join(post(b) for b in bodies))
+                await trio.sleep(0.2)
+                release.set()
+                sizes = []
+                for _ in bodies:
+                    status, _, body = await client.response(b"POST")
+                    assert status == 200
+                    sizes.append(int(body))
+            assert sizes == [len(b) for b in bodies] == seen
+
+
+async def test_body_arriving_in_pieces_is_assembled() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            raw = post(b"0123456789")
+            for i in range(0, len(raw), 7):
+                await client.send(raw[i : i + 7])
+                await trio.sleep(0.01)
+            status, _, body = await client.response(b"POST")
+            assert status == 200 and json.loads(body)["body"] == "0123456789"

@@ -1,0 +1,212 @@
+#!/usr/bin/env python3
+"""Benchmark iopd.http.server against a raw trio TCP server answering the same bytes.
+
+Each server runs in its own subprocess; this process drives it with a tiny
+keep-alive HTTP/1.1 load generator on trio (``--concurrency`` connections,
+bounded by ``--requests`` and ``--duration``), POSTing a ~300-byte JSON body.
+The server's CPU time is read from ``/proc/<pid>/stat`` (utime + stime) before
+and after the measured run, so the figure is CPU per request of the server
+process alone.  The "direct" baseline parses just enough HTTP to find the end
+of the request and writes a canned response: it is the floor any HTTP layer on
+trio can reach on this machine.
+
+    .venv/bin/python scripts/bench_http.py [--requests 20000] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import trio
+
+REQUEST_BODY = (
+    b'{"model":"qwen3.6:35b","messages":[{"role":"system","content":"You are a helpful '
+    b'assistant."},{"role":"user","content":"Write one sentence about the sea, please, and '
+    b'keep it short."}],"stream":false,"temperature":0.7,"max_tokens":64,"metadata":'
+    b'{"team":"bench","workspace":"/srv/bench"},"user":"bench-user-0001"}'
+)
+REQUEST = (
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: application/json\r\nAuthorization: Bearer bench-token\r\n"
+    b"Content-Length: " + str(len(REQUEST_BODY)).encode() + b"\r\n\r\n" + REQUEST_BODY
+)
+RESPONSE_BODY = b'{"id":"chatcmpl-1","object":"chat.completion","choices":[],"usage":null}'
+DIRECT_RESPONSE = (
+    b"HTTP/1.1 200 \r\nserver: direct\r\ncontent-type: application/json\r\n"
+    b"content-length: " + str(len(RESPONSE_BODY)).encode() + b"\r\n\r\n" + RESPONSE_BODY
+)
+
+
+# ------------------------------------------------------------------ servers
+
+
+async def _serve_iopd() -> None:
+    from iopd.edge.openai.errors import render_error
+    from iopd.http.server import HttpLimits, Request, Responder, serve_http
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.send(200, [("content-type", "application/json")], RESPONSE_BODY)
+
+    async with trio.open_nursery() as nursery:
+        _, port = await nursery.start(
+            lambda task_status: serve_http(
+                handler,
+                "127.0.0.1",
+                0,
+                limits=HttpLimits(),
+                render_error=render_error,
+                task_status=task_status,
+            )
+        )
+        print(port, flush=True)
+
+
+async def _serve_direct() -> None:
+    async def handle(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                while end < 0:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                    end = buf.find(b"\r\n\r\n")
+                head = bytes(buf[:end]).lower()
+                i = head.find(b"content-length:")
+                length = int(head[i + 15 : head.find(b"\r\n", i)]) if i >= 0 else 0
+                total = end + 4 + length
+                while len(buf) < total:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                del buf[:total]
+                await stream.send_all(DIRECT_RESPONSE)
+        except trio.BrokenResourceError:
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    print(listeners[0].socket.getsockname()[1], flush=True)
+    await trio.serve_listeners(handle, listeners)
+
+
+# ------------------------------------------------------------------ client
+
+
+@dataclass
+class Tally:
+    done: int = 0
+    errors: int = 0
+
+
+async def _client(port: int, tally: Tally, budget: list[int], deadline: float) -> None:
+    stream = await trio.open_tcp_stream("127.0.0.1", port)
+    buf = bytearray()
+    try:
+        while budget[0] > 0 and trio.current_time() < deadline:
+            budget[0] -= 1
+            await stream.send_all(REQUEST)
+            end = -1
+            while (end := buf.find(b"\r\n\r\n")) < 0:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise ConnectionError("server closed")
+                buf += data
+            head = bytes(buf[:end]).lower()
+            if not head.startswith(b"http/1.1 200"):
+                tally.errors += 1
+            i = head.find(b"content-length:")
+            eol = head.find(b"\r\n", i)
+            length = int(head[i + 15 : eol if eol >= 0 else None])
+            total = end + 4 + length
+            while len(buf) < total:
+                data = await stream.receive_some(65536)
+                if not data:
+                    raise ConnectionError("server closed")
+                buf += data
+            del buf[:total]
+            tally.done += 1
+    finally:
+        await trio.aclose_forcefully(stream)
+
+
+async def _drive(
+    port: int, requests: int, concurrency: int, duration: float
+) -> tuple[int, int, float]:
+    tally = Tally()
+    budget = [requests]
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for _ in range(concurrency):
+            nursery.start_soon(_client, port, tally, budget, start + duration)
+    return tally.done, tally.errors, trio.current_time() - start
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    # fields[0] is field 3 (state); utime/stime are fields 14/15.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", kind],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        trio.run(_drive, port, args.warmup, args.concurrency, args.duration)
+        cpu0 = _cpu_seconds(proc.pid)
+        done, errors, elapsed = trio.run(
+            _drive, port, args.requests, args.concurrency, args.duration
+        )
+        cpu = _cpu_seconds(proc.pid) - cpu0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    return {
+        "requests": done,
+        "errors": errors,
+        "rps": done / elapsed,
+        "cpu_us": cpu / max(done, 1) * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", choices=["iopd", "direct"], help=argparse.SUPPRESS)
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--warmup", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--duration", type=float, default=30.0, help="max seconds per run")
+    args = parser.parse_args()
+    if args.serve == "iopd":
+        trio.run(_serve_iopd)
+        return
+    if args.serve == "direct":
+        trio.run(_serve_direct)
+        return
+    results = {kind: _bench(kind, args) for kind in ("direct", "iopd")}
+    print(f"{'server':<8} {'requests':>9} {'errors':>6} {'req/s':>9} {'CPU us/req':>11}")
+    for kind, r in results.items():
+        print(
+            f"{kind:<8} {r['requests']:>9.0f} {r['errors']:>6.0f} {r['rps']:>9.0f} "
+            f"{r['cpu_us']:>11.1f}"
+        )
+    ratio = results["iopd"]["cpu_us"] / results["direct"]["cpu_us"]
+    print(f"iopd/direct CPU per request: {ratio:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
