@@ -16,6 +16,8 @@ What can be configured:
   ``"garbage"`` (bytes that are not HTTP, then close), ``"hang"`` (read the
   request, never answer), ``"hang_after_head"`` (send the head and hang),
   ``"drop"`` (close without answering);
+* ``MockReply.drop_after`` — close the connection after the reply without a
+  ``Connection: close`` header (a server dropping an idle keep-alive socket);
 * ``chunk_delay`` — seconds between streamed chunks (``slow`` streams);
 * ``healthy`` — whether the health route (``/v1/models`` / ``/api/tags``) says 200;
 * ``handler`` — a callable ``(RecordedRequest) -> MockReply | None`` that
@@ -24,12 +26,15 @@ What can be configured:
 What is recorded: ``requests`` (method, path, headers, body),
 ``connections_opened``, ``client_closes`` (connections the *client* closed,
 incl. while a reply was hanging or streaming) with ``client_closed_at``
-(trio clock times) and ``wait_client_close(n)``.
+(trio clock times) and ``wait_client_close(n)``; ``connections_ended`` /
+``wait_connections_ended(n)`` count closes by either side.  Pass
+``ssl_context=`` to serve https (``base_url`` then uses host ``localhost``).
 """
 
 from __future__ import annotations
 
 import json
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,6 +84,7 @@ class MockReply:
     hang_after_chunks: bool = False
     raw: bytes | None = None  # written verbatim instead of a response, then close
     close: bool = False
+    drop_after: bool = False  # close the connection after the reply, without saying so
 
 
 def _json_reply(obj: Any, status: int = 200) -> MockReply:
@@ -88,13 +94,15 @@ def _json_reply(obj: Any, status: int = 200) -> MockReply:
 class MockHTTPServer:
     """Base: connection handling, recording, modes.  Subclasses route requests."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self.mode = "ok"
         self.healthy = True
         self.chunk_delay = 0.0
         self.handler: Callable[[RecordedRequest], MockReply | None] | None = None
         self.requests: list[RecordedRequest] = []
         self.connections_opened = 0
+        self.connections_ended = 0  # closed for any reason, by either side
         self.client_closes = 0
         self.client_closed_at: list[float] = []
         self._close_event = trio.Event()
@@ -102,15 +110,28 @@ class MockHTTPServer:
 
     @property
     def base_url(self) -> str:
+        if self.ssl_context is not None:  # the test certificate is for "localhost"
+            return f"https://localhost:{self.port}"
         return f"http://127.0.0.1:{self.port}"
 
     async def serve(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Listen on 127.0.0.1 port 0; ``task_status.started(self)`` once bound."""
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        self.port = listeners[0].socket.getsockname()[1]
+        tcp_listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        self.port = tcp_listeners[0].socket.getsockname()[1]
+        listeners: list[Any] = list(tcp_listeners)
+        if self.ssl_context is not None:
+            listeners = [
+                trio.SSLListener(lst, self.ssl_context, https_compatible=True)
+                for lst in tcp_listeners
+            ]
         async with trio.open_nursery() as nursery:
             await nursery.start(trio.serve_listeners, self._handle, listeners)
             task_status.started(self)
+
+    async def wait_connections_ended(self, count: int = 1) -> None:
+        """Wait until at least ``count`` connections have been closed (by anyone)."""
+        while self.connections_ended < count:
+            await self._close_event.wait()
 
     async def wait_client_close(self, count: int = 1) -> None:
         """Wait until at least ``count`` connections were closed by the client."""
@@ -148,7 +169,7 @@ class MockHTTPServer:
 
     # ---------------------------------------------------------- connections
 
-    async def _handle(self, stream: trio.SocketStream) -> None:
+    async def _handle(self, stream: trio.abc.Stream) -> None:
         self.connections_opened += 1
         conn = h11.Connection(h11.SERVER)
         try:
@@ -160,7 +181,7 @@ class MockHTTPServer:
                 reply = self._reply_for(req)
                 if not await self._send_reply(conn, stream, reply):
                     return
-                if reply.close or conn.our_state is h11.MUST_CLOSE:
+                if reply.close or reply.drop_after or conn.our_state is h11.MUST_CLOSE:
                     return
                 try:
                     conn.start_next_cycle()
@@ -170,9 +191,12 @@ class MockHTTPServer:
             self._record_client_close()
         finally:
             await trio.aclose_forcefully(stream)
+            self.connections_ended += 1
+            self._close_event.set()
+            self._close_event = trio.Event()
 
     async def _read_request(
-        self, conn: h11.Connection, stream: trio.SocketStream
+        self, conn: h11.Connection, stream: trio.abc.Stream
     ) -> RecordedRequest | None:
         request: h11.Request | None = None
         body = bytearray()
@@ -202,7 +226,7 @@ class MockHTTPServer:
                 return None
 
     async def _send_reply(
-        self, conn: h11.Connection, stream: trio.SocketStream, reply: MockReply
+        self, conn: h11.Connection, stream: trio.abc.Stream, reply: MockReply
     ) -> bool:
         """Send ``reply``; False when the connection must end (closed, raw, client gone)."""
         client_gone = False
@@ -233,7 +257,7 @@ class MockHTTPServer:
         return reply.raw is None
 
     async def _write_reply(
-        self, conn: h11.Connection, stream: trio.SocketStream, reply: MockReply
+        self, conn: h11.Connection, stream: trio.abc.Stream, reply: MockReply
     ) -> None:
         if reply.raw is not None:
             if reply.raw:
@@ -277,8 +301,8 @@ def sse(obj: Any) -> bytes:
 class MockOpenAIServer(MockHTTPServer):
     """An OpenAI-compatible server: /v1/models, /v1/chat/completions, /v1/responses."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(ssl_context=ssl_context)
         self.models = ["mock-model"]
         self.reply_text = "Hello from the mock"
         self.reasoning_text = ""
@@ -404,8 +428,8 @@ class MockOpenAIServer(MockHTTPServer):
 class MockOllamaServer(MockHTTPServer):
     """An Ollama-style server: /api/tags, /api/chat and /api/generate (NDJSON streams)."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(ssl_context=ssl_context)
         self.models = ["mock:latest"]
         self.reply_text = "Hello from ollama"
         self.reasoning_text = ""

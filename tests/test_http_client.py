@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import trio
@@ -193,3 +194,64 @@ async def test_base_url_path_prefix_is_kept(mock: MockOpenAIServer) -> None:
 def test_unsupported_scheme_is_rejected() -> None:
     with pytest.raises(ValueError):
         ProviderHTTPClient("ftp://x", connect_timeout=1, read_timeout=1)
+
+
+async def test_idle_connection_closed_by_server_is_not_reused(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        mock.handler = lambda req: MockReply(body=b"{}", drop_after=True)
+        await client.request("GET", "/a")
+        assert client.idle_connections == 1  # nothing told the client it was closed
+        await mock.wait_connections_ended(1)
+        mock.handler = None
+        # the pooled socket is at EOF: detected before reuse, a fresh one is dialled
+        resp = await client.request("GET", "/v1/models")
+        assert resp.status == 200
+        assert client.connections_opened == 2
+        assert [r.path for r in mock.requests] == ["/a", "/v1/models"]
+
+
+async def test_stale_reused_connection_is_retried_once(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        await client.request("GET", "/v1/models")
+        dropped: list[str] = []
+
+        def drop_first(req: Any) -> MockReply | None:
+            if not dropped:
+                dropped.append(req.path)
+                return MockReply(raw=b"")  # close without answering
+            return None
+
+        mock.handler = drop_first
+        resp = await client.request("GET", "/v1/models")
+        assert resp.status == 200
+        assert dropped == ["/v1/models"]
+        assert client.connections_opened == 2
+
+
+async def test_https_with_custom_trust() -> None:
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(MockOpenAIServer(ssl_context=server_ctx).serve)
+            client = ProviderHTTPClient(
+                server.base_url, connect_timeout=5, read_timeout=5, ssl_context=client_ctx
+            )
+            for _ in range(2):
+                resp = await client.request("GET", "/v1/models")
+                assert resp.status == 200
+            assert server.connections_opened == 1
+            untrusted = ProviderHTTPClient(server.base_url, connect_timeout=5, read_timeout=5)
+            with pytest.raises(ProviderConnectError):
+                await untrusted.request("GET", "/v1/models")
+            await client.aclose()
+            nursery.cancel_scope.cancel()

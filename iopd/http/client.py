@@ -96,12 +96,17 @@ def _map_errors(phase: str) -> Iterator[None]:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
+    """A short reason: the OS error text, else the exception's own message."""
+    for candidate in (exc, exc.__cause__):
+        if isinstance(candidate, OSError) and candidate.strerror:
+            return candidate.strerror
+    text = " ".join(str(exc).split())[:200] or type(exc).__name__
     cause = exc.__cause__
-    if isinstance(cause, OSError) and cause.strerror:
-        return cause.strerror
-    return type(exc).__name__
+    if isinstance(cause, BaseExceptionGroup):  # trio's "all attempts to connect ... failed"
+        reasons = {e.strerror for e in cause.exceptions if isinstance(e, OSError) and e.strerror}
+        if reasons:
+            text += ": " + ", ".join(sorted(reasons))
+    return text
 
 
 class _Connection:
@@ -205,6 +210,9 @@ async def _next_event(conn: _Connection, read_timeout: float) -> Any:
 class ProviderHTTPClient:
     """Keep-alive HTTP/1.1 client for one provider ``base_url`` (http or https).
 
+    For https the server certificate is verified against ``ssl_context``
+    (default: the system trust store) and ``base_url``'s host name.
+
     ``connect_timeout`` bounds the dial (and TLS handshake); ``read_timeout``
     bounds every single read or write, so a stream that keeps producing
     tokens never times out while a hung provider does.
@@ -217,6 +225,7 @@ class ProviderHTTPClient:
         connect_timeout: float,
         read_timeout: float,
         max_idle_connections: int = 8,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         parts = urlsplit(base_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -234,7 +243,7 @@ class ProviderHTTPClient:
         self.read_timeout = read_timeout
         self.max_idle_connections = max_idle_connections
         self._idle: deque[_Connection] = deque()
-        self._ssl_context: ssl.SSLContext | None = None
+        self._ssl_context = ssl_context  # https; None = system trust store
         self._closed = False
         #: How many connections this client has opened (tests, diagnostics).
         self.connections_opened = 0

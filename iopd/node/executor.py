@@ -269,8 +269,13 @@ class NodeExecutor:
             )
         return RunEvent(stream_id=req.stream_id, kind="error", code=code, message=message)
 
-    async def _execute(self, stream: _Stream, work: Any, provider_id: str) -> AdapterError | None:
-        """Run ``work()`` in the stream's scope; the failure to report, if any."""
+    async def _execute(self, stream: _Stream, work: Any, adapter: Adapter) -> AdapterError | None:
+        """Run ``work()`` in the stream's scope; the failure to report, if any.
+
+        The provider's own credential is scrubbed from the message here, the
+        one boundary every adapter error passes (a provider may echo it back).
+        """
+        provider_id = adapter.spec.id
         error: AdapterError | None = None
         with stream.scope:
             try:
@@ -284,6 +289,9 @@ class NodeExecutor:
                         type(exc).__name__,
                     )
                     error = AdapterError("provider_error", "internal error in the node adapter")
+        secret = adapter.spec.api_key
+        if error is not None and secret and secret in error.message:
+            error = AdapterError(error.code, error.message.replace(secret, "***"))
         if error is not None and error.code != "bad_request":
             log.info(
                 "event=provider_error provider=%s code=%s message=%r",
@@ -295,7 +303,7 @@ class NodeExecutor:
 
     async def _run(self, adapter: Adapter, req: RunRequest, stream: _Stream) -> None:
         out = _WireRunOutput(stream)
-        error = await self._execute(stream, lambda: adapter.run(req, out), req.provider_id)
+        error = await self._execute(stream, lambda: adapter.run(req, out), adapter)
         if stream.link_gone:
             return
         sid = req.stream_id
@@ -325,7 +333,7 @@ class NodeExecutor:
 
     async def _tunnel(self, adapter: Adapter, req: ProviderTunnelRequest, stream: _Stream) -> None:
         out = _WireTunnelOutput(stream)
-        error = await self._execute(stream, lambda: adapter.tunnel(req, out), req.provider_id)
+        error = await self._execute(stream, lambda: adapter.tunnel(req, out), adapter)
         if stream.link_gone:
             return
         sid = req.stream_id
