@@ -236,8 +236,7 @@ def test_queue_timeout(m: GatewayMetrics) -> None:
     labels = req_labels(
         model_group="qwen", response_mode=expected_response_mode("chat_completions", ["openai"])
     )
-    m.observe_dispatch_wait("qwen", 30.0, "queue_timeout")
-    m.count_queue_timeout()
+    m.observe_dispatch_wait("qwen", 30.0, "queue_timeout")  # also counts the timed-out waiter
     m.record_request(labels, status="queue_timeout", duration=30.01)
     assert (
         value(m, "iop_openai_requests_total", status="queue_timeout", response_mode="passthrough")
@@ -409,6 +408,13 @@ def test_failing_status_source_does_not_break_the_scrape(m: GatewayMetrics) -> N
     m.count_refresh("applied")
     assert value(m, "iop_config_refresh_total", outcome="applied") == 1
     assert series(m, "iop_queue_depth") == {}
+
+
+def test_count_queue_timeout_alone(m: GatewayMetrics) -> None:
+    m.observe_dispatch_wait("echo", 0.5, "admitted")
+    m.count_queue_timeout()
+    m.count_queue_timeout()
+    assert value(m, "iop_queue_waiters_timed_out_total") == 2
 
 
 def test_refresh_wire_counters(m: GatewayMetrics) -> None:

@@ -603,15 +603,26 @@ class GatewayMetrics:
         self._status.source = fn
 
     def observe_dispatch_wait(self, group: str, seconds: float, outcome: str) -> None:
-        """Time spent getting a lease for ``group``; ``outcome`` in :data:`DISPATCH_OUTCOMES`."""
+        """Time spent getting a lease for ``group``; ``outcome`` in :data:`DISPATCH_OUTCOMES`.
+
+        Call once per lease attempt (the pool's ``on_wait_done`` hook).  An
+        ``outcome="queue_timeout"`` also counts ``iop_queue_waiters_timed_out_total``,
+        so do not call :meth:`count_queue_timeout` for the same waiter.
+        """
         _check_member("outcome", outcome, DISPATCH_OUTCOMES)
         self._check_group(group)
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
         self._dispatch_wait.labels(self.edge_id, group, outcome).observe(seconds)
+        if outcome == "queue_timeout":
+            self._queue_timeouts.labels(self.edge_id).inc()
 
     def count_queue_timeout(self) -> None:
-        """One queue waiter reached its ``queue_timeout``."""
+        """One queue waiter reached its ``queue_timeout``.
+
+        Only for a timeout that is *not* reported through
+        :meth:`observe_dispatch_wait` (which counts it already).
+        """
         self._queue_timeouts.labels(self.edge_id).inc()
 
     def count_refresh(self, outcome: str) -> None:
