@@ -16,12 +16,14 @@ import sys
 import time
 
 _PAIR = re.compile(r"""(\w+)=("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*'|\S*)""")
-_BEARER = re.compile(r"(?i)\b(bearer|token|api[_-]?key|authorization)(\s*[:=]\s*|\s+)(\S+)")
+_BEARER = re.compile(
+    r"(?i)\b(bearer|token|api[_-]?key|authorization)(\s*[:=]\s*|\s+)((?:bearer|basic)\s+)?(\S+)"
+)
 
 
 def redact(text: str) -> str:
     """Mask anything that looks like a credential in free text."""
-    return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3) or ''}***", text)
 
 
 class KeyValueFormatter(logging.Formatter):
@@ -49,14 +51,13 @@ class JsonFormatter(logging.Formatter):
             "level": record.levelname.lower(),
             "logger": record.name,
         }
-        pairs = _PAIR.findall(msg)
-        if pairs:
-            for key, value in pairs:
-                if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
-                    value = value[1:-1]
-                doc[key] = value
-        else:
-            doc["msg"] = msg
+        for key, value in _PAIR.findall(msg):
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            doc[key] = value
+        rest = " ".join(_PAIR.sub(" ", msg).split())
+        if rest:
+            doc["msg"] = rest  # free text around the pairs is kept too
         if record.exc_info:
             doc["exc"] = self.formatException(record.exc_info)
         return json.dumps(doc, ensure_ascii=False)
