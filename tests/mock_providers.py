@@ -207,7 +207,7 @@ class MockHTTPServer:
                 if not data:
                     self._record_client_close()
                     return None
-                conn.receive_data(data)
+                conn.receive_data(bytes(data))
                 continue
             if isinstance(event, h11.Request):
                 request = event
@@ -238,7 +238,7 @@ class MockHTTPServer:
                     data = await stream.receive_some(65536)
                     if not data:
                         break
-                    conn.receive_data(data)  # pipelined bytes; h11 buffers them
+                    conn.receive_data(bytes(data))  # pipelined bytes; h11 buffers them
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass
             client_gone = True
