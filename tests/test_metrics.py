@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -526,3 +529,34 @@ def test_canary_secrets_never_reach_the_exposition(m: GatewayMetrics) -> None:
     for c in canaries:
         assert c not in text
         assert "CANARY" not in text
+
+
+# ------------------------------------------------------------------ docs stay in sync
+
+
+def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) -> None:
+    """A metric renamed here but not in the docs (or a typo there) fails this test."""
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    guide = (docs / "openai-usage-grafana.md").read_text(encoding="utf-8")
+    queries = re.findall(r"```promql\n(.*?)\n```", guide, re.S)
+    dashboard = json.loads((docs / "grafana-dashboard.json").read_text(encoding="utf-8"))
+    queries += [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert len(queries) > 40
+
+    m.record_request(
+        req_labels(),
+        status="ok",
+        duration=0.1,
+        usage=[("run_event", "input", 1)],
+        reasoning_chars=4,
+    )
+    m.observe_dispatch_wait("echo", 0.1, "queue_timeout")
+    m.count_refresh("applied")
+    m.count_wire_frames("in")
+    m.count_wire_error("malformed")
+    m.set_status_source(lambda: GatewayStatus(providers=[ProviderGaugeRow("n", "p", 0, 1)]))
+    exposed = {name for name, _ in samples(m)}
+    rule_series = {"iop_price_per_million_tokens", "iop_infra_cost_per_month"}
+    used = {name for q in queries for name in re.findall(r"\biop_[a-z_]+", q)}
+    assert used - rule_series <= exposed, sorted(used - rule_series - exposed)
+    assert rule_series <= used  # the cost/ROI queries are there
