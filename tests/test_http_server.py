@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 import h11
 import pytest
 import trio
+import trio.testing
 
 from iopd.edge.openai.errors import render_error
 from iopd.errors import QueueTimeout
@@ -584,3 +585,31 @@ async def test_body_arriving_in_pieces_is_assembled() -> None:
                 await trio.sleep(0.01)
             status, _, body = await client.response(b"POST")
             assert status == 200 and json.loads(body)["body"] == "0123456789"
+
+
+async def test_shutdown_lets_a_request_still_being_read_finish() -> None:
+    with trio.fail_after(10):
+        async with running() as (port, server), connect(port) as client:
+            raw = post(b"0123456789")
+            await client.send(raw[:-4])
+            await trio.testing.wait_all_tasks_blocked()
+            assert server.in_flight == 1  # counted from its first byte
+            server.shutdown()
+            await client.send(raw[-4:])
+            status, headers, body = await client.response(b"POST")
+            assert status == 200 and json.loads(body)["body"] == "0123456789"
+            assert headers["connection"] == "close"
+            assert await client.at_eof()
+            await server.wait_idle()
+            assert server.in_flight == 0
+
+
+async def test_no_content_length_on_204() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.send(204, [], b"")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            status, headers, body = await client.response()
+            assert status == 204 and body == b"" and "content-length" not in headers

@@ -164,7 +164,8 @@ class Responder:
     async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         """Send a whole response; ``Content-Length`` is added (do not pass one)."""
         head = self._head(status, headers)
-        head.append(("content-length", str(len(body))))
+        if status >= 200 and status != 204 and status != 304:
+            head.append(("content-length", str(len(body))))
         h = self._conn.h11
         parts = [h.send(h11.Response(status_code=status, headers=head))]
         if body and not self._head_only:
@@ -231,7 +232,7 @@ class HttpServer:
 
     @property
     def in_flight(self) -> int:
-        """Requests whose handler is running now."""
+        """Requests being read, handled or answered now (idle connections excluded)."""
         return self._in_flight
 
     @property
@@ -240,7 +241,7 @@ class HttpServer:
         return len(self._connections)
 
     async def wait_idle(self) -> None:
-        """Return once no request is in flight."""
+        """Return once no request is in flight (see :attr:`in_flight`)."""
         while self._in_flight:
             await self._idle.wait()
 
@@ -345,6 +346,7 @@ class _Connection:
         "pending",
         "eof",
         "discard",
+        "active",
         "_loop_waiter",
         "_space",
     )
@@ -362,6 +364,7 @@ class _Connection:
         self.pending = bytearray()
         self.eof = False  # the client closed (or reset) its side
         self.discard = False  # lingering close: drop what still arrives
+        self.active = False  # a request is being read or answered
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
 
@@ -458,6 +461,19 @@ class _Connection:
 
     async def _serve_one(self) -> bool:
         """Serve one request; True when the connection may carry another."""
+        try:
+            return await self._serve_request()
+        finally:
+            if self.active:
+                self.active = False
+                self.server._request_done()
+
+    def _begin_request(self) -> None:
+        """The next request's first bytes are here: it counts as in flight."""
+        self.active = True
+        self.server._request_started()
+
+    async def _serve_request(self) -> bool:
         result: Request | GatewayError | None = None
         # One scope per request whose deadline moves with the phase (idle ->
         # head -> body): cheaper than a scope per phase on the hot path.
@@ -500,10 +516,13 @@ class _Connection:
                     return None
                 conn.receive_data(data)
                 event = conn.next_event()
+            self._begin_request()
             if event is h11.NEED_DATA:
                 self.reading = "headers"
                 deadline.deadline = trio.current_time() + limits.header_timeout
                 event = await self._receive_event()
+        if not self.active:
+            self._begin_request()
         if type(event) is not h11.Request:
             return None  # ConnectionClosed
 
@@ -566,7 +585,6 @@ class _Connection:
         if self.eof:
             return False  # the client is already gone
         self.handler_scope = handler_scope
-        server._request_started()
         try:
             with handler_scope:
                 try:
@@ -580,7 +598,6 @@ class _Connection:
                     crashed = group
         finally:
             self.handler_scope = None
-            server._request_done()
 
         if handler_scope.cancelled_caught or self.eof:
             return False
