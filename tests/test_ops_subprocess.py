@@ -1,5 +1,6 @@
 """Operations against real daemons: ``python -m iopd edge`` and ``python -m iopd node``
-as subprocesses on loopback, driven by signals, as systemd would (SPEC §9).
+as subprocesses on loopback, driven by signals, as systemd would (SPEC §9);
+plus consistency checks of the shipped systemd units.
 
 Why subprocesses: drain on SIGTERM, refresh on SIGHUP, the exit code and what
 reaches stdout can only be seen from outside the process.  Every listener is
@@ -32,7 +33,7 @@ import h11
 import pytest
 import trio
 
-pytestmark = pytest.mark.skipif(
+needs_daemons = pytest.mark.skipif(
     importlib.util.find_spec("iopd.node.run") is None,
     reason="the node daemon (iopd/node/run.py, `iopd node`) is not in the tree yet",
 )
@@ -381,6 +382,7 @@ async def wait_until_refused(addr: tuple[str, int]) -> None:
 # ------------------------------------------------------------------- tests
 
 
+@needs_daemons
 async def test_sigterm_lets_an_in_flight_stream_finish_then_exits_0(tmp_path: Path) -> None:
     words = [f"w{i}" for i in range(12)]
     text = " ".join(words)
@@ -407,6 +409,7 @@ async def test_sigterm_lets_an_in_flight_stream_finish_then_exits_0(tmp_path: Pa
             assert c.edge.events("edge_stopped")
 
 
+@needs_daemons
 async def test_drain_deadline_cuts_a_long_stream_with_a_terminal_error(tmp_path: Path) -> None:
     text = " ".join(f"w{i}" for i in range(60))  # 60 chunks x 200 ms: far beyond the deadline
     with trio.fail_after(GUARD):
@@ -432,6 +435,7 @@ async def test_drain_deadline_cuts_a_long_stream_with_a_terminal_error(tmp_path:
             assert line["status"] == "cancelled"
 
 
+@needs_daemons
 async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
     text = " ".join(f"w{i}" for i in range(60))
     with trio.fail_after(GUARD):
@@ -450,6 +454,7 @@ async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
             assert "[DONE]" not in sse_payloads(results["stream"].body)
 
 
+@needs_daemons
 async def test_node_sigterm_finishes_its_runs_then_exits_0(tmp_path: Path) -> None:
     text = " ".join(f"w{i}" for i in range(12))
     with trio.fail_after(GUARD):
@@ -472,6 +477,7 @@ async def test_node_sigterm_finishes_its_runs_then_exits_0(tmp_path: Path) -> No
             assert c.edge.proc.returncode is None
 
 
+@needs_daemons
 async def test_sighup_applies_a_capacity_change_visible_in_status(tmp_path: Path) -> None:
     with trio.fail_after(GUARD):
         async with cluster(tmp_path, capacity=2) as c:
@@ -498,6 +504,7 @@ async def test_sighup_applies_a_capacity_change_visible_in_status(tmp_path: Path
             assert c.edge.proc.returncode is None  # SIGHUP never stops the edge
 
 
+@needs_daemons
 @pytest.mark.parametrize("log_format", ["keyvalue", "json"])
 async def test_one_request_line_per_request_and_no_secrets(tmp_path: Path, log_format: str) -> None:
     with trio.fail_after(GUARD):
@@ -567,3 +574,58 @@ async def test_one_request_line_per_request_and_no_secrets(tmp_path: Path, log_f
         for secret in (CALLER_TOKEN, NODE_TOKEN, WRONG_TOKEN):
             assert secret not in everything
         assert "Traceback" not in everything
+
+
+# ------------------------------------------------------------ systemd units
+
+UNIT_DIR = Path(__file__).resolve().parent.parent / "scripts" / "systemd"
+
+
+def _unit(name: str) -> dict[str, dict[str, list[str]]]:
+    """A unit file as section -> key -> every value (keys may repeat)."""
+    sections: dict[str, dict[str, list[str]]] = {}
+    current: dict[str, list[str]] = {}
+    for raw in (UNIT_DIR / name).read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("["):
+            current = sections.setdefault(line.strip("[]"), {})
+            continue
+        key, _, value = line.partition("=")
+        current.setdefault(key, []).append(value)
+    return sections
+
+
+@pytest.mark.parametrize(
+    ("unit", "kind"), [("iopd-edge.service", "edge"), ("iopd-node.service", "node")]
+)
+def test_units_match_the_cli_and_the_drain(unit: str, kind: str) -> None:
+    from iopd.cli import build_parser
+    from iopd.config.schema import EdgeSection, NodeSection
+    from iopd.edge.run import CUT_GRACE
+
+    svc = _unit(unit)["Service"]
+    (exec_start,) = svc["ExecStart"]
+    argv = exec_start.split()
+    assert argv[0].endswith("/bin/iopd")
+    args = build_parser().parse_args(argv[1:])  # the real CLI accepts the unit's command
+    assert args.command == kind
+    assert args.config == f"/etc/iopd/{kind}.yaml"
+    assert svc["Type"] == ["notify"]  # iopd.sdnotify sends READY=1
+    assert "AF_UNIX" in svc["RestrictAddressFamilies"][0].split()  # the notify socket
+    assert svc["KillSignal"] == ["SIGTERM"]
+    assert svc["Restart"] == ["on-failure"]
+    assert svc["User"] == ["iopd"]
+    assert svc["EnvironmentFile"] == [f"-/etc/iopd/{kind}.env"]
+    assert (UNIT_DIR / f"{kind}.env.example").is_file()
+    default_drain = (
+        EdgeSection(id="e", node_listen="127.0.0.1:1", admin_listen="127.0.0.1:2").drain_timeout
+        if kind == "edge"
+        else NodeSection(id="n", edge="127.0.0.1:1", token="t").drain_timeout
+    )
+    assert float(svc["TimeoutStopSec"][0]) > default_drain + CUT_GRACE
+    if kind == "edge":
+        assert svc["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+    else:
+        assert "ExecReload" not in svc  # the node gets its config from the edge
