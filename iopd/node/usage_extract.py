@@ -249,6 +249,8 @@ class SseUsageScanner(_LineScanner):
         payload = line[5:].strip()
         if not payload or payload == b"[DONE]" or payload[:1] != b"{":
             return
+        if b'"usage"' not in payload and b"reasoning" not in payload:
+            return  # most chunks: plain content deltas, not worth decoding
         try:
             doc = _json_decode(payload)
         except ValueError:
@@ -265,6 +267,8 @@ class NdjsonUsageScanner(_LineScanner):
         line = line.strip()
         if not line.startswith(b"{"):
             return
+        if b"eval_count" not in line and b"thinking" not in line:
+            return  # most lines: plain content, not worth decoding
         try:
             doc = _json_decode(line)
         except ValueError:

@@ -17,10 +17,14 @@ import json
 import secrets
 from typing import Any
 
+import msgspec
+
 from iopd.node.adapters.base import AdapterError, RunOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
 from wire.messages import RunRequest
+
+_decode_json = msgspec.json.Decoder().decode  # faster than json.loads per chunk
 
 # OpenAI param -> Ollama option.
 _OPTION_NAMES = {
@@ -133,7 +137,7 @@ class OllamaAdapter(HTTPAdapter):
                     if not line or done:  # read to the end so the connection is reused
                         continue
                     try:
-                        obj = json.loads(line)
+                        obj = _decode_json(line)
                     except ValueError:
                         raise AdapterError(
                             "provider_error", "provider sent invalid JSON in its stream"

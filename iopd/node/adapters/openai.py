@@ -18,10 +18,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 from iopd.node.adapters.base import AdapterError, RunOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
 from iopd.node.usage_extract import usage_from_openai
 from wire.messages import RunRequest
+
+_decode_json = msgspec.json.Decoder().decode  # faster than json.loads per chunk
 
 # Request fields the adapter owns; caller params never override them.
 _OWNED_FIELDS = frozenset({"model", "messages", "stream", "stream_options", "tools"})
@@ -100,7 +104,7 @@ class OpenAIAdapter(HTTPAdapter):
                     if not data or done:
                         continue
                     try:
-                        chunk = json.loads(data)
+                        chunk = _decode_json(data)
                     except ValueError:
                         raise AdapterError(
                             "provider_error", "provider sent invalid JSON in its stream"
