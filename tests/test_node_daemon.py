@@ -285,3 +285,33 @@ async def test_node_process_drains_on_sigterm_and_exits_0(tmp_path: Path) -> Non
     text = output.decode()
     assert "node_drain_done" in text
     assert "secret-node-token" not in text
+
+
+async def test_second_signal_exits_without_waiting_for_the_drain(tmp_path: Path) -> None:
+    with trio.fail_after(20):
+        async with FakeEdge.serve(node_config=echo_config(delay_ms=1000)) as edge:
+            cfg = tmp_path / "node.yaml"
+            cfg.write_text(
+                f"node:\n  id: node-a\n  edge: {edge.address}\n  token: t\n  drain_timeout: 600\n"
+            )
+            proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "iopd", "node", "--config", str(cfg)],
+                stdout=subprocess.PIPE,
+            )
+            try:
+                session = await edge.accept()
+                req = echo_req(session, " ".join(["slow"] * 100))  # would take 100 s
+                await session.send(req)
+                await session.receive(RunEvent)
+                proc.send_signal(signal.SIGTERM)
+                assert proc.stdout is not None
+                output = b""
+                while b"node_drain_start" not in output:  # the first signal started the drain
+                    output += await proc.stdout.receive_some(65536)
+                assert proc.returncode is None  # draining: the run is still going
+                proc.send_signal(signal.SIGINT)
+                assert await proc.wait() == 0
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
