@@ -201,10 +201,17 @@ class Daemon:
 
 @asynccontextmanager
 async def run_daemon(
-    nursery: trio.Nursery, name: str, kind: str, config: Path
+    nursery: trio.Nursery,
+    name: str,
+    kind: str,
+    config: Path,
+    *,
+    notify_socket: str | None = None,
 ) -> AsyncIterator[Daemon]:
     env = dict(os.environ, IOP_NODE_TOKEN=NODE_TOKEN, PYTHONUNBUFFERED="1")
     env.pop("NOTIFY_SOCKET", None)
+    if notify_socket is not None:
+        env["NOTIFY_SOCKET"] = notify_socket
     proc = await trio.lowlevel.open_process(
         [sys.executable, "-m", "iopd", kind, "--config", str(config)],
         stdin=subprocess.DEVNULL,
@@ -574,6 +581,49 @@ async def test_one_request_line_per_request_and_no_secrets(tmp_path: Path, log_f
         for secret in (CALLER_TOKEN, NODE_TOKEN, WRONG_TOKEN):
             assert secret not in everything
         assert "Traceback" not in everything
+
+
+def _daemons_call_sdnotify() -> bool:
+    root = Path(__file__).resolve().parent.parent / "iopd"
+    return all(
+        "sdnotify" in (root / rel).read_text()
+        for rel in ("edge/run.py", "node/run.py")
+        if (root / rel).is_file()
+    )
+
+
+@needs_daemons
+@pytest.mark.skipif(
+    not _daemons_call_sdnotify(),
+    reason="the daemons do not call iopd.sdnotify yet (hook points: see iopd/sdnotify.py)",
+)
+async def test_edge_notifies_systemd_ready_reloading_stopping(tmp_path: Path) -> None:
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
+    await sock.bind(path)
+
+    async def next_states() -> list[str]:
+        return (await sock.recv(4096)).decode().split("\n")
+
+    edge_cfg = tmp_path / "edge.yaml"
+    edge_cfg.write_text(edge_yaml())
+    with sock, trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            async with run_daemon(nursery, "edge", "edge", edge_cfg, notify_socket=path) as edge:
+                ready = await next_states()
+                assert "READY=1" in ready
+                await edge.wait_event("edge_started")  # READY=1 only once it serves
+
+                edge.proc.send_signal(signal.SIGHUP)
+                reloading = await next_states()
+                assert "RELOADING=1" in reloading
+                assert any(st.startswith("MONOTONIC_USEC=") for st in reloading)
+                assert "READY=1" in await next_states()  # never left "reloading"
+
+                edge.proc.send_signal(signal.SIGTERM)
+                assert "STOPPING=1" in await next_states()
+                assert await edge.wait_exit() == 0
+            nursery.cancel_scope.cancel()
 
 
 # ------------------------------------------------------------ systemd units
