@@ -12,11 +12,14 @@ so nothing here raises.
 
 Where the daemons call it (see docs/operations.md):
 
-* ``notify(*ready("edge edge-1 serving"))`` once ``run_edge`` has bound its
-  listeners;
-* ``notify(*reloading())`` when SIGHUP starts a refresh, then
-  ``notify(*ready("..."))`` when it finished (applied or refused);
-* ``notify(*stopping())`` when the drain starts.
+* edge (``iopd/edge/run.py``): ``notify(*ready(f"edge {id} serving"))`` once
+  every listener is bound **and** the signal receiver is installed (else a
+  ``systemctl reload`` right after start kills the process); around the
+  SIGHUP refresh ``notify(*reloading())`` and, in a ``finally``,
+  ``notify(*ready(...))`` again (a unit left "reloading" never leaves it);
+  ``notify(*stopping())`` when the drain starts.
+* node (``iopd/node/run.py``): ``ready()`` once started, ``stopping()`` when
+  its drain starts.
 """
 
 from __future__ import annotations
