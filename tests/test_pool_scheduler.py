@@ -293,6 +293,32 @@ def test_no_head_of_line_blocking() -> None:
     assert third.state is WaiterState.PENDING
 
 
+def test_no_head_of_line_blocking_on_refresh() -> None:
+    s = scheduler(snap([slot("a"), slot("b")], {"ma": ["a"], "mb": ["b"]}))
+    grant(s, "ma")
+    grant(s, "mb")
+    first = wait(s, "ma")
+    second = wait(s, "mb")
+    assert s.apply_snapshot(
+        snap([slot("a"), slot("b", capacity=2)], {"ma": ["a"], "mb": ["b"]})
+    ) == [second]
+    assert first.state is WaiterState.PENDING
+
+
+def test_no_head_of_line_blocking_by_long_waiter() -> None:
+    s = scheduler(snap([slot("big", capacity=3, long=1)], {"m": ["big"]}))
+    long_grant = grant(s, "m", long=True)
+    normal = [grant(s, "m"), grant(s, "m")]
+    long_waiter = wait(s, "m", long=True)
+    normal_waiter = wait(s, "m")
+    # A normal slot frees: the long waiter still lacks a long slot, the later
+    # normal waiter fits and is admitted.
+    assert s.release(normal[0]) == [normal_waiter]
+    assert long_waiter.state is WaiterState.PENDING
+    assert s.release(long_grant) == [long_waiter]
+    assert s.in_flight("big") == (3, 1)
+
+
 def test_reexamination_admits_every_waiter_that_fits() -> None:
     s = scheduler(snap([slot("a", capacity=1)], {"m": ["a"]}))
     g = grant(s, "m")

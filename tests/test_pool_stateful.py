@@ -1,0 +1,546 @@
+"""Stateful property tests of the pool (SPEC §2).
+
+The synchronous scheduler is driven by hypothesis through random acquire,
+release (also twice), cancel/timeout, node disconnect/reconnect, health changes
+and snapshot swaps (capacity up and down, providers disabled or removed, groups
+rewired).  After every step it is compared with a deliberately naive reference
+that walks the whole queue in enqueue order on every change, and the
+invariants are checked directly: counters equal the grants held, capacity in
+force was respected at each admission, no waiter waits while it could fit or
+while its group has no live candidate.  A randomized test drives the same
+kinds of events through the trio layer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
+from iopd.edge.pool.scheduler import REQUIREMENT_TYPES, Grant, Scheduler, Waiter, WaiterState
+from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
+
+PIDS = [f"p{i}" for i in range(6)]
+NODES = ["n0", "n1", "n2"]
+GROUPS = ["g0", "g1", "g2"]
+TYPES = ["openai", "ollama", "cli", "echo"]
+REQUIRES = [
+    frozenset(),
+    frozenset({"passthrough"}),
+    frozenset({"ollama"}),
+    frozenset({"normalized"}),
+]
+
+
+def node_of(pid: str) -> str:
+    return NODES[int(pid[1:]) % len(NODES)]
+
+
+def type_of(pid: str) -> str:
+    return TYPES[int(pid[1:]) % len(TYPES)]
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> PoolSnapshot:
+    providers: dict[str, ProviderSlot] = {}
+    for pid in PIDS:
+        if draw(st.integers(0, 7)) == 0:
+            continue  # removed from this snapshot
+        cap = draw(st.integers(1, 2))
+        providers[pid] = ProviderSlot(
+            provider_id=pid,
+            node_id=node_of(pid),
+            type=type_of(pid),
+            capacity=cap,
+            long_context_capacity=draw(st.integers(0, cap)),
+            priority=draw(st.integers(0, 2)),
+            enabled=draw(st.integers(0, 9)) != 0,
+        )
+    groups: dict[str, GroupPolicy] = {}
+    for gid in GROUPS:
+        if draw(st.integers(0, 9)) == 0:
+            continue
+        members = draw(st.lists(st.sampled_from(PIDS), unique=True, min_size=1, max_size=3))
+        groups[gid] = GroupPolicy(gid, tuple((p, f"{p}@{gid}") for p in members))
+    return PoolSnapshot(
+        providers, groups, max_queue=draw(st.sampled_from([0, 3, 8])), queue_timeout=5.0
+    )
+
+
+# ------------------------------------------------------------------ reference
+
+
+@dataclass
+class RefWaiter:
+    ident: int
+    group: str
+    long: bool
+    requires: frozenset[str]
+
+
+@dataclass
+class RefGrant:
+    provider_id: str
+    target: str
+    long: bool
+
+
+@dataclass
+class Reference:
+    """The spec, written as plainly as possible: full scan on every change."""
+
+    snapshot: PoolSnapshot
+    connected: set[str] = field(default_factory=set)
+    health: dict[str, str] = field(default_factory=dict)
+    in_flight: dict[str, int] = field(default_factory=dict)
+    long_in_flight: dict[str, int] = field(default_factory=dict)
+    cursor: dict[str, int] = field(default_factory=dict)
+    queue: list[RefWaiter] = field(default_factory=list)
+
+    def candidates(
+        self, group: str, long: bool, requires: frozenset[str]
+    ) -> tuple[list[tuple[int, ProviderSlot, str]], bool]:
+        policy = self.snapshot.groups.get(group)
+        if policy is None:
+            return [], False
+        out = []
+        for index, (pid, target) in enumerate(policy.providers):
+            s = self.snapshot.providers.get(pid)
+            if s is None or not s.enabled or s.node_id not in self.connected:
+                continue
+            if self.health.get(pid, "unknown") == "unhealthy":
+                continue
+            if not all(s.type in REQUIREMENT_TYPES[r] for r in requires):
+                continue
+            out.append((index, s, target))
+        if long and any(s.long_context_capacity > 0 for _, s, _ in out):
+            return [c for c in out if c[1].long_context_capacity > 0], True
+        return out, False
+
+    def pick(self, group: str, long: bool, requires: frozenset[str]) -> RefGrant | None:
+        cands, use_long = self.candidates(group, long, requires)
+        free = [
+            c
+            for c in cands
+            if self.in_flight.get(c[1].provider_id, 0) < c[1].capacity
+            and (
+                not use_long
+                or self.long_in_flight.get(c[1].provider_id, 0) < c[1].long_context_capacity
+            )
+        ]
+        if not free:
+            return None
+        cursor = self.cursor.get(group, 0)
+        n = len(self.snapshot.groups[group].providers)
+
+        def rank(c: tuple[int, ProviderSlot, str]) -> tuple[float, int, int]:
+            index, s, _ = c
+            return (
+                self.in_flight.get(s.provider_id, 0) / s.capacity,
+                s.priority,
+                (index - cursor) % n if cursor < n else index,
+            )
+
+        index, s, target = min(free, key=rank)
+        self.cursor[group] = index + 1
+        self.in_flight[s.provider_id] = self.in_flight.get(s.provider_id, 0) + 1
+        if use_long:
+            self.long_in_flight[s.provider_id] = self.long_in_flight.get(s.provider_id, 0) + 1
+        return RefGrant(s.provider_id, target, use_long)
+
+    def release(self, g: RefGrant) -> list[tuple[int, RefGrant | None]]:
+        self.in_flight[g.provider_id] -= 1
+        if g.long:
+            self.long_in_flight[g.provider_id] -= 1
+        return self.reexamine()
+
+    def reexamine(self) -> list[tuple[int, RefGrant | None]]:
+        resolved: list[tuple[int, RefGrant | None]] = []
+        for w in list(self.queue):
+            if not self.candidates(w.group, w.long, w.requires)[0]:
+                self.queue.remove(w)
+                resolved.append((w.ident, None))
+                continue
+            g = self.pick(w.group, w.long, w.requires)
+            if g is not None:
+                self.queue.remove(w)
+                resolved.append((w.ident, g))
+        return resolved
+
+
+# ------------------------------------------------------------------ the machine
+
+
+def view(g: Grant) -> RefGrant:
+    return RefGrant(g.provider_id, g.target, g.long)
+
+
+class SchedulerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.sched: Scheduler | None = None
+        self.ref: Reference | None = None
+        self.held: list[tuple[Grant, RefGrant]] = []
+        self.released: list[Grant] = []
+        self.waiting: dict[int, Waiter] = {}
+        self.next_ident = 0
+        self.step = ""
+
+    # -- helpers
+
+    def s(self) -> Scheduler:
+        assert self.sched is not None
+        return self.sched
+
+    def r(self) -> Reference:
+        assert self.ref is not None
+        return self.ref
+
+    def settle(self, real: list[Waiter], expected: list[tuple[int, RefGrant | None]]) -> None:
+        """Compare the waiters one step resolved with the reference's, in enqueue order."""
+        by_waiter = {id(w): ident for ident, w in self.waiting.items()}
+        got: list[tuple[int, RefGrant | None]] = []
+        admitted_to: set[str] = set()
+        admitted_long: set[str] = set()
+        for w in real:
+            ident = by_waiter[id(w)]
+            del self.waiting[ident]
+            if w.state is WaiterState.ADMITTED:
+                assert w.grant is not None
+                got.append((ident, view(w.grant)))
+                (admitted_long if w.grant.long else admitted_to).add(w.grant.provider_id)
+            else:
+                assert w.state is WaiterState.FAILED
+                assert isinstance(w.error, NodeDispatchError)
+                got.append((ident, None))
+        assert got == expected
+        if any(g is not None for _, g in got):
+            event(f"waiter admitted on re-examination ({self.step})")
+            if (
+                any(g is not None for _, g in got)
+                and self.waiting
+                and min(self.waiting) < max(i for i, g in got if g is not None)
+            ):
+                event(f"later waiter admitted past an earlier one that does not fit ({self.step})")
+        if any(g is None for _, g in got):
+            event("waiter failed with no live candidate")
+        ref_by_ident = dict(expected)
+        for w in real:
+            if w.grant is not None:
+                rg = ref_by_ident[by_waiter[id(w)]]
+                assert rg is not None
+                self.held.append((w.grant, rg))
+        self.check_capacity_at_admission(admitted_to, admitted_long)
+
+    def check_capacity_at_admission(self, normal: set[str], long: set[str]) -> None:
+        """Providers that admitted in this step are within the capacity in force now."""
+        for pid in normal | long:
+            slot = self.s().snapshot.providers[pid]
+            in_flight, long_in_flight = self.s().in_flight(pid)
+            assert 0 < in_flight <= slot.capacity
+            if pid in long:
+                assert 0 < long_in_flight <= slot.long_context_capacity
+
+    # -- rules
+
+    @initialize(
+        snapshot=snapshots(),
+        connected=st.sampled_from([set(NODES), set(NODES), {"n0", "n1"}, {"n1", "n2"}]),
+    )
+    def start(self, snapshot: PoolSnapshot, connected: set[str]) -> None:
+        self.sched = Scheduler(snapshot)
+        self.ref = Reference(snapshot)
+        for node in sorted(connected):
+            assert self.s().set_node_connected(node, True) == []
+            self.r().connected.add(node)
+
+    @rule(
+        group=st.sampled_from([*GROUPS, "nope"]),
+        long=st.booleans(),
+        requires=st.sampled_from(REQUIRES),
+    )
+    def acquire(self, group: str, long: bool, requires: frozenset[str]) -> None:
+        ref = self.r()
+        cands, _ = ref.candidates(group, long, requires)
+        try:
+            out = self.s().request(group, long=long, requires=requires)
+        except NodeDispatchError:
+            assert not cands
+            return
+        except QueueFull:
+            assert cands and len(ref.queue) >= ref.snapshot.max_queue
+            assert ref.pick(group, long, requires) is None
+            return
+        assert cands
+        if isinstance(out, Grant):
+            expected = ref.pick(group, long, requires)
+            assert expected == view(out)
+            self.held.append((out, expected))
+            self.check_capacity_at_admission(
+                set() if out.long else {out.provider_id}, {out.provider_id} if out.long else set()
+            )
+        else:
+            assert ref.pick(group, long, requires) is None
+            assert len(ref.queue) < ref.snapshot.max_queue
+            ident = self.next_ident
+            self.next_ident += 1
+            ref.queue.append(RefWaiter(ident, group, long, requires))
+            self.waiting[ident] = out
+
+    @rule(
+        group=st.sampled_from(GROUPS),
+        long=st.booleans(),
+        count=st.integers(1, 4),
+    )
+    def acquire_burst(self, group: str, long: bool, count: int) -> None:
+        """Requests are the common event: a burst of them fills slots and the queue."""
+        for _ in range(count):
+            self.acquire(group, long, frozenset())
+
+    @precondition(lambda self: self.held)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        self.step = "release"
+        i = data.draw(st.integers(0, len(self.held) - 1))
+        grant, rg = self.held.pop(i)
+        real = self.s().release(grant)
+        self.released.append(grant)
+        self.settle(real, self.r().release(rg))
+
+    @precondition(lambda self: self.released)
+    @rule(data=st.data())
+    def release_twice(self, data: st.DataObject) -> None:
+        grant = data.draw(st.sampled_from(self.released))
+        before = {pid: self.s().in_flight(pid) for pid in PIDS}
+        assert self.s().release(grant) == []
+        assert before == {pid: self.s().in_flight(pid) for pid in PIDS}
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data())
+    def cancel_or_timeout(self, data: st.DataObject) -> None:
+        ident = data.draw(st.sampled_from(sorted(self.waiting)))
+        w = self.waiting.pop(ident)
+        self.s().cancel(w)
+        assert w.state is WaiterState.CANCELLED
+        self.r().queue = [x for x in self.r().queue if x.ident != ident]
+
+    @rule(node=st.sampled_from(NODES), connected=st.booleans())
+    def node_event(self, node: str, connected: bool) -> None:
+        self.step = "node_event"
+        real = self.s().set_node_connected(node, connected)
+        if connected:
+            self.r().connected.add(node)
+        else:
+            self.r().connected.discard(node)
+        self.settle(real, self.r().reexamine())
+
+    @rule(
+        pid=st.sampled_from(PIDS),
+        health=st.sampled_from(["unknown", "healthy", "unhealthy"]),
+    )
+    def health_event(self, pid: str, health: str) -> None:
+        self.step = "health_event"
+        real = self.s().set_provider_health(pid, health)  # type: ignore[arg-type]
+        self.r().health[pid] = health
+        self.settle(real, self.r().reexamine())
+
+    @rule(snapshot=snapshots())
+    def swap_snapshot(self, snapshot: PoolSnapshot) -> None:
+        self.step = "swap_snapshot"
+        self._swap(snapshot)
+
+    def _swap(self, snapshot: PoolSnapshot) -> None:
+        real = self.s().apply_snapshot(snapshot)
+        self.r().snapshot = snapshot
+        self.settle(real, self.r().reexamine())
+
+    @rule(pid=st.sampled_from(PIDS), capacity=st.integers(1, 3), data=st.data())
+    def resize_provider(self, pid: str, capacity: int, data: st.DataObject) -> None:
+        """A refresh that changes one provider's capacity (live-applied setting)."""
+        self.step = "resize_provider"
+        current = self.s().snapshot
+        old = current.providers.get(pid)
+        if old is None:
+            return
+        long = data.draw(st.integers(0, capacity))
+        providers = {
+            **current.providers,
+            pid: ProviderSlot(pid, old.node_id, old.type, capacity, long, old.priority, True),
+        }
+        snapshot = PoolSnapshot(providers, current.groups, current.max_queue, current.queue_timeout)
+        self._swap(snapshot)
+
+    # -- invariants
+
+    @invariant()
+    def counters_match_grants_held(self) -> None:
+        if self.sched is None:
+            return
+        for pid in PIDS:
+            n = sum(1 for g, _ in self.held if g.provider_id == pid)
+            n_long = sum(1 for g, _ in self.held if g.provider_id == pid and g.long)
+            assert self.s().in_flight(pid) == (n, n_long)
+            assert (self.r().in_flight.get(pid, 0), self.r().long_in_flight.get(pid, 0)) == (
+                n,
+                n_long,
+            )
+        assert self.s().active_grants == {g for g, _ in self.held}
+
+    @invariant()
+    def queue_matches_reference(self) -> None:
+        if self.sched is None:
+            return
+        pending = self.s().pending_waiters()
+        assert [self.waiting[r.ident] for r in self.r().queue] == pending
+        assert self.s().queue_depth == len(pending)
+        assert all(w.state is WaiterState.PENDING for w in pending)
+
+    @invariant()
+    def no_waiter_waits_while_it_fits(self) -> None:
+        if self.sched is None:
+            return
+        ref = self.r()
+        for w in ref.queue:
+            cands, use_long = ref.candidates(w.group, w.long, w.requires)
+            assert cands, "a waiter without live candidates must have failed"
+            for _, s, _ in cands:
+                in_flight, long_in_flight = self.s().in_flight(s.provider_id)
+                fits = in_flight < s.capacity and (
+                    not use_long or long_in_flight < s.long_context_capacity
+                )
+                assert not fits, f"waiter {w.ident} waits while {s.provider_id} is free"
+
+    def teardown(self) -> None:
+        if self.sched is None:
+            return
+        # Finish everything: cancel the waiters, release every lease.
+        for w in list(self.waiting.values()):
+            self.s().cancel(w)
+        self.waiting.clear()
+        self.r().queue.clear()
+        while self.held:
+            grant, _ = self.held.pop()
+            assert self.s().release(grant) == []
+        assert self.s().queue_depth == 0
+        assert all(self.s().in_flight(pid) == (0, 0) for pid in PIDS)
+        assert not self.s().active_grants
+
+
+SchedulerMachine.TestCase.settings = settings(
+    max_examples=300,
+    stateful_step_count=50,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestSchedulerStateful = SchedulerMachine.TestCase
+
+
+# ------------------------------------------------------------------ through trio
+
+
+@pytest.mark.parametrize("seed", range(12))
+async def test_randomized_trio_workload_leaks_nothing(
+    seed: int, autojump_clock: trio.abc.Clock
+) -> None:
+    rng = random.Random(seed)
+    base = {
+        pid: ProviderSlot(pid, node_of(pid), type_of(pid), 2, 1 if pid == "p1" else 0, 0, True)
+        for pid in PIDS
+    }
+    groups = {
+        "g0": GroupPolicy("g0", (("p0", "a"), ("p1", "b"), ("p2", "c"))),
+        "g1": GroupPolicy("g1", (("p2", "c"), ("p3", "d"))),
+        "g2": GroupPolicy("g2", (("p4", "e"), ("p5", "f")), queue_timeout=2.0),
+    }
+    pool = ProviderPool(PoolSnapshot(base, groups, max_queue=8, queue_timeout=4.0))
+    for node in NODES:
+        pool.set_node_connected(node, True)
+    outcomes: dict[str, int] = {}
+    violations: list[str] = []
+
+    def check() -> None:
+        for pid, load in pool.provider_loads().items():
+            if load.in_flight < 0 or load.long_in_flight < 0:
+                violations.append(f"{pid} negative")
+
+    async def client(i: int) -> None:
+        group = rng.choice(list(groups))
+        long = rng.random() < 0.3
+        hold_for = rng.uniform(0.1, 3.0)
+        try:
+            with trio.move_on_after(rng.uniform(0.5, 8.0)):  # caller gives up
+                async with pool.lease(group, context_class="long" if long else "normal") as lease:
+                    # Capacity may have shrunk since admission; 3 is the most ever configured.
+                    in_flight, long_in_flight = pool.scheduler.in_flight(lease.provider_id)
+                    if in_flight > 3 or long_in_flight > 1 or (lease.long and not long_in_flight):
+                        violations.append(f"{lease.provider_id} over capacity")
+                    if rng.random() < 0.2:
+                        raise RuntimeError("provider failed")
+                    await trio.sleep(hold_for)
+                    outcomes["ok"] = outcomes.get("ok", 0) + 1
+                    return
+            outcomes["gave_up"] = outcomes.get("gave_up", 0) + 1
+        except QueueFull:
+            outcomes["full"] = outcomes.get("full", 0) + 1
+        except QueueTimeout:
+            outcomes["timeout"] = outcomes.get("timeout", 0) + 1
+        except NodeDispatchError:
+            outcomes["dispatch"] = outcomes.get("dispatch", 0) + 1
+        except RuntimeError:
+            outcomes["error"] = outcomes.get("error", 0) + 1
+        finally:
+            check()
+
+    async def chaos() -> None:
+        for _ in range(20):
+            await trio.sleep(rng.uniform(0.1, 1.0))
+            roll = rng.random()
+            if roll < 0.3:
+                pool.set_node_connected(rng.choice(NODES), rng.random() < 0.6)
+            elif roll < 0.5:
+                pool.set_provider_health(
+                    rng.choice(PIDS), rng.choice(["unknown", "healthy", "unhealthy"])
+                )
+            else:
+                providers = {
+                    pid: ProviderSlot(
+                        pid,
+                        s.node_id,
+                        s.type,
+                        rng.randint(1, 3),
+                        rng.randint(0, 1),
+                        rng.randint(0, 2),
+                        rng.random() < 0.85,
+                    )
+                    for pid, s in base.items()
+                    if rng.random() < 0.9
+                }
+                pool.apply_snapshot(PoolSnapshot(providers, groups, rng.randint(0, 8), 4.0))
+            check()
+        for node in NODES:
+            pool.set_node_connected(node, True)
+
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chaos)
+            for i in range(60):
+                nursery.start_soon(client, i)
+                await trio.sleep(rng.uniform(0.0, 0.3))
+    assert not violations
+    assert sum(outcomes.values()) == 60
+    assert pool.queue_depth == 0
+    assert all(s.in_flight(pid) == (0, 0) for s in [pool.scheduler] for pid in PIDS)
+    assert not pool.scheduler.active_grants
