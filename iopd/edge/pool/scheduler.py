@@ -32,7 +32,7 @@ import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from iopd.errors import GatewayError, NodeDispatchError, QueueFull
 
@@ -116,8 +116,7 @@ class Grant:
     long: bool  # True when the grant holds a long-context slot (plus a normal one)
 
 
-@dataclass(frozen=True)
-class WaitKey:
+class WaitKey(NamedTuple):
     """What decides whether a waiter fits: waiters with equal keys are interchangeable."""
 
     group_id: str
@@ -199,6 +198,9 @@ class Scheduler:
         self.snapshot = snapshot
         self._connected: set[str] = set()
         self._health: dict[str, Health] = {}
+        self._unhealthy: set[str] = set()
+        self._groups_by_provider: dict[str, set[str]] = {}
+        self._allowed_types: dict[frozenset[str], frozenset[str] | None] = {}
         self._counters: dict[str, _Counters] = {}
         self._entries: dict[str, tuple[_Entry, ...]] = {}
         self._candidate_cache: dict[WaitKey, _Candidates | None] = {}
@@ -356,8 +358,9 @@ class Scheduler:
             self._connected.add(node_id)
         else:
             self._connected.discard(node_id)
-        self._candidate_cache.clear()
-        return self._reexamine(None)
+        return self._liveness_changed(
+            pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id
+        )
 
     def set_provider_health(self, provider_id: str, health: Health) -> list[Waiter]:
         """The node's probe reported a provider's health."""
@@ -366,8 +369,11 @@ class Scheduler:
         if self._health.get(provider_id, "unknown") == health:
             return []
         self._health[provider_id] = health
-        self._candidate_cache.clear()
-        return self._reexamine(None)
+        if health == "unhealthy":
+            self._unhealthy.add(provider_id)
+        else:
+            self._unhealthy.discard(provider_id)
+        return self._liveness_changed((provider_id,))
 
     def apply_snapshot(self, snapshot: PoolSnapshot) -> list[Waiter]:
         """Swap the static config; leases taken before keep counting and release normally."""
@@ -393,15 +399,33 @@ class Scheduler:
 
     # ------------------------------------------------------------ internals
 
+    def _liveness_changed(self, provider_ids: Iterable[str]) -> list[Waiter]:
+        """Some providers became (un)available: recheck only the groups that list them.
+
+        Losing a candidate can fail waiters (no live candidate left) and can
+        also admit some (a long request falls back to normal slots when the
+        last provider with long slots goes away), so those keys are re-examined.
+        """
+        groups: set[str] = set()
+        for pid in provider_ids:
+            groups |= self._groups_by_provider.get(pid, set())
+        if not groups:
+            return []
+        for key in [k for k in self._candidate_cache if k.group_id in groups]:
+            del self._candidate_cache[key]
+        return self._reexamine([k for k in self._queues if k.group_id in groups])
+
     def _index_snapshot(self) -> None:
         self._candidate_cache.clear()
         entries: dict[str, tuple[_Entry, ...]] = {}
+        self._groups_by_provider = {}
         for gid, group in self.snapshot.groups.items():
             row: list[_Entry] = []
             for index, (pid, target) in enumerate(group.providers):
                 slot = self.snapshot.providers.get(pid)
                 if slot is None:
                     continue
+                self._groups_by_provider.setdefault(pid, set()).add(gid)
                 counters = self._counters.get(pid)
                 if counters is None:
                     counters = self._counters[pid] = _Counters()
@@ -415,16 +439,21 @@ class Scheduler:
             return self._candidate_cache[key]
         except KeyError:
             pass
-        allowed: frozenset[str] | None = None
-        for need in key.requires:
-            types = REQUIREMENT_TYPES.get(need, frozenset())
-            allowed = types if allowed is None else allowed & types
+        try:
+            allowed = self._allowed_types[key.requires]
+        except KeyError:
+            allowed = None
+            for need in key.requires:
+                types = REQUIREMENT_TYPES.get(need, frozenset())
+                allowed = types if allowed is None else allowed & types
+            self._allowed_types[key.requires] = allowed
+        connected, unhealthy = self._connected, self._unhealthy
         live = [
             e
             for e in self._entries.get(key.group_id, ())
             if e.slot.enabled
-            and e.slot.node_id in self._connected
-            and self._health.get(e.slot.provider_id, "unknown") != "unhealthy"
+            and e.slot.node_id in connected
+            and e.slot.provider_id not in unhealthy
             and (allowed is None or e.slot.type in allowed)
         ]
         use_long = False
@@ -435,8 +464,8 @@ class Scheduler:
         result = (
             _Candidates(
                 entries=tuple(live),
-                indexes=tuple(e.index for e in live),
-                provider_ids=frozenset(e.slot.provider_id for e in live),
+                indexes=tuple([e.index for e in live]),
+                provider_ids=frozenset([e.slot.provider_id for e in live]),
                 use_long_slots=use_long,
             )
             if live
