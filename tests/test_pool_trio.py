@@ -329,3 +329,15 @@ async def test_waiter_admitted_then_cancelled_in_same_step(autojump_clock: trio.
             assert in_flight(pool, "a") == 1 and pool.queue_depth == 0
             waiters.cancel_scope.cancel()
     assert in_flight(pool, "a") == 0 and pool.queue_depth == 0
+
+
+async def test_failing_observer_does_not_leak(autojump_clock: trio.abc.Clock) -> None:
+    def broken(group: str, waited: float, outcome: str) -> None:
+        raise ValueError("metrics down")
+
+    pool = ProviderPool(make_pool().snapshot, on_wait_done=broken)
+    pool.set_node_connected("n1", True)
+    with trio.fail_after(5):
+        async with pool.lease("m") as lease:
+            assert lease.provider_id == "a"
+    assert in_flight(pool, "a") == 0

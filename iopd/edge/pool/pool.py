@@ -9,6 +9,7 @@ timeout, shutdown).  All scheduler calls are synchronous, so the cleanup in
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -34,6 +35,8 @@ __all__ = ["Lease", "ProviderPool", "WaitObserver", "WaitOutcome"]
 WaitOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]
 #: ``on_wait_done(group_id, waited_seconds, outcome)``: called once per ``lease()`` attempt.
 WaitObserver = Callable[[str, float, WaitOutcome], None]
+
+logger = logging.getLogger(__name__)
 
 #: Upper bound of the Retry-After hint on a queue timeout (seconds).
 MAX_RETRY_AFTER = 60
@@ -170,8 +173,12 @@ class ProviderPool:
                 event.set()
 
     def _observe(self, group_id: str, waited: float, outcome: WaitOutcome) -> None:
+        # A failing metrics hook must never cost a lease (or leak one).
         if self._on_wait_done is not None:
-            self._on_wait_done(group_id, waited, outcome)
+            try:
+                self._on_wait_done(group_id, waited, outcome)
+            except Exception:
+                logger.exception("pool on_wait_done hook failed")
 
     # ------------------------------------------------------------ state feeds
 
