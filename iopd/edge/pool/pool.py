@@ -62,9 +62,7 @@ class ProviderPool:
     Nodes start disconnected; provider health starts ``unknown`` (available).
     """
 
-    def __init__(
-        self, snapshot: PoolSnapshot, *, on_wait_done: WaitObserver | None = None
-    ) -> None:
+    def __init__(self, snapshot: PoolSnapshot, *, on_wait_done: WaitObserver | None = None) -> None:
         self._scheduler = Scheduler(snapshot)
         self._events: dict[Waiter, trio.Event] = {}
         self._on_wait_done = on_wait_done

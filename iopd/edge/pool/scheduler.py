@@ -190,8 +190,8 @@ class Scheduler:
 
     The caller (the trio layer) wakes each returned waiter; it reads
     ``waiter.grant`` (admitted) or ``waiter.error`` (failed).  Nodes start
-    disconnected and providers with health ``unknown`` (which counts as
-    available).
+    disconnected; providers start with health ``unknown``, which counts as
+    available.
     """
 
     def __init__(self, snapshot: PoolSnapshot) -> None:
@@ -229,9 +229,7 @@ class Scheduler:
 
     def pending_waiters(self) -> list[Waiter]:
         """All waiting requests in enqueue order (O(n log n); for tests and status)."""
-        return sorted(
-            (w for q in self._queues.values() for w in q.values()), key=lambda w: w.seq
-        )
+        return sorted((w for q in self._queues.values() for w in q.values()), key=lambda w: w.seq)
 
     def queue_timeout_for(self, group_id: str, override: float | None = None) -> float:
         """The waiting bound of a request: explicit override, else group's, else default."""
@@ -376,7 +374,13 @@ class Scheduler:
         return self._liveness_changed((provider_id,))
 
     def apply_snapshot(self, snapshot: PoolSnapshot) -> list[Waiter]:
-        """Swap the static config; leases taken before keep counting and release normally."""
+        """Swap the static config and re-examine every waiter.
+
+        Leases taken before keep counting against their provider and release
+        normally; a lower capacity or ``max_queue`` only affects new admissions
+        (nobody already waiting is evicted).  Waiters keep the timeout they
+        were enqueued with.
+        """
         self.snapshot = snapshot
         for pid in [
             p
