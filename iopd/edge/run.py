@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from iopd import __version__, errors
+from iopd import __version__, errors, sdnotify
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.schema import EdgeConfig
 from iopd.edge.admin import AdminApp, is_loopback_peer
@@ -129,10 +129,12 @@ async def run_edge(
             "on" if ssl_ctx is not None else "off",
         )
         if handle_signals:
-            nursery.start_soon(_signals, handle, rt)
+            await nursery.start(_signals, handle, rt)
+        sdnotify.notify(*sdnotify.ready(f"serving edge {cfg.edge.id}"))
         task_status.started(handle)
 
         await handle._drain.wait()
+        sdnotify.notify(*sdnotify.stopping())
         with trio.CancelScope() as hard:
             nursery.start_soon(_stop_at_second_signal, handle, hard)
             await _drain(rt, app, openai_srv, admin_srv, cfg.edge.drain_timeout)
@@ -165,12 +167,19 @@ async def _drain(
     log.info("event=drain_done")
 
 
-async def _signals(handle: EdgeHandle, rt: EdgeRuntime) -> None:
+async def _signals(
+    handle: EdgeHandle, rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]
+) -> None:
     with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+        task_status.started()
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("event=sighup action=refresh")
-                await rt.refresh("apply")
+                sdnotify.notify(*sdnotify.reloading())
+                try:
+                    await rt.refresh("apply")
+                finally:
+                    sdnotify.notify(*sdnotify.ready("serving"))
             else:
                 log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
                 handle.drain()
