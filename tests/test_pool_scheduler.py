@@ -234,6 +234,17 @@ def test_long_slots_only_count_live_candidates() -> None:
     assert g.provider_id == "small" and not g.long
 
 
+def test_long_waiter_falls_back_to_normal_slots_when_long_provider_leaves() -> None:
+    providers = [slot("big", "n1", capacity=1, long=1), slot("small", "n2", capacity=2)]
+    s = scheduler(snap(providers, {"m": ["big", "small"]}))
+    held = grant(s, "m", long=True)
+    w = wait(s, "m", long=True)  # small is idle but has no long slots
+    assert s.set_node_connected("n1", False) == [w]
+    assert w.grant is not None and w.grant.provider_id == "small" and not w.grant.long
+    s.release(held)
+    assert s.in_flight("big") == (0, 0)
+
+
 # --------------------------------------------------------------- rule 5: queue
 
 
