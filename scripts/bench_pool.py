@@ -231,7 +231,7 @@ def main() -> None:
     print(f"admission + release pair        {admit:8.2f} us   ({1e6 / admit:,.0f} pairs/s)")
     print(f"release, {QUEUED:,} waiting        {release_q:8.2f} us")
     print(f"reconnect pass, {QUEUED:,} waiting {full_pass:8.2f} us   (nothing fits)")
-    print(f"refresh (all groups), {QUEUED:,} waiting {refresh:6.2f} us   (nothing fits)")
+    print(f"refresh pass, {QUEUED:,} waiting   {refresh:8.2f} us   (all groups; nothing fits)")
     print("baselines")
     print(
         f"  dict +1/-1                    {b_dict:8.3f} us   admission+release = {admit / b_dict:,.0f}x"
