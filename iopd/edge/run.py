@@ -115,7 +115,7 @@ async def run_edge(
             openai_addr = await nursery.start(openai_srv.serve, *split_hostport(oa.listen))
         handle = EdgeHandle(
             runtime=rt,
-            wire=tuple(wire_addr[:2]),  # type: ignore[arg-type]
+            wire=(wire_addr[0], wire_addr[1]),
             admin=admin_addr,
             openai=openai_addr,
         )

@@ -21,7 +21,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import trio
@@ -352,7 +352,7 @@ class OpenAIApp:
         return _dedupe_content_type(headers)
 
     @staticmethod
-    def _long_class(snap: Snapshot, estimate: int) -> str:
+    def _long_class(snap: Snapshot, estimate: int) -> Literal["normal", "long"]:
         threshold = snap.config.openai.long_context_threshold_tokens
         return "long" if estimate >= threshold else "normal"
 
