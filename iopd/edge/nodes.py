@@ -28,6 +28,7 @@ import hmac
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
@@ -38,8 +39,8 @@ import trio
 from iopd.config.schema import NodeEntry
 from iopd.errors import NodeDispatchError
 from iopd.transport.channel import ChannelClosed, WireChannel
-from wire.connection import Connection, Role
-from wire.errors import RemoteProtocolError
+from wire.connection import Connection, Role, StreamState
+from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -80,13 +81,20 @@ def _peer_name(stream: trio.abc.Stream) -> str:
 
 
 class _ReplyStream:
-    """One open stream as its consumer sees it: an async iterator of replies."""
+    """One open stream as its consumer sees it: an async iterator of replies.
+
+    The buffer is a plain deque: the reader appends (never blocks), the
+    consumer pops.  It holds at most ``window`` non-terminal frames plus the
+    terminal, because the connection's credit check rejects anything more.
+    """
 
     def __init__(self, session: NodeSession, stream_id: int, window: int) -> None:
         self.session = session
         self.stream_id = stream_id
         self.window = window
-        self._send, self._recv = trio.open_memory_channel[Reply](window + 1)
+        self._buf: deque[Reply] = deque()
+        self._wakeup: trio.Event | None = None
+        self._done = False  # no more deliveries (terminal, failure or abandoned)
         self._credit_batch = max(1, window // 4)
         self._unreported = 0  # consumed frames whose credit was not returned yet
         self.terminal_received = False  # by the reader
@@ -95,39 +103,46 @@ class _ReplyStream:
 
     # -- reader side (sync, never blocks)
     def deliver(self, msg: Reply) -> None:
-        try:
-            self._send.send_nowait(msg)
-        except (trio.WouldBlock, trio.ClosedResourceError):
-            raise _WindowExceeded(self.stream_id) from None
+        if self._done or len(self._buf) > self.window:
+            raise _WindowExceeded(self.stream_id)
+        self._buf.append(msg)
         if is_terminal(msg):
             self.terminal_received = True
-            self._send.close()
+            self._done = True
+        self._wake()
 
     def fail(self, error: NodeDispatchError) -> None:
         if self.error is None:
             self.error = error
-        self._send.close()
+        self._done = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
 
     def buffered(self) -> int:
-        return self._recv.statistics().current_buffer_used
+        return len(self._buf)
 
     # -- consumer side
     def __aiter__(self) -> _ReplyStream:
         return self
 
     async def __anext__(self) -> Reply:
-        if self.error is not None:
-            raise self.error
-        if self.terminal_consumed:
-            raise StopAsyncIteration
-        try:
-            msg = await self._recv.receive()
-        except trio.EndOfChannel:
-            raise self.error or NodeDispatchError(
-                f"node {self.session.node_id} disconnected"
-            ) from None
-        if self.error is not None:  # the session died while frames were buffered
-            raise self.error
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self.error is not None:  # even with frames buffered: fail at once
+                raise self.error
+            if self.terminal_consumed:
+                raise StopAsyncIteration
+            if self._buf:
+                break
+            if self._done:
+                raise NodeDispatchError(f"node {self.session.node_id} disconnected")
+            wakeup = self._wakeup = trio.Event()
+            await wakeup.wait()
+        msg = self._buf.popleft()
         if is_terminal(msg):
             self.terminal_consumed = True
         else:
@@ -139,9 +154,10 @@ class _ReplyStream:
 
     def abandon(self) -> int:
         """The consumer left: frames whose credit the node should get back."""
-        refund = self._unreported + self.buffered()
+        refund = self._unreported + sum(1 for m in self._buf if not is_terminal(m))
         self._unreported = 0
-        self._send.close()
+        self._buf.clear()
+        self._done = True
         return refund
 
 
@@ -162,7 +178,6 @@ class NodeSession:
         self._channel = channel
         self._streams: dict[int, _ReplyStream] = {}
         self._next_stream_id = 0
-        self._open_lock = trio.Lock()
         self.ready = False  # first NodeConfig acknowledged; announced via on_connect
         self.announced = False  # on_connect was called and on_disconnect is still due
         self.connected_since: float | None = None
@@ -185,29 +200,30 @@ class NodeSession:
         is lost.  Leaving the block before the terminal sends ``Cancel``.
         ``req.stream_id`` is assigned here.
         """
+        if not self.alive:
+            raise NodeDispatchError(f"node {self.node_id} disconnected")
         window = 1 if isinstance(req, NodeConfig) else req.window
-        stream: _ReplyStream | None = None
-        async with self._open_lock:
-            if not self.alive:
-                raise NodeDispatchError(f"node {self.node_id} disconnected")
-            self._next_stream_id += 1
-            stream_id = self._next_stream_id
-            stream = _ReplyStream(self, stream_id, window)
-            self._streams[stream_id] = stream
+        # Ids go out in increasing order without a lock: the channel encodes
+        # (and checks) each frame synchronously, in call order.
+        self._next_stream_id += 1
+        stream_id = self._next_stream_id
+        stream = _ReplyStream(self, stream_id, window)
+        self._streams[stream_id] = stream
+        try:
             try:
                 await self._channel.send(msgspec.structs.replace(req, stream_id=stream_id))
             except ChannelClosed:
-                self._streams.pop(stream_id, None)
                 raise NodeDispatchError(f"node {self.node_id} disconnected") from None
-            except BaseException:
-                self._streams.pop(stream_id, None)
-                raise
-        try:
+            except LocalProtocolError as exc:
+                raise NodeDispatchError(
+                    f"cannot send the request to node {self.node_id}: {exc.reason}"
+                ) from None
             yield stream
         finally:
             self._streams.pop(stream_id, None)
             refund = stream.abandon()
-            if self.alive and not stream.terminal_received:
+            opened = self._channel.conn.stream_state(stream_id) is not StreamState.IDLE
+            if self.alive and opened and not stream.terminal_received:
                 self._post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
                 if refund:
                     self._post(Credit(stream_id=stream_id, frames=refund))

@@ -7,9 +7,10 @@ Why it looks like this:
   consumer can never stall the reader; whatever must be written in reaction
   (Pong, Credit, Cancel) is ``post``-ed to a small outbox drained by a writer
   task.
-* One writer at a time (a ``trio.Lock``).  The actual ``send_all`` is shielded
-  from cancellation: a cancelled caller must never leave half a frame on the
-  wire.  A write that blocks forever (peer not reading) is ended by the
+* One writer at a time, by group commit (see ``send``): frames are encoded in
+  call order and written by whichever sender is the writer, in batches.  The
+  ``send_all`` is shielded from cancellation: a cancelled caller must never
+  leave half a frame on the wire.  A write that blocks forever (peer not reading) is ended by the
   heartbeat watchdog, which closes the stream under it.
 * Heartbeats: every ``heartbeat_interval`` we send ``Heartbeat``; any traffic
   from the peer counts as life; nothing for ``heartbeat_timeout`` seconds means
@@ -17,7 +18,7 @@ Why it looks like this:
 * Every low-level failure (``trio.BrokenResourceError``,
   ``trio.ClosedResourceError``, ``OSError``, ``ssl.SSLError``, a
   ``RemoteProtocolError`` from the peer) is mapped to ``ChannelClosed`` in one
-  place, ``_map_errors``.  ``ChannelClosed`` subclasses
+  place, ``_map_error``.  ``ChannelClosed`` subclasses
   ``trio.BrokenResourceError``, so code written against trio streams keeps
   working.
 """
@@ -27,8 +28,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections import deque
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Literal
 
 import trio
@@ -61,27 +61,38 @@ class ChannelClosed(trio.BrokenResourceError):
         self.kind: CloseKind = kind
 
 
-@contextmanager
-def _map_errors(what: str) -> Iterator[None]:
-    """The one boundary where low-level errors become ``ChannelClosed``."""
-    try:
-        yield
-    except ChannelClosed:
-        raise
-    except trio.ClosedResourceError:
-        raise ChannelClosed(f"{what}: channel closed", "closed") from None
-    except trio.BrokenResourceError as exc:
+_MAPPED = (
+    trio.ClosedResourceError,
+    trio.BrokenResourceError,
+    OSError,  # includes ssl.SSLError
+    RemoteProtocolError,
+    LocalProtocolError,
+)
+
+
+def _map_error(what: str, exc: BaseException) -> ChannelClosed:
+    """The one boundary where low-level errors become ``ChannelClosed``.
+
+    (A function used as ``except _MAPPED as exc: raise _map_error(...)`` rather
+    than a context manager: it sits on the per-frame hot path.)
+    """
+    if isinstance(exc, ChannelClosed):
+        return exc
+    if isinstance(exc, trio.ClosedResourceError):
+        return ChannelClosed(f"{what}: channel closed", "closed")
+    if isinstance(exc, trio.BrokenResourceError):
         cause = exc.__cause__
         detail = f" ({type(cause).__name__})" if cause is not None else ""
-        raise ChannelClosed(f"{what}: connection broken{detail}", "broken") from None
-    except ssl.SSLError as exc:
-        raise ChannelClosed(f"{what}: TLS error ({exc.reason or type(exc).__name__})") from None
-    except OSError as exc:
-        raise ChannelClosed(f"{what}: {type(exc).__name__} errno={exc.errno}") from None
-    except RemoteProtocolError as exc:
-        raise ChannelClosed(f"protocol error: {exc.reason}", "protocol") from None
-    except LocalProtocolError as exc:
-        raise ChannelClosed(f"local protocol error: {exc.reason}", "local") from None
+        return ChannelClosed(f"{what}: connection broken{detail}", "broken")
+    if isinstance(exc, ssl.SSLError):
+        return ChannelClosed(f"{what}: TLS error ({exc.reason or type(exc).__name__})")
+    if isinstance(exc, OSError):
+        return ChannelClosed(f"{what}: {type(exc).__name__} errno={exc.errno}")
+    if isinstance(exc, RemoteProtocolError):
+        return ChannelClosed(f"protocol error: {exc.reason}", "protocol")
+    if isinstance(exc, LocalProtocolError):
+        return ChannelClosed(f"local protocol error: {exc.reason}", "local")
+    raise TypeError(f"unmapped error {type(exc).__name__}")  # pragma: no cover
 
 
 class WireChannel:
@@ -97,7 +108,9 @@ class WireChannel:
         self.stream = stream
         self.conn = conn
         self.name = name
-        self._send_lock = trio.Lock()
+        self._wbuf: list[bytes] = []  # frames encoded, not yet handed to the stream
+        self._writing = False  # a task is inside the write loop
+        self._flushed = trio.Event()  # set when the batch now being collected is written
         self._pending: deque[Message] = deque()  # decoded but not yet handed out
         self._outbox: deque[Message] = deque()
         self._outbox_wakeup = trio.Event()
@@ -118,24 +131,52 @@ class WireChannel:
     # --------------------------------------------------------------- writing
 
     async def send(self, msg: Message) -> None:
-        """Send one message.  Raises ``ChannelClosed`` when the channel is gone.
+        """Send one message; returns once its bytes are handed to the stream.
 
-        Raises ``wire.errors.LocalProtocolError`` (nothing sent) when ``msg``
-        is not legal now: that is a bug of the caller, not a peer problem.
+        Raises ``ChannelClosed`` when the channel is gone, and
+        ``wire.errors.LocalProtocolError`` (nothing sent) when ``msg`` is not
+        legal now: that is a bug of the caller, not a peer problem.
+
+        One writer at a time, by group commit: the frame is checked and encoded
+        at once (so frames go out in call order), appended to the write
+        buffer, and either this task becomes the writer (writing every frame
+        queued meanwhile in one ``send_all``) or it waits for the writer to
+        flush the batch holding its frame.  Under load this coalesces many
+        small frames into one syscall, and a cancelled waiter can never leave
+        half a frame behind: its frame is already committed.
         """
-        async with self._send_lock:
+        if self._closed is not None:
+            raise self._closed
+        self._wbuf.append(self.conn.send(msg))
+        if self._writing:
+            flushed = self._flushed
+            await flushed.wait()
             if self._closed is not None:
                 raise self._closed
-            data = self.conn.send(msg)
-            await self._write(data)
+            return
+        await self._write_loop()
 
-    async def _write(self, data: bytes) -> None:
+    async def _write_loop(self) -> None:
+        self._writing = True
         try:
-            with _map_errors("send"), trio.CancelScope(shield=True):
-                await self.stream.send_all(data)
-        except ChannelClosed as exc:
-            self._mark_closed(exc)
-            raise
+            while self._wbuf:
+                batch = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
+                self._wbuf = []
+                done, self._flushed = self._flushed, trio.Event()
+                try:
+                    with trio.CancelScope(shield=True):
+                        await self.stream.send_all(batch)
+                except _MAPPED as exc:
+                    closed = _map_error("send", exc)
+                    self._mark_closed(closed)
+                    raise closed from None
+                finally:
+                    done.set()
+        finally:
+            self._writing = False
+            if self._closed is not None:
+                self._wbuf = []
+                self._flushed.set()
 
     def post(self, msg: Message) -> None:
         """Queue ``msg`` for the writer task without waiting (from sync code).
@@ -176,15 +217,15 @@ class WireChannel:
         if self._closed is not None:
             raise self._closed
         try:
-            with _map_errors("receive"):
-                data = await self.stream.receive_some(READ_SIZE)
-                if not data:
-                    self.conn.receive_eof()
-                    raise ChannelClosed("peer closed the connection", "eof")
-                msgs = self.conn.receive_data(data)
-        except ChannelClosed as exc:
-            self._mark_closed(exc)
-            raise
+            data = await self.stream.receive_some(READ_SIZE)
+            if not data:
+                self.conn.receive_eof()
+                raise ChannelClosed("peer closed the connection", "eof")
+            msgs = self.conn.receive_data(data)
+        except _MAPPED as exc:
+            closed = _map_error("receive", exc)
+            self._mark_closed(closed)
+            raise closed from None
         self._last_rx = trio.current_time()
         return msgs
 
