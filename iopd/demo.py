@@ -83,7 +83,7 @@ def demo_main(port: int = 8080) -> int:
         for line in exc.errors:
             print(line, file=sys.stderr)
         return 1
-    setup_logging("keyvalue", "warning")
+    setup_logging("keyvalue", "info")
     try:
         trio.run(run_demo, port)
     except OSError as exc:
