@@ -19,6 +19,12 @@ Why it looks like this:
   even with frames still buffered.  Leaving ``open_stream`` before the terminal
   sends ``Cancel`` (queued, never blocking the caller) and refunds the credit
   of unread frames; late replies of abandoned streams are credited and dropped.
+* Metering hooks (optional): ``on_frames(direction, n)`` for every frame the
+  edge's wire ``Connection`` encodes (``out``) or decodes (``in``), and
+  ``on_wire_error(reason)`` once per connection closed for a wire problem, with
+  ``reason`` one of ``frame_too_large``, ``malformed``, ``protocol``,
+  ``handshake`` (timeout or refusal) and ``heartbeat_timeout``.  Frames are
+  counted by a ``Connection`` subclass, so the transport needs no hook.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ from iopd.config.schema import NodeEntry
 from iopd.errors import NodeDispatchError
 from iopd.transport.channel import ChannelClosed, WireChannel
 from wire.connection import Connection, Role, StreamState
-from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.errors import FrameTooLarge, LocalProtocolError, MalformedFrame, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
@@ -63,6 +69,49 @@ log = logging.getLogger("iopd.edge.nodes")
 
 Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
 RefuseCode = Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"]
+FramesHook = Callable[[str, int], None]
+"""``on_frames(direction, n)``: ``n`` frames went ``out`` to or came ``in`` from a node."""
+
+
+class _MeteredConnection(Connection):
+    """A ``Connection`` that reports frame counts and remembers why the peer failed it."""
+
+    def __init__(self, role: Role, *, max_frame_bytes: int, on_frames: FramesHook) -> None:
+        super().__init__(role, max_frame_bytes=max_frame_bytes)
+        self._on_frames = on_frames
+        self.remote_error: RemoteProtocolError | None = None
+
+    def send(self, msg: Message) -> bytes:
+        data = super().send(msg)
+        self._on_frames("out", 1)
+        return data
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        try:
+            msgs = super().receive_data(data)
+        except RemoteProtocolError as exc:
+            self.remote_error = self.remote_error or exc
+            raise
+        if msgs:
+            self._on_frames("in", len(msgs))
+        return msgs
+
+    def receive_eof(self) -> None:
+        try:
+            super().receive_eof()
+        except RemoteProtocolError as exc:
+            self.remote_error = self.remote_error or exc
+            raise
+
+
+def _wire_error_reason(channel: WireChannel) -> str:
+    """The ``iop_wire_protocol_errors_total`` reason of a protocol failure on ``channel``."""
+    exc = getattr(channel.conn, "remote_error", None)
+    if isinstance(exc, FrameTooLarge):
+        return "frame_too_large"
+    if isinstance(exc, MalformedFrame):
+        return "malformed"
+    return "protocol"
 
 
 def _printable(value: str, limit: int = 64) -> str:
@@ -290,7 +339,11 @@ class NodeSession:
             )
         except ChannelClosed as exc:
             if exc.kind == "protocol":
-                self._hub._protocol_error(self.node_id, self.peer, exc.reason)
+                self._hub._protocol_error(
+                    self.node_id, self.peer, exc.reason, _wire_error_reason(self._channel)
+                )
+            elif exc.kind == "heartbeat":
+                self._hub._wire_error("heartbeat_timeout")
             self._end(exc.reason)
         finally:
             self._end(self.end_reason or "session ended")
@@ -349,6 +402,8 @@ class NodeHub:
         on_disconnect: Callable[[str], None],
         on_status: Callable[[str, ProviderStatus], None],
         on_protocol_error: Callable[[str], None] | None = None,
+        on_frames: FramesHook | None = None,
+        on_wire_error: Callable[[str], None] | None = None,
     ) -> None:
         self.edge_id = edge_id
         self._get_nodes = get_nodes
@@ -361,6 +416,8 @@ class NodeHub:
         self._on_disconnect = on_disconnect
         self._on_status = on_status
         self._on_protocol_error = on_protocol_error
+        self._on_frames = on_frames
+        self._on_wire_error = on_wire_error
         self._sessions: dict[str, NodeSession] = {}
         self._channels: set[WireChannel] = set()
         self._closing: str | None = None
@@ -408,9 +465,14 @@ class NodeHub:
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one node connection until it ends; never raises (but Cancelled)."""
         peer = _peer_name(stream)
-        channel = WireChannel(
-            stream, Connection(Role.EDGE, max_frame_bytes=self.max_frame_bytes), name=peer
+        conn = (
+            Connection(Role.EDGE, max_frame_bytes=self.max_frame_bytes)
+            if self._on_frames is None
+            else _MeteredConnection(
+                Role.EDGE, max_frame_bytes=self.max_frame_bytes, on_frames=self._count_frames
+            )
         )
+        channel = WireChannel(stream, conn, name=peer)
         session: NodeSession | None = None
         self._enter(channel)
         try:
@@ -422,7 +484,7 @@ class NodeHub:
             await session._run(self.heartbeat_interval, self.heartbeat_timeout)
         except ChannelClosed as exc:
             if exc.kind == "protocol":
-                self._protocol_error(None, peer, exc.reason)
+                self._protocol_error(None, peer, exc.reason, _wire_error_reason(channel))
             else:
                 log.info(
                     "wire connection ended before the session peer=%s reason=%s", peer, exc.reason
@@ -460,6 +522,7 @@ class NodeHub:
         self.protocol_errors += 1
         if self._on_protocol_error is not None:
             self._call("on_protocol_error", self._on_protocol_error, "handshake_timeout")
+        self._wire_error("handshake")
         return None
 
     async def _authenticate(self, channel: WireChannel, peer: str, hello: Hello) -> Hello | None:
@@ -503,6 +566,8 @@ class NodeHub:
             code,
             reason,
         )
+        if self._closing is None:
+            self._wire_error("handshake")
         try:
             await channel.send(Refused(reason=reason, code=code))
         except ChannelClosed:
@@ -535,11 +600,22 @@ class NodeHub:
             )
             self._call("on_disconnect", self._on_disconnect, session.node_id)
 
-    def _protocol_error(self, node_id: str | None, peer: str, reason: str) -> None:
+    def _protocol_error(
+        self, node_id: str | None, peer: str, reason: str, kind: str = "protocol"
+    ) -> None:
         self.protocol_errors += 1
         log.warning("wire protocol error node_id=%s peer=%s reason=%s", node_id, peer, reason)
         if self._on_protocol_error is not None:
             self._call("on_protocol_error", self._on_protocol_error, reason)
+        self._wire_error(kind)
+
+    def _wire_error(self, reason: str) -> None:
+        if self._on_wire_error is not None:
+            self._call("on_wire_error", self._on_wire_error, reason)
+
+    def _count_frames(self, direction: str, n: int) -> None:
+        if self._on_frames is not None:
+            self._call("on_frames", self._on_frames, direction, n)
 
     def _call(self, what: str, fn: Callable[..., None], *args: object) -> None:
         try:

@@ -123,6 +123,8 @@ class EdgeRuntime:
             on_connect=rt._on_node_connect,
             on_disconnect=rt._on_node_disconnect,
             on_status=rt._on_provider_status,
+            on_frames=metrics.count_wire_frames,
+            on_wire_error=metrics.count_wire_error,
         )
         metrics.set_status_source(rt._gateway_status)
         return rt
