@@ -83,7 +83,7 @@ class Gateway:
             drain_timeout=1.0,
         )
         fields.update(section)
-        return NodeConfigFile(node=NodeSection(**fields))
+        return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
 
     def sdk(self, **kwargs: Any) -> Any:
         """A sync ``openai.OpenAI`` client (use it inside ``trio.to_thread.run_sync``)."""

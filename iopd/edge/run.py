@@ -27,7 +27,7 @@ from iopd.edge.runtime import EdgeRuntime
 from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import setup_logging
 from iopd.transport.listen import serve_wire
-from iopd.transport.tls import server_ssl_context
+from iopd.transport.tls import TLSConfigError, server_ssl_context
 
 log = logging.getLogger("iopd.edge")
 
@@ -196,7 +196,8 @@ def edge_main(config_path: str, *, log_level: str | None = None) -> int:
     setup_logging(cfg.edge.log_format, log_level or cfg.edge.log_level)
     try:
         trio.run(lambda: run_edge(cfg, config_path, handle_signals=True))
-    except OSError as exc:
+    except (OSError, TLSConfigError) as exc:
+        # A port in use or unreadable certificates: one clear line, exit 1.
         log.error("event=edge_failed reason=%r", str(exc))
         return 1
     return 0

@@ -130,8 +130,13 @@ def node_main(config_path: str, *, log_level: str | None) -> int:
             print(line, file=sys.stderr)
         return 1
     setup_logging(cfg.node.log_format, log_level or cfg.node.log_level)
+    from iopd.transport.tls import TLSConfigError
+
     try:
         trio.run(lambda: run_node(cfg, handle_signals=True))
+    except TLSConfigError as exc:
+        log.error("event=node_failed reason=%r", str(exc))
+        return 1
     except KeyboardInterrupt:  # pragma: no cover - a signal before the handler was installed
         return 130
     return 0
