@@ -390,26 +390,17 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                out.mode = "passthrough"
                 apply_generation(req.params(), group.generation, passthrough=True)
-                treq = ProviderTunnelRequest(
-                    stream_id=0,
-                    provider_id=lease.provider_id,
-                    method="POST",
-                    path="/v1/chat/completions",
-                    headers=self._tunnel_headers(snap, request, provider_auth),
-                    body=rq.rewrite_model(req.raw, lease.target),
+                await self._passthrough(
+                    snap, request, req.raw, lease, session, provider_auth, responder, out
                 )
-                await self._relay(session, treq, responder, out)
                 return
             out.mode = "normalized"
             params = apply_generation(req.params(), group.generation, passthrough=False)
             messages = list(req.messages)
             tools = req.tools
             text_tools = bool(tools) and lease.provider_type in TEXT_TOOL_TYPES
-            prefix: list[dict[str, Any]] = []
-            if snap.config.openai.strict_output:
-                prefix.append(strict_system_message(snap.config.openai.strict_output_instruction))
+            prefix = self._system_prefix(snap)
             if text_tools:
                 prefix.append({"role": "system", "content": tool_instruction(tools or [])})
             run = RunRequest(
@@ -614,22 +605,13 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                out.mode = "passthrough"
                 apply_generation(req.params(), group.generation, passthrough=True)
-                treq = ProviderTunnelRequest(
-                    stream_id=0,
-                    provider_id=lease.provider_id,
-                    method="POST",
-                    path="/v1/responses",
-                    headers=self._tunnel_headers(snap, request, provider_auth),
-                    body=rq.rewrite_model(req.raw, lease.target),
+                await self._passthrough(
+                    snap, request, req.raw, lease, session, provider_auth, responder, out
                 )
-                await self._relay(session, treq, responder, out)
                 return
             out.mode = "normalized"
-            prefix: list[dict[str, Any]] = []
-            if snap.config.openai.strict_output:
-                prefix.append(strict_system_message(snap.config.openai.strict_output_instruction))
+            prefix = self._system_prefix(snap)
             run = RunRequest(
                 stream_id=0,
                 provider_id=lease.provider_id,
@@ -686,17 +668,38 @@ class OpenAIApp:
         ) as lease:
             out.provider = lease.provider_id
             session = self._session(lease)
-            treq = ProviderTunnelRequest(
-                stream_id=0,
-                provider_id=lease.provider_id,
-                method="POST",
-                path=request.path,
-                headers=self._tunnel_headers(snap, request, None),
-                body=rq.rewrite_model(req.raw, lease.target),
-            )
-            await self._relay(session, treq, responder, out)
+            await self._passthrough(snap, request, req.raw, lease, session, None, responder, out)
 
     # ----------------------------------------------------------------- relay
+
+    @staticmethod
+    def _system_prefix(snap: Snapshot) -> list[dict[str, Any]]:
+        """System messages the edge puts before the caller's on the normalized path."""
+        oa = snap.config.openai
+        return [strict_system_message(oa.strict_output_instruction)] if oa.strict_output else []
+
+    async def _passthrough(
+        self,
+        snap: Snapshot,
+        request: Request,
+        raw: dict[str, Any],
+        lease: Lease,
+        session: Any,
+        provider_auth: str | None,
+        responder: Responder,
+        out: Outcome,
+    ) -> None:
+        """Relay the caller's request to the leased provider, ``model`` rewritten."""
+        out.mode = "passthrough"
+        treq = ProviderTunnelRequest(
+            stream_id=0,
+            provider_id=lease.provider_id,
+            method="POST",
+            path=request.path,
+            headers=self._tunnel_headers(snap, request, provider_auth),
+            body=rq.rewrite_model(raw, lease.target),
+        )
+        await self._relay(session, treq, responder, out)
 
     async def _relay(
         self, session: Any, treq: ProviderTunnelRequest, responder: Responder, out: Outcome
