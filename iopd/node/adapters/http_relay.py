@@ -107,6 +107,10 @@ class HTTPAdapter(Adapter):
             spec.base_url,
             connect_timeout=spec.connect_timeout,
             read_timeout=spec.read_timeout,
+            # Keep as many idle connections as the edge may run requests at
+            # once (+1 for the health probe): a smaller pool closes and
+            # re-dials a connection per request under full load.
+            max_idle_connections=max(8, spec.capacity + 1),
         )
 
     def auth_headers(self, existing: Iterable[tuple[str, str]] = ()) -> list[tuple[str, str]]:
