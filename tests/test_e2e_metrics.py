@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-import struct
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
@@ -24,7 +24,6 @@ from tests.gateway import (
     Gateway,
     RawResponse,
     http_request,
-    in_thread,
     node_token,
     running_gateway,
     token_hash,
@@ -34,6 +33,7 @@ from tests.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.wire_peers import FakeNode
 from wire.messages import (
     Cancel,
+    Credit,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
     RunEvent,
@@ -322,7 +322,11 @@ async def test_echo_non_stream_and_stream_run_event_usage_per_principal() -> Non
     hist = changes(before, after, "iop_request_duration_seconds_count")
     assert hist == {
         frozenset(
-            {"edge_id": EDGE_ID, "endpoint": "chat_completions", "response_mode": "normalized"}.items()
+            {
+                "edge_id": EDGE_ID,
+                "endpoint": "chat_completions",
+                "response_mode": "normalized",
+            }.items()
         ): 2
     }
 
@@ -343,3 +347,332 @@ async def test_open_caller_and_responses_endpoint_are_unmapped() -> None:
         **tokens(chat_l, "run_event", input=1, output=2),
         **tokens(resp_l, "run_event", input=2, output=3),
     }
+
+
+# ------------------------------------------------------------------ passthrough (provider_body)
+
+
+@asynccontextmanager
+async def gateway_with_mocks(
+    **kw: Any,
+) -> AsyncIterator[tuple[Gateway, MockOpenAIServer, MockOllamaServer]]:
+    """A gateway whose node-a also serves ``gpt`` (mock OpenAI) and ``llama`` (mock Ollama)."""
+    async with trio.open_nursery() as nursery:
+        oai = MockOpenAIServer()
+        oll = MockOllamaServer()
+        await nursery.start(oai.serve)
+        await nursery.start(oll.serve)
+        yaml_text = gateway_yaml(openai_base=oai.base_url, ollama_base=oll.base_url, **kw)
+        async with running_gateway(yaml_text) as gw:
+            yield gw, oai, oll
+        nursery.cancel_scope.cancel()
+
+
+async def test_passthrough_non_stream_counts_the_providers_body_usage() -> None:
+    with trio.fail_after(30):
+        async with gateway_with_mocks(auth=True) as (gw, oai, _):
+            oai.usage = {
+                "prompt_tokens": 23,
+                "completion_tokens": 9,
+                "total_tokens": 32,
+                "prompt_tokens_details": {"cached_tokens": 4},
+            }
+            before = await scrape(gw)
+            r = await chat(
+                gw,
+                {"model": "gpt", "messages": [{"role": "user", "content": "hi"}]},
+                token=PRINCIPAL_TOKEN,
+            )
+            assert r.status == 200 and r.json()["usage"] == oai.usage
+            # /v1/responses: the mock reports reasoning 3 and cached 2 in *_details.
+            r = await chat(
+                gw, {"model": "gpt", "input": "hi"}, token=PRINCIPAL_TOKEN, path="/v1/responses"
+            )
+            assert r.status == 200
+            assert r.json()["usage"]["output_tokens_details"] == {"reasoning_tokens": 3}
+            after = await wait_requests(gw, before, 2)
+    chat_l = req(ALICE, group="gpt", mode="passthrough")
+    resp_l = req(ALICE, group="gpt", mode="passthrough", endpoint="responses")
+    assert changes(before, after, "iop_openai_requests_total") == {chat_l: 1, resp_l: 1}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {
+        **tokens(chat_l, "provider_body", input=23, output=9, cached_input=4),
+        **tokens(resp_l, "provider_body", input=23, output=9, reasoning=3, cached_input=2),
+    }
+    # Reasoning tokens reported, no reasoning text seen: nothing observed or estimated.
+    assert_no_reasoning(before, after)
+
+
+async def test_passthrough_sse_usage_chunk_counted_once_and_no_usage_counts_nothing() -> None:
+    with trio.fail_after(30):
+        async with gateway_with_mocks() as (gw, oai, _):
+            oai.usage = {"prompt_tokens": 31, "completion_tokens": 4, "total_tokens": 35}
+            before = await scrape(gw)
+            body = {
+                "model": "gpt",
+                "messages": [{"role": "user", "content": "hi"}],
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            r = await chat(gw, body)
+            assert r.status == 200
+            assert [e["usage"] for e in sse_events(r.body) if e.get("usage")] == [oai.usage]
+            mid = await wait_requests(gw, before, 1)
+            # A stream without a usage chunk: the request counts, tokens do not (never guessed).
+            r = await chat(gw, {**body, "stream_options": {"include_usage": False}})
+            assert r.status == 200
+            assert not [e for e in sse_events(r.body) if e.get("usage")]
+            after = await wait_requests(gw, mid, 1)
+    labels = req(UNMAPPED, group="gpt", mode="passthrough")
+    assert changes(before, mid, "iop_openai_usage_tokens_total") == tokens(
+        labels, "provider_body", input=31, output=4
+    )
+    assert changes(mid, after, "iop_openai_requests_total") == {labels: 1}
+    assert changes(mid, after, "iop_openai_usage_tokens_total") == {}
+    assert_no_reasoning(before, after)
+
+
+async def test_provider_reported_reasoning_tokens_are_a_token_type_never_an_estimate() -> None:
+    thought = "Let me think about it carefully."
+    with trio.fail_after(30):
+        async with gateway_with_mocks() as (gw, oai, _):
+            oai.reasoning_text = thought
+            oai.usage = {
+                "prompt_tokens": 12,
+                "completion_tokens": 20,
+                "completion_tokens_details": {"reasoning_tokens": 6},
+            }
+            before = await scrape(gw)
+            r = await chat(gw, {"model": "gpt", "messages": [{"role": "user", "content": "q"}]})
+            assert r.status == 200
+            assert r.json()["choices"][0]["message"]["reasoning_content"] == thought
+            after = await wait_requests(gw, before, 1)
+    labels = req(UNMAPPED, group="gpt", mode="passthrough")
+    assert changes(before, after, "iop_openai_usage_tokens_total") == tokens(
+        labels, "provider_body", input=12, output=20, reasoning=6
+    )
+    r_l = reasoning(UNMAPPED, "gpt")
+    assert changes(before, after, "iop_openai_reasoning_observed_total") == {r_l: 1}
+    assert changes(before, after, "iop_openai_reasoning_chars_total") == {r_l: len(thought)}
+    assert changes(before, after, "iop_openai_reasoning_estimated_tokens_total") == {}
+
+
+async def test_reasoning_text_without_reported_tokens_is_observed_and_estimated() -> None:
+    """Passthrough ``reasoning_content`` deltas, normalized ollama ``thinking`` and a raw
+    ``/api/chat`` relay: observed/chars/estimated move, ``token_type=reasoning`` never."""
+    thought = "pondering the question deeply"  # 29 code points -> estimate 8
+    thinking = "hmm let me see"  # 14 -> 4
+    with trio.fail_after(30):
+        async with gateway_with_mocks() as (gw, oai, oll):
+            oai.reasoning_text = thought
+            oai.usage = {"prompt_tokens": 5, "completion_tokens": 17}
+            oll.reasoning_text = thinking
+            before = await scrape(gw)
+            r = await chat(
+                gw,
+                {
+                    "model": "gpt",
+                    "messages": [{"role": "user", "content": "q"}],
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+            )
+            assert r.status == 200
+            for stream in (False, True):
+                r = await chat(
+                    gw,
+                    {
+                        "model": "llama",
+                        "messages": [{"role": "user", "content": "q"}],
+                        "stream": stream,
+                    },
+                )
+                assert r.status == 200
+            r = await chat(
+                gw,
+                {"model": "llama", "messages": [{"role": "user", "content": "q"}]},
+                path="/api/chat",
+            )
+            assert r.status == 200
+            after = await wait_requests(gw, before, 4)
+    gpt = req(UNMAPPED, group="gpt", mode="passthrough")
+    llama = req(UNMAPPED, group="llama")
+    api = req(UNMAPPED, group="llama", mode="passthrough", endpoint="api")
+    assert changes(before, after, "iop_openai_requests_total") == {gpt: 1, llama: 2, api: 1}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {
+        **tokens(gpt, "provider_body", input=5, output=17),
+        **tokens(llama, "run_event", input=2 * 13, output=2 * 5),  # prompt_eval/eval_count
+        **tokens(api, "provider_body", input=13, output=5),
+    }
+    r_gpt, r_llama, r_api = (
+        reasoning(UNMAPPED, "gpt"),
+        reasoning(UNMAPPED, "llama"),
+        reasoning(UNMAPPED, "llama", "api"),
+    )
+    assert changes(before, after, "iop_openai_reasoning_observed_total") == {
+        r_gpt: 1,
+        r_llama: 2,
+        r_api: 1,
+    }
+    assert changes(before, after, "iop_openai_reasoning_chars_total") == {
+        r_gpt: len(thought),
+        r_llama: 2 * len(thinking),
+        r_api: len(thinking),
+    }
+    method = ("estimation_method", "chars_div_4")
+    assert changes(before, after, "iop_openai_reasoning_estimated_tokens_total") == {
+        r_gpt | {method}: math.ceil(len(thought) / 4),
+        r_llama | {method}: 2 * math.ceil(len(thinking) / 4),
+        r_api | {method}: math.ceil(len(thinking) / 4),
+    }
+
+
+# ------------------------------------------------------------------ scripted node
+
+
+@asynccontextmanager
+async def gateway_with_fake_node(
+    responder: Any = None,
+) -> AsyncIterator[tuple[Gateway, FakeNode]]:
+    """A gateway whose node-f is a ``FakeNode`` (groups ``fake-pt`` and ``fake``)."""
+    async with running_gateway(gateway_yaml(fake_node=True), nodes=["node-a"]) as gw:
+        host, port = gw.handle.wire
+        async with FakeNode.connect(
+            host, port, node_id="node-f", token=node_token("node-f"), responder=responder
+        ) as node:
+            await wait_until(lambda: gw.runtime.hub.session("node-f") is not None)
+            yield gw, node
+
+
+async def test_tunnel_frame_usage_supplements_body_usage_without_double_count() -> None:
+    """The real node sends only ``body_usage`` today; a scripted node sends both kinds.
+
+    Body input/output win over the frame's; the frame's reasoning/cached_input
+    fill what the body lacked (source ``tunnel_frame``); a frame-only usage is
+    counted as ``tunnel_frame``.
+    """
+    usages = [
+        (
+            Usage(input_tokens=10, output_tokens=6),
+            Usage(input_tokens=99, output_tokens=99, reasoning_tokens=2, cached_input_tokens=3),
+        ),
+        (None, Usage(input_tokens=8, output_tokens=4)),
+    ]
+
+    def script(r: RunRequest | ProviderTunnelRequest) -> list[ProviderTunnelFrame]:
+        assert isinstance(r, ProviderTunnelRequest)
+        body_usage, frame_usage = usages.pop(0)
+        sid = r.stream_id
+        return [
+            ProviderTunnelFrame(
+                stream_id=sid,
+                kind="head",
+                status=200,
+                headers=[("content-type", "application/json")],
+            ),
+            ProviderTunnelFrame(stream_id=sid, kind="body", data=b'{"ok": true}'),
+            ProviderTunnelFrame(
+                stream_id=sid, kind="usage", body_usage=body_usage, usage=frame_usage
+            ),
+            ProviderTunnelFrame(stream_id=sid, kind="end"),
+        ]
+
+    with trio.fail_after(30):
+        async with gateway_with_fake_node(script) as (gw, _node):
+            before = await scrape(gw)
+            body = {"model": "fake-pt", "messages": [{"role": "user", "content": "hi"}]}
+            for _ in range(2):
+                r = await chat(gw, body)
+                assert r.status == 200 and r.body == b'{"ok": true}'
+            after = await wait_requests(gw, before, 2)
+    labels = req(UNMAPPED, group="fake-pt", mode="passthrough")
+    assert changes(before, after, "iop_openai_requests_total") == {labels: 2}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {
+        **tokens(labels, "provider_body", input=10, output=6),
+        **tokens(labels, "tunnel_frame", input=8, output=4, reasoning=2, cached_input=3),
+    }
+    assert_no_reasoning(before, after)
+
+
+async def _stream_until(
+    gw: Gateway, body: dict[str, Any], marker: bytes, *, headers: Sequence[tuple[str, str]] = ()
+) -> bytes:
+    """POST a streaming chat request, read until ``marker`` shows up, then hang up."""
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(payload)}\r\n"
+    ).encode()
+    head += b"".join(f"{k}: {v}\r\n".encode() for k, v in headers)
+    stream = await trio.open_tcp_stream(*gw.host_port)
+    seen = b""
+    async with stream:
+        await stream.send_all(head + b"\r\n" + payload)
+        while marker not in seen:
+            data = await stream.receive_some(65536)
+            assert data, "the edge closed the stream before the marker"
+            seen += data
+    return seen
+
+
+async def test_cancelled_stream_counts_usage_reported_before_the_cancel_once() -> None:
+    with trio.fail_after(30):
+        async with gateway_with_fake_node() as (gw, node):
+            before = await scrape(gw)
+            body = {
+                "model": "fake",
+                "messages": [{"role": "user", "content": "a b c"}],
+                "stream": True,
+            }
+
+            async def play_node() -> None:
+                run = await node.receive(RunRequest)
+                sid = run.stream_id
+                usage = Usage(input_tokens=7, output_tokens=2)
+                for ev in (
+                    RunEvent(stream_id=sid, kind="text", text="a "),
+                    RunEvent(stream_id=sid, kind="usage", usage=usage),
+                    RunEvent(stream_id=sid, kind="text", text="MARK "),  # usage fed by now
+                ):
+                    await node.send(ev)
+                cancel = await node.receive(Cancel)
+                assert cancel.stream_id == sid
+                refund = await node.receive(Credit)  # the 3 frames it read, posted with Cancel
+                assert (refund.stream_id, refund.frames) == (sid, 3)
+                # Late usage after the cancel (a node's final count) must not count again.
+                late = Usage(input_tokens=7, output_tokens=3)
+                await node.send(RunEvent(stream_id=sid, kind="usage", usage=late))
+                dropped = await node.receive(Credit)  # the edge read and dropped it
+                assert (dropped.stream_id, dropped.frames) == (sid, 1)
+                await node.send(RunEvent(stream_id=sid, kind="error", code="cancelled"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(play_node)
+                await _stream_until(gw, body, b"MARK")
+            after = await wait_requests(gw, before, 1)
+    labels = req(UNMAPPED, group="fake", status="cancelled")
+    assert changes(before, after, "iop_openai_requests_total") == {labels: 1}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == tokens(
+        labels, "run_event", input=7, output=2
+    )
+
+
+async def test_cancelled_echo_stream_is_cancelled_and_counts_no_unreported_usage() -> None:
+    """The echo node reports its usage only in the terminal after the cancel, which the
+    edge no longer reads: the request counts as ``cancelled`` with no tokens (what the
+    edge was told before the cancel -- nothing -- is what it counts)."""
+    words = " ".join(f"w{i}" for i in range(100))
+    with trio.fail_after(30):
+        async with running_gateway(gateway_yaml(delay_ms=100, capacity=1)) as gw:
+            before = await scrape(gw)
+            body = {
+                "model": "echo",
+                "messages": [{"role": "user", "content": words}],
+                "stream": True,
+            }
+            await _stream_until(gw, body, b"w1 ")
+            after = await wait_requests(gw, before, 1)
+            pool = gw.runtime.pool
+            await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 0)
+    labels = req(UNMAPPED, group="echo", status="cancelled")
+    assert changes(before, after, "iop_openai_requests_total") == {labels: 1}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {}
