@@ -16,7 +16,7 @@ never numbers here (``true`` is not ``1``).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 
@@ -50,6 +50,8 @@ def parse_json_object(body: bytes) -> dict[str, Any]:
         value = _decode(body)
     except (ValueError, msgspec.DecodeError):  # incl. UnicodeDecodeError
         raise InvalidRequest("request body is not valid JSON (or not valid UTF-8)") from None
+    except RecursionError:  # absurdly deep nesting, e.g. [[[[...]]]]
+        raise InvalidRequest("request body is nested too deeply") from None
     if not isinstance(value, dict):
         raise InvalidRequest("request body must be a JSON object")
     return value
@@ -348,6 +350,7 @@ class ChatRequest:
         "tools",
         "tool_choice",
         "metadata",
+        "field_names",
         "_params",
     )
 
@@ -390,6 +393,10 @@ class ChatRequest:
             # max_completion_tokens is the newer name; when both are sent the
             # smaller one is the binding limit.
             params["max_tokens"] = min(v for v in (max_tokens, max_completion) if v is not None)
+        #: Generation parameter -> the field the caller sent it as (for 400s).
+        self.field_names: dict[str, str] = {}
+        if max_completion is not None and (max_tokens is None or max_completion < max_tokens):
+            self.field_names["max_tokens"] = "max_completion_tokens"
         self._params = params
 
     @classmethod
@@ -410,7 +417,17 @@ class ChatRequest:
 class ResponsesRequest:
     """A validated ``POST /v1/responses`` body; unknown fields stay in ``.raw``."""
 
-    __slots__ = ("raw", "model", "input", "instructions", "stream", "tools", "metadata", "_params")
+    __slots__ = (
+        "raw",
+        "model",
+        "input",
+        "instructions",
+        "stream",
+        "tools",
+        "metadata",
+        "field_names",
+        "_params",
+    )
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self.raw = raw
@@ -438,6 +455,8 @@ class ResponsesRequest:
         ):
             if param_value is not None:
                 params[key] = param_value
+        #: Generation parameter -> the field the caller sent it as (for 400s).
+        self.field_names: dict[str, str] = {"max_tokens": "max_output_tokens"}
         self._params = params
 
     @classmethod
@@ -470,6 +489,8 @@ class OllamaRequest:
         ("presence_penalty", "presence_penalty"),
         ("frequency_penalty", "frequency_penalty"),
     )
+    #: Generation parameter -> the field the caller sent it as (for 400s).
+    field_names: ClassVar[dict[str, str]] = {name: f"options.{key}" for key, name in _OPTION_PARAMS}
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self.raw = raw
