@@ -390,7 +390,9 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                apply_generation(req.params(), group.generation, passthrough=True)
+                apply_generation(
+                    req.params(), group.generation, passthrough=True, field_names=req.field_names
+                )
                 await self._passthrough(
                     snap, request, req.raw, lease, session, provider_auth, responder, out
                 )
@@ -605,7 +607,9 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                apply_generation(req.params(), group.generation, passthrough=True)
+                apply_generation(
+                    req.params(), group.generation, passthrough=True, field_names=req.field_names
+                )
                 await self._passthrough(
                     snap, request, req.raw, lease, session, provider_auth, responder, out
                 )
@@ -663,6 +667,9 @@ class OpenAIApp:
                 f"model '{req.model[:200]}' has no ollama provider for {request.path}",
                 param="model",
             )
+        apply_generation(
+            req.params(), group.generation, passthrough=True, field_names=req.field_names
+        )
         async with self.rt.pool.lease(
             group.id, requires=frozenset({"ollama"}), queue_timeout=group.queue_timeout
         ) as lease:

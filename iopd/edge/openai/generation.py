@@ -15,6 +15,7 @@ bounds; a limited field that is not a number is a 400 on both paths.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from iopd.config.schema import Generation
@@ -43,14 +44,21 @@ def _limit_for(field: str, limits: dict[str, float | int]) -> float | int | None
 
 
 def apply_generation(
-    params: dict[str, Any], policy: Generation, *, passthrough: bool
+    params: dict[str, Any],
+    policy: Generation,
+    *,
+    passthrough: bool,
+    field_names: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Apply ``policy`` to the request fields ``params``; return a new dict.
 
     Raises :class:`~iopd.errors.InvalidRequest` (``param`` = the field) for a
     limited field that is not a number, and on passthrough for a field over
-    its limit.
+    its limit.  ``field_names`` maps a parameter to the name the caller sent
+    it under (``max_tokens`` -> ``max_output_tokens`` on ``/v1/responses``),
+    so the error names the caller's field.
     """
+    names = field_names or {}
     out = dict(params)
     if not passthrough:
         for field, default in policy.defaults.items():
@@ -61,13 +69,14 @@ def apply_generation(
         limit = _limit_for(field, policy.limits)
         if value is None or limit is None:
             continue
+        shown = names.get(field, field)
         if not _is_number(value):
-            raise InvalidRequest(f"`{field}` must be a number", param=field)
+            raise InvalidRequest(f"`{shown}` must be a number", param=shown)
         if value <= limit:
             continue
         if passthrough:
             raise InvalidRequest(
-                f"`{field}` is {value}, over this model's limit of {limit}", param=field
+                f"`{shown}` is {value}, over this model's limit of {limit}", param=shown
             )
         out[field] = limit
     return out
