@@ -1,0 +1,764 @@
+"""Config refresh end to end (SPEC §6): a real edge started from a config FILE.
+
+Every test writes the edge YAML to ``tmp_path``, starts a whole gateway from
+it (``running_gateway(..., config_path=...)``), rewrites the file and asks the
+admin API to ``POST /refresh``.  What a refresh did is checked where an
+operator would see it — ``/status``, ``/v1/models``, the answers to real
+requests, the node's adapter registry, the ``NodeConfig`` a (fake) node
+receives — not in the runtime's private state.
+
+The listeners in the file are ``127.0.0.1:0`` because the gateway helper
+forces port 0 anyway: the running config and the file then agree, and only
+what a test changes shows up in the report.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from iopd.node.run import NodeHandle, run_node
+from tests.gateway import (
+    Gateway,
+    RawResponse,
+    http_request,
+    node_token,
+    running_gateway,
+    token_hash,
+    wait_until,
+)
+from tests.wire_peers import FakeNode
+from wire.messages import NodeConfig
+
+REPORT_KEYS = {
+    "mode",
+    "applied",
+    "changed_nodes",
+    "changed_providers",
+    "changed_models",
+    "restart_required",
+    "errors",
+}
+
+DEFAULTS: dict[str, Any] = {
+    "edge_id": "edge-r",
+    "openai_listen": "127.0.0.1:0",
+    "threshold": 100000,
+    "strict": "false",
+    "principal": "",
+    "max_queue": 256,
+    "queue_timeout": 60,
+    "models": "  - id: echo\n    providers: {echo-1: echo, echo-2: echo}\n",
+    "cap1": 2,
+    "cap2": 2,
+    "prio1": 0,
+    "prio2": 1,
+    "en1": "true",
+    "en2": "true",
+    "long2": 0,
+    "delay1": 0,
+    "delay2": 0,
+    "remote_base": "http://127.0.0.1:9",
+    "extra_nodes": "",
+}
+
+
+def edge_yaml(**over: Any) -> str:
+    """The test config: node-a (echo-1, remote-1) and node-b (echo-2)."""
+    unknown = set(over) - set(DEFAULTS)
+    assert not unknown, unknown
+    v = {**DEFAULTS, **over}
+    return f"""
+edge:
+  id: {v["edge_id"]}
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+  heartbeat_interval: 1
+  heartbeat_timeout: 3
+openai:
+  listen: {v["openai_listen"]}
+  long_context_threshold_tokens: {v["threshold"]}
+  strict_output: {v["strict"]}
+{v["principal"]}
+provider_pool: {{max_queue: {v["max_queue"]}, queue_timeout: {v["queue_timeout"]}}}
+models:
+{v["models"]}
+nodes:
+  - id: node-a
+    alias: box-a
+    token_hash_sha256: {token_hash(node_token("node-a"))}
+    providers:
+      - id: echo-1
+        type: echo
+        category: api
+        models: [echo]
+        capacity: {v["cap1"]}
+        priority: {v["prio1"]}
+        enabled: {v["en1"]}
+        delay_ms: {v["delay1"]}
+      - id: remote-1
+        type: openai
+        category: api
+        base_url: {v["remote_base"]}
+        models: [remote]
+  - id: node-b
+    alias: box-b
+    token_hash_sha256: {token_hash(node_token("node-b"))}
+    providers:
+      - id: echo-2
+        type: echo
+        category: local_inference
+        models: [echo]
+        capacity: {v["cap2"]}
+        priority: {v["prio2"]}
+        enabled: {v["en2"]}
+        long_context_capacity: {v["long2"]}
+        delay_ms: {v["delay2"]}
+{v["extra_nodes"]}"""
+
+
+class Edge:
+    """A running gateway plus the config file it reloads."""
+
+    def __init__(self, gw: Gateway, path: Path) -> None:
+        self.gw = gw
+        self.path = path
+
+    def write(self, **over: Any) -> None:
+        self.path.write_text(edge_yaml(**over))
+
+    async def refresh(self, mode: str = "apply") -> dict[str, Any]:
+        r = await http_request(self.gw.handle.admin, "POST", "/refresh", body={"mode": mode})
+        assert r.status == 200, r.body
+        doc: dict[str, Any] = r.json()
+        assert set(doc) == REPORT_KEYS
+        assert doc["mode"] == mode
+        for key in REPORT_KEYS - {"mode", "applied"}:
+            assert isinstance(doc[key], list), key
+        return doc
+
+    async def apply(self, **over: Any) -> dict[str, Any]:
+        """Rewrite the file with ``over`` and apply it; asserts it was applied."""
+        self.write(**over)
+        doc = await self.refresh("apply")
+        assert doc["applied"] is True, doc
+        return doc
+
+    async def status(self) -> dict[str, Any]:
+        r = await http_request(self.gw.handle.admin, "GET", "/status")
+        assert r.status == 200
+        doc: dict[str, Any] = r.json()
+        return doc
+
+    async def provider(self, pid: str) -> dict[str, Any]:
+        doc = await self.status()
+        return next(p for p in doc["providers"] if p["id"] == pid)
+
+    async def chat(self, content: str, model: str = "echo", **extra: Any) -> RawResponse:
+        body = {"model": model, "messages": [{"role": "user", "content": content}], **extra}
+        return await http_request(self.gw.host_port, "POST", "/v1/chat/completions", body=body)
+
+    def in_flight(self) -> dict[str, int]:
+        return {pid: load.in_flight for pid, load in self.gw.runtime.pool.provider_loads().items()}
+
+    async def idle(self) -> None:
+        """Wait until no lease is held and nobody queues."""
+        await wait_until(
+            lambda: not any(self.in_flight().values()) and self.gw.runtime.pool.queue_depth == 0
+        )
+
+
+@asynccontextmanager
+async def running_edge(
+    tmp_path: Path, *, nodes: list[str] | None = None, **over: Any
+) -> AsyncIterator[Edge]:
+    """Write ``edge_yaml(**over)`` to a file and run a gateway from it."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(edge_yaml(**over))
+    async with running_gateway(path.read_text(), nodes=nodes, config_path=str(path)) as gw:
+        yield Edge(gw, path)
+
+
+def text_of(r: RawResponse) -> str:
+    assert r.status == 200, r.body
+    content: str = r.json()["choices"][0]["message"]["content"]
+    return content
+
+
+async def which_provider_serves(edge: Edge, nursery: trio.Nursery, **extra: Any) -> str:
+    """Start one slow request; return the provider it holds a lease on, then cancel it."""
+    before = edge.in_flight()
+    scope = trio.CancelScope()
+
+    async def call() -> None:
+        with scope:
+            await edge.chat("slow " * 20, **extra)
+
+    nursery.start_soon(call)
+    await wait_until(lambda: edge.in_flight() != before)
+    now = edge.in_flight()
+    [pid] = [p for p in now if now[p] > before.get(p, 0)]
+    scope.cancel()
+    await edge.idle()
+    return pid
+
+
+def requests_total(gw: Gateway, **labels: str) -> float:
+    """Sum of ``iop_openai_requests_total`` samples whose labels include ``labels``."""
+    total = 0.0
+    for family in gw.runtime.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == "iop_openai_requests_total" and (
+                labels.items() <= sample.labels.items()
+            ):
+                total += sample.value
+    return total
+
+
+@contextmanager
+def not_before(event: trio.Event, what: str) -> Iterator[None]:
+    """Assert that ``event`` has not happened yet when the block ends."""
+    yield
+    assert not event.is_set(), what
+
+
+# ---------------------------------------------------------------- dry run
+
+
+async def test_unchanged_file_dry_run_and_apply_report_nothing(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            doc = await edge.refresh("dry_run")
+            assert doc["applied"] is False
+            assert all(doc[k] == [] for k in REPORT_KEYS - {"mode", "applied"})
+            assert edge.gw.runtime.snapshot.version == 1
+            doc = await edge.refresh("apply")
+            assert doc["applied"] is True
+            assert all(doc[k] == [] for k in REPORT_KEYS - {"mode", "applied"})
+
+
+async def test_dry_run_reports_changes_and_changes_nothing(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            before = await edge.status()
+            edge.write(
+                cap1=5,
+                prio2=7,
+                threshold=10,
+                max_queue=3,
+                models=DEFAULTS["models"] + "  - id: only-b\n    providers: {echo-2: echo}\n",
+            )
+            doc = await edge.refresh("dry_run")
+            assert doc == {
+                "mode": "dry_run",
+                "applied": False,
+                "changed_nodes": ["node-a", "node-b"],
+                "changed_providers": ["echo-1", "echo-2"],
+                "changed_models": ["only-b"],
+                "restart_required": [],
+                "errors": [],
+            }
+            after = await edge.status()
+            assert after == before
+            rt = edge.gw.runtime
+            assert rt.snapshot.version == 1
+            assert rt.snapshot.config.openai.long_context_threshold_tokens == 100000
+            r = await edge.chat("hi", model="only-b")
+            assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
+            # Dry run again after apply: nothing left to change.
+            await edge.refresh("apply")
+            doc = await edge.refresh("dry_run")
+            assert doc["changed_providers"] == [] and doc["changed_models"] == []
+
+
+# ------------------------------------------------------------ live apply
+
+
+async def test_apply_capacity_enabled_priority_long_slots_show_in_status(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            doc = await edge.apply(cap1=6, en2="false", long2=1, prio1=3, max_queue=9)
+            assert doc["changed_nodes"] == ["node-a", "node-b"]
+            assert doc["changed_providers"] == ["echo-1", "echo-2"]
+            status = await edge.status()
+            provs = {p["id"]: p for p in status["providers"]}
+            assert provs["echo-1"]["capacity"] == 6
+            assert provs["echo-2"]["enabled"] is False
+            assert provs["echo-2"]["long_context_capacity"] == 1
+            assert status["queue"]["max_queue"] == 9
+            assert status["config_version"] == 2
+            assert edge.gw.runtime.pool.snapshot.providers["echo-1"].priority == 3
+
+
+async def test_priority_change_moves_traffic(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, delay1=100, delay2=100) as edge:
+            async with trio.open_nursery() as n:
+                assert await which_provider_serves(edge, n) == "echo-1"
+                await edge.apply(delay1=100, delay2=100, prio1=5, prio2=1)
+                assert await which_provider_serves(edge, n) == "echo-2"
+                await edge.apply(delay1=100, delay2=100, prio1=0, prio2=1)
+                assert await which_provider_serves(edge, n) == "echo-1"
+
+
+async def test_enabled_change_moves_traffic_and_back(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, delay1=100, delay2=100) as edge:
+            async with trio.open_nursery() as n:
+                await edge.apply(delay1=100, delay2=100, en1="false")
+                for _ in range(3):
+                    assert await which_provider_serves(edge, n) == "echo-2"
+                await edge.apply(delay1=100, delay2=100, en1="true")
+                assert await which_provider_serves(edge, n) == "echo-1"
+
+
+async def test_model_mapping_added_changed_and_removed(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, delay1=100, delay2=100) as edge:
+            r = await edge.chat("hi", model="alt")
+            assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
+
+            alt_b = DEFAULTS["models"] + "  - id: alt\n    providers: {echo-2: echo}\n"
+            doc = await edge.apply(delay1=100, delay2=100, models=alt_b)
+            assert doc["changed_models"] == ["alt"]
+            assert doc["changed_nodes"] == [] and doc["changed_providers"] == []
+            assert text_of(await edge.chat("one two", model="alt")) == "one two"
+            models = await http_request(edge.gw.host_port, "GET", "/v1/models")
+            assert [m["id"] for m in models.json()["data"]] == ["echo", "alt"]
+            async with trio.open_nursery() as n:
+                assert await which_provider_serves(edge, n, model="alt") == "echo-2"
+                alt_a = DEFAULTS["models"] + "  - id: alt\n    providers: {echo-1: echo}\n"
+                await edge.apply(delay1=100, delay2=100, models=alt_a)
+                assert await which_provider_serves(edge, n, model="alt") == "echo-1"
+
+            await edge.apply(delay1=100, delay2=100)
+            r = await edge.chat("hi", model="alt")
+            assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
+            models = await http_request(edge.gw.host_port, "GET", "/v1/models")
+            assert [m["id"] for m in models.json()["data"]] == ["echo"]
+
+
+async def test_threshold_change_makes_requests_long(tmp_path: Path) -> None:
+    """Lowering long_context_threshold_tokens: the same request now takes a long slot."""
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, delay1=100, delay2=100, long2=1) as edge:
+            base: dict[str, Any] = dict(delay1=100, delay2=100, long2=1)
+            loads = edge.gw.runtime.pool.provider_loads
+            async with trio.open_nursery() as n:
+                # Normal request: echo-1 (priority 0) serves, no long slot used.
+                assert await which_provider_serves(edge, n) == "echo-1"
+                doc = await edge.apply(**base, threshold=2)
+                assert doc["changed_providers"] == [] and doc["restart_required"] == []
+                scope = trio.CancelScope()
+
+                async def call() -> None:
+                    with scope:
+                        await edge.chat("slow " * 20)
+
+                n.start_soon(call)
+                # Long now: only echo-2 has long slots, and it holds one of each.
+                await wait_until(lambda: loads()["echo-2"].long_in_flight == 1)
+                assert loads()["echo-2"].in_flight == 1 and loads()["echo-1"].in_flight == 0
+                assert (await edge.provider("echo-2"))["long_in_flight"] == 1
+                scope.cancel()
+
+
+async def test_strict_output_toggles_live(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            wrapped = "<completion>inner</completion>"
+            assert text_of(await edge.chat(wrapped)) == wrapped
+            await edge.apply(strict="true")
+            assert text_of(await edge.chat(wrapped)) == "inner"
+            await edge.apply(strict="false")
+            assert text_of(await edge.chat(wrapped)) == wrapped
+
+
+async def test_provider_pool_max_queue_live(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, cap1=1, en2="false", delay1=100) as edge:
+            base: dict[str, Any] = dict(cap1=1, en2="false", delay1=100)
+            async with trio.open_nursery() as n:
+                n.start_soon(edge.chat, "slow " * 20)
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                await edge.apply(**base, max_queue=0)
+                assert (await edge.status())["queue"]["max_queue"] == 0
+                r = await edge.chat("x")
+                assert r.status == 429 and r.json()["error"]["code"] == "queue_full"
+                n.cancel_scope.cancel()
+
+
+async def test_generation_limits_live_on_passthrough(tmp_path: Path) -> None:
+    from tests.mock_providers import MockOpenAIServer
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as outer:
+            mock = MockOpenAIServer()
+            await outer.start(mock.serve)
+            remote = DEFAULTS["models"] + "  - id: remote\n    providers: {remote-1: remote}\n"
+            base: dict[str, Any] = dict(remote_base=mock.base_url)
+            async with running_edge(tmp_path, **base, models=remote) as edge:
+                r = await edge.chat("hi", model="remote", max_tokens=100)
+                assert r.status == 200, r.body
+                limited = (
+                    DEFAULTS["models"]
+                    + "  - id: remote\n    providers: {remote-1: remote}\n"
+                    + "    generation: {limits: {max_tokens: 50}}\n"
+                )
+                doc = await edge.apply(**base, models=limited)
+                assert doc["changed_models"] == ["remote"]
+                r = await edge.chat("hi", model="remote", max_tokens=100)
+                assert r.status == 400
+                assert r.json()["error"]["type"] == "invalid_request_error"
+                r = await edge.chat("hi", model="remote", max_tokens=50)
+                assert r.status == 200
+            outer.cancel_scope.cancel()
+
+
+# ------------------------------------------------------ refused applies
+
+
+LIVE_TOO = dict(cap1=5)  # a live change riding along: refused with the rest
+
+
+@pytest.mark.parametrize(
+    ("over", "path"),
+    [
+        (dict(remote_base="http://127.0.0.1:10"), "nodes[0].providers[1].base_url"),
+        (dict(delay1=5), "nodes[0].providers[0].delay_ms"),
+        (dict(openai_listen="127.0.0.1:1"), "openai.listen"),
+        (dict(edge_id="edge-other"), "edge.id"),
+        (
+            dict(
+                principal="  principal_tokens:\n    - {token_ref: t, token_hash_sha256: "
+                f"{token_hash('x')}, principal_ref: p}}\n"
+            ),
+            "openai.principal_tokens",
+        ),
+        (
+            dict(
+                extra_nodes=f"""  - id: node-c
+    token_hash_sha256: {token_hash(node_token("node-c"))}
+    providers:
+      - {{id: echo-3, type: echo, models: [echo]}}
+"""
+            ),
+            "nodes[node-c]",
+        ),
+    ],
+)
+async def test_restart_required_refuses_the_whole_apply(
+    tmp_path: Path, over: dict[str, Any], path: str
+) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            before = await edge.status()
+            edge.write(**LIVE_TOO, **over)
+            for mode in ("dry_run", "apply"):
+                doc = await edge.refresh(mode)
+                assert doc["applied"] is False
+                assert path in doc["restart_required"]
+                assert doc["changed_providers"] == ["echo-1"]  # still reported
+                assert doc["errors"] == []
+            assert await edge.status() == before
+            assert edge.gw.runtime.snapshot.version == 1
+            assert (await edge.provider("echo-1"))["capacity"] == 2
+            # No secret or value in the report, only paths.
+            assert "127.0.0.1:10" not in str(doc) and token_hash("x") not in str(doc)
+
+
+@pytest.mark.parametrize(
+    ("text", "expect"),
+    [
+        (edge_yaml(cap1=0), "nodes[0].providers[0].capacity: "),
+        (edge_yaml(prio1=-1), "nodes[0].providers[0].priority: "),
+        (edge_yaml(threshold=0), "openai.long_context_threshold_tokens: "),
+        (
+            edge_yaml(models="  - id: echo\n    providers: {nope: echo}\n"),
+            "models[0].providers.nope: ",
+        ),
+        (edge_yaml().replace("  strict_output: false", "  strict_outptu: false"), "openai."),
+        ("edge: [unclosed\n", ""),
+    ],
+)
+async def test_validation_errors_refuse_and_change_nothing(
+    tmp_path: Path, text: str, expect: str
+) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            before = await edge.status()
+            # A live change alongside the error must not slip through either.
+            edge.path.write_text(text.replace("capacity: 2\n", "capacity: 3\n", 1))
+            for mode in ("dry_run", "apply"):
+                doc = await edge.refresh(mode)
+                assert doc["applied"] is False
+                assert doc["errors"], doc
+                assert any(e.startswith(expect) for e in doc["errors"]), doc["errors"]
+                for e in doc["errors"]:
+                    path, sep, reason = e.partition(": ")
+                    assert sep and path and reason, e
+                    assert "Traceback" not in e
+            assert await edge.status() == before
+            assert edge.gw.runtime.snapshot.version == 1
+
+
+async def test_missing_file_is_an_error_not_a_crash(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            edge.path.unlink()
+            doc = await edge.refresh("apply")
+            assert doc["applied"] is False and len(doc["errors"]) >= 1
+            edge.write(cap1=4)
+            await edge.apply(cap1=4)
+            assert (await edge.provider("echo-1"))["capacity"] == 4
+
+
+# ------------------------------------------------------------- node push
+
+
+async def start_real_node(gw: Gateway, node_id: str) -> NodeHandle:
+    handle: NodeHandle = await gw.nursery.start(
+        functools.partial(run_node, gw.node_config(node_id))
+    )
+    await wait_until(
+        lambda: (
+            gw.runtime.hub.connected_since(node_id) is not None
+            and handle.executor.registry is not None
+        )
+    )
+    return handle
+
+
+async def test_changed_node_gets_new_registry_unchanged_node_does_not(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=[]) as edge:
+            a = await start_real_node(edge.gw, "node-a")
+            b = await start_real_node(edge.gw, "node-b")
+            assert a.executor.registry is not None and b.executor.registry is not None
+            reg_a, reg_b = a.executor.registry, b.executor.registry
+            assert reg_a.version == 1 and reg_b.version == 1
+
+            doc = await edge.apply(cap1=5)
+            assert doc["changed_nodes"] == ["node-a"]
+            # The push is acked before the apply answers: the swap already happened.
+            assert a.executor.registry is not reg_a
+            assert a.executor.registry.version == 2
+            assert a.executor.registry.get("echo-1").spec.capacity == 5  # type: ignore[union-attr]
+            assert reg_a.retired
+            with trio.fail_after(5):
+                await reg_a.closed.wait()  # no run in flight: closed at once
+            assert b.executor.registry is reg_b and reg_b.version == 1
+
+            # The new registry serves.
+            assert text_of(await edge.chat("still works")) == "still works"
+
+
+async def test_fake_node_sees_pushes_only_when_changed(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            async with FakeNode.connect(
+                host, port, node_id="node-b", token=node_token("node-b")
+            ) as fake:
+                await wait_until(lambda: fake.config is not None)
+                assert fake.config is not None and fake.config.version == 1
+
+                def configs() -> list[NodeConfig]:
+                    return [m for m in fake.received if isinstance(m, NodeConfig)]
+
+                doc = await edge.apply()  # no change at all
+                assert doc["changed_nodes"] == []
+                doc = await edge.apply(cap1=3)  # node-a only
+                assert doc["changed_nodes"] == ["node-a"]
+                doc = await edge.apply(
+                    cap1=3, models=DEFAULTS["models"].replace(", echo-2: echo", "")
+                )
+                assert doc["changed_models"] == ["echo"] and doc["changed_nodes"] == []
+                await trio.sleep(0.2)  # a push, were one sent, would have arrived by now
+                assert len(configs()) == 1
+
+                doc = await edge.apply(cap1=3, cap2=4)
+                assert doc["changed_nodes"] == ["node-b"]
+                assert len(configs()) == 2
+                pushed = configs()[-1]
+                assert pushed.version == edge.gw.runtime.snapshot.version == 5
+                [spec] = pushed.providers
+                assert spec.id == "echo-2" and spec.capacity == 4
+
+
+async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node that refuses its NodeConfig does not undo the edge's apply."""
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            async with FakeNode.connect(
+                host, port, node_id="node-b", token=node_token("node-b"), config_ok=False
+            ) as fake:
+                await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
+                caplog.clear()
+                doc = await edge.apply(cap2=4)
+                assert doc["applied"] is True
+                assert fake.config is not None and fake.config.version == 2
+                assert "event=node_config_push node=node-b outcome=rejected" in caplog.text
+
+
+# ------------------------------------------------------ waiters on apply
+
+
+async def test_disabling_last_provider_fails_waiters_at_once(tmp_path: Path) -> None:
+    solo = DEFAULTS["models"] + "  - id: solo\n    providers: {echo-1: echo}\n"
+    base: dict[str, Any] = dict(cap1=1, delay1=100, models=solo, queue_timeout=120)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base) as edge:
+            first_done = trio.Event()
+            results: dict[str, RawResponse] = {}
+
+            async def first() -> None:
+                results["first"] = await edge.chat("w " * 20, model="solo")  # ~2 s
+                first_done.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(first)
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                queued = [edge.chat("x", model="solo") for _ in range(3)]
+                waiter_results: list[RawResponse] = []
+
+                async def wait_one(coro: Any) -> None:
+                    waiter_results.append(await coro)
+
+                for c in queued:
+                    n.start_soon(wait_one, c)
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 3)
+
+                with not_before(first_done, "waiters must fail before the running request ends"):
+                    await edge.apply(**{**base, "en1": "false"})
+                    await wait_until(lambda: len(waiter_results) == 3)
+                for r in waiter_results:
+                    assert r.status == 502
+                    err = r.json()["error"]
+                    assert err["code"] == "node_dispatch_error" and err["type"] == "server_error"
+                # The request already running keeps its lease and finishes normally.
+            assert results["first"].status == 200
+            assert text_of(results["first"]) == "w " * 20
+            await edge.idle()
+            # The "echo" group still has echo-2: it was not failed.
+            assert text_of(await edge.chat("ok")) == "ok"
+
+
+async def test_capacity_increase_admits_queued_waiters_at_once(tmp_path: Path) -> None:
+    base: dict[str, Any] = dict(cap1=1, en2="false", delay1=100)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base) as edge:
+            first_done = trio.Event()
+            done: list[str] = []
+
+            async def call(name: str, text: str) -> None:
+                r = await edge.chat(text)
+                assert text_of(r) == text
+                done.append(name)
+                if name == "first":
+                    first_done.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(call, "first", "w " * 20)
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                for i in range(2):
+                    n.start_soon(call, f"q{i}", "short")
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 2)
+                with not_before(first_done, "waiters must be admitted while the first runs"):
+                    await edge.apply(**{**base, "cap1": 3})
+                    # Admitted by the apply itself, not by the first lease's release.
+                    assert edge.gw.runtime.pool.queue_depth == 0
+                    assert edge.in_flight()["echo-1"] == 3
+                    await wait_until(lambda: len(done) == 2)
+                assert sorted(done) == ["q0", "q1"]
+            assert done[-1] == "first"
+
+
+# ------------------------------------------------------- apply under load
+
+
+def load_variants() -> list[dict[str, Any]]:
+    """Live configs to cycle through; every one keeps a live provider in group echo."""
+    both = DEFAULTS["models"]
+    only1 = "  - id: echo\n    providers: {echo-1: echo}\n"
+    only2 = "  - id: echo\n    providers: {echo-2: echo}\n"
+    alt = "  - id: alt\n    providers: {echo-1: echo}\n"
+    out = []
+    for cap1, cap2, (p1, p2), (en1, en2), models in itertools.product(
+        (1, 3),
+        (1, 4),
+        ((0, 1), (2, 0)),
+        (("true", "true"), ("false", "true"), ("true", "false")),
+        (both, only1, only2, both + alt),
+    ):
+        if (models == only1 and en1 == "false") or (models == only2 and en2 == "false"):
+            continue
+        out.append(dict(cap1=cap1, cap2=cap2, prio1=p1, prio2=p2, en1=en1, en2=en2, models=models))
+    return out
+
+
+async def test_apply_under_load_drops_no_request(tmp_path: Path) -> None:
+    total, concurrency = 200, 8
+    delay: dict[str, Any] = dict(delay1=10, delay2=10)
+    variants = load_variants()
+    rng = random.Random(1234)
+    with trio.fail_after(60):
+        async with running_edge(tmp_path, **delay) as edge:
+            failures: list[tuple[int, bytes]] = []
+            finished = 0
+            applies = 0
+            next_id = itertools.count()
+
+            async def worker() -> None:
+                nonlocal finished
+                while (i := next(next_id)) < total:
+                    text = f"req {i} body"
+                    stream = i % 4 == 0
+                    r = await edge.chat(text, stream=stream)
+                    if r.status != 200:
+                        failures.append((r.status, r.body))
+                    elif stream:
+                        if b"data: [DONE]" not in r.body:
+                            failures.append((r.status, r.body))
+                    elif text_of(r) != text:
+                        failures.append((r.status, r.body))
+                    finished += 1
+
+            async def refresher(stop: trio.Event) -> None:
+                nonlocal applies
+                while not stop.is_set():
+                    over = rng.choice(variants)
+                    await edge.apply(**delay, **over)
+                    applies += 1
+                    await trio.sleep(0.01)
+
+            stop = trio.Event()
+            async with trio.open_nursery() as n:
+                n.start_soon(refresher, stop)
+                async with trio.open_nursery() as workers:
+                    for _ in range(concurrency):
+                        workers.start_soon(worker)
+                stop.set()
+
+            assert failures == []
+            assert finished == total
+            assert applies >= 5, applies
+            await edge.idle()
+            loads = edge.gw.runtime.pool.provider_loads()
+            assert all(x.in_flight == 0 and x.long_in_flight == 0 for x in loads.values())
+            status = await edge.status()
+            assert all(p["in_flight"] == 0 for p in status["providers"])
+            assert status["queue"]["depth"] == 0
+            assert requests_total(edge.gw) == total
+            assert requests_total(edge.gw, status="ok", model_group="echo") == total
