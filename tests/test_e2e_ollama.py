@@ -1,0 +1,231 @@
+"""End to end: the Ollama side of the edge (SPEC §3, §4).
+
+A real edge and node in front of ``MockOllamaServer``: ``/api/chat`` and
+``/api/generate`` are relayed raw with ``model`` rewritten to the served name,
+``/api/tags`` is answered by the edge from its catalog, a group without an
+ollama provider gets a clear 400, and the normalized ``/v1/chat/completions``
+path restores Ollama's ``thinking`` and native ``tool_calls`` into the
+OpenAI shape.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+
+from tests.gateway import Gateway, http_request, in_thread, node_token, running_gateway, token_hash
+from tests.mock_providers import MockOllamaServer
+
+SERVED = "mock:latest"
+
+
+def ollama_yaml(base_url: str, *, generation: str = "") -> str:
+    return f"""
+edge:
+  id: edge-ollama
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+models:
+  - id: llama
+    providers: {{ol-1: "{SERVED}"}}
+{generation}
+  - id: echo-only
+    providers: {{echo-1: echo}}
+  - id: both
+    providers: {{ol-1: "{SERVED}", echo-1: echo}}
+nodes:
+  - id: node-a
+    token_hash_sha256: {token_hash(node_token("node-a"))}
+    providers:
+      - id: ol-1
+        type: ollama
+        base_url: {base_url}
+        models: ["{SERVED}"]
+        capacity: 4
+        health_interval: 30
+      - id: echo-1
+        type: echo
+        models: [echo]
+        capacity: 4
+"""
+
+
+@asynccontextmanager
+async def ollama_gateway(
+    mock: MockOllamaServer | None = None, *, generation: str = ""
+) -> AsyncIterator[tuple[Gateway, MockOllamaServer]]:
+    mock = mock or MockOllamaServer()
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        async with running_gateway(ollama_yaml(mock.base_url, generation=generation)) as gw:
+            yield gw, mock
+        n.cancel_scope.cancel()
+
+
+def posts(mock: MockOllamaServer, path: str) -> list[dict[str, object]]:
+    return [r.json() for r in mock.requests if r.method == "POST" and r.path == path]
+
+
+async def test_api_chat_and_generate_relayed_raw_with_model_rewritten() -> None:
+    with trio.fail_after(30):
+        async with ollama_gateway() as (gw, mock):
+            for path, extra in (
+                ("/api/chat", {"messages": [{"role": "user", "content": "hi"}]}),
+                ("/api/generate", {"prompt": "hi"}),
+            ):
+                for stream in (True, False):
+                    body = {"model": "llama", "stream": stream, "keep_alive": "5m", **extra}
+                    r = await http_request(gw.host_port, "POST", path, body=body)
+                    assert r.status == 200, r.body
+                    sent = posts(mock, path)[-1]
+                    assert sent == {**body, "model": SERVED}  # unknown fields kept
+                    # The provider's bytes, unchanged: the same request straight to the mock.
+                    direct = await http_request(
+                        ("127.0.0.1", mock.port), "POST", path, body={**body, "model": SERVED}
+                    )
+                    assert r.body == direct.body
+                    ctype = r.header("content-type")
+                    if stream:
+                        assert ctype == "application/x-ndjson"
+                        assert r.header("x-accel-buffering") == "no"
+                        lines = [json.loads(line) for line in r.body.splitlines()]
+                        assert lines[-1]["done"] is True
+                        assert all(line["model"] == SERVED for line in lines)
+                    else:
+                        assert ctype == "application/json"
+                        assert r.json()["done"] is True
+
+
+async def test_api_tags_from_the_catalog_not_the_provider() -> None:
+    with trio.fail_after(30):
+        async with ollama_gateway() as (gw, mock):
+            before = len(mock.requests)
+            r = await http_request(gw.host_port, "GET", "/api/tags")
+            assert r.status == 200
+            names = [m["name"] for m in r.json()["models"]]
+            assert names == ["llama", "both"]  # groups with an ollama provider, in order
+            assert all(m["model"] == m["name"] for m in r.json()["models"])
+            # Answered by the edge: no /api/tags call beyond the health probes.
+            assert all(q.path == "/api/tags" and q.method == "GET" for q in mock.requests[before:])
+            r = await http_request(gw.host_port, "POST", "/api/tags")
+            assert r.status == 405
+            assert r.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_api_on_a_group_without_ollama_is_a_clear_400() -> None:
+    with trio.fail_after(30):
+        async with ollama_gateway() as (gw, mock):
+            for path in ("/api/chat", "/api/generate"):
+                r = await http_request(
+                    gw.host_port, "POST", path, body={"model": "echo-only", "prompt": "x"}
+                )
+                assert r.status == 400
+                err = r.json()["error"]
+                assert err["code"] == "invalid_request_error" and err["param"] == "model"
+                assert "ollama" in err["message"]
+            r = await http_request(gw.host_port, "POST", "/api/chat", body={"model": "nope"})
+            assert r.status == 404 and r.json()["error"]["code"] == "model_not_found"
+            r = await http_request(gw.host_port, "POST", "/api/chat", body={"messages": []})
+            assert r.status == 400 and r.json()["error"]["param"] == "model"
+            r = await http_request(gw.host_port, "POST", "/api/pull", body={"model": "llama"})
+            assert r.status == 404 and r.json()["error"]["code"] == "not_found"
+            # A mixed group relays /api/* only to its ollama provider.
+            for _ in range(3):
+                r = await http_request(
+                    gw.host_port, "POST", "/api/generate", body={"model": "both", "prompt": "x"}
+                )
+                assert r.status == 200
+            assert len(posts(mock, "/api/generate")) == 3
+
+
+async def test_api_relay_enforces_generation_limits_without_adding_defaults() -> None:
+    generation = "    generation: {defaults: {temperature: 0.1}, limits: {max_tokens: 64}}"
+    with trio.fail_after(30):
+        async with ollama_gateway(generation=generation) as (gw, mock):
+            body = {
+                "model": "llama",
+                "prompt": "x",
+                "stream": False,
+                "options": {"num_predict": 64},
+            }
+            r = await http_request(gw.host_port, "POST", "/api/generate", body=body)
+            assert r.status == 200
+            assert posts(mock, "/api/generate")[-1]["options"] == {"num_predict": 64}
+            body["options"] = {"num_predict": 65}
+            r = await http_request(gw.host_port, "POST", "/api/generate", body=body)
+            assert r.status == 400
+            assert r.json()["error"]["param"] == "options.num_predict"
+            assert len(posts(mock, "/api/generate")) == 1
+
+
+async def test_normalized_chat_restores_thinking_and_native_tool_calls() -> None:
+    mock = MockOllamaServer()
+    mock.reasoning_text = "let me think about it"
+    mock.reply_text = "The weather is fine."
+    mock.tool_calls = [{"name": "get_weather", "arguments": {"city": "Seoul", "days": 2}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                },
+            },
+        }
+    ]
+    messages = [{"role": "user", "content": "weather in Seoul?"}]
+    with trio.fail_after(30):
+        async with ollama_gateway(mock) as (gw, _):
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={"model": "llama", "messages": messages, "tools": tools},
+            )
+            assert r.status == 200, r.body
+            sent = posts(mock, "/api/chat")[-1]
+            assert sent["model"] == SERVED
+            assert sent["tools"]  # native tools: passed to the provider, no text protocol
+            assert "tool_call>" not in json.dumps(sent["messages"])
+            choice = r.json()["choices"][0]
+            msg = choice["message"]
+            assert msg["reasoning_content"] == mock.reasoning_text
+            assert choice["finish_reason"] == "tool_calls"
+            (call,) = msg["tool_calls"]
+            assert call["type"] == "function" and call["id"]
+            assert call["function"]["name"] == "get_weather"
+            assert json.loads(call["function"]["arguments"]) == {"city": "Seoul", "days": 2}
+            usage = r.json()["usage"]
+            assert usage["prompt_tokens"] == mock.prompt_eval_count
+            assert usage["completion_tokens"] == mock.eval_count
+
+            # The same through the SDK, streaming.
+            client = gw.sdk()
+
+            def stream() -> tuple[str, str, list[object]]:
+                text, reasoning, calls = "", "", []
+                for chunk in client.chat.completions.create(
+                    model="llama", messages=messages, tools=tools, stream=True
+                ):
+                    if not chunk.choices:
+                        continue
+                    delta = chunk.choices[0].delta
+                    text += delta.content or ""
+                    reasoning += getattr(delta, "reasoning_content", None) or ""
+                    calls += delta.tool_calls or []
+                return text, reasoning, calls
+
+            text, reasoning, calls = await in_thread(stream)
+            assert text == mock.reply_text
+            assert reasoning == mock.reasoning_text
+            assert len(calls) == 1
+            fn = calls[0].function  # type: ignore[attr-defined]
+            assert fn.name == "get_weather"
+            assert json.loads(fn.arguments) == {"city": "Seoul", "days": 2}
