@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
+import struct
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -676,3 +677,153 @@ async def test_cancelled_echo_stream_is_cancelled_and_counts_no_unreported_usage
     labels = req(UNMAPPED, group="echo", status="cancelled")
     assert changes(before, after, "iop_openai_requests_total") == {labels: 1}
     assert changes(before, after, "iop_openai_usage_tokens_total") == {}
+
+
+# ------------------------------------------------------------------ failures
+
+
+async def test_auth_failure_is_auth_error_unmapped_and_model_unknown() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(gateway_yaml(auth=True)) as gw:
+            before = await scrape(gw)
+            body = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}
+            r = await chat(gw, body, token="sk-wrong-token")
+            assert r.status == 401 and r.json()["error"]["code"] == "invalid_api_key"
+            r = await chat(gw, body)  # no token at all
+            assert r.status == 401
+            after = await wait_requests(gw, before, 2)
+    labels = req(UNMAPPED, group="unknown", status="auth_error")
+    assert changes(before, after, "iop_openai_requests_total") == {labels: 2}
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {}
+    assert changes(before, after, "iop_dispatch_wait_seconds_count") == {}
+
+
+def wait_series(group: str, outcome: str) -> LabelSet:
+    return frozenset({"edge_id": EDGE_ID, "model_group": group, "outcome": outcome}.items())
+
+
+async def test_queue_timeout_and_health_gauges_at_scrape() -> None:
+    """One slow request holds the only slot; a second waits (queue depth 1, gauges
+    read live at scrape) and times out: 503, ``status=queue_timeout``, one timed-out
+    waiter and one ``outcome=queue_timeout`` dispatch wait of at least its timeout."""
+    pool_yaml = "provider_pool: {max_queue: 4, queue_timeout: 0.5}"
+    words = " ".join(f"w{i}" for i in range(12))  # 12 chunks at 100 ms
+    with trio.fail_after(30):
+        async with running_gateway(gateway_yaml(delay_ms=100, capacity=2, pool=pool_yaml)) as gw:
+            pool = gw.runtime.pool
+            idle = await scrape(gw)
+            assert idle.get("iop_connected_nodes") == 1
+            assert idle.get("iop_queue_depth") == 0 and idle.get("iop_queue_max") == 4
+            assert idle.get("iop_provider_in_flight", provider_id="echo-1") == 0
+            assert idle.get("iop_provider_load_ratio", provider_id="echo-1") == 0
+            assert idle.get("iop_provider_capacity", provider_id="echo-1") == 2
+            slow = {"model": "echo", "messages": [{"role": "user", "content": words}]}
+            replies: list[RawResponse] = []
+
+            async def call(body: dict[str, Any]) -> None:
+                replies.append(await chat(gw, body))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(call, slow)
+                await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 1)
+                one = await scrape(gw)
+                assert one.get("iop_provider_in_flight", provider_id="echo-1") == 1
+                assert one.get("iop_provider_load_ratio", provider_id="echo-1") == 0.5
+                nursery.start_soon(call, slow)
+                await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 2)
+                nursery.start_soon(call, {**slow, "messages": [{"role": "user", "content": "x"}]})
+                await wait_until(lambda: pool.queue_depth == 1)
+                full = await scrape(gw)
+                assert full.get("iop_provider_in_flight", provider_id="echo-1") == 2
+                assert full.get("iop_provider_load_ratio", provider_id="echo-1") == 1.0
+                assert full.get("iop_queue_depth") == 1
+                assert full.get("iop_connected_nodes") == 1
+            after = await wait_requests(gw, idle, 3)
+    statuses = sorted(r.status for r in replies)
+    assert statuses == [200, 200, 503]
+    timed_out = next(r for r in replies if r.status == 503)
+    assert timed_out.json()["error"]["code"] == "queue_timeout"
+    ok = req(UNMAPPED, group="echo")
+    late = req(UNMAPPED, group="echo", status="queue_timeout")
+    assert changes(idle, after, "iop_openai_requests_total") == {ok: 2, late: 1}
+    assert changes(idle, after, "iop_openai_usage_tokens_total") == tokens(
+        ok, "run_event", input=2 * math.ceil(len(words) / 4), output=2 * 12
+    )
+    assert changes(idle, after, "iop_queue_waiters_timed_out_total") == {
+        frozenset({("edge_id", EDGE_ID)}): 1
+    }
+    assert changes(idle, after, "iop_dispatch_wait_seconds_count") == {
+        wait_series("echo", "admitted"): 2,
+        wait_series("echo", "queue_timeout"): 1,
+    }
+    # Waited its whole queue_timeout (0.5 s): not in any bucket below 0.5.
+    buckets = changes(idle, after, "iop_dispatch_wait_seconds_bucket")
+    timeout_buckets = {
+        float(dict(ls)["le"]): n
+        for ls, n in buckets.items()
+        if dict(ls)["outcome"] == "queue_timeout"
+    }
+    assert min(timeout_buckets) >= 0.5 and timeout_buckets[math.inf] == 1
+
+
+# ------------------------------------------------------------------ wire
+
+
+async def _scrape_until(gw: Gateway, pred: Callable[[Scrape], bool]) -> Scrape:
+    while True:
+        s = await scrape(gw)
+        if pred(s):
+            return s
+        await trio.sleep(0.01)
+
+
+async def test_wire_frames_counted_and_bad_peers_count_protocol_errors() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(gateway_yaml(fake_node=True), nodes=["node-a"]) as gw:
+            host, port = gw.handle.wire
+            before = await scrape(gw)
+            r = await chat(
+                gw, {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}
+            )
+            assert r.status == 200
+            moved = await scrape(gw)
+            frames = changes(before, moved, "iop_wire_frames_total")
+            # Out: at least the RunRequest; in: 3 text events + usage + complete.
+            assert frames[frozenset({("edge_id", EDGE_ID), ("direction", "out")})] >= 1
+            assert frames[frozenset({("edge_id", EDGE_ID), ("direction", "in")})] >= 5
+            assert changes(before, moved, "iop_wire_protocol_errors_total") == {}
+
+            def errors(reason: str) -> LabelSet:
+                return frozenset({("edge_id", EDGE_ID), ("reason", reason)})
+
+            # An undecodable frame after a good handshake: malformed.
+            async with FakeNode.connect(
+                host, port, node_id="node-f", token=node_token("node-f")
+            ) as node:
+                await wait_until(lambda: gw.runtime.hub.session("node-f") is not None)
+                await node.send_raw(struct.pack(">I", 3) + b"\xc1\xc1\xc1")
+                await node.wait_closed()
+            s1 = await _scrape_until(gw, lambda s: s.get("iop_wire_protocol_errors_total") >= 1)
+            assert changes(moved, s1, "iop_wire_protocol_errors_total") == {errors("malformed"): 1}
+            # A length prefix over max_frame_bytes: frame_too_large, before any payload.
+            async with FakeNode.connect(
+                host, port, node_id="node-f", token=node_token("node-f")
+            ) as node:
+                await wait_until(lambda: gw.runtime.hub.session("node-f") is not None)
+                await node.send_raw(struct.pack(">I", 16 * 1024 * 1024 + 1))
+                await node.wait_closed()
+            s2 = await _scrape_until(gw, lambda s: s.get("iop_wire_protocol_errors_total") >= 2)
+            assert changes(s1, s2, "iop_wire_protocol_errors_total") == {
+                errors("frame_too_large"): 1
+            }
+            # A wrong node token: refused at the handshake.
+            async with FakeNode.connect(
+                host, port, node_id="node-f", token="not-the-token"
+            ) as node:
+                assert type(node.hello_reply).__name__ == "Refused"
+            s3 = await _scrape_until(gw, lambda s: s.get("iop_wire_protocol_errors_total") >= 3)
+            assert changes(s2, s3, "iop_wire_protocol_errors_total") == {errors("handshake"): 1}
+            # The good node never noticed.
+            assert s3.get("iop_connected_nodes") == 1
+            r = await chat(gw, {"model": "echo", "messages": [{"role": "user", "content": "ok"}]})
+            assert r.status == 200
