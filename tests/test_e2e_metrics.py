@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -827,3 +828,80 @@ async def test_wire_frames_counted_and_bad_peers_count_protocol_errors() -> None
             assert s3.get("iop_connected_nodes") == 1
             r = await chat(gw, {"model": "echo", "messages": [{"role": "user", "content": "ok"}]})
             assert r.status == 200
+
+
+# ------------------------------------------------------------------ canaries
+
+
+async def test_no_secret_prompt_response_or_id_reaches_metrics_or_status() -> None:
+    canaries = {
+        "bad_token": "sk-canary-badtoken-5d1e",
+        "provider_key": "pk-canary-provider-9b2c",
+        "prompt": "canary-prompt-text-3e8f",
+        "response": "canary-response-text-a41d",
+        "reasoning": "canary-reasoning-text-77aa",
+        "meta_value": "canary-meta-value-0c3b",
+        "meta_key": "canary_meta_key_61f0",
+        "model": "canary-model-name-2d9e",
+        "user": "canary-user-field-8e13",
+    }
+    secrets = [PRINCIPAL_TOKEN, LEGACY_TOKEN, *canaries.values()]
+    provider_auth = (
+        "  provider_auth: {header: X-Provider-Authorization, target_header: Authorization}\n"
+    )
+    seen_ids: list[str] = []
+    with trio.fail_after(30):
+        async with gateway_with_mocks(auth=True, openai_extra=provider_auth) as (gw, oai, oll):
+            oai.reply_text = canaries["response"]
+            oai.reasoning_text = canaries["reasoning"]
+            oll.reply_text = canaries["response"]
+            oll.reasoning_text = canaries["reasoning"]
+            meta = {"note": canaries["meta_value"], canaries["meta_key"]: "v"}
+            prompt = [{"role": "user", "content": f"say {canaries['prompt']}"}]
+            pa = [("x-provider-authorization", canaries["provider_key"])]
+            calls: list[tuple[str, dict[str, Any], str | None]] = []
+            for model in ("echo", "gpt", "llama"):
+                for stream in (False, True):
+                    body = {
+                        "model": model,
+                        "messages": prompt,
+                        "metadata": meta,
+                        "user": canaries["user"],
+                        "stream": stream,
+                    }
+                    calls.append(("/v1/chat/completions", body, PRINCIPAL_TOKEN))
+                    calls.append(("/v1/chat/completions", body, LEGACY_TOKEN))
+            calls.append(("/v1/responses", {"model": "gpt", "input": prompt[0]["content"]}, None))
+            calls.append(("/api/chat", {"model": "llama", "messages": prompt}, PRINCIPAL_TOKEN))
+            calls.append(
+                (
+                    "/v1/chat/completions",
+                    {"model": canaries["model"], "messages": prompt},
+                    PRINCIPAL_TOKEN,
+                )
+            )
+            calls.append(
+                (
+                    "/v1/chat/completions",
+                    {"model": "echo", "messages": prompt},
+                    canaries["bad_token"],
+                )
+            )
+            statuses = []
+            for path, body, token in calls:
+                r = await chat(gw, body, token=token or LEGACY_TOKEN, headers=pa, path=path)
+                statuses.append(r.status)
+                if r.header("x-request-id"):
+                    seen_ids.append(r.header("x-request-id") or "")
+                for m in re.finditer(rb'"id":\s*"([^"]+)"', r.body):
+                    seen_ids.append(m.group(1).decode())
+            assert statuses[-2:] == [404, 401] and set(statuses[:-2]) == {200}
+            # The canaries really travelled: the provider got the key, callers got the text.
+            assert any(q.header("authorization") == canaries["provider_key"] for q in oai.requests)
+            metrics = (await http_request(gw.handle.admin, "GET", "/metrics")).body.decode()
+            status = (await http_request(gw.handle.admin, "GET", "/status")).body.decode()
+            assert "iop_openai_requests_total" in metrics and '"providers"' in status
+    assert seen_ids, "no request or completion id to look for"
+    for text, where in ((metrics, "/metrics"), (status, "/status")):
+        for secret in secrets + seen_ids:
+            assert secret not in text, f"{secret!r} leaked into {where}"
