@@ -18,10 +18,15 @@ class AdminError(Exception):
 
 
 def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    url = urlsplit(admin if "://" in admin else f"http://{admin}")
+    bad_url = AdminError(f"admin URL must look like http://127.0.0.1:7071, got {admin!r}")
+    try:
+        url = urlsplit(admin if "://" in admin else f"http://{admin}")
+        port = url.port or 80
+    except ValueError:  # a port that is not a number or out of range
+        raise bad_url from None
     if url.scheme != "http" or not url.hostname:
-        raise AdminError(f"admin URL must look like http://127.0.0.1:7071, got {admin!r}")
-    conn = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=30)
+        raise bad_url
+    conn = http.client.HTTPConnection(url.hostname, port, timeout=30)
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"content-type": "application/json"} if data is not None else {}
@@ -30,6 +35,10 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
         raw = resp.read()
     except OSError as exc:
         raise AdminError(f"cannot reach the admin API at {admin}: {exc}") from None
+    except http.client.HTTPException as exc:  # something answered, but not HTTP
+        raise AdminError(
+            f"{admin} did not answer like the admin API: {type(exc).__name__}"
+        ) from None
     finally:
         conn.close()
     try:
@@ -42,32 +51,84 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
     return doc
 
 
+#: Longest last error shown in the table (the JSON has it whole).
+LAST_ERROR_WIDTH = 120
+
+
+def _one_line(text: str, limit: int = LAST_ERROR_WIDTH) -> str:
+    """``text`` with all whitespace runs as one space, cut to ``limit`` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _table(
+    rows: list[list[str]], mins: list[int], right: frozenset[int], last_sep: str = "  "
+) -> list[str]:
+    """Rows of ``len(mins) + 1`` cells: columns padded to the widest cell (at least
+    ``mins``, right-aligned where in ``right``); the last cell is not padded."""
+    widths = [max([mins[i], *(len(r[i]) for r in rows)]) for i in range(len(mins))]
+    out = []
+    for r in rows:
+        cells = [
+            r[i].rjust(widths[i]) if i in right else r[i].ljust(widths[i]) for i in range(len(mins))
+        ]
+        out.append(" ".join(cells) + last_sep + r[-1])
+    return [line.rstrip() for line in out]
+
+
 def format_status(doc: dict[str, Any]) -> str:
-    """The provider catalog as a fixed-width table (plus nodes and queue)."""
-    lines = [f"edge {doc.get('edge_id', '?')}"]
-    lines.append("")
-    lines.append(f"{'NODE':<14} {'ALIAS':<14} {'CONNECTED':<10} PROVIDERS")
+    """The provider catalog as a table (plus nodes and queue).
+
+    Columns widen to the longest id so rows stay aligned; a last error is
+    flattened to one line and shortened (``--json`` has it whole).
+    """
+    lines = [f"edge {doc.get('edge_id', '?')}", ""]
+    node_rows = [["NODE", "ALIAS", "CONNECTED", "PROVIDERS"]]
     for n in doc.get("nodes", []):
-        lines.append(
-            f"{n['id']:<14} {n.get('alias') or '-':<14} {'yes' if n['connected'] else 'no':<10} "
-            f"{','.join(n.get('providers', [])) or '-'}"
+        node_rows.append(
+            [
+                n["id"],
+                n.get("alias") or "-",
+                "yes" if n["connected"] else "no",
+                ",".join(n.get("providers", [])) or "-",
+            ]
         )
+    lines += _table(node_rows, [14, 14, 10], frozenset(), last_sep=" ")
     lines.append("")
-    header = (
-        f"{'NODE':<14} {'PROVIDER':<16} {'TYPE':<7} {'CATEGORY':<16} {'ENABLED':<8} "
-        f"{'HEALTH':<10} {'IN_FLIGHT':>9} {'LOAD':>6} {'QUEUED':>6} {'LONG':>7}  MODELS / LAST ERROR"
-    )
-    lines.append(header)
+    provider_rows = [
+        [
+            "NODE",
+            "PROVIDER",
+            "TYPE",
+            "CATEGORY",
+            "ENABLED",
+            "HEALTH",
+            "IN_FLIGHT",
+            "LOAD",
+            "QUEUED",
+            "LONG",
+            "MODELS / LAST ERROR",
+        ]
+    ]
     for p in doc.get("providers", []):
-        long = f"{p['long_in_flight']}/{p['long_context_capacity']}"
-        models = ",".join(p.get("models", []))
-        err = p.get("last_error") or ""
-        lines.append(
-            f"{p['node_id']:<14} {p['id']:<16} {p['type']:<7} {p['category']:<16} "
-            f"{'yes' if p['enabled'] else 'no':<8} {p['health']:<10} "
-            f"{str(p['in_flight']) + '/' + str(p['capacity']):>9} {p['load_ratio']:>6.2f} "
-            f"{p['queued']:>6} {long:>7}  {models}" + (f"  ! {err}" if err else "")
+        models = ",".join(p.get("models", [])) or "-"
+        err = _one_line(p.get("last_error") or "")
+        provider_rows.append(
+            [
+                p["node_id"],
+                p["id"],
+                p["type"],
+                p["category"],
+                "yes" if p["enabled"] else "no",
+                p["health"],
+                f"{p['in_flight']}/{p['capacity']}",
+                f"{p['load_ratio']:.2f}",
+                str(p["queued"]),
+                f"{p['long_in_flight']}/{p['long_context_capacity']}",
+                models + (f"  ! {err}" if err else ""),
+            ]
         )
+    lines += _table(provider_rows, [14, 16, 7, 16, 8, 10, 9, 6, 6, 7], frozenset({6, 7, 8, 9}))
     q = doc.get("queue", {})
     lines.append("")
     lines.append(f"queue depth {q.get('depth', 0)} / max {q.get('max_queue', 0)}")
@@ -76,7 +137,13 @@ def format_status(doc: dict[str, Any]) -> str:
 
 def format_report(doc: dict[str, Any]) -> str:
     lines = [f"mode: {doc['mode']}   applied: {'yes' if doc['applied'] else 'no'}"]
-    for key in ("changed_nodes", "changed_providers", "changed_models", "restart_required", "errors"):
+    for key in (
+        "changed_nodes",
+        "changed_providers",
+        "changed_models",
+        "restart_required",
+        "errors",
+    ):
         items = doc.get(key, [])
         lines.append(f"{key}: {', '.join(items) if items else '-'}")
     return "\n".join(lines)

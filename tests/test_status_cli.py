@@ -1,0 +1,393 @@
+"""``iopd status`` and ``iopd refresh`` as real subprocesses against a running edge.
+
+The edge runs in this process (tests/gateway.py); the CLI runs as
+``python -m iopd ...`` through ``trio.run_process``, so its exit code, stdout
+and stderr are exactly what an operator's shell sees.  The table formatter is
+also tested directly for layout cases a live edge cannot easily produce.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import socket
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from iopd.admin_client import format_report, format_status
+from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash, wait_until
+
+TABLE_COLUMNS = [
+    "NODE",
+    "PROVIDER",
+    "TYPE",
+    "CATEGORY",
+    "ENABLED",
+    "HEALTH",
+    "IN_FLIGHT",
+    "LOAD",
+    "QUEUED",
+    "LONG",
+    "MODELS",
+    "LAST ERROR",
+]
+
+
+def edge_yaml(cap1: int = 2, remote_base: str = "http://127.0.0.1:9", delay_ms: int = 0) -> str:
+    return f"""
+edge:
+  id: edge-cli
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+  heartbeat_interval: 1
+  heartbeat_timeout: 3
+openai:
+  listen: 127.0.0.1:0
+provider_pool: {{max_queue: 12, queue_timeout: 30}}
+models:
+  - id: echo
+    providers: {{echo-1: echo, echo-2: echo}}
+nodes:
+  - id: node-a
+    alias: box-a
+    token_hash_sha256: {token_hash(node_token("node-a"))}
+    providers:
+      - id: echo-1
+        type: echo
+        category: api
+        models: [echo]
+        capacity: {cap1}
+        delay_ms: {delay_ms}
+      - id: remote-1
+        type: openai
+        category: api
+        base_url: {remote_base}
+        models: [remote-model]
+        health_interval: 1
+  - id: node-b
+    token_hash_sha256: {token_hash(node_token("node-b"))}
+    providers:
+      - id: echo-2
+        type: echo
+        category: local_inference
+        models: [echo]
+        capacity: 4
+        long_context_capacity: 1
+"""
+
+
+@asynccontextmanager
+async def edge_from_file(tmp_path: Path, **kw: Any) -> AsyncIterator[tuple[Gateway, Path]]:
+    """A gateway running from a config file, with node-a connected and node-b not."""
+    path = tmp_path / "edge.yaml"
+    path.write_text(edge_yaml(**kw))
+    async with running_gateway(path.read_text(), nodes=["node-a"], config_path=str(path)) as gw:
+        yield gw, path
+
+
+async def iopd(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m iopd ARGS``; return (exit code, stdout, stderr)."""
+    proc = await trio.run_process(
+        [sys.executable, "-m", "iopd", *args],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def row_of(out: str, provider: str) -> list[str]:
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) > 1 and fields[1] == provider:
+            return fields
+    raise AssertionError(f"no table row for {provider}:\n{out}")
+
+
+# ------------------------------------------------------------------ status
+
+
+async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with edge_from_file(tmp_path, delay_ms=200) as (gw, _):
+            # remote-1 points at a closed port: the node's probe reports it unhealthy.
+            await wait_until(
+                lambda: getattr(gw.runtime.health.get("remote-1"), "health", "") == "unhealthy"
+            )
+            async with trio.open_nursery() as n:
+                body = {"model": "echo", "messages": [{"role": "user", "content": "a b c d"}]}
+
+                async def call() -> None:
+                    await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+
+                n.start_soon(call)
+                await wait_until(lambda: gw.runtime.pool.provider_loads()["echo-1"].in_flight == 1)
+                code, out, err = await iopd("status", "--admin", gw.admin_url)
+                n.cancel_scope.cancel()
+
+            assert code == 0, err
+            assert err == ""
+            lines = out.splitlines()
+            assert lines[0] == "edge edge-cli"
+            header = next(ln for ln in lines if ln.startswith("NODE") and "HEALTH" in ln)
+            positions = [header.find(col) for col in TABLE_COLUMNS]
+            assert -1 not in positions, header
+            assert positions == sorted(positions), header
+
+            # Nodes, connected or not.
+            node_section = out.split("\n\n")[1].splitlines()
+            assert node_section[0].split() == ["NODE", "ALIAS", "CONNECTED", "PROVIDERS"]
+            node_rows = {ln.split()[0]: ln.split() for ln in node_section[1:]}
+            assert list(node_rows) == ["node-a", "node-b"]
+            assert node_rows["node-b"] == ["node-b", "-", "no", "echo-2"]
+            assert node_rows["node-a"][:3] == ["node-a", "box-a", "yes"]
+            assert node_rows["node-a"][3] == "echo-1,remote-1"
+
+            echo1 = row_of(out, "echo-1")
+            assert echo1[:6] == ["node-a", "echo-1", "echo", "api", "yes", "healthy"]
+            assert echo1[6:10] == ["1/2", "0.50", "0", "0/0"]
+            assert echo1[10] == "echo"
+
+            remote = row_of(out, "remote-1")
+            assert remote[5] == "unhealthy"
+            assert remote[6:10] == ["0/1", "0.00", "0", "0/0"]
+            assert remote[10] == "remote-model"
+            remote_line = next(ln for ln in lines if " remote-1 " in ln)
+            last_error = " ".join(gw.runtime.health["remote-1"].last_error.split())
+            assert last_error
+            assert f"remote-model  ! {last_error[:30]}" in remote_line
+
+            echo2 = row_of(out, "echo-2")
+            assert echo2[:6] == ["node-b", "echo-2", "echo", "local_inference", "yes", "unknown"]
+            assert echo2[6:11] == ["0/4", "0.00", "0", "0/1", "echo"]
+            assert len(echo2) == 11  # no last error
+
+            assert lines[-1] == "queue depth 0 / max 12"
+
+
+async def test_status_json_is_the_admin_document(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with edge_from_file(tmp_path) as (gw, _):
+            code, out, err = await iopd("status", "--json", "--admin", gw.admin_url)
+            assert code == 0, err
+            doc = json.loads(out)
+            live = (await http_request(gw.handle.admin, "GET", "/status")).json()
+            # Health may move between the two reads; everything else is equal.
+            for d in (doc, live):
+                for p in d["providers"]:
+                    p.pop("health"), p.pop("last_error")
+            assert doc == live
+            assert [p["id"] for p in doc["providers"]] == ["echo-1", "remote-1", "echo-2"]
+            assert [n["connected"] for n in doc["nodes"]] == [True, False]
+
+
+@pytest.mark.parametrize("command", ["status", "refresh"])
+async def test_unreachable_admin_exits_1_with_a_clear_message(command: str) -> None:
+    url = f"http://127.0.0.1:{closed_port()}"
+    with trio.fail_after(60):
+        code, out, err = await iopd(command, "--admin", url)
+    assert code == 1
+    assert out == ""
+    assert err.startswith(f"iopd {command}: cannot reach the admin API at {url}")
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["ftp://127.0.0.1:7071", "http://127.0.0.1:notaport", "http://127.0.0.1:99999", "http://"],
+)
+async def test_bad_admin_url_exits_1_without_traceback(url: str) -> None:
+    with trio.fail_after(60):
+        code, out, err = await iopd("status", "--admin", url)
+    assert code == 1
+    assert out == ""
+    assert err.startswith("iopd status: ")
+    assert "Traceback" not in err
+
+
+async def test_admin_that_is_not_http_exits_1_without_traceback() -> None:
+    """Pointing --admin at something that answers garbage (a wrong port)."""
+
+    async def garbage(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(1024)
+            await stream.send_all(b"\x00\x00\x00\x05hello, not http\r\n\r\n")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            [listener] = await n.start(
+                functools.partial(trio.serve_tcp, garbage, 0, host="127.0.0.1")
+            )
+            port = listener.socket.getsockname()[1]
+            for command in ("status", "refresh"):
+                code, out, err = await iopd(command, "--admin", f"http://127.0.0.1:{port}")
+                assert code == 1
+                assert err.startswith(f"iopd {command}: ") and "Traceback" not in err
+            n.cancel_scope.cancel()
+
+
+async def test_admin_pointed_at_the_openai_listener(tmp_path: Path) -> None:
+    """A plausible mistake: the OpenAI port answers 404 envelopes; the CLI says so."""
+    with trio.fail_after(60):
+        async with edge_from_file(tmp_path) as (gw, _):
+            host, port = gw.host_port
+            code, out, err = await iopd("status", "--admin", f"http://{host}:{port}")
+            assert code == 1 and out == ""
+            assert err.startswith("iopd status: admin API answered 404")
+            assert "Traceback" not in err
+
+
+# ----------------------------------------------------------------- refresh
+
+
+async def test_refresh_exit_codes_and_report(tmp_path: Path) -> None:
+    with trio.fail_after(60):
+        async with edge_from_file(tmp_path) as (gw, path):
+            admin = ("--admin", gw.admin_url)
+
+            # Nothing changed: both succeed.
+            code, out, err = await iopd("refresh", "--dry-run", *admin)
+            assert (code, err) == (0, "")
+            assert out.splitlines()[0] == "mode: dry_run   applied: no"
+            code, out, _ = await iopd("refresh", *admin)
+            assert code == 0 and out.splitlines()[0] == "mode: apply   applied: yes"
+
+            # A live change: the dry run reports it (exit 0), the apply applies it.
+            path.write_text(edge_yaml(cap1=5))
+            code, out, _ = await iopd("refresh", "--dry-run", *admin)
+            assert code == 0
+            assert "changed_providers: echo-1" in out and "applied: no" in out
+            assert gw.runtime.snapshot.config.nodes[0].providers[0].capacity == 2
+            code, out, _ = await iopd("refresh", *admin)
+            assert code == 0 and "applied: yes" in out
+            assert "changed_nodes: node-a" in out
+            code, out, _ = await iopd("status", *admin)
+            assert row_of(out, "echo-1")[6] == "0/5"
+
+            # Restart-required: refused, exit 1 for the dry run and the apply.
+            path.write_text(edge_yaml(cap1=5, remote_base="http://127.0.0.1:10"))
+            for dry in (True, False):
+                code, out, _ = await iopd("refresh", *(["--dry-run"] if dry else []), *admin)
+                assert code == 1
+                assert "applied: no" in out
+                assert "restart_required: nodes[0].providers[1].base_url" in out
+            assert gw.runtime.snapshot.version == 3  # two applies above, none since
+
+            # Validation error: refused, the error printed as path: reason.
+            path.write_text(edge_yaml(cap1=0))
+            for dry in (True, False):
+                code, out, _ = await iopd("refresh", *(["--dry-run"] if dry else []), *admin)
+                assert code == 1
+                assert "errors: nodes[0].providers[0].capacity: " in out
+            assert gw.runtime.snapshot.version == 3
+
+
+# --------------------------------------------------------- the formatters
+
+
+def status_doc(**provider: Any) -> dict[str, Any]:
+    p = {
+        "node_id": "node-a",
+        "id": "echo-1",
+        "type": "echo",
+        "category": "api",
+        "models": ["echo"],
+        "enabled": True,
+        "health": "healthy",
+        "capacity": 4,
+        "in_flight": 0,
+        "queued": 0,
+        "load_ratio": 0,
+        "long_context_capacity": 0,
+        "long_in_flight": 0,
+        "lifecycle_capabilities": [],
+        "last_error": "",
+    }
+    p.update(provider)
+    return {
+        "edge_id": "e",
+        "nodes": [
+            {
+                "id": p["node_id"],
+                "alias": None,
+                "connected": True,
+                "connected_since": 1.0,
+                "providers": [p["id"]],
+            }
+        ],
+        "providers": [p],
+        "queue": {"depth": 3, "max_queue": 9},
+    }
+
+
+def test_format_status_aligns_long_ids() -> None:
+    long_node = "node-with-a-very-long-identifier"
+    long_prov = "provider-with-an-even-longer-identifier"
+    doc = status_doc()
+    doc["providers"].append(
+        {**doc["providers"][0], "node_id": long_node, "id": long_prov, "models": ["m1", "m2"]}
+    )
+    doc["nodes"].append({**doc["nodes"][0], "id": long_node, "providers": [long_prov]})
+    lines = format_status(doc).splitlines()
+    header = next(ln for ln in lines if "PROVIDER" in ln and "HEALTH" in ln)
+    rows = [ln for ln in lines if " healthy " in ln]
+    assert len(rows) == 2
+    col = header.index("HEALTH")
+    for row in rows:
+        assert row[col:].startswith("healthy"), (header, row)
+    assert row_of("\n".join(rows), long_prov)[10] == "m1,m2"
+
+
+def test_format_status_keeps_a_multiline_last_error_on_one_row() -> None:
+    doc = status_doc(health="unhealthy", last_error="first line\nsecond\tline " + "x" * 500)
+    text = format_status(doc)
+    [row] = [ln for ln in text.splitlines() if " echo-1 " in ln]
+    assert "! first line second line" in row
+    assert len(row) < 400
+    assert "second" not in text.replace(row, "")
+
+
+def test_format_status_zero_and_missing_values() -> None:
+    text = format_status(status_doc(load_ratio=0, in_flight=0, capacity=4))
+    row = row_of(text, "echo-1")
+    assert row[6:10] == ["0/4", "0.00", "0", "0/0"]
+    assert text.splitlines()[-1] == "queue depth 3 / max 9"
+    # A node without alias or providers still renders.
+    doc = status_doc()
+    doc["nodes"][0]["providers"] = []
+    assert "node-a         -" in format_status(doc)
+
+
+def test_format_report_lists_every_key() -> None:
+    doc = {
+        "mode": "apply",
+        "applied": False,
+        "changed_nodes": [],
+        "changed_providers": ["p1"],
+        "changed_models": [],
+        "restart_required": ["openai.listen", "edge.id"],
+        "errors": [],
+    }
+    assert format_report(doc).splitlines() == [
+        "mode: apply   applied: no",
+        "changed_nodes: -",
+        "changed_providers: p1",
+        "changed_models: -",
+        "restart_required: openai.listen, edge.id",
+        "errors: -",
+    ]
