@@ -231,6 +231,8 @@ class OpenAIApp:
             out.endpoint = "responses"
         elif path.startswith("/api/"):
             out.endpoint = "api"
+        if out.endpoint == "api":
+            out.mode = "passthrough"  # the metrics convention: /api/* is a raw relay
         if path == "/healthz":
             if method not in allowed:  # type: ignore[operator]
                 raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
