@@ -905,3 +905,74 @@ async def test_no_secret_prompt_response_or_id_reaches_metrics_or_status() -> No
     for text, where in ((metrics, "/metrics"), (status, "/status")):
         for secret in secrets + seen_ids:
             assert secret not in text, f"{secret!r} leaked into {where}"
+
+
+async def test_failure_statuses_are_counted_once_with_their_labels() -> None:
+    """client_error (bad JSON, unknown model), queue_full, provider_error (a relayed 500
+    and a failed normalized run), dispatch_error, and ``/api/*`` auth failures (which
+    use the ``passthrough`` mode convention for ``/api``)."""
+    words = " ".join(f"w{i}" for i in range(6))
+    pool_yaml = "provider_pool: {max_queue: 0, queue_timeout: 5}"
+    with trio.fail_after(30):
+        async with gateway_with_mocks(auth=True, delay_ms=100, capacity=1, pool=pool_yaml) as (
+            gw,
+            oai,
+            oll,
+        ):
+            tok = PRINCIPAL_TOKEN
+            before = await scrape(gw)
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body=b"{not json",
+                headers=[("authorization", f"Bearer {tok}")],
+            )
+            assert r.status == 400
+            msgs = [{"role": "user", "content": "x"}]
+            r = await chat(gw, {"model": "no-such-model", "messages": msgs}, token=tok)
+            assert r.status == 404
+            r = await chat(gw, {"model": "llama", "messages": msgs}, path="/api/chat")
+            assert r.status == 401
+            oai.mode = "error500"
+            r = await chat(gw, {"model": "gpt", "messages": msgs}, token=tok)
+            assert r.status == 500  # the provider's own status, relayed
+            oll.mode = "error500"
+            r = await chat(gw, {"model": "llama", "messages": msgs}, token=tok)
+            assert r.status == 502 and r.json()["error"]["code"] == "provider_error"
+            replies: list[RawResponse] = []
+
+            async def slow() -> None:
+                body = {"model": "echo", "messages": [{"role": "user", "content": words}]}
+                replies.append(await chat(gw, body, token=tok))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                pool = gw.runtime.pool
+                await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 1)
+                r = await chat(gw, {"model": "echo", "messages": msgs}, token=tok)
+                assert r.status == 429 and r.json()["error"]["code"] == "queue_full"
+            assert [x.status for x in replies] == [200]
+            gw.kill_node("node-a")
+            await wait_until(lambda: gw.runtime.hub.session("node-a") is None)
+            r = await chat(gw, {"model": "echo", "messages": msgs}, token=tok)
+            assert r.status == 502 and r.json()["error"]["code"] == "node_dispatch_error"
+            after = await wait_requests(gw, before, 8)
+    assert changes(before, after, "iop_openai_requests_total") == {
+        req(ALICE, group="unknown", status="client_error"): 2,
+        req(UNMAPPED, group="unknown", status="auth_error", endpoint="api", mode="passthrough"): 1,
+        req(ALICE, group="gpt", status="provider_error", mode="passthrough"): 1,
+        req(ALICE, group="llama", status="provider_error"): 1,
+        req(ALICE, group="echo", status="ok"): 1,
+        req(ALICE, group="echo", status="queue_full"): 1,
+        req(ALICE, group="echo", status="dispatch_error"): 1,
+    }
+    waits = changes(before, after, "iop_dispatch_wait_seconds_count")
+    assert waits == {
+        wait_series("gpt", "admitted"): 1,
+        wait_series("llama", "admitted"): 1,
+        wait_series("echo", "admitted"): 1,
+        wait_series("echo", "queue_full"): 1,
+        wait_series("echo", "dispatch_error"): 1,
+    }
+    assert changes(before, after, "iop_queue_waiters_timed_out_total") == {}
