@@ -210,7 +210,8 @@ async def test_normalized_chat_restores_thinking_and_native_tool_calls() -> None
             client = gw.sdk()
 
             def stream() -> tuple[str, str, list[object]]:
-                text, reasoning, calls = "", "", []
+                text, reasoning = "", ""
+                calls: list[object] = []
                 for chunk in client.chat.completions.create(
                     model="llama", messages=messages, tools=tools, stream=True
                 ):
