@@ -762,3 +762,141 @@ async def test_apply_under_load_drops_no_request(tmp_path: Path) -> None:
             assert status["queue"]["depth"] == 0
             assert requests_total(edge.gw) == total
             assert requests_total(edge.gw, status="ok", model_group="echo") == total
+
+
+async def test_removing_a_group_fails_its_waiters_at_once(tmp_path: Path) -> None:
+    solo = DEFAULTS["models"] + "  - id: solo\n    providers: {echo-1: echo}\n"
+    base: dict[str, Any] = dict(cap1=1, delay1=100, queue_timeout=120)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base, models=solo) as edge:
+            first_done = trio.Event()
+            waiter: list[RawResponse] = []
+
+            async def first() -> None:
+                assert text_of(await edge.chat("w " * 20, model="solo")) == "w " * 20
+                first_done.set()
+
+            async def queued() -> None:
+                waiter.append(await edge.chat("x", model="solo"))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(first)
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                n.start_soon(queued)
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 1)
+                with not_before(first_done, "the waiter must fail at the apply"):
+                    doc = await edge.apply(**base)  # "solo" is gone
+                    assert doc["changed_models"] == ["solo"]
+                    await wait_until(lambda: len(waiter) == 1)
+                [r] = waiter
+                assert r.status == 502, r.body
+                assert r.json()["error"]["code"] == "node_dispatch_error"
+
+
+async def test_mapping_a_group_onto_a_disabled_provider_fails_its_waiters(tmp_path: Path) -> None:
+    """The group keeps existing, but its only live provider is mapped away."""
+    solo1 = DEFAULTS["models"] + "  - id: solo\n    providers: {echo-1: echo}\n"
+    solo2 = DEFAULTS["models"] + "  - id: solo\n    providers: {echo-2: echo}\n"
+    base: dict[str, Any] = dict(cap1=1, delay1=100, en2="false", queue_timeout=120)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base, models=solo1) as edge:
+            waiter: list[RawResponse] = []
+
+            async def queued() -> None:
+                waiter.append(await edge.chat("x", model="solo"))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(edge.chat, "w " * 20, "solo")
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                n.start_soon(queued)
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 1)
+                await edge.apply(**base, models=solo2)
+                await wait_until(lambda: len(waiter) == 1)
+                assert edge.in_flight()["echo-1"] == 1  # the first is still running
+                [r] = waiter
+                assert r.status == 502 and r.json()["error"]["code"] == "node_dispatch_error"
+                n.cancel_scope.cancel()
+
+
+async def test_long_slot_change_admits_a_long_waiter_at_once(tmp_path: Path) -> None:
+    """Every request is long (threshold 1); echo-2 holds the only long slot.
+
+    Dropping ``long_context_capacity`` to 0 means no provider has long slots,
+    so long requests use normal slots: the waiter is admitted by the apply.
+    """
+    base: dict[str, Any] = dict(threshold=1, long2=1, cap2=4, delay2=100)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base) as edge:
+            loads = edge.gw.runtime.pool.provider_loads
+            async with trio.open_nursery() as n:
+                n.start_soon(edge.chat, "w " * 20)
+                await wait_until(lambda: loads()["echo-2"].long_in_flight == 1)
+                n.start_soon(edge.chat, "w " * 20)
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 1)
+                # echo-1 and echo-2 both have free normal slots, yet the waiter waits.
+                assert loads()["echo-1"].in_flight == 0 and loads()["echo-2"].in_flight == 1
+                await edge.apply(**{**base, "long2": 0})
+                assert edge.gw.runtime.pool.queue_depth == 0
+                assert sum(edge.in_flight().values()) == 2
+                n.cancel_scope.cancel()
+
+
+async def test_request_in_flight_keeps_its_snapshot(tmp_path: Path) -> None:
+    """strict_output switched on mid-request: that request still answers unstripped."""
+    wrapped = "<completion>inner</completion> " + "w " * 10
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, delay1=100, delay2=100) as edge:
+            result: list[RawResponse] = []
+
+            async def call() -> None:
+                result.append(await edge.chat(wrapped))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(call)
+                await wait_until(lambda: sum(edge.in_flight().values()) == 1)
+                await edge.apply(delay1=100, delay2=100, strict="true")
+            assert text_of(result[0]) == wrapped
+            assert text_of(await edge.chat(wrapped)) == "inner"
+
+
+async def test_concurrent_refreshes_are_serialized(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            edge.write(cap1=3)
+            docs: list[dict[str, Any]] = []
+
+            async def one() -> None:
+                docs.append(await edge.refresh("apply"))
+
+            async with trio.open_nursery() as n:
+                for _ in range(4):
+                    n.start_soon(one)
+            assert [d["applied"] for d in docs] == [True] * 4
+            # The first one applied the change; the rest found nothing left to change.
+            assert sorted(len(d["changed_providers"]) for d in docs) == [0, 0, 0, 1]
+            assert edge.gw.runtime.snapshot.version == 5
+
+
+async def test_refresh_outcomes_are_counted_and_new_groups_are_labelled(tmp_path: Path) -> None:
+    def refreshes(outcome: str) -> float:
+        total = 0.0
+        for family in edge.gw.runtime.metrics.registry.collect():
+            for s in family.samples:
+                if s.name == "iop_config_refresh_total" and s.labels.get("outcome") == outcome:
+                    total += s.value
+        return total
+
+    with trio.fail_after(30):
+        async with running_edge(tmp_path) as edge:
+            await edge.refresh("dry_run")
+            alt = DEFAULTS["models"] + "  - id: alt\n    providers: {echo-2: echo}\n"
+            await edge.apply(models=alt)
+            edge.write(models=alt, edge_id="other")
+            await edge.refresh("apply")
+            edge.write(cap1=0)
+            await edge.refresh("apply")
+            outcomes = ("dry_run", "applied", "refused", "failed")
+            assert [refreshes(o) for o in outcomes] == [1, 1, 1, 1]
+            assert text_of(await edge.chat("hi", model="alt")) == "hi"
+            assert requests_total(edge.gw, model_group="alt", status="ok") == 1
+            assert requests_total(edge.gw, model_group="unknown") == 0
