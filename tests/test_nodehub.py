@@ -145,16 +145,50 @@ async def test_refusals(
     assert token not in text and TOKENS["node-a"] not in text
 
 
-async def test_handshake_timeout_closes(autojump_clock: trio.testing.MockClock) -> None:
+async def test_handshake_timeout_closes_only_that_connection(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
     rec = Recorder()
     hub = make_hub(rec, handshake_timeout=3.0)
-    client, server = trio.testing.memory_stream_pair()
+    silent_client, silent_server = trio.testing.memory_stream_pair()
+    good_client, good_server = trio.testing.memory_stream_pair()
+    good = RawNode(good_client)
     with trio.fail_after(100):
-        start = trio.current_time()
-        await hub.handle_connection(server)  # returns on its own
-        assert trio.current_time() - start == pytest.approx(3.0)
-    assert rec.protocol_errors == ["handshake_timeout"]
-    assert await client.receive_some(100) == b""  # closed
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hub.handle_connection, good_server)
+            await good.handshake()
+            await wait_until(lambda: hub.session("node-a") is not None)
+            start = trio.current_time()
+            await hub.handle_connection(silent_server)  # returns on its own
+            assert trio.current_time() - start == pytest.approx(3.0)
+            assert await silent_client.receive_some(100) == b""  # closed
+            assert rec.protocol_errors == ["handshake_timeout"]
+            assert hub.session("node-a") is not None  # the other node is unaffected
+            nursery.cancel_scope.cancel()
+
+
+async def test_concurrent_opens_get_increasing_ids() -> None:
+    def script(req: RunRequest | ProviderTunnelRequest) -> list[RunEvent]:
+        return [RunEvent(stream_id=req.stream_id, kind="complete", text=str(req.stream_id))]
+
+    results: list[str] = []
+    with trio.fail_after(10):
+        async with running_hub() as (hub, port, _rec):
+            async with FakeNode.connect(
+                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"], responder=script
+            ):
+                await wait_until(lambda: hub.session("node-a") is not None)
+                session = hub.session("node-a")
+                assert session is not None
+
+                async def one() -> None:
+                    async with session.open_stream(run_req()) as replies:
+                        results.extend([m.text async for m in replies])  # type: ignore[union-attr]
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(40):
+                        nursery.start_soon(one)
+    assert len(results) == 40 and len(set(results)) == 40
 
 
 # ------------------------------------------------------------ raw peer helper
