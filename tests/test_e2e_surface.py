@@ -306,8 +306,14 @@ async def test_workspace_becomes_cli_cwd_and_relative_is_refused(tmp_path: Any) 
     workspace = tmp_path / "ws"
     workspace.mkdir()
     yaml_text = gateway_yaml(
-        models="  - id: cli\n    providers: {cli-1: cli}\n",
-        nodes=node_entry("node-a", cli_provider("cli-1", "import os; print(os.getcwd())")),
+        models=(
+            "  - id: cli\n    providers: {cli-1: cli}\n"
+            "  - id: echo\n    providers: {echo-1: echo}\n"
+        ),
+        nodes=node_entry(
+            "node-a",
+            cli_provider("cli-1", "import os; print(os.getcwd())") + echo_provider("echo-1"),
+        ),
     )
     with trio.fail_after(30):
         async with running_gateway(yaml_text) as gw:
@@ -327,10 +333,15 @@ async def test_workspace_becomes_cli_cwd_and_relative_is_refused(tmp_path: Any) 
                     CHAT,
                     body=chat_body("cli", "where?", metadata={"workspace": bad}),
                 )
-                if bad == "":
-                    assert r.status in (200, 400)  # empty = not set, or refused; never a 5xx
-                    continue
                 assert_error(r, 400, "invalid_request_error", param="metadata.workspace")
+            # The rule is for groups with a cli provider: an echo group passes it on.
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                CHAT,
+                body=chat_body("echo", "where?", metadata={"workspace": "relative/dir"}),
+            )
+            assert r.status == 200, r.body
 
 
 async def test_metadata_over_16_entries_is_refused() -> None:
@@ -626,6 +637,28 @@ async def test_legacy_routes_and_single_target_fallback() -> None:
 
 
 # --------------------------------------------------------------------- queue
+
+
+async def test_legacy_route_queue_timeout_overrides_the_root_one() -> None:
+    yaml_text = gateway_yaml(
+        models="  - id: echo\n    providers: {echo-1: echo}\n",
+        nodes=node_entry("node-a", echo_provider("echo-1", capacity=1, delay_ms=60)),
+        openai_extra=(
+            "  model_routes:\n"
+            "    - {model: quick, node: node-a, adapter: echo-1, target: echo, queue_timeout: 0.05}"
+        ),
+        pool="provider_pool: {max_queue: 4, queue_timeout: 60}",
+    )
+    with trio.fail_after(20):  # below the root queue_timeout: only the override ends the wait
+        async with running_gateway(yaml_text) as gw:
+            pool = gw.runtime.pool
+            first: list[RawResponse] = []
+            async with trio.open_nursery() as n:
+                n.start_soon(_hold_slot, gw, first)
+                await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 1)
+                r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("quick", "x"))
+                assert_error(r, 503, "queue_timeout")
+            assert first[0].status == 200
 
 
 def queue_yaml(*, pool: str, delay_ms: int = 30) -> str:
