@@ -64,21 +64,25 @@ class Recorder:
         return NodeConfig(stream_id=0, version=self.config_version)
 
 
-def make_hub(rec: Recorder, **overrides: float) -> NodeHub:
-    opts: dict[str, float] = dict(
-        heartbeat_interval=5.0, heartbeat_timeout=15.0, handshake_timeout=10.0
-    )
-    opts.update(overrides)
+def make_hub(
+    rec: Recorder,
+    *,
+    heartbeat_interval: float = 5.0,
+    heartbeat_timeout: float = 15.0,
+    handshake_timeout: float = 10.0,
+) -> NodeHub:
     return NodeHub(
         edge_id="edge-1",
         get_nodes=_entries,
         get_node_config=rec.node_config,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
+        handshake_timeout=handshake_timeout,
         max_frame_bytes=1024 * 1024,
         on_connect=lambda n: rec.events.append(("connect", n)),
         on_disconnect=lambda n: rec.events.append(("disconnect", n)),
         on_status=lambda n, s: rec.statuses.append((n, s)),
         on_protocol_error=rec.protocol_errors.append,
-        **opts,
     )
 
 

@@ -327,7 +327,7 @@ def test_tunnel_stream() -> None:
         ProviderTunnelRequest(stream_id=1, provider_id="p", method="POST", path="/v1/x", window=3),
     )
     for kind in ("head", "body", "usage"):
-        xfer(node, edge, ProviderTunnelFrame(stream_id=1, kind=kind))  # type: ignore[arg-type]
+        xfer(node, edge, ProviderTunnelFrame(stream_id=1, kind=kind))
     xfer(node, edge, ProviderTunnelFrame(stream_id=1, kind="end"))
     assert edge.open_stream_ids == []
 

@@ -13,6 +13,7 @@ from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     Cancel,
     Hello,
+    Message,
     NodeConfig,
     ProviderSpec,
     ProviderTunnelFrame,
@@ -20,7 +21,7 @@ from wire.messages import (
     Usage,
 )
 
-SAMPLES = [
+SAMPLES: list[Message] = [
     Hello(protocol_version=1, node_id="node-a", token="secret"),
     RunEvent(stream_id=7, kind="text", text="hello wörld ✓"),
     RunEvent(stream_id=7, kind="complete", usage=Usage(input_tokens=3, output_tokens=2)),
