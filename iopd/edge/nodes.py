@@ -74,16 +74,29 @@ FramesHook = Callable[[str, int], None]
 
 
 class _MeteredConnection(Connection):
-    """A ``Connection`` that reports frame counts and remembers why the peer failed it."""
+    """A ``Connection`` that reports frame counts and remembers why the peer failed it.
+
+    Frames sent are tallied and reported together with the next batch read (a
+    node answers every request, and heartbeats at the latest) or at close, so
+    the hot send path costs an integer increment rather than a metrics call.
+    """
 
     def __init__(self, role: Role, *, max_frame_bytes: int, on_frames: FramesHook) -> None:
         super().__init__(role, max_frame_bytes=max_frame_bytes)
         self._on_frames = on_frames
+        self._unreported_out = 0
         self.remote_error: RemoteProtocolError | None = None
+
+    def _report(self, frames_in: int) -> None:
+        out, self._unreported_out = self._unreported_out, 0
+        if out:
+            self._on_frames("out", out)
+        if frames_in:
+            self._on_frames("in", frames_in)
 
     def send(self, msg: Message) -> bytes:
         data = super().send(msg)
-        self._on_frames("out", 1)
+        self._unreported_out += 1
         return data
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> list[Message]:
@@ -91,17 +104,22 @@ class _MeteredConnection(Connection):
             msgs = super().receive_data(data)
         except RemoteProtocolError as exc:
             self.remote_error = self.remote_error or exc
+            self._report(0)
             raise
-        if msgs:
-            self._on_frames("in", len(msgs))
+        self._report(len(msgs))
         return msgs
 
     def receive_eof(self) -> None:
+        self._report(0)
         try:
             super().receive_eof()
         except RemoteProtocolError as exc:
             self.remote_error = self.remote_error or exc
             raise
+
+    def close(self) -> None:
+        self._report(0)
+        super().close()
 
 
 def _wire_error_reason(channel: WireChannel) -> str:
