@@ -19,8 +19,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import trio
+import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
+from iopd.config.schema import NodeEntry
+from iopd.edge.nodes import NodeHub
 from iopd.tokens import estimate_input_tokens
 from tests.gateway import (
     Gateway,
@@ -33,9 +36,15 @@ from tests.gateway import (
 )
 from tests.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.wire_peers import FakeNode
+from wire.connection import Connection, Role
+from wire.framing import encode_frame
 from wire.messages import (
+    PROTOCOL_VERSION,
     Cancel,
     Credit,
+    Hello,
+    NodeConfig,
+    NodeConfigAck,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
     RunEvent,
@@ -976,3 +985,88 @@ async def test_failure_statuses_are_counted_once_with_their_labels() -> None:
         wait_series("echo", "dispatch_error"): 1,
     }
     assert changes(before, after, "iop_queue_waiters_timed_out_total") == {}
+
+
+# ------------------------------------------------------------------ NodeHub hooks (memory streams)
+
+
+class _HubRecorder:
+    def __init__(self) -> None:
+        self.frames = {"in": 0, "out": 0}
+        self.errors: list[str] = []
+
+    def on_frames(self, direction: str, n: int) -> None:
+        self.frames[direction] += n
+
+
+def _metered_hub(rec: _HubRecorder) -> NodeHub:
+    return NodeHub(
+        edge_id=EDGE_ID,
+        get_nodes=lambda: {
+            "node-a": NodeEntry(id="node-a", token_hash_sha256=token_hash(node_token("node-a")))
+        },
+        get_node_config=lambda node_id: NodeConfig(stream_id=0, version=1),
+        heartbeat_interval=5.0,
+        heartbeat_timeout=15.0,
+        handshake_timeout=3.0,
+        max_frame_bytes=1 << 20,
+        on_connect=lambda node_id: None,
+        on_disconnect=lambda node_id: None,
+        on_status=lambda node_id, msg: None,
+        on_frames=rec.on_frames,
+        on_wire_error=rec.errors.append,
+    )
+
+
+async def _raw_handshake(stream: trio.abc.Stream) -> Connection:
+    """Hello, then ack the pushed NodeConfig; returns the node side's Connection."""
+    conn = Connection(Role.NODE)
+    await stream.send_all(
+        conn.send(
+            Hello(protocol_version=PROTOCOL_VERSION, node_id="node-a", token=node_token("node-a"))
+        )
+    )
+    while True:
+        msgs = conn.receive_data(await stream.receive_some(65536))
+        cfg = next((m for m in msgs if isinstance(m, NodeConfig)), None)
+        if cfg is not None:
+            ack = NodeConfigAck(stream_id=cfg.stream_id, version=cfg.version)
+            await stream.send_all(conn.send(ack))
+            return conn
+
+
+async def test_hub_hooks_count_exact_frames_and_classify_closes(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    rec = _HubRecorder()
+    hub = _metered_hub(rec)
+    with trio.fail_after(100):
+        async with trio.open_nursery() as nursery:
+            # A clean handshake: Hello + NodeConfigAck in, HelloAck + NodeConfig out.
+            client, server = trio.testing.memory_stream_pair()
+            nursery.start_soon(hub.handle_connection, server)
+            await _raw_handshake(client)
+            await wait_until(lambda: hub.session("node-a") is not None)
+            assert rec.frames == {"in": 2, "out": 2} and rec.errors == []
+            # A second Hello on a live session breaks the protocol: "protocol".
+            await client.send_all(
+                encode_frame(Hello(protocol_version=PROTOCOL_VERSION, node_id="x", token="y"))
+            )
+            await wait_until(lambda: rec.errors == ["protocol"])
+            assert rec.frames["in"] == 2  # a frame the protocol rejects is not counted
+
+            # A node that goes silent after its handshake: "heartbeat_timeout".
+            client, server = trio.testing.memory_stream_pair()
+            nursery.start_soon(hub.handle_connection, server)
+            await _raw_handshake(client)
+            await wait_until(lambda: hub.session("node-a") is not None)
+            await wait_until(lambda: len(rec.errors) == 2)
+            assert rec.errors[1] == "heartbeat_timeout"
+            # Heartbeats went out while it was silent, and were counted.
+            assert rec.frames["out"] > 4
+
+            # A peer that never says Hello: "handshake".
+            client, server = trio.testing.memory_stream_pair()
+            await hub.handle_connection(server)  # returns after handshake_timeout
+            assert rec.errors[2:] == ["handshake"]
+            nursery.cancel_scope.cancel()
