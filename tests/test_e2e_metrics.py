@@ -456,14 +456,24 @@ async def test_provider_reported_reasoning_tokens_are_a_token_type_never_an_esti
             r = await chat(gw, {"model": "gpt", "messages": [{"role": "user", "content": "q"}]})
             assert r.status == 200
             assert r.json()["choices"][0]["message"]["reasoning_content"] == thought
-            after = await wait_requests(gw, before, 1)
+            # A /v1/responses stream: reasoning_text deltas, and response.completed's usage
+            # (the mock reports reasoning 3 and cached 2 there).
+            r = await chat(gw, {"model": "gpt", "input": "q", "stream": True}, path="/v1/responses")
+            assert r.status == 200
+            after = await wait_requests(gw, before, 2)
     labels = req(UNMAPPED, group="gpt", mode="passthrough")
-    assert changes(before, after, "iop_openai_usage_tokens_total") == tokens(
-        labels, "provider_body", input=12, output=20, reasoning=6
-    )
+    resp_l = req(UNMAPPED, group="gpt", mode="passthrough", endpoint="responses")
+    assert changes(before, after, "iop_openai_usage_tokens_total") == {
+        **tokens(labels, "provider_body", input=12, output=20, reasoning=6),
+        **tokens(resp_l, "provider_body", input=12, output=20, reasoning=3, cached_input=2),
+    }
     r_l = reasoning(UNMAPPED, "gpt")
-    assert changes(before, after, "iop_openai_reasoning_observed_total") == {r_l: 1}
-    assert changes(before, after, "iop_openai_reasoning_chars_total") == {r_l: len(thought)}
+    r_resp = reasoning(UNMAPPED, "gpt", "responses")
+    assert changes(before, after, "iop_openai_reasoning_observed_total") == {r_l: 1, r_resp: 1}
+    assert changes(before, after, "iop_openai_reasoning_chars_total") == {
+        r_l: len(thought),
+        r_resp: len(thought),
+    }
     assert changes(before, after, "iop_openai_reasoning_estimated_tokens_total") == {}
 
 
