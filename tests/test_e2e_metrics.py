@@ -6,6 +6,11 @@ sends requests over real sockets, then parses the admin ``/metrics`` with
 ``prometheus_client``'s own parser and checks the *exact* change of every
 series between two scrapes: the numbers must be what the provider reported,
 each counted once, under the right labels -- and no other series may move.
+
+The last test drives ``NodeHub``'s metering hooks directly over memory streams
+under ``autojump_clock`` (exact frame counts, heartbeat and handshake timeouts).
+Where the real node cannot produce a case (a tunnel usage frame next to the
+body usage; usage reported before a cancel), a scripted ``FakeNode`` does.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from wire.messages import (
     NodeConfigAck,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
+    Refused,
     RunEvent,
     RunRequest,
     Usage,
@@ -840,7 +846,7 @@ async def test_wire_frames_counted_and_bad_peers_count_protocol_errors() -> None
             async with FakeNode.connect(
                 host, port, node_id="node-f", token="not-the-token"
             ) as node:
-                assert type(node.hello_reply).__name__ == "Refused"
+                assert isinstance(node.hello_reply, Refused)
             s3 = await _scrape_until(gw, lambda s: s.get("iop_wire_protocol_errors_total") >= 3)
             assert changes(s2, s3, "iop_wire_protocol_errors_total") == {errors("handshake"): 1}
             # The good node never noticed.
