@@ -900,3 +900,81 @@ async def test_refresh_outcomes_are_counted_and_new_groups_are_labelled(tmp_path
             assert text_of(await edge.chat("hi", model="alt")) == "hi"
             assert requests_total(edge.gw, model_group="alt", status="ok") == 1
             assert requests_total(edge.gw, model_group="unknown") == 0
+
+
+# ----------------------------------------------- pushes to several nodes
+
+
+@asynccontextmanager
+async def silent_node_a(edge: Edge) -> AsyncIterator[FakeNode]:
+    """A FakeNode for node-a that acks its handshake config, then never again."""
+    host, port = edge.gw.handle.wire
+    async with FakeNode.connect(host, port, node_id="node-a", token=node_token("node-a")) as fake:
+        await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-a") is not None)
+        fake._ack_config = False
+        yield fake
+
+
+def got_config(fake: FakeNode, version: int) -> bool:
+    return any(isinstance(m, NodeConfig) and m.version == version for m in fake.received)
+
+
+async def test_a_silent_node_does_not_hold_up_pushes_to_other_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 60.0)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=[]) as edge, silent_node_a(edge) as fake:
+            b = await start_real_node(edge.gw, "node-b")
+            edge.write(cap1=3, cap2=3)
+            answered = trio.Event()
+
+            async def refresh() -> None:
+                await edge.refresh("apply")
+                answered.set()
+
+            async with trio.open_nursery() as n:
+                n.start_soon(refresh)
+                # node-a sorts first and never answers; node-b still gets its push now.
+                with not_before(answered, "the report waits for node-a's ack or timeout"):
+                    await wait_until(
+                        lambda: b.executor.registry is not None and b.executor.registry.version == 2
+                    )
+                    await wait_until(lambda: got_config(fake, 2))
+                n.cancel_scope.cancel()
+
+
+async def test_refresh_completes_when_the_admin_caller_goes_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The caller hangs up while node-a's ack is pending: the apply still finishes.
+
+    Every changed node gets its push, and the outcome is counted.
+    """
+    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 1.0)
+
+    def applied() -> float:
+        return sum(
+            s.value
+            for f in edge.gw.runtime.metrics.registry.collect()
+            for s in f.samples
+            if s.name == "iop_config_refresh_total" and s.labels["outcome"] == "applied"
+        )
+
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=[]) as edge, silent_node_a(edge) as fake:
+            b = await start_real_node(edge.gw, "node-b")
+            edge.write(cap1=3, cap2=3)
+            stream = await trio.open_tcp_stream(*edge.gw.handle.admin)
+            body = b'{"mode": "apply"}'
+            await stream.send_all(
+                b"POST /refresh HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            await wait_until(lambda: got_config(fake, 2))
+            await stream.aclose()
+            await wait_until(
+                lambda: b.executor.registry is not None and b.executor.registry.version == 2
+            )
+            await wait_until(lambda: applied() == 1)
+            assert edge.gw.runtime.snapshot.version == 2

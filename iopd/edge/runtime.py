@@ -297,7 +297,7 @@ class EdgeRuntime:
                     ",".join(diff.restart_required),
                 )
                 return report
-            await self._apply(new_cfg, diff.changed_nodes)
+            self._swap(new_cfg)
             report["applied"] = True
             self.metrics.count_refresh("applied")
             log.info(
@@ -307,23 +307,44 @@ class EdgeRuntime:
                 ",".join(diff.changed_providers),
                 ",".join(diff.changed_models),
             )
+            await self._push_configs(diff.changed_nodes)
             return report
 
-    async def _apply(self, cfg: EdgeConfig, changed_nodes: list[str]) -> None:
+    def _swap(self, cfg: EdgeConfig) -> None:
+        """Install ``cfg`` as the new snapshot and re-examine the pool's waiters.
+
+        Synchronous on purpose: no checkpoint, so no request and no caller's
+        cancel can see half of it.
+        """
         new = _make_snapshot(cfg, version=self.snapshot.version + 1)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
-        for node_id in changed_nodes:
-            if self.hub.session(node_id) is None:
-                continue  # it gets the new config at its next handshake
-            msg: NodeConfig = node_config_for(cfg, node_id, new.version)
-            try:
-                ack = await self.hub.push_config(node_id, msg, timeout=NODE_PUSH_TIMEOUT)
-            except Exception as exc:  # a node lost mid-push reconnects and gets it then
-                log.warning("event=node_config_push node=%s outcome=failed reason=%s", node_id, exc)
-                continue
-            if not ack.ok:
-                log.warning(
-                    "event=node_config_push node=%s outcome=rejected reason=%s", node_id, ack.error
-                )
+
+    async def _push_configs(self, changed_nodes: list[str]) -> None:
+        """Push the current snapshot's ``NodeConfig`` to every changed, connected node.
+
+        Concurrent, so a node that does not answer holds up no other node's
+        push; shielded, so an admin caller hanging up after the swap cannot
+        leave some changed nodes on the old config.  Each push is bounded by
+        ``NODE_PUSH_TIMEOUT``, which therefore bounds the whole step.
+        """
+        snap = self.snapshot
+        with trio.CancelScope(shield=True):
+            async with trio.open_nursery() as nursery:
+                for node_id in changed_nodes:
+                    if self.hub.session(node_id) is None:
+                        continue  # it gets the new config at its next handshake
+                    msg = node_config_for(snap.config, node_id, snap.version)
+                    nursery.start_soon(self._push_config, node_id, msg)
+
+    async def _push_config(self, node_id: str, msg: NodeConfig) -> None:
+        try:
+            ack = await self.hub.push_config(node_id, msg, timeout=NODE_PUSH_TIMEOUT)
+        except Exception as exc:  # a node lost mid-push reconnects and gets it then
+            log.warning("event=node_config_push node=%s outcome=failed reason=%s", node_id, exc)
+            return
+        if not ack.ok:
+            log.warning(
+                "event=node_config_push node=%s outcome=rejected reason=%s", node_id, ack.error
+            )
