@@ -136,16 +136,22 @@ def format_status(doc: dict[str, Any]) -> str:
 
 
 def format_report(doc: dict[str, Any]) -> str:
+    """A refresh report: one line per list of ids or paths, one line per error.
+
+    Errors get a line each because their reasons may contain commas.
+    """
     lines = [f"mode: {doc['mode']}   applied: {'yes' if doc['applied'] else 'no'}"]
-    for key in (
-        "changed_nodes",
-        "changed_providers",
-        "changed_models",
-        "restart_required",
-        "errors",
-    ):
+    for key in ("changed_nodes", "changed_providers", "changed_models", "restart_required"):
         items = doc.get(key, [])
         lines.append(f"{key}: {', '.join(items) if items else '-'}")
+    errors = doc.get("errors", [])
+    if not errors:
+        lines.append("errors: -")
+    elif len(errors) == 1:
+        lines.append(f"errors: {errors[0]}")
+    else:
+        lines.append(f"errors: {len(errors)}")
+        lines += [f"  {e}" for e in errors]
     return "\n".join(lines)
 
 

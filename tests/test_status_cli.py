@@ -182,7 +182,9 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
 async def test_status_json_is_the_admin_document(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with edge_from_file(tmp_path) as (gw, _):
-            code, out, err = await iopd("status", "--json", "--admin", gw.admin_url)
+            # The scheme may be left out: host:port is enough.
+            bare = gw.admin_url.removeprefix("http://")
+            code, out, err = await iopd("status", "--json", "--admin", bare)
             assert code == 0, err
             doc = json.loads(out)
             live = (await http_request(gw.handle.admin, "GET", "/status")).json()
@@ -390,4 +392,24 @@ def test_format_report_lists_every_key() -> None:
         "changed_models: -",
         "restart_required: openai.listen, edge.id",
         "errors: -",
+    ]
+
+
+def test_format_report_puts_each_of_several_errors_on_its_own_line() -> None:
+    doc = {
+        "mode": "dry_run",
+        "applied": False,
+        "changed_nodes": [],
+        "changed_providers": [],
+        "changed_models": [],
+        "restart_required": [],
+        "errors": [
+            "edge.admin_listen: must be a loopback address (127.0.0.0/8, ::1 or localhost)",
+            "nodes[0].providers[0].capacity: must be >= 1",
+        ],
+    }
+    assert format_report(doc).splitlines()[-3:] == [
+        "errors: 2",
+        "  edge.admin_listen: must be a loopback address (127.0.0.0/8, ::1 or localhost)",
+        "  nodes[0].providers[0].capacity: must be >= 1",
     ]
