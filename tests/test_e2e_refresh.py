@@ -735,10 +735,13 @@ async def test_apply_under_load_drops_no_request(tmp_path: Path) -> None:
                         failures.append((r.status, r.body))
                     finished += 1
 
+            max_depth = 0
+
             async def refresher(stop: trio.Event) -> None:
-                nonlocal applies
+                nonlocal applies, max_depth
                 while not stop.is_set():
                     over = rng.choice(variants)
+                    max_depth = max(max_depth, edge.gw.runtime.pool.queue_depth)
                     await edge.apply(**delay, **over)
                     applies += 1
                     await trio.sleep(0.01)
@@ -754,6 +757,7 @@ async def test_apply_under_load_drops_no_request(tmp_path: Path) -> None:
             assert failures == []
             assert finished == total
             assert applies >= 5, applies
+            assert max_depth > 0  # applies did land while requests were queued
             await edge.idle()
             loads = edge.gw.runtime.pool.provider_loads()
             assert all(x.in_flight == 0 and x.long_in_flight == 0 for x in loads.values())
