@@ -982,3 +982,33 @@ async def test_refresh_completes_when_the_admin_caller_goes_away(
             )
             await wait_until(lambda: applied() == 1)
             assert edge.gw.runtime.snapshot.version == 2
+
+
+async def test_node_swaps_registry_and_drains_the_old_one_under_a_running_request(
+    tmp_path: Path,
+) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=[], delay1=100, en2="false") as edge:
+            a = await start_real_node(edge.gw, "node-a")
+            old = a.executor.registry
+            assert old is not None
+            result: list[RawResponse] = []
+
+            async def call() -> None:
+                result.append(await edge.chat("w " * 10))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(call)
+                await wait_until(lambda: old.active_runs == 1)
+                await edge.apply(delay1=100, en2="false", cap1=4)
+                new = a.executor.registry
+                assert new is not old and new is not None and new.version == 2
+                # Retired, but its adapter stays open for the run still on it.
+                assert old.retired and not old.closed.is_set()
+                # A new request runs on the new registry meanwhile.
+                n.start_soon(call)
+                await wait_until(lambda: new.active_runs == 1)
+            assert [text_of(r) for r in result] == ["w " * 10] * 2
+            with trio.fail_after(5):
+                await old.closed.wait()
+            assert not new.closed.is_set()
