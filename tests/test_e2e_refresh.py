@@ -36,7 +36,7 @@ from tests.gateway import (
     wait_until,
 )
 from tests.wire_peers import FakeNode
-from wire.messages import NodeConfig
+from wire.messages import NodeConfig, NodeConfigAck
 
 REPORT_KEYS = {
     "mode",
@@ -1012,3 +1012,32 @@ async def test_node_swaps_registry_and_drains_the_old_one_under_a_running_reques
             with trio.fail_after(5):
                 await old.closed.wait()
             assert not new.closed.is_set()
+
+
+async def test_apply_during_a_node_handshake_reaches_that_node(tmp_path: Path) -> None:
+    """The node has its handshake config (v1) but has not acked it when v2 is applied.
+
+    The refresh skips the not-yet-ready session; the handshake must then
+    deliver v2 before the node counts as connected, not leave it on v1.
+    """
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            async with FakeNode.connect(
+                host,
+                port,
+                node_id="node-b",
+                token=node_token("node-b"),
+                ack_config=False,
+                timeout=3,
+            ) as fake:
+                first = await fake.receive(NodeConfig)
+                assert first.version == 1 and first.providers[0].capacity == 2
+                doc = await edge.apply(cap2=3)
+                assert doc["changed_nodes"] == ["node-b"]
+                assert edge.gw.runtime.hub.connected_since("node-b") is None
+                await fake.send(NodeConfigAck(stream_id=first.stream_id, version=1))
+                second = await fake.receive(NodeConfig)
+                assert second.version == 2 and second.providers[0].capacity == 3
+                await fake.send(NodeConfigAck(stream_id=second.stream_id, version=2))
+                await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)

@@ -372,6 +372,13 @@ class NodeSession:
         try:
             cfg = hub._get_node_config(self.node_id)
             ack = await self.push_config(cfg, timeout=hub.handshake_timeout)
+            # A refresh applied while that ack was pending skipped this session
+            # (not ready yet): send the newer provider set before announcing.
+            latest = hub._get_node_config(self.node_id)
+            while latest.providers != cfg.providers:
+                cfg = latest
+                ack = await self.push_config(cfg, timeout=hub.handshake_timeout)
+                latest = hub._get_node_config(self.node_id)
         except NodeDispatchError as exc:
             log.warning(
                 "node config push failed node_id=%s peer=%s reason=%s",
