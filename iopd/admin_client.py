@@ -155,24 +155,45 @@ def format_report(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+STATUS_KEYS = frozenset({"edge_id", "nodes", "providers", "queue"})
+REPORT_KEYS = frozenset({"mode", "applied", "restart_required", "errors"})
+
+
+def _expect(doc: Any, keys: frozenset[str], admin: str) -> dict[str, Any]:
+    """``doc`` if it is an object with ``keys``; else the admin URL points elsewhere."""
+    if not isinstance(doc, dict) or not keys <= doc.keys():
+        raise AdminError(f"{admin} did not answer like the admin API")
+    return doc
+
+
 def status_main(admin: str, *, as_json: bool = False) -> int:
+    """``iopd status``: print the catalog; exit 1 when the admin API cannot say."""
     try:
-        doc = _call(admin, "GET", "/status")
+        doc = _expect(_call(admin, "GET", "/status"), STATUS_KEYS, admin)
+        text = json.dumps(doc, indent=2) if as_json else format_status(doc)
     except AdminError as exc:
         print(f"iopd status: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(doc, indent=2) if as_json else format_status(doc))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        print(f"iopd status: {admin} did not answer like the admin API", file=sys.stderr)
+        return 1
+    print(text)
     return 0
 
 
 def refresh_main(admin: str, *, dry_run: bool = False) -> int:
+    """``iopd refresh``: print the report; exit 1 when the apply is (or would be) refused."""
     mode = "dry_run" if dry_run else "apply"
     try:
-        doc = _call(admin, "POST", "/refresh", {"mode": mode})
+        doc = _expect(_call(admin, "POST", "/refresh", {"mode": mode}), REPORT_KEYS, admin)
+        text = format_report(doc)
     except AdminError as exc:
         print(f"iopd refresh: {exc}", file=sys.stderr)
         return 1
-    print(format_report(doc))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        print(f"iopd refresh: {admin} did not answer like the admin API", file=sys.stderr)
+        return 1
+    print(text)
     refused = bool(doc.get("errors") or doc.get("restart_required"))
     if dry_run:
         return 1 if refused else 0

@@ -413,3 +413,28 @@ def test_format_report_puts_each_of_several_errors_on_its_own_line() -> None:
         "  edge.admin_listen: must be a loopback address (127.0.0.0/8, ::1 or localhost)",
         "  nodes[0].providers[0].capacity: must be >= 1",
     ]
+
+
+@pytest.mark.parametrize("answer", [b'{"ok": true}', b"[1, 2]", b'"text"', b"null"])
+async def test_json_that_is_not_the_admin_document_exits_1(answer: bytes) -> None:
+    """Some other HTTP service on that port answering 200 with JSON."""
+
+    async def other_service(stream: trio.SocketStream) -> None:
+        async with stream:
+            await stream.receive_some(4096)
+            await stream.send_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(answer), answer)
+            )
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            [listener] = await n.start(
+                functools.partial(trio.serve_tcp, other_service, 0, host="127.0.0.1")
+            )
+            url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+            for command in ("status", "refresh"):
+                code, out, err = await iopd(command, "--admin", url)
+                assert code == 1, (command, out)
+                assert err == f"iopd {command}: {url} did not answer like the admin API\n"
+            n.cancel_scope.cancel()
