@@ -1041,3 +1041,24 @@ async def test_apply_during_a_node_handshake_reaches_that_node(tmp_path: Path) -
                 assert second.version == 2 and second.providers[0].capacity == 3
                 await fake.send(NodeConfigAck(stream_id=second.stream_id, version=2))
                 await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
+
+
+async def test_lowering_max_queue_keeps_the_waiters_already_queued(tmp_path: Path) -> None:
+    base: dict[str, Any] = dict(cap1=1, en2="false", delay1=50)
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, **base) as edge:
+            results: list[RawResponse] = []
+
+            async def call(text: str) -> None:
+                results.append(await edge.chat(text))
+
+            async with trio.open_nursery() as n:
+                n.start_soon(call, "w " * 10)
+                await wait_until(lambda: edge.in_flight()["echo-1"] == 1)
+                for i in range(3):
+                    n.start_soon(call, f"q{i}")
+                await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 3)
+                await edge.apply(**base, max_queue=1)
+                r = await edge.chat("one too many")
+                assert r.status == 429 and r.json()["error"]["code"] == "queue_full"
+            assert sorted(text_of(r) for r in results) == ["q0", "q1", "q2", "w " * 10]
