@@ -244,6 +244,21 @@ async def test_status_reports_in_flight_and_load_ratio() -> None:
                 p = next(p for p in doc["providers"] if p["id"] == "echo-1")
                 assert p["in_flight"] == 1
                 assert p["load_ratio"] == pytest.approx(1 / 3)
+
+                # Fill echo-1 (node-b, with echo-2, is not connected): the 4th waits.
+                for _ in range(3):
+                    n.start_soon(
+                        functools.partial(
+                            http_request, gw.host_port, "POST", "/v1/chat/completions", body=body
+                        )
+                    )
+                await wait_until(lambda: gw.runtime.pool.queue_depth == 1)
+                doc = (await http_request(gw.handle.admin, "GET", "/status")).json()
+                provs = {p["id"]: p for p in doc["providers"]}
+                assert provs["echo-1"]["in_flight"] == 3 and provs["echo-1"]["load_ratio"] == 1
+                assert provs["echo-1"]["queued"] == 1
+                assert provs["echo-2"]["queued"] == 0  # not a live candidate
+                assert doc["queue"] == {"depth": 1, "max_queue": 7}
                 n.cancel_scope.cancel()
 
 
