@@ -36,7 +36,7 @@ from tests.gateway import (
     wait_until,
 )
 from tests.wire_peers import FakeNode
-from wire.messages import NodeConfig, NodeConfigAck
+from wire.messages import NodeConfig, NodeConfigAck, RunEvent, RunRequest
 
 REPORT_KEYS = {
     "mode",
@@ -1062,3 +1062,42 @@ async def test_lowering_max_queue_keeps_the_waiters_already_queued(tmp_path: Pat
                 r = await edge.chat("one too many")
                 assert r.status == 429 and r.json()["error"]["code"] == "queue_full"
             assert sorted(text_of(r) for r in results) == ["q0", "q1", "q2", "w " * 10]
+
+
+async def test_generation_defaults_and_limits_live_on_the_normalized_path(tmp_path: Path) -> None:
+    """node-b is a FakeNode: the RunRequest it receives shows the applied policy."""
+
+    def script(req: Any) -> list[RunEvent]:
+        return [
+            RunEvent(stream_id=req.stream_id, kind="text", text="ok"),
+            RunEvent(stream_id=req.stream_id, kind="complete", finish_reason="stop"),
+        ]
+
+    def runs() -> list[RunRequest]:
+        return [m for m in fake.received if isinstance(m, RunRequest)]
+
+    only_b = "  - id: echo\n    providers: {echo-2: echo}\n"
+    policy = only_b + "    generation: {defaults: {temperature: 0.25}, limits: {max_tokens: 64}}\n"
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, nodes=["node-a"], models=only_b) as edge:
+            host, port = edge.gw.handle.wire
+            async with FakeNode.connect(
+                host, port, node_id="node-b", token=node_token("node-b"), responder=script
+            ) as fake:
+                await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
+                assert text_of(await edge.chat("hi", max_tokens=500)) == "ok"
+                assert runs()[-1].params.get("max_tokens") == 500
+                assert "temperature" not in runs()[-1].params
+
+                doc = await edge.apply(models=policy)
+                assert doc["changed_models"] == ["echo"]
+                assert text_of(await edge.chat("hi", max_tokens=500)) == "ok"
+                assert runs()[-1].params["max_tokens"] == 64  # capped, not refused
+                assert runs()[-1].params["temperature"] == 0.25
+                assert text_of(await edge.chat("hi", temperature=0.9)) == "ok"
+                assert runs()[-1].params["temperature"] == 0.9  # the caller's value wins
+
+                await edge.apply(models=only_b)
+                assert text_of(await edge.chat("hi", max_tokens=500)) == "ok"
+                assert runs()[-1].params.get("max_tokens") == 500
+                assert "temperature" not in runs()[-1].params
