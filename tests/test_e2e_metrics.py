@@ -61,7 +61,9 @@ from wire.messages import (
 EDGE_ID = "edge-m"
 PRINCIPAL_TOKEN = "sk-canary-principal-7f3a91"
 LEGACY_TOKEN = "sk-canary-legacy-c0ffee42"
+NO_ALIAS_TOKEN = "sk-canary-noalias-1b2c3d"
 ALICE = {"principal_ref": "user-1", "principal_alias": "alice", "token_ref": "app-1"}
+BOB = {"principal_ref": "user-2", "principal_alias": "user-2", "token_ref": "app-2"}  # no alias
 UNMAPPED = {"principal_ref": "unmapped", "principal_alias": "unmapped", "token_ref": "unmapped"}
 
 LabelSet = frozenset[tuple[str, str]]
@@ -175,6 +177,7 @@ def auth_block() -> str:
     return f"""  bearer_token: {LEGACY_TOKEN}
   principal_tokens:
     - {{token_ref: app-1, token_hash_sha256: {token_hash(PRINCIPAL_TOKEN)}, principal_ref: user-1, alias: alice}}
+    - {{token_ref: app-2, token_hash_sha256: {token_hash(NO_ALIAS_TOKEN)}, principal_ref: user-2}}
 """
 
 
@@ -324,16 +327,25 @@ async def test_echo_non_stream_and_stream_run_event_usage_per_principal() -> Non
             )
             assert r.status == 200
             stream_usage = [e["usage"] for e in sse_events(r.body) if e.get("usage")]
-            after = await wait_requests(gw, before, 2)
+            # A principal without an alias: principal_alias shows its principal_ref.
+            r = await chat(
+                gw,
+                {"model": "echo", "messages": [{"role": "user", "content": "hi"}]},
+                token=NO_ALIAS_TOKEN,
+            )
+            assert r.status == 200
+            after = await wait_requests(gw, before, 3)
 
     assert (usage["prompt_tokens"], usage["completion_tokens"]) == (11, 5)
     assert [(u["prompt_tokens"], u["completion_tokens"]) for u in stream_usage] == [(5, 4)]
     alice = req(ALICE, group="echo")
     legacy = req(UNMAPPED, group="echo")
-    assert changes(before, after, "iop_openai_requests_total") == {alice: 1, legacy: 1}
+    bob = req(BOB, group="echo")
+    assert changes(before, after, "iop_openai_requests_total") == {alice: 1, legacy: 1, bob: 1}
     assert changes(before, after, "iop_openai_usage_tokens_total") == {
         **tokens(alice, "run_event", input=11, output=5),
         **tokens(legacy, "run_event", input=5, output=4),  # ceil(18/4), 4 chunks
+        **tokens(bob, "run_event", input=1, output=1),
     }
     assert_no_reasoning(before, after)
     hist = changes(before, after, "iop_request_duration_seconds_count")
@@ -344,7 +356,7 @@ async def test_echo_non_stream_and_stream_run_event_usage_per_principal() -> Non
                 "endpoint": "chat_completions",
                 "response_mode": "normalized",
             }.items()
-        ): 2
+        ): 3
     }
 
 
@@ -870,7 +882,7 @@ async def test_no_secret_prompt_response_or_id_reaches_metrics_or_status() -> No
         "model": "canary-model-name-2d9e",
         "user": "canary-user-field-8e13",
     }
-    secrets = [PRINCIPAL_TOKEN, LEGACY_TOKEN, *canaries.values()]
+    secrets = [PRINCIPAL_TOKEN, LEGACY_TOKEN, NO_ALIAS_TOKEN, *canaries.values()]
     provider_auth = (
         "  provider_auth: {header: X-Provider-Authorization, target_header: Authorization}\n"
     )
@@ -896,6 +908,9 @@ async def test_no_secret_prompt_response_or_id_reaches_metrics_or_status() -> No
                     }
                     calls.append(("/v1/chat/completions", body, PRINCIPAL_TOKEN))
                     calls.append(("/v1/chat/completions", body, LEGACY_TOKEN))
+            calls.append(
+                ("/v1/chat/completions", {"model": "echo", "messages": prompt}, NO_ALIAS_TOKEN)
+            )
             calls.append(("/v1/responses", {"model": "gpt", "input": prompt[0]["content"]}, None))
             calls.append(("/api/chat", {"model": "llama", "messages": prompt}, PRINCIPAL_TOKEN))
             calls.append(
