@@ -139,12 +139,15 @@ class Responder:
     :class:`ClientDisconnected`.
     """
 
-    __slots__ = ("_conn", "_head_only", "_scope", "started", "finished")
+    __slots__ = ("_conn", "_head_only", "_scope", "_held", "started", "finished")
 
     def __init__(self, conn: _Connection, head_only: bool, scope: trio.CancelScope) -> None:
         self._conn = conn
         self._head_only = head_only
         self._scope = scope
+        # Bytes produced with ``hold=True`` and not written yet: they go out
+        # with the next unheld write (one send instead of several).
+        self._held = b""
         #: True once the status line has been produced.
         self.started = False
         #: True once the response is complete.
@@ -174,20 +177,30 @@ class Responder:
         self.finished = True
         await self._conn.send_bytes(b"".join(parts), self._scope)
 
-    async def start(self, status: int, headers: list[tuple[str, str]]) -> None:
-        """Start a streamed response (chunked on HTTP/1.1, close-delimited on 1.0)."""
+    async def start(
+        self, status: int, headers: list[tuple[str, str]], *, hold: bool = False
+    ) -> None:
+        """Start a streamed response (chunked on HTTP/1.1, close-delimited on 1.0).
+
+        ``hold=True`` keeps the head back until the next ``write``/``end``/``flush``:
+        for a caller that already has the next piece in hand, so the whole
+        response leaves in one send.
+        """
         head = self._head(status, headers)
         data = self._conn.h11.send(h11.Response(status_code=status, headers=head))
-        await self._conn.send_bytes(data, self._scope)
+        await self._emit(data, hold)
 
-    async def write(self, data: bytes) -> None:
-        """Write one piece of a streamed response (empty data is ignored)."""
+    async def write(self, data: bytes, *, hold: bool = False) -> None:
+        """Write one piece of a streamed response (empty data is ignored).
+
+        ``hold=True``: as for :meth:`start`, the bytes wait for the next unheld write.
+        """
         if not self.started or self.finished:
             raise RuntimeError("write() outside a started, unfinished response")
         if not data or self._head_only:
             return
         out = self._conn.h11.send(h11.Data(data=data))
-        await self._conn.send_bytes(out, self._scope)
+        await self._emit(out, hold)
 
     async def end(self) -> None:
         """Finish a streamed response."""
@@ -197,7 +210,21 @@ class Responder:
             return
         self.finished = True
         out = self._conn.h11.send(_END_OF_MESSAGE)
-        await self._conn.send_bytes(out, self._scope)
+        await self._emit(out, False)
+
+    async def flush(self) -> None:
+        """Write what ``hold=True`` kept back, if anything."""
+        if self._held:
+            await self._emit(b"", False)
+
+    async def _emit(self, data: bytes, hold: bool) -> None:
+        if self._held:
+            data = self._held + data
+            self._held = b""
+        if hold:
+            self._held = data
+        elif data:
+            await self._conn.send_bytes(data, self._scope)
 
 
 class HttpServer:
@@ -612,6 +639,7 @@ class _Connection:
                     error = GatewayError("Internal server error")
                 await self._send_error(error, responder)
             elif crashed is not None:
+                await responder.flush()  # what was held back, as if written at once
                 return False  # cannot report an error mid-response: cut it
             elif not responder.finished:
                 await responder.end()

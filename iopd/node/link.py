@@ -91,11 +91,27 @@ class _StreamSender:
                 raise ChannelClosed(self._channel.close_reason or "link closed", "closed")
             if conn.stream_state(self.stream_id) not in (StreamState.OPEN, StreamState.CANCELLED):
                 raise trio.ClosedResourceError(f"stream {self.stream_id} already ended")
+            # Held frames must reach the edge before it can return their credit.
+            await self._channel.flush()
             await self._credit_changed.wait()
         try:
             await self._channel.send(msg)
         except LocalProtocolError as exc:
             raise trio.ClosedResourceError(exc.reason) from None
+
+    async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Like ``send``, but the frame may wait for the stream's next send to
+        leave in the same write.  Only for a frame that another follows at once."""
+        if msg.stream_id != self.stream_id:
+            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
+        if is_terminal(msg) or self._channel.conn.stream_credit(self.stream_id) <= 0:
+            await self.send(msg)
+            return
+        try:
+            self._channel.queue(msg)
+        except LocalProtocolError as exc:
+            raise trio.ClosedResourceError(exc.reason) from None
+        await trio.lowlevel.checkpoint()
 
 
 class NodeLink:

@@ -156,6 +156,31 @@ class WireChannel:
             return
         await self._write_loop()
 
+    def queue(self, msg: Message) -> None:
+        """Commit ``msg`` like ``send`` but leave the write to the next ``send``/``flush``.
+
+        For a sender that knows another frame follows at once (an HTTP head
+        whose body is already read, the usage before a terminal): both leave
+        in one write, and the peer wakes up once.  The caller must make sure
+        a ``send`` or ``flush`` follows.
+        """
+        if self._closed is not None:
+            raise self._closed
+        self._wbuf.append(self.conn.send(msg))
+
+    async def flush(self) -> None:
+        """Write every frame ``queue`` left behind (returns at once if none)."""
+        if self._closed is not None:
+            raise self._closed
+        if not self._wbuf:
+            return
+        if self._writing:
+            await self._flushed.wait()
+            if self._closed is not None:
+                raise self._closed
+            return
+        await self._write_loop()
+
     async def _write_loop(self) -> None:
         self._writing = True
         try:

@@ -721,9 +721,10 @@ class OpenAIApp:
                 async for fr in frames:
                     fr_: ProviderTunnelFrame = fr
                     kind = fr_.kind
+                    # hold: the next frame is already here, so write both at once.
                     if kind == "body":
                         if fr_.data:
-                            await responder.write(fr_.data)
+                            await responder.write(fr_.data, hold=frames.buffered() > 0)
                     elif kind == "head":
                         headers = [(k, v) for k, v in fr_.headers if k.lower() not in HOP_BY_HOP]
                         ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
@@ -731,7 +732,7 @@ class OpenAIApp:
                             "application/x-ndjson"
                         ):
                             headers.append(("X-Accel-Buffering", "no"))
-                        await responder.start(fr_.status, headers)
+                        await responder.start(fr_.status, headers, hold=frames.buffered() > 0)
                         out.http_status = fr_.status
                     elif kind == "usage":
                         body_usage = fr_.body_usage or body_usage

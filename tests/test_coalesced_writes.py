@@ -1,0 +1,252 @@
+"""Frames and response pieces that follow each other at once leave in one write.
+
+The hot path of a non-streamed passthrough reply is head, body, usage, end:
+the node holds the first frames back (``WireChannel.queue`` via the link's
+``send_held``) so they leave with the terminal in one write, and the edge's
+relay holds the HTTP head and body (``Responder`` ``hold=True``) while the
+next frame is already buffered.  These tests pin the write counts and,
+above all, that nothing held is ever lost or stuck.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import h11
+import trio
+import trio.testing
+
+from iopd.http.server import Request, Responder
+from iopd.node.adapters.base import Adapter, TunnelOutput
+from iopd.node.executor import MAX_HELD_BODY_BYTES, NodeExecutor
+from iopd.node.link import _StreamSender
+from iopd.node.registry import AdapterRegistry
+from iopd.transport.channel import WireChannel
+from tests.test_http_server import connect, get, running
+from wire.connection import Connection, Role
+from wire.messages import (
+    PROTOCOL_VERSION,
+    Hello,
+    HelloAck,
+    ProviderSpec,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    RunEvent,
+    RunRequest,
+    Usage,
+)
+
+# ------------------------------------------------------------------ channel
+
+
+class _CountingStream(trio.abc.Stream):
+    def __init__(self, inner: trio.abc.Stream) -> None:
+        self.inner = inner
+        self.writes = 0
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        self.writes += 1
+        await self.inner.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.inner.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        return await self.inner.receive_some(max_bytes)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def _pair(window: int = 100) -> tuple[WireChannel, WireChannel, _CountingStream]:
+    """(edge, node, node's counting stream); stream 1 open with ``window``."""
+    a, b = trio.testing.memory_stream_pair()
+    counting = _CountingStream(b)
+    edge = WireChannel(a, Connection(Role.EDGE))
+    node = WireChannel(counting, Connection(Role.NODE))
+    await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
+    assert isinstance(await edge.receive_message(), Hello)
+    await edge.send(HelloAck(edge_id="e"))
+    await edge.send(
+        RunRequest(stream_id=1, provider_id="p", adapter="echo", target="m", window=window)
+    )
+    assert isinstance(await node.receive_message(), HelloAck)
+    assert isinstance(await node.receive_message(), RunRequest)
+    return edge, node, counting
+
+
+def _text(t: str) -> RunEvent:
+    return RunEvent(stream_id=1, kind="text", text=t)
+
+
+async def test_queued_frames_leave_with_the_next_send_in_one_write() -> None:
+    with trio.fail_after(5):
+        edge, node, counting = await _pair()
+        before = counting.writes
+        node.queue(_text("a"))
+        node.queue(_text("b"))
+        assert counting.writes == before  # nothing written yet
+        await node.send(RunEvent(stream_id=1, kind="complete", finish_reason="stop"))
+        assert counting.writes == before + 1
+        got = [await edge.receive_message() for _ in range(3)]
+        assert [m.kind for m in got] == ["text", "text", "complete"]  # type: ignore[union-attr]
+        assert [getattr(m, "text", None) for m in got[:2]] == ["a", "b"]
+
+
+async def test_flush_writes_queued_frames_and_is_a_no_op_when_empty() -> None:
+    with trio.fail_after(5):
+        edge, node, counting = await _pair()
+        before = counting.writes
+        await node.flush()
+        assert counting.writes == before
+        node.queue(_text("x"))
+        await node.flush()
+        assert counting.writes == before + 1
+        msg = await edge.receive_message()
+        assert isinstance(msg, RunEvent) and msg.text == "x"
+
+
+async def test_held_frames_are_flushed_before_waiting_for_credit() -> None:
+    # Window 2: both held frames use the credit up; the next send must push
+    # them out before it waits, or the edge could never return the credit.
+    with trio.fail_after(5):
+        edge, node, _ = await _pair(window=2)
+        sender = _StreamSender(node, 1)
+        await sender.send_held(_text("1"))
+        await sender.send_held(_text("2"))
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(sender.send, _text("3"))
+            first = await edge.receive_message()
+            second = await edge.receive_message()
+            assert [getattr(first, "text", None), getattr(second, "text", None)] == ["1", "2"]
+            nursery.cancel_scope.cancel()  # "3" waits for credit: that is right
+
+
+# ------------------------------------------------------------------ executor
+
+
+class _RecordingSender:
+    """A StreamSender with ``send_held``; records (kind, held) per message."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+
+    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        await trio.lowlevel.checkpoint()
+        self.calls.append((msg.kind, False))
+
+    async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        await trio.lowlevel.checkpoint()
+        self.calls.append((msg.kind, True))
+
+
+class _ReplyAdapter(Adapter):
+    def __init__(self, spec: ProviderSpec, content_type: str, pieces: list[bytes]) -> None:
+        super().__init__(spec)
+        self.content_type = content_type
+        self.pieces = pieces
+
+    async def run(self, req: RunRequest, out: Any) -> None:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+        await out.head(200, [("content-type", self.content_type)])
+        for piece in self.pieces:
+            await out.body(piece)
+        out.usage = Usage(input_tokens=3, output_tokens=2)
+
+
+async def _tunnel_calls(content_type: str, pieces: list[bytes]) -> list[tuple[str, bool]]:
+    executor = NodeExecutor()
+    spec = ProviderSpec(id="p", type="openai", base_url="http://127.0.0.1:1")
+    executor.registry = AdapterRegistry({"p": _ReplyAdapter(spec, content_type, pieces)})
+    sender = _RecordingSender()
+    req = ProviderTunnelRequest(stream_id=3, provider_id="p", method="POST", path="/v1/x")
+    with trio.fail_after(5):
+        await executor.serve_stream(req, sender)
+    return sender.calls
+
+
+async def test_whole_json_reply_is_held_until_the_terminal() -> None:
+    calls = await _tunnel_calls("application/json", [b'{"a":1}'])
+    assert calls == [("head", True), ("body", True), ("usage", True), ("end", False)]
+
+
+async def test_sse_reply_is_written_piece_by_piece() -> None:
+    calls = await _tunnel_calls("text/event-stream", [b"data: 1\n\n", b"data: 2\n\n"])
+    assert calls == [
+        ("head", False),
+        ("body", False),
+        ("body", False),
+        ("usage", True),
+        ("end", False),
+    ]
+
+
+async def test_a_large_whole_body_is_not_held_past_the_cap() -> None:
+    piece = b"x" * (MAX_HELD_BODY_BYTES // 2 + 1)
+    calls = await _tunnel_calls("application/json", [piece, piece, piece])
+    assert calls[:4] == [("head", True), ("body", True), ("body", False), ("body", True)]
+
+
+# ------------------------------------------------------------------ HTTP responder
+
+
+class _FakeServer:
+    server_header = "iopd"
+    closing = False
+
+
+class _FakeConnection:
+    """What ``Responder`` uses of a server connection; records each send."""
+
+    def __init__(self) -> None:
+        self.server = _FakeServer()
+        self.h11 = h11.Connection(h11.SERVER)
+        self.h11.receive_data(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert isinstance(self.h11.next_event(), h11.Request)
+        self.sends: list[bytes] = []
+
+    async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
+        await trio.lowlevel.checkpoint()
+        self.sends.append(data)
+
+
+async def test_held_head_and_body_leave_with_the_end_in_one_send() -> None:
+    conn = _FakeConnection()
+    responder = Responder(conn, False, trio.CancelScope())  # type: ignore[arg-type]
+    await responder.start(200, [("content-type", "application/json")], hold=True)
+    await responder.write(b'{"ok":true}', hold=True)
+    assert conn.sends == []
+    await responder.end()
+    assert len(conn.sends) == 1
+    wire = conn.sends[0]
+    assert wire.startswith(b"HTTP/1.1 200 ") and wire.endswith(b"0\r\n\r\n")
+    assert b'{"ok":true}' in wire
+
+
+async def test_unheld_write_flushes_what_was_held_first() -> None:
+    conn = _FakeConnection()
+    responder = Responder(conn, False, trio.CancelScope())  # type: ignore[arg-type]
+    await responder.start(200, [], hold=True)
+    await responder.write(b"one")
+    assert len(conn.sends) == 1 and conn.sends[0].startswith(b"HTTP/1.1 200 ")
+    await responder.write(b"two")
+    assert len(conn.sends) == 2 and b"two" in conn.sends[1]
+
+
+async def test_handler_failing_after_a_held_write_still_sends_it_then_cuts() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [], hold=True)
+        await responder.write(b"partial", hold=True)
+        raise RuntimeError("boom")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            data = b""
+            while chunk := await client.stream.receive_some(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 200 ")
+            assert b"partial" in data
+            assert not data.endswith(b"0\r\n\r\n")  # cut: no terminating chunk
