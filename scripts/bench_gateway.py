@@ -498,11 +498,29 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of ``pid`` in seconds (``/proc/<pid>/stat`` fields 14 and 15)."""
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(utime, stime) of ``pid`` in seconds (``/proc/<pid>/stat`` fields 14 and 15)."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
+def run_seconds(pid: int) -> float:
+    """On-CPU time of every thread of ``pid`` from the scheduler (ns precision)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total / 1e9
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` in seconds."""
+    return sum(cpu_times(pid))
 
 
 @dataclass
@@ -585,22 +603,32 @@ def run_load(
         argv += [f"--{key.replace('_', '-')}", str(value)]
     proc = procs.start(argv)
     assert proc.stdout is not None
-    cpu0: dict[str, float] = {}
-    cpu: dict[str, float] = {}
+    cpu0: dict[str, tuple[float, float]] = {}
+    cpu: dict[str, tuple[float, float]] = {}
+    sched0: dict[str, float] = {}
+    sched: dict[str, float] = {}
     result: dict[str, float] = {}
     for raw in proc.stdout:
         line = raw.decode().strip()
         if line == "BEGIN":
-            cpu0 = {name: cpu_seconds(pid) for name, pid in target.watched.items()}
+            cpu0 = {name: cpu_times(pid) for name, pid in target.watched.items()}
+            sched0 = {name: run_seconds(pid) for name, pid in target.watched.items()}
         elif line == "END":
-            cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in target.watched.items()}
+            for name, pid in target.watched.items():
+                user, system = cpu_times(pid)
+                cpu[name] = (user - cpu0[name][0], system - cpu0[name][1])
+                sched[name] = run_seconds(pid) - sched0[name]
         elif line.startswith("RESULT "):
             result = json.loads(line[7:])
     if proc.wait(timeout=GUARD_S) != 0 or not result:
         raise SystemExit(f"load generator failed ({target.name} {mode})")
     count = result.get("requests", 0)
-    for name, seconds in cpu.items():
-        result[f"cpu_{name}_ms"] = seconds / count * 1e3 if count else float("nan")
+    for name, (user, system) in cpu.items():
+        per = 1e3 / count if count else float("nan")
+        result[f"cpu_{name}_ms"] = (user + system) * per
+        result[f"cpu_{name}_user_ms"] = user * per
+        result[f"cpu_{name}_sys_ms"] = system * per
+        result[f"sched_{name}_ms"] = sched[name] * per
     return result
 
 
@@ -631,12 +659,13 @@ def main() -> None:
     )
     parser.add_argument("--open-seconds", type=float, default=10.0, help="open-loop run length")
     parser.add_argument("--streams", type=int, default=300, help="streams for first-chunk timing")
+    parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU sample")
     parser.add_argument("--cancels", type=int, default=20, help="cancel-latency runs")
     parser.add_argument("--log-level", default="info", help="edge/node log level")
     parser.add_argument("--quick", action="store_true", help="a short run (smoke test)")
     parser.add_argument("--json", action="store_true", help="also print the raw results as JSON")
     parser.add_argument(
-        "--only", default="", help="comma list of phases: c16,c64,stream,open,echo,cancel"
+        "--only", default="", help="comma list of phases: idle,c16,c64,stream,open,echo,cancel"
     )
     args = parser.parse_args()
     if args.role == "provider":
@@ -647,10 +676,11 @@ def main() -> None:
         return
     if args.quick:
         args.requests, args.open_seconds, args.streams, args.cancels = 500, 3.0, 50, 5
+        args.idle_seconds = 1.0
     phases = (
         set(args.only.split(","))
         if args.only
-        else {"c16", "c64", "stream", "open", "echo", "cancel"}
+        else {"idle", "c16", "c64", "stream", "open", "echo", "cancel"}
     )
 
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -712,6 +742,16 @@ def main() -> None:
                     procs, target, mode, provider_port, **opts
                 )
 
+        if "idle" in phases:
+            # CPU the daemons burn with no traffic (timers, heartbeats, probes).
+            before = {n: cpu_seconds(p) for n, p in gateway.watched.items()}
+            time.sleep(args.idle_seconds)
+            results["idle"] = {
+                "gateway": {
+                    f"cpu_{n}_ms_per_s": (cpu_seconds(p) - before[n]) * 1e3 / args.idle_seconds
+                    for n, p in gateway.watched.items()
+                }
+            }
         common = {"requests": args.requests, "duration": args.duration, "warmup": args.warmup}
         phase("c16", "closed", [direct, gateway], concurrency=16, **common)
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
@@ -760,6 +800,12 @@ def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Name
                 f"p99 +{g['p99_ms'] - d['p99_ms']:.3f} ms; "
                 f"edge+node CPU {g['cpu_edge_ms'] + g['cpu_node_ms']:.3f} ms/request"
             )
+    if "idle" in results:
+        r = results["idle"]["gateway"]
+        print(
+            f"\nidle CPU (no traffic, {args.idle_seconds:g} s): edge {r['cpu_edge_ms_per_s']:.1f} ms/s,"
+            f" node {r['cpu_node_ms_per_s']:.1f} ms/s"
+        )
     if "cancel" in results:
         r = results["cancel"]["gateway"]
         print(

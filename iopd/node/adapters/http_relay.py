@@ -68,8 +68,8 @@ def _connection_tokens(headers: Iterable[tuple[str, str]]) -> set[str]:
 def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tuple[str, str]]:
     """Drop hop-by-hop headers (and framing headers) from ``headers``."""
     headers = list(headers)
-    drop = (_REQUEST_DROP if request else _RESPONSE_DROP) | _connection_tokens(headers)
-    return [(k, v) for k, v in headers if not _is_hop(k, frozenset(drop))]
+    drop = frozenset((_REQUEST_DROP if request else _RESPONSE_DROP) | _connection_tokens(headers))
+    return [(k, v) for k, v in headers if not _is_hop(k, drop)]
 
 
 @contextlib.contextmanager
