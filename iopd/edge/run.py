@@ -54,6 +54,8 @@ class EdgeHandle:
     wire: tuple[str, int]
     admin: tuple[str, int]
     openai: tuple[str, int] | None
+    #: The OpenAI listener's server (``open_connections``, ``in_flight``), for tests.
+    openai_server: HttpServer | None = None
     _drain: trio.Event = field(default_factory=trio.Event)
     _stop_now: trio.Event = field(default_factory=trio.Event)
 
@@ -118,6 +120,7 @@ async def run_edge(
             wire=(wire_addr[0], wire_addr[1]),
             admin=admin_addr,
             openai=openai_addr,
+            openai_server=openai_srv if oa.enabled else None,
         )
         log.info(
             "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",

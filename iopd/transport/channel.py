@@ -223,11 +223,17 @@ class WireChannel:
             await self._outbox_wakeup.wait()
             self._outbox_wakeup = trio.Event()
             while self._outbox:
-                msg = self._outbox.popleft()
+                # Commit everything queued, then write it in one go: one flush
+                # per message let Credits posted by the reader pile up faster
+                # than they drained (and a Cancel waited behind them).
                 try:
-                    await self.send(msg)
-                except LocalProtocolError as exc:
-                    log.debug("dropped queued %s: %s", type(msg).__name__, exc.reason)
+                    while self._outbox:
+                        msg = self._outbox.popleft()
+                        try:
+                            self.queue(msg)
+                        except LocalProtocolError as exc:
+                            log.debug("dropped queued %s: %s", type(msg).__name__, exc.reason)
+                    await self.flush()
                 except ChannelClosed as exc:
                     self._fail(exc)
                     return
