@@ -340,6 +340,10 @@ class NodeSession:
         if self.end_reason is not None:
             return
         self.end_reason = reason
+        # Tell the pool first: the leases freed by failing the streams below
+        # re-examine the queue, which must no longer see this node as live
+        # (else a waiter is admitted to the dead node and fails with a 502).
+        self._hub._leave_session(self)
         error = NodeDispatchError(f"node {self.node_id} disconnected")
         for stream in list(self._streams.values()):
             stream.fail(error)
