@@ -250,3 +250,76 @@ async def test_handler_failing_after_a_held_write_still_sends_it_then_cuts() -> 
             assert data.startswith(b"HTTP/1.1 200 ")
             assert b"partial" in data
             assert not data.endswith(b"0\r\n\r\n")  # cut: no terminating chunk
+
+
+# ------------------------------------------------------------------ provider client
+
+
+async def _serve_raw(reply: bytes, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+    """Answer every request on a connection with ``reply``, sent in one write."""
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = await stream.receive_some(65536)
+            if not data:
+                return
+            buf += data
+        await stream.send_all(reply)
+        await trio.sleep_forever()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(handle, listeners)
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+)
+
+
+async def test_chunks_that_arrived_together_are_one_piece() -> None:
+    from iopd.http.client import ProviderHTTPClient
+
+    events = [b"data: %d\n\n" % i for i in range(5)]
+    reply = SSE_HEAD + b"".join(_chunk(e) for e in events) + b"0\r\n\r\n"
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(_serve_raw, reply)
+            client = ProviderHTTPClient(
+                f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=5
+            )
+            async with client.stream("POST", "/v1/chat/completions", body=b"{}") as resp:
+                pieces = [p async for p in resp.aiter_bytes()]
+            assert b"".join(pieces) == b"".join(events)
+            assert len(pieces) == 1
+            await client.aclose()
+            nursery.cancel_scope.cancel()
+
+
+async def test_bytes_before_a_broken_chunk_are_yielded_then_the_error() -> None:
+    from iopd.http.client import ProviderHTTPClient, ProviderProtocolError
+
+    reply = SSE_HEAD + _chunk(b"data: ok\n\n") + b"zz\r\nnot a chunk\r\n"
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(_serve_raw, reply)
+            client = ProviderHTTPClient(
+                f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=5
+            )
+            got: list[bytes] = []
+            error: Exception | None = None
+            async with client.stream("POST", "/v1/chat/completions", body=b"{}") as resp:
+                try:
+                    async for piece in resp.aiter_bytes():
+                        got.append(piece)
+                except ProviderProtocolError as exc:
+                    error = exc
+            assert got == [b"data: ok\n\n"]
+            assert error is not None
+            await client.aclose()
+            nursery.cancel_scope.cancel()

@@ -168,17 +168,37 @@ class ProviderResponse:
         return None
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """Yield body bytes as they arrive (h11 undoes chunked encoding)."""
+        """Yield body bytes as they arrive (h11 undoes chunked encoding).
+
+        Chunks that arrived together (an SSE burst read at once) are yielded
+        as one piece: one relay frame and one write downstream instead of one
+        per chunk, and never a wait for bytes that are not here yet.
+        """
+        conn = self._conn.h11
         while not self.complete:
             with _map_errors("read body"):
                 event = await _next_event(self._conn, self._read_timeout)
+            data = b""
+            broken: h11.RemoteProtocolError | None = None  # after the bytes before it
             if isinstance(event, h11.Data):
-                if event.data:
-                    yield bytes(event.data)
-            elif isinstance(event, h11.EndOfMessage):
+                parts = [bytes(event.data)]
+                try:
+                    event = conn.next_event()  # never reads: NEED_DATA if nothing is buffered
+                    while isinstance(event, h11.Data):
+                        parts.append(bytes(event.data))
+                        event = conn.next_event()
+                except h11.RemoteProtocolError as exc:
+                    broken, event = exc, h11.NEED_DATA
+                data = parts[0] if len(parts) == 1 else b"".join(parts)
+            if isinstance(event, h11.EndOfMessage):
                 self.complete = True
-            else:  # pragma: no cover - h11 guarantees Data/EndOfMessage here
+            elif event is not h11.NEED_DATA:  # pragma: no cover - h11 guarantees these
                 raise ProviderProtocolError(f"unexpected HTTP event {type(event).__name__}")
+            if data:
+                yield data
+            if broken is not None:
+                with _map_errors("read body"):
+                    raise broken
 
     async def read(self, limit: int | None = None) -> bytes:
         """Read the rest of the body (at most ``limit`` bytes are kept)."""
