@@ -785,3 +785,37 @@ async def test_soak_short_run_has_no_violations() -> None:
     print(out)
     assert result.returncode == 0, out
     assert "violations=0" in out
+
+
+def _load_soak() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _sse(*deltas: str, finish: str | None = "stop", done: bool = True) -> bytes:
+    out = b""
+    for d in deltas:
+        out += b"data: " + json.dumps({"choices": [{"delta": {"content": d}}]}).encode() + b"\n\n"
+    if finish:
+        out += (
+            b"data: " + json.dumps({"choices": [{"delta": {}, "finish_reason": finish}]}).encode()
+        )
+        out += b"\n\n"
+    return out + (b"data: [DONE]\n\n" if done else b"")
+
+
+@pytest.mark.skipif(not (REPO / "scripts" / "soak.py").exists(), reason="scripts/soak.py missing")
+def test_soak_sequence_check_catches_lost_duplicated_reordered_chunks() -> None:
+    check = _load_soak().check_stream
+    words = ["s0-1-0", "s0-1-1", "s0-1-2"]
+    assert check(_sse("s0-1-0 ", "s0-1-1 ", "s0-1-2"), words) is None
+    assert "lost" in check(_sse("s0-1-0 ", "s0-1-2"), words)
+    assert "duplicated=1" in check(_sse("s0-1-0 ", "s0-1-1 ", "s0-1-1 ", "s0-1-2"), words)
+    assert "reordered=True" in check(_sse("s0-1-1 ", "s0-1-0 ", "s0-1-2"), words)
+    assert check(_sse("s0-1-0 ", "s0-1-1 ", "s0-1-2", done=False), words) is not None
+    assert check(_sse("s0-1-0 ", "s0-1-1 ", "s0-1-2", finish=None), words) is not None
