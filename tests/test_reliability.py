@@ -793,6 +793,7 @@ def _load_soak() -> Any:
     spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("soak", module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
