@@ -26,10 +26,12 @@ import functools
 import inspect
 import json
 import logging
+import signal
 import textwrap
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import h11
 import pytest
@@ -458,3 +460,127 @@ async def test_public_listener_never_reaches_the_admin_api() -> None:
                 r = await env.call(target, {"mode": "apply"})
                 assert 400 <= r.status < 500
                 assert "applied" not in r.body.decode()
+
+
+# ------------------------------------------------ real daemons, their output
+
+DAEMON_EDGE_YAML = """\
+edge:
+  id: sec-edge
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+  log_level: debug
+  drain_timeout: 2
+openai:
+  listen: 127.0.0.1:0
+  bearer_token: {legacy}
+  principal_tokens:
+    - {{token_ref: sec-app, token_hash_sha256: {caller_hash}, principal_ref: sec-user}}
+  provider_auth: {{header: X-Provider-Authorization, target_header: Authorization}}
+models:
+  - id: echo
+    providers: {{echo-1: echo}}
+  - id: ol
+    providers: {{ol-1: "mock:latest"}}
+nodes:
+  - id: sec-node
+    token_hash_sha256: {node_hash}
+    providers:
+      - id: echo-1
+        type: echo
+        models: [echo]
+      - id: ol-1
+        type: ollama
+        base_url: {ol_base}
+        api_key: {api_key}
+        models: ["mock:latest"]
+        health_interval: 0.2
+"""
+
+DAEMON_NODE_YAML = """\
+node:
+  id: sec-node
+  edge: 127.0.0.1:{wire_port}
+  token: {token}
+  log_level: debug
+  reconnect_initial_backoff: 0.1
+  reconnect_max_backoff: 0.3
+"""
+
+
+async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> None:
+    from tests.test_ops_subprocess import NODE_TOKEN as OPS_NODE_TOKEN
+    from tests.test_ops_subprocess import _hostport, run_daemon
+
+    canaries = [*CANARIES, OPS_NODE_TOKEN]
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            ol = await nursery.start(MockOllamaServer().serve)
+            ol.handler = _echo_headers
+            edge_cfg = tmp_path / "edge.yaml"
+            edge_cfg.write_text(
+                DAEMON_EDGE_YAML.format(
+                    legacy=LEGACY,
+                    caller_hash=token_hash(CALLER),
+                    node_hash=token_hash(OPS_NODE_TOKEN),
+                    ol_base=ol.base_url,
+                    api_key=API_KEY,
+                )
+            )
+            async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
+                started = await edge.wait_event("edge_started")
+                wire_port = _hostport(started["wire"])[1]
+                openai, admin = _hostport(started["openai"]), _hostport(started["admin"])
+                good_cfg = tmp_path / "node.yaml"
+                good_cfg.write_text(
+                    DAEMON_NODE_YAML.format(wire_port=wire_port, token="${IOP_NODE_TOKEN}")
+                )
+                bad_cfg = tmp_path / "bad-node.yaml"
+                bad_cfg.write_text(DAEMON_NODE_YAML.format(wire_port=wire_port, token=WRONG_NODE))
+                async with run_daemon(nursery, "node", "node", good_cfg) as node:
+                    await edge.wait_event("node_connected")
+                    async with run_daemon(nursery, "bad-node", "node", bad_cfg) as bad:
+                        await edge.wait_for(lambda ln: "code=bad_token" in ln)
+                        bad.proc.kill()
+                    outputs: list[str] = []
+                    pa = [("x-provider-authorization", f"Bearer {PROVIDER_AUTH}")]
+                    calls: list[tuple[str, str | None, list[tuple[str, str]]]] = [
+                        ("echo", CALLER, pa),
+                        ("echo", LEGACY, []),
+                        ("echo", WRONG_BEARER, []),
+                        ("ol", CALLER, pa),
+                        ("nope", CALLER, pa),
+                    ]
+                    for model, tok, hdrs in calls:
+                        auth = [("authorization", f"Bearer {tok}")] if tok else []
+                        for stream in (False, True):
+                            r = await raw_request(
+                                openai,
+                                "POST",
+                                "/v1/chat/completions",
+                                body=_chat(model, stream=stream),
+                                headers=auth + hdrs,
+                            )
+                            outputs.append(r.body.decode("utf-8", "replace"))
+                    assert any(
+                        req.header("authorization") == f"Bearer {API_KEY}" for req in ol.requests
+                    )
+                    outputs.append((await http_request(admin, "GET", "/status")).body.decode())
+                    outputs.append((await http_request(admin, "GET", "/metrics")).body.decode())
+                    node.proc.send_signal(signal.SIGTERM)
+                    await node.wait_exit()
+                edge.proc.send_signal(signal.SIGTERM)
+                assert await edge.wait_exit() == 0
+            nursery.cancel_scope.cancel()
+    everything = {
+        "edge": edge.output,
+        "node": node.output,
+        "bad-node": bad.output,
+        "responses": "\n".join(outputs),
+    }
+    # The leaky provider's error (headers echoed) did reach the daemons' logs.
+    assert "authorization" in (edge.output + node.output).lower()
+    assert "event=request" in edge.output
+    for canary in canaries:
+        for where, text in everything.items():
+            assert canary not in text, f"{canary!r} leaked into {where}"
