@@ -376,7 +376,12 @@ async def test_hanging_provider_times_out_per_read_timeout(tmp_path: Path) -> No
                         code = _terminal_error(resp)
                         if resp.status != 200:
                             assert resp.status == 504, resp.body
-                        assert code in ("provider_timeout", "truncated"), (mode, model, code)
+                        if model == "pt" and mode == "hang_after_head":
+                            # The provider's head was relayed: passthrough adds no
+                            # envelope, the body is cut (SPEC §3).
+                            assert resp.status == 200 and code == "truncated", resp.body
+                        else:
+                            assert code == "provider_timeout", (mode, model, resp.body)
                         figures[f"{mode}_{model}{'_stream' if stream else ''}"] = (
                             f"{elapsed:.2f}s/{code}"
                         )
@@ -521,9 +526,12 @@ async def test_node_reconnecting_while_requests_wait_admits_the_waiters(tmp_path
                             assert w["resp"].status == 200
                             body = json.loads(w["resp"].body)
                             assert body["choices"][0]["message"]["content"] == f"waiter {i}"
-                        assert "resp" not in long1, "node 1 was still busy: node 2 served them"
+                        # One long stream died with node 2; the other is still
+                        # running on node 1, so node 2 served the waiters.
+                        ended = [b for b in (long1, long2) if "resp" in b]
+                        assert len(ended) == 1, "node 1 must still be busy"
+                        assert _terminal_error(ended[0]["resp"]) is not None
                         nursery.cancel_scope.cancel()
-            assert _terminal_error(long2["resp"]) is not None
             report(
                 "node_reconnect_with_waiters", all_waiters_done_after_reconnect_s=f"{admitted:.3f}"
             )
