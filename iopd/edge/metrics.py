@@ -42,7 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -402,6 +402,7 @@ class GatewayMetrics:
         _check_id_shape("edge_id", edge_id)
         self.edge_id = edge_id
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._groups: set[str] = set()
         self._principals: set[PrincipalLabels] = set()
         self._strict_groups = False
@@ -571,9 +572,10 @@ class GatewayMetrics:
             labels.response_mode,
             status,
         )
-        self._requests.labels(*base).inc()
+        child = self._child
+        child(self._requests, base).inc()
         for source, token_type, count in items:
-            self._tokens.labels(*base, source, token_type).inc(count)
+            child(self._tokens, (*base, source, token_type)).inc(count)
         if reasoning_chars:
             r = (
                 self.edge_id,
@@ -582,15 +584,23 @@ class GatewayMetrics:
                 labels.model_group,
                 labels.endpoint,
             )
-            self._reasoning_observed.labels(*r).inc()
-            self._reasoning_chars.labels(*r).inc(reasoning_chars)
+            child(self._reasoning_observed, r).inc()
+            child(self._reasoning_chars, r).inc(reasoning_chars)
             if not reported:
-                self._reasoning_estimated.labels(*r, ESTIMATION_METHOD).inc(
+                child(self._reasoning_estimated, (*r, ESTIMATION_METHOD)).inc(
                     estimate_tokens_from_chars(reasoning_chars)
                 )
-        self._request_duration.labels(self.edge_id, labels.endpoint, labels.response_mode).observe(
+        child(self._request_duration, (self.edge_id, labels.endpoint, labels.response_mode)).observe(
             duration
         )
+
+    def _child(self, metric: Any, key: tuple[str, ...]) -> Any:
+        """``metric.labels(*key)``, cached: label sets are bounded (config ids x fixed sets)."""
+        ck = (id(metric), key)
+        found = self._children.get(ck)
+        if found is None:
+            found = self._children[ck] = metric.labels(*key)
+        return found
 
     # -------------------------------------------------- gateway health
 
