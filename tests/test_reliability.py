@@ -365,6 +365,9 @@ async def test_hanging_provider_times_out_per_read_timeout(tmp_path: Path) -> No
         async with mocks() as (oa, ol):
             providers, models = mock_providers_yaml(oa.base_url, ol.base_url)
             async with cluster(tmp_path, edge_yaml(providers=providers, models=models)) as c:
+                # The first health probes must be done before the mocks misbehave
+                # (a probe caught by a hanging mock would mark the provider unhealthy).
+                await c.wait_status(lambda d: all(p["health"] == "healthy" for p in d["providers"]))
                 figures = {}
                 for mode in ("hang", "hang_after_head"):
                     oa.mode = ol.mode = mode
@@ -395,6 +398,9 @@ async def test_broken_provider_gives_a_clear_error_and_frees_the_slot(tmp_path: 
         async with mocks() as (oa, ol):
             providers, models = mock_providers_yaml(oa.base_url, ol.base_url)
             async with cluster(tmp_path, edge_yaml(providers=providers, models=models)) as c:
+                # The first health probes must be done before the mocks misbehave
+                # (a probe caught by a hanging mock would mark the provider unhealthy).
+                await c.wait_status(lambda d: all(p["health"] == "healthy" for p in d["providers"]))
                 seen = {}
                 for mode in ("error500", "garbage", "drop"):
                     oa.mode = ol.mode = mode
