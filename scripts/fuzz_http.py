@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Throw N malformed or mutated HTTP requests at a real edge; count outcomes.
 
-Usage: ``python scripts/fuzz_http.py [N] [--seed S] [--concurrency C]``
-(default N = 2,000).
+Usage: ``python scripts/fuzz_http.py [N] [--seed S] [--concurrency C]
+[--target HOST:PORT]`` (default N = 2,000, at least 200).
 
 An edge and a node (the built-in ``echo`` provider) run in this process on
-loopback port 0, so the fuzzer sees real sockets and also every log record.
+loopback port 0, so the fuzzer sees real sockets and also every log record;
+``--target`` fuzzes a running edge instead (responses only).
 Each case is one TCP connection: the case's bytes are written, the write side
 is closed, and everything the edge sends back is read until it closes.
 
@@ -485,10 +486,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("n", nargs="?", type=int, default=2000, help="cases (min 200)")
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument(
+        "--target",
+        metavar="HOST:PORT",
+        help="fuzz an edge that is already running (its OpenAI listener) instead of "
+        "starting one in process; its logs are then not checked here",
+    )
     args = parser.parse_args(argv)
     n = max(200, args.n)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
-    report = trio.run(lambda: fuzz_in_process_edge(n, seed, concurrency=args.concurrency))
+    if args.target:
+        host, _, port = args.target.rpartition(":")
+        addr = (host.strip("[]"), int(port))
+        report = trio.run(lambda: fuzz_edge(addr, n, seed, concurrency=args.concurrency))
+    else:
+        report = trio.run(lambda: fuzz_in_process_edge(n, seed, concurrency=args.concurrency))
     print(f"fuzz_http: {report.cases} cases, seed {seed}, {report.seconds:.1f} s")
     print("  families: " + ", ".join(f"{k}={v}" for k, v in sorted(report.families.items())))
     print("  outcomes: " + ", ".join(f"{k}={v}" for k, v in sorted(report.outcomes.items())))
