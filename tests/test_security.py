@@ -256,7 +256,8 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
 
             # A passthrough provider that echoes headers in its error: relayed
             # as is (the provider's body); the gateway adds nothing of its own.
-            env.oa.handler = _echo_headers
+            # (Health probes keep passing, so the provider stays a candidate.)
+            env.oa.handler = lambda req: None if req.path == "/v1/models" else _echo_headers(req)
             r = await env.call("/v1/chat/completions", _chat("pt"), headers=pa, record=False)
             assert r.status == 500
             relayed_by_design.append(r.body.decode())
@@ -269,7 +270,7 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
 
             # A normalized provider (api_key configured) echoing headers in its
             # error and in its health probe: the edge writes its own envelope.
-            env.ol.handler = _echo_headers
+            env.ol.handler = lambda req: None if req.path == "/api/tags" else _echo_headers(req)
             assert any(
                 req.header("authorization") == f"Bearer {API_KEY}" for req in env.ol.requests
             ), "the api_key is sent to the provider (else this test proves nothing)"
@@ -278,7 +279,8 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             assert r.json()["error"]["code"] == "provider_error"
             r = await env.call("/v1/chat/completions", _chat("ol", stream=True))
             assert r.status in (200, 502)
-            # Let the failing health probe land in last_error.
+            # Now the health probe fails too (echoing headers): into last_error.
+            env.ol.handler = _echo_headers
             admin = env.gw.handle.admin
             while True:
                 status = await http_request(admin, "GET", "/status")
