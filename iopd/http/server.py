@@ -670,6 +670,12 @@ class _Connection:
         if conn.our_state is not h11.IDLE and conn.our_state is not h11.SEND_RESPONSE:
             return
         status, headers, body = self._render(error)
+        log.info(
+            "event=request_rejected status=%d code=%s client=%s",
+            status,
+            error.code,
+            self.client[0] if self.client else "-",
+        )
         head = [("server", self.server.server_header), ("date", _http_date())]
         head += headers
         head += [("content-length", str(len(body))), ("connection", "close")]

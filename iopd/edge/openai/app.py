@@ -110,6 +110,7 @@ class Outcome:
     usage: list[tuple[str, str, int]] = field(default_factory=list)
     reasoning_chars: int = 0
     reasoning_reported: bool = False
+    quiet: bool = False  # not logged (health probes)
     started: float = field(default_factory=time.perf_counter)
 
 
@@ -175,8 +176,8 @@ class OpenAIApp:
     def _finish(self, out: Outcome) -> None:
         duration = time.perf_counter() - out.started
         status = out.status or "cancelled"
+        p = out.principal
         if out.endpoint is not None:
-            p = out.principal
             labels = RequestLabels(
                 principal_ref=p.label_principal_ref if p else "unmapped",
                 principal_alias=p.label_principal_alias if p else "unmapped",
@@ -193,27 +194,29 @@ class OpenAIApp:
                 reasoning_chars=out.reasoning_chars,
                 reasoning_reported=out.reasoning_reported,
             )
-            tokens = {(t): 0 for t in ("input", "output")}
-            for _src, ttype, n in out.usage:
-                if ttype in tokens:
-                    tokens[ttype] += n
-            log.info(
-                "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
-                "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
-                out.request_id,
-                (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
-                    p.source if p else "-"
-                ),
-                out.group,
-                out.provider,
-                out.endpoint,
-                out.mode,
-                status,
-                out.http_status,
-                duration * 1000,
-                tokens["input"],
-                tokens["output"],
-            )
+        elif out.quiet:
+            return  # /healthz: load balancers poll it; no line per probe
+        tokens = {"input": 0, "output": 0}
+        for _src, ttype, n in out.usage:
+            if ttype in tokens:
+                tokens[ttype] += n
+        log.info(
+            "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
+            "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
+            out.request_id,
+            (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
+                p.source if p else "-"
+            ),
+            out.group,
+            out.provider,
+            out.endpoint or "-",
+            out.mode,
+            status,
+            out.http_status,
+            duration * 1000,
+            tokens["input"],
+            tokens["output"],
+        )
 
     # --------------------------------------------------------------- routing
 
@@ -237,6 +240,7 @@ class OpenAIApp:
             if method not in allowed:  # type: ignore[operator]
                 raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
             out.status = "ok"
+            out.quiet = True
             await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
             return
         if allowed is None:
