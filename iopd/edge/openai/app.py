@@ -21,7 +21,7 @@ import os
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 import trio
@@ -51,6 +51,8 @@ from wire.messages import (
 )
 
 log = logging.getLogger("iopd.edge.request")
+
+_Req = TypeVar("_Req", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest)
 
 JSON = "application/json"
 _json_encode = msgspec.json.Encoder().encode
@@ -93,6 +95,10 @@ _KNOWN_ROUTES: dict[str, frozenset[str]] = {
     "/api/generate": frozenset({"POST"}),
     "/api/tags": frozenset({"GET"}),
 }
+
+
+#: The metric ``endpoint`` of the OpenAI routes (every ``/api/*`` path is ``api``).
+_ENDPOINTS = {"/v1/chat/completions": "chat_completions", "/v1/responses": "responses"}
 
 
 @dataclass
@@ -226,16 +232,11 @@ class OpenAIApp:
         path = request.path
         method = request.method
         allowed = _KNOWN_ROUTES.get(path)
-        if allowed is None and path.startswith("/api/"):
+        if path.startswith("/api/"):
             out.endpoint = "api"
-        elif path == "/v1/chat/completions":
-            out.endpoint = "chat_completions"
-        elif path == "/v1/responses":
-            out.endpoint = "responses"
-        elif path.startswith("/api/"):
-            out.endpoint = "api"
-        if out.endpoint == "api":
             out.mode = "passthrough"  # the metrics convention: /api/* is a raw relay
+        else:
+            out.endpoint = _ENDPOINTS.get(path)
         if path == "/healthz":
             if method not in allowed:  # type: ignore[operator]
                 raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
@@ -290,6 +291,17 @@ class OpenAIApp:
         await responder.send(200, [("content-type", JSON)], _json_encode({"models": models}))
 
     # ------------------------------------------------------------ shared prep
+
+    @staticmethod
+    def _parse(snap: Snapshot, request: Request, kind: type[_Req], out: Outcome) -> _Req:
+        """Decode and validate the body; a 400 is labelled with the group when one resolves."""
+        body = rq.parse_json_object(request.body)
+        model = body.get("model")
+        if isinstance(model, str):
+            group = snap.catalog.resolve(model)
+            if group is not None:
+                out.group = group.id
+        return kind.parse(body)
 
     def _resolve(self, snap: Snapshot, model: str, out: Outcome) -> Any:
         group = snap.catalog.resolve(model)
@@ -367,12 +379,7 @@ class OpenAIApp:
     async def _chat(
         self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
     ) -> None:
-        body = rq.parse_json_object(request.body)
-        if isinstance(body.get("model"), str):
-            group_try = snap.catalog.resolve(body["model"])
-            if group_try is not None:
-                out.group = group_try.id
-        req = rq.ChatRequest.parse(body)
+        req = self._parse(snap, request, rq.ChatRequest, out)
         group = self._resolve(snap, req.model, out)
         assert out.principal is not None
         provider_auth = self._check_provider_auth(snap, request, group.id)
@@ -585,8 +592,7 @@ class OpenAIApp:
     async def _responses(
         self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
     ) -> None:
-        body = rq.parse_json_object(request.body)
-        req = rq.ResponsesRequest.parse(body)
+        req = self._parse(snap, request, rq.ResponsesRequest, out)
         group = self._resolve(snap, req.model, out)
         assert out.principal is not None
         provider_auth = self._check_provider_auth(snap, request, group.id)
@@ -664,8 +670,7 @@ class OpenAIApp:
     async def _ollama_relay(
         self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
     ) -> None:
-        body = rq.parse_json_object(request.body)
-        req = rq.OllamaRequest.parse(body)
+        req = self._parse(snap, request, rq.OllamaRequest, out)
         group = self._resolve(snap, req.model, out)
         out.mode = "passthrough"
         if not snap.catalog.has_type(group.id, "ollama"):
