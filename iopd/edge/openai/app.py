@@ -83,6 +83,7 @@ _REQUEST_DROP = HOP_BY_HOP | {
     "authorization",
     "expect",
     "accept-encoding",  # usage is extracted from the body on the node: keep it plain
+    "content-type",  # the relayed body is always the re-encoded JSON
     "x-request-id",
 }
 
@@ -367,7 +368,7 @@ class OpenAIApp:
         if provider_auth:
             headers.append((pa.target_header, provider_auth))
         headers.append(("content-type", JSON))
-        return _dedupe_content_type(headers)
+        return headers
 
     @staticmethod
     def _long_class(snap: Snapshot, estimate: int) -> Literal["normal", "long"]:
@@ -794,39 +795,14 @@ def _restore_tool_event(ev: RunEvent, asm: Any) -> RunEvent:
     return msgspec.structs.replace(ev, tool_call=restore_native_tool_call(ev.tool_call, index))
 
 
-def _dedupe_content_type(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    seen = False
-    result = []
-    for k, v in reversed(headers):
-        if k.lower() == "content-type":
-            if seen:
-                continue
-            seen = True
-        result.append((k, v))
-    result.reverse()
-    return result
-
-
 def _estimate_raw_input(raw: dict[str, Any]) -> int:
-    """The §2.4 estimate over a /v1/responses body's text parts."""
-    from iopd.tokens import estimate_tokens_from_chars
-
-    chars = 0
-    instr = raw.get("instructions")
-    if isinstance(instr, str):
-        chars += len(instr)
+    """The §2.4 estimate over a /v1/responses body: instructions and input items."""
+    parts: list[Any] = []
+    if isinstance(raw.get("instructions"), str):
+        parts.append({"content": raw["instructions"]})
     inp = raw.get("input")
     if isinstance(inp, str):
-        chars += len(inp)
+        parts.append({"content": inp})
     elif isinstance(inp, list):
-        for item in inp:
-            if not isinstance(item, dict):
-                continue
-            content = item.get("content")
-            if isinstance(content, str):
-                chars += len(content)
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        chars += len(part["text"])
-    return estimate_tokens_from_chars(chars)
+        parts.extend(inp)  # message-shaped items; text_parts skips anything else
+    return estimate_input_tokens(parts)
