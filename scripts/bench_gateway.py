@@ -191,6 +191,31 @@ class MockProvider:
                 await trio.sleep_forever()  # let watch_eof record the close
 
 
+async def _serve_relay(upstream_port: int) -> None:
+    """A trivial byte relay (the floor a proxy hop can cost): each accepted
+    connection gets its own upstream connection, and whatever one side sends
+    is written to the other as it arrives.  No parsing, no logging."""
+
+    async def pump(src: trio.SocketStream, dst: trio.SocketStream) -> None:
+        try:
+            while data := await src.receive_some(65536):
+                await dst.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(dst)
+
+    async def handle(down: trio.SocketStream) -> None:
+        up = await trio.open_tcp_stream("127.0.0.1", upstream_port)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump, down, up)
+            nursery.start_soon(pump, up, down)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    print(listeners[0].socket.getsockname()[1], flush=True)
+    await trio.serve_listeners(handle, listeners)
+
+
 async def _serve_provider() -> None:
     provider = MockProvider()
     listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -650,7 +675,8 @@ def _fmt(value: float, unit: str = "") -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--role", choices=["provider", "load"], help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=["provider", "load", "relay"], help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
         "--mode", choices=["closed", "stream", "open", "cancel"], help=argparse.SUPPRESS
     )
@@ -684,6 +710,9 @@ def main() -> None:
         return
     if args.role == "load":
         trio.run(_load, args)
+        return
+    if args.role == "relay":
+        trio.run(_serve_relay, args.upstream_port)
         return
     if args.quick:
         args.requests, args.open_seconds, args.streams, args.cancels = 500, 3.0, 50, 5
@@ -732,6 +761,17 @@ def main() -> None:
             {"edge": edge.pid, "node": node.pid, "provider": provider.pid},
         )
         echo = Target("echo", edge_port, "echo", {"edge": edge.pid, "node": node.pid})
+        # The floor of two proxy hops: caller -> raw relay -> raw relay -> provider.
+        relay_port = provider_port
+        relay_pids: dict[str, int] = {}
+        for hop in ("relay_b", "relay_a"):
+            relay = procs.start(
+                [sys.executable, __file__, "--role", "relay", "--upstream-port", str(relay_port)]
+            )
+            assert relay.stdout is not None
+            relay_port = int(relay.stdout.readline())
+            relay_pids[hop] = relay.pid
+        relay2 = Target("relay2", relay_port, "bench-model", relay_pids)
         # Wait until the pool lists the provider (first health probe done).
         deadline = time.monotonic() + GUARD_S
         while True:
@@ -768,12 +808,17 @@ def main() -> None:
         phase("c16", "closed", [direct, gateway], concurrency=16, **common)
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
         phase(
-            "stream", "stream", [direct, gateway], concurrency=1, requests=args.streams, warmup=30
+            "stream",
+            "stream",
+            [direct, relay2, gateway],
+            concurrency=1,
+            requests=args.streams,
+            warmup=30,
         )
         phase(
             "open",
             "open",
-            [direct, gateway],
+            [direct, relay2, gateway],
             rate=args.rate,
             requests=int(args.rate * args.open_seconds),
         )
@@ -805,6 +850,13 @@ def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Name
                 f" {_fmt(r.get('cpu_node_ms', float('nan'))):>9} {int(r['errors']):>6}"
             )
         d, g = results[name].get("direct"), results[name].get("gateway")
+        relay = results[name].get("relay2")
+        if d and relay:
+            print(
+                f"  two raw relays/direct: p50 +{relay['p50_ms'] - d['p50_ms']:.3f} ms, "
+                f"p99 +{relay['p99_ms'] - d['p99_ms']:.3f} ms; relay CPU "
+                f"{relay['cpu_relay_a_ms'] + relay['cpu_relay_b_ms']:.3f} ms/request"
+            )
         if d and g:
             print(
                 f"  gateway/direct: throughput x{g['rps'] / d['rps']:.2f}, "
