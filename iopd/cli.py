@@ -69,7 +69,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"iopd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("edge", help="run the edge daemon (OpenAI API, wire listener, admin API)")
+    p = sub.add_parser(
+        "edge",
+        help="run the edge daemon (OpenAI API, wire listener, admin API)",
+        description=(
+            "Run the edge: the OpenAI API on openai.listen, the node wire on edge.node_listen "
+            "and the loopback admin API (/status, /refresh, /metrics) on edge.admin_listen. "
+            "SIGHUP re-reads and applies the config file (like `iopd refresh`); SIGTERM or "
+            "SIGINT drains: stop accepting, let requests finish within edge.drain_timeout, "
+            "end the rest with an error, exit 0. A second signal exits at once. "
+            "Logs go to stdout, one line per request."
+        ),
+    )
     p.add_argument("--config", required=True, metavar="PATH", help="edge config YAML")
     p.add_argument(
         "--log-level",
@@ -79,7 +90,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_edge)
 
-    p = sub.add_parser("node", help="run the node daemon (dials the edge, runs providers)")
+    p = sub.add_parser(
+        "node",
+        help="run the node daemon (dials the edge, runs providers)",
+        description=(
+            "Run a node: dial node.edge, prove node.id with node.token, receive the provider "
+            "set from the edge, run requests and report provider health; reconnect with "
+            "backoff after a loss. SIGTERM or SIGINT drains within node.drain_timeout, then "
+            "exits 0; a second signal exits at once."
+        ),
+    )
     p.add_argument("--config", required=True, metavar="PATH", help="node config YAML")
     p.add_argument(
         "--log-level",
@@ -90,7 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_node)
 
     p = sub.add_parser(
-        "demo", help="edge + one node + the built-in echo provider in one process"
+        "demo",
+        help="edge + one node + the built-in echo provider in one process",
+        description=(
+            "A local demo over the real wire on loopback: model 'echo' answers with the last "
+            "user message, word by word. Prints the OpenAI base URL and a curl example; the "
+            "admin API is on 127.0.0.1:7071. Ctrl-C stops it."
+        ),
     )
     p.add_argument(
         "--port", type=int, default=8080, help="OpenAI listener port (default 8080; 0 = any free)"
