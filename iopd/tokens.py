@@ -15,20 +15,28 @@ def estimate_tokens_from_chars(chars: int) -> int:
     return (chars + 3) // 4
 
 
+def content_parts(content: Any) -> Iterable[str]:
+    """Yield the text parts of one message ``content``: a string, or a list of parts."""
+    if isinstance(content, str):
+        yield content
+    elif isinstance(content, list):
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                if isinstance(text, str):
+                    yield text
+
+
+def content_text(content: Any) -> str:
+    """One message's text: string content, or its text parts joined ("" otherwise)."""
+    return content if isinstance(content, str) else "".join(content_parts(content))
+
+
 def text_parts(messages: Iterable[Any]) -> Iterable[str]:
     """Yield every text part of OpenAI-shaped chat messages."""
     for msg in messages:
-        if not isinstance(msg, dict):
-            continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            yield content
-        elif isinstance(content, list):
-            for part in content:
-                if isinstance(part, dict):
-                    text = part.get("text")
-                    if isinstance(text, str):
-                        yield text
+        if isinstance(msg, dict):
+            yield from content_parts(msg.get("content"))
 
 
 def estimate_input_tokens(messages: Iterable[Any]) -> int:

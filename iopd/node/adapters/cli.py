@@ -30,7 +30,7 @@ from typing import Any
 import trio
 
 from iopd.node.adapters.base import Adapter, AdapterError, RunOutput
-from iopd.tokens import estimate_input_tokens, estimate_tokens_from_chars
+from iopd.tokens import content_text, estimate_input_tokens, estimate_tokens_from_chars
 from wire.messages import Health, RunRequest
 
 log = logging.getLogger(__name__)
@@ -41,15 +41,6 @@ STDERR_TAIL_BYTES = 2048
 REAP_SECONDS = 5.0
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
-
 
 def render_prompt(messages: list[dict[str, Any]]) -> str:
     """Messages as plain text: one ``role:`` section per message."""
@@ -58,7 +49,7 @@ def render_prompt(messages: list[dict[str, Any]]) -> str:
         if not isinstance(msg, dict):
             continue
         role = str(msg.get("role", "user"))
-        text = _text_of(msg.get("content"))
+        text = content_text(msg.get("content"))
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:

@@ -14,7 +14,7 @@ from typing import Any
 import trio
 
 from iopd.node.adapters.base import Adapter, RunOutput
-from iopd.tokens import estimate_input_tokens
+from iopd.tokens import content_text, estimate_input_tokens
 from wire.messages import Health, RunRequest
 
 _CHUNK = re.compile(r"\S+\s*")
@@ -23,18 +23,8 @@ _CHUNK = re.compile(r"\S+\s*")
 def last_user_text(messages: list[dict[str, Any]]) -> str:
     """Text of the last ``user`` message: string content, or its text parts joined."""
     for msg in reversed(messages):
-        if not isinstance(msg, dict) or msg.get("role") != "user":
-            continue
-        content = msg.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return "".join(
-                part["text"]
-                for part in content
-                if isinstance(part, dict) and isinstance(part.get("text"), str)
-            )
-        return ""
+        if isinstance(msg, dict) and msg.get("role") == "user":
+            return content_text(msg.get("content"))
     return ""
 
 

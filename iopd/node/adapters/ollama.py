@@ -22,6 +22,7 @@ import msgspec
 from iopd.node.adapters.base import AdapterError, RunOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
+from iopd.tokens import content_text
 from wire.messages import RunRequest
 
 _decode_json = msgspec.json.Decoder().decode  # faster than json.loads per chunk
@@ -39,15 +40,6 @@ _OPTION_NAMES = {
 }
 
 
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str)
-        )
-    return ""
-
 
 def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI chat messages -> Ollama ``/api/chat`` messages."""
@@ -58,7 +50,7 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = msg.get("role", "user")
         if role == "developer":
             role = "system"
-        converted: dict[str, Any] = {"role": role, "content": _text_of(msg.get("content"))}
+        converted: dict[str, Any] = {"role": role, "content": content_text(msg.get("content"))}
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             converted_calls = []
