@@ -21,6 +21,7 @@ from iopd.http.client import (
     ProviderConnectError,
     ProviderHTTPClient,
     ProviderHTTPError,
+    ProviderResponse,
     ProviderTimeoutError,
 )
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
@@ -120,6 +121,28 @@ class HTTPAdapter(Adapter):
         if any(name.lower() == "authorization" for name, _ in existing):
             return []
         return [("Authorization", f"Bearer {self.spec.api_key}")]
+
+    @contextlib.asynccontextmanager
+    async def post_json(
+        self, path: str, payload: bytes, *, accept: str | None = None
+    ) -> AsyncIterator[ProviderResponse]:
+        """POST a JSON body for the normalized path; yields a 200 response to stream.
+
+        Any other status is a ``provider_error`` carrying a snippet of its body;
+        client errors inside the block map to adapter errors as on the relay.
+        """
+        headers = [("Content-Type", "application/json")]
+        if accept is not None:
+            headers.append(("Accept", accept))
+        headers += self.auth_headers()
+        with adapter_errors():
+            async with self.client.stream("POST", path, headers, payload) as resp:
+                if resp.status != 200:
+                    snippet = error_snippet(await resp.read(4096))
+                    raise AdapterError(
+                        "provider_error", f"provider returned status {resp.status}: {snippet}"
+                    )
+                yield resp
 
     async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
         headers = end_to_end(req.headers, request=True)

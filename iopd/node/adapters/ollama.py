@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from iopd.node.adapters.base import AdapterError, RunOutput
-from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
+from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
 from iopd.tokens import content_text
 from wire.messages import RunRequest
@@ -114,52 +114,45 @@ class OllamaAdapter(HTTPAdapter):
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
         payload = json.dumps(self.chat_body(req)).encode()
-        headers = [("Content-Type", "application/json")] + self.auth_headers()
         saw_tool_call = False
         done = False
-        with adapter_errors():
-            async with self.client.stream("POST", "/api/chat", headers, payload) as resp:
-                if resp.status != 200:
-                    snippet = error_snippet(await resp.read(4096))
+        async with self.post_json("/api/chat", payload) as resp:
+            async for line in iter_lines(resp.aiter_bytes()):
+                line = line.strip()
+                if not line or done:  # read to the end so the connection is reused
+                    continue
+                try:
+                    obj = _decode_json(line)
+                except ValueError:
                     raise AdapterError(
-                        "provider_error", f"provider returned status {resp.status}: {snippet}"
+                        "provider_error", "provider sent invalid JSON in its stream"
+                    ) from None
+                if not isinstance(obj, dict):
+                    continue
+                if "error" in obj:
+                    raise AdapterError(
+                        "provider_error", f"provider error: {str(obj['error'])[:512]}"
                     )
-                async for line in iter_lines(resp.aiter_bytes()):
-                    line = line.strip()
-                    if not line or done:  # read to the end so the connection is reused
-                        continue
-                    try:
-                        obj = _decode_json(line)
-                    except ValueError:
-                        raise AdapterError(
-                            "provider_error", "provider sent invalid JSON in its stream"
-                        ) from None
-                    if not isinstance(obj, dict):
-                        continue
-                    if "error" in obj:
-                        raise AdapterError(
-                            "provider_error", f"provider error: {str(obj['error'])[:512]}"
-                        )
-                    message = obj.get("message")
-                    if isinstance(message, dict):
-                        thinking = message.get("thinking")
-                        if isinstance(thinking, str) and thinking:
-                            await out.reasoning(thinking)
-                        content = message.get("content")
-                        if isinstance(content, str) and content:
-                            await out.text(content)
-                        for raw_call in message.get("tool_calls") or []:
-                            call = to_openai_tool_call(raw_call)
-                            if call is not None:
-                                saw_tool_call = True
-                                await out.tool_call(call)
-                    if obj.get("done") is True:
-                        usage = usage_from_ollama(obj)
-                        if usage is not None:
-                            out.usage = usage
-                        reason = obj.get("done_reason")
-                        out.finish_reason = reason if isinstance(reason, str) and reason else "stop"
-                        done = True
+                message = obj.get("message")
+                if isinstance(message, dict):
+                    thinking = message.get("thinking")
+                    if isinstance(thinking, str) and thinking:
+                        await out.reasoning(thinking)
+                    content = message.get("content")
+                    if isinstance(content, str) and content:
+                        await out.text(content)
+                    for raw_call in message.get("tool_calls") or []:
+                        call = to_openai_tool_call(raw_call)
+                        if call is not None:
+                            saw_tool_call = True
+                            await out.tool_call(call)
+                if obj.get("done") is True:
+                    usage = usage_from_ollama(obj)
+                    if usage is not None:
+                        out.usage = usage
+                    reason = obj.get("done_reason")
+                    out.finish_reason = reason if isinstance(reason, str) and reason else "stop"
+                    done = True
         if not done:
             raise AdapterError("provider_error", "provider stream ended before it finished")
         if saw_tool_call and out.finish_reason == "stop":

@@ -21,7 +21,7 @@ from typing import Any
 import msgspec
 
 from iopd.node.adapters.base import AdapterError, RunOutput
-from iopd.node.adapters.http_relay import HTTPAdapter, adapter_errors, error_snippet, iter_lines
+from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_openai
 from wire.messages import RunRequest
 
@@ -83,34 +83,26 @@ class OpenAIAdapter(HTTPAdapter):
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
         payload = json.dumps(self.chat_body(req)).encode()
-        headers = [("Content-Type", "application/json"), ("Accept", "text/event-stream")]
-        headers += self.auth_headers()
         tools = _ToolCallAssembler()
         finished = done = False
-        with adapter_errors():
-            async with self.client.stream("POST", "/v1/chat/completions", headers, payload) as resp:
-                if resp.status != 200:
-                    snippet = error_snippet(await resp.read(4096))
+        async with self.post_json("/v1/chat/completions", payload, accept="text/event-stream") as resp:
+            async for line in iter_lines(resp.aiter_bytes()):
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    # keep reading to the end so the connection can be reused
+                    finished = done = True
+                if not data or done:
+                    continue
+                try:
+                    chunk = _decode_json(data)
+                except ValueError:
                     raise AdapterError(
-                        "provider_error", f"provider returned status {resp.status}: {snippet}"
-                    )
-                async for line in iter_lines(resp.aiter_bytes()):
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        # keep reading to the end so the connection can be reused
-                        finished = done = True
-                    if not data or done:
-                        continue
-                    try:
-                        chunk = _decode_json(data)
-                    except ValueError:
-                        raise AdapterError(
-                            "provider_error", "provider sent invalid JSON in its stream"
-                        ) from None
-                    if await self._chunk(chunk, out, tools):
-                        finished = True
+                        "provider_error", "provider sent invalid JSON in its stream"
+                    ) from None
+                if await self._chunk(chunk, out, tools):
+                    finished = True
         for call in tools.calls():
             await out.tool_call(call)
         if not finished:
