@@ -24,7 +24,7 @@ own scope and ends it quietly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -350,24 +350,13 @@ class NodeExecutor:
             if _has_usage(out.usage)
             else []
         )
-        if stream.cancel_reason is not None:
-            with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
-                await stream.send_terminal(
-                    *usage,
-                    RunEvent(
-                        stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason
-                    ),
-                )
-        elif error is not None:
-            await stream.send_terminal(
-                *usage,
-                RunEvent(stream_id=sid, kind="error", code=error.code, message=error.message),
-            )
-        else:
-            await stream.send_terminal(
-                *usage,
-                RunEvent(stream_id=sid, kind="complete", finish_reason=out.finish_reason or "stop"),
-            )
+        await _end_stream(
+            stream,
+            usage,
+            error,
+            lambda code, message: RunEvent(stream_id=sid, kind="error", code=code, message=message),
+            RunEvent(stream_id=sid, kind="complete", finish_reason=out.finish_reason or "stop"),
+        )
 
     async def _tunnel(self, adapter: Adapter, req: ProviderTunnelRequest, stream: _Stream) -> None:
         out = _WireTunnelOutput(stream)
@@ -385,26 +374,35 @@ class NodeExecutor:
                     reasoning_chars=out.reasoning_chars,
                 )
             )
-        if stream.cancel_reason is not None:
-            with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
-                await stream.send_terminal(
-                    *usage,
-                    ProviderTunnelFrame(
-                        stream_id=sid, kind="error", code="cancelled", message=stream.cancel_reason
-                    ),
-                )
-        elif error is not None:
-            await stream.send_terminal(
-                *usage,
-                ProviderTunnelFrame(
-                    stream_id=sid, kind="error", code=error.code, message=error.message
-                ),
-            )
-        elif not out.head_sent:
-            await stream.send_terminal(
-                ProviderTunnelFrame(
-                    stream_id=sid, kind="error", code="provider_error", message="no response head"
-                )
-            )
-        else:
-            await stream.send_terminal(*usage, ProviderTunnelFrame(stream_id=sid, kind="end"))
+        if error is None and not out.head_sent:
+            error, usage = AdapterError("provider_error", "no response head"), []
+        await _end_stream(
+            stream,
+            usage,
+            error,
+            lambda code, message: ProviderTunnelFrame(
+                stream_id=sid, kind="error", code=code, message=message
+            ),
+            ProviderTunnelFrame(stream_id=sid, kind="end"),
+        )
+
+
+async def _end_stream(
+    stream: _Stream,
+    usage: Sequence[RunEvent | ProviderTunnelFrame],
+    error: AdapterError | None,
+    error_msg: Callable[[str, str], RunEvent | ProviderTunnelFrame],
+    done: RunEvent | ProviderTunnelFrame,
+) -> None:
+    """Send the usage gathered so far, then the one terminal message of the stream.
+
+    A cancelled stream ends with code ``cancelled`` (shielded and bounded: the
+    edge is waiting for it); an adapter error with its code; otherwise ``done``.
+    """
+    if stream.cancel_reason is not None:
+        with trio.move_on_after(CANCEL_TERMINAL_TIMEOUT, shield=True):
+            await stream.send_terminal(*usage, error_msg("cancelled", stream.cancel_reason))
+    elif error is not None:
+        await stream.send_terminal(*usage, error_msg(error.code, error.message))
+    else:
+        await stream.send_terminal(*usage, done)
