@@ -16,7 +16,7 @@ never numbers here (``true`` is not ``1``).
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import msgspec
 
@@ -338,7 +338,38 @@ def _as_dict(body: dict[str, Any] | bytes) -> dict[str, Any]:
 # ----------------------------------------------------------------- requests
 
 
-class ChatRequest:
+class _Body:
+    """What the validated request bodies share: ``parse`` from bytes or a dict."""
+
+    __slots__ = ()
+
+    def __init__(self, raw: dict[str, Any]) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @classmethod
+    def parse(cls, body: dict[str, Any] | bytes) -> Self:
+        """Validate a decoded body (or raw bytes); raises ``InvalidRequest``."""
+        return cls(_as_dict(body))
+
+
+class _OpenAIBody(_Body):
+    """Chat and Responses bodies: caller metadata and generation parameters."""
+
+    __slots__ = ()
+    metadata: dict[str, str]
+    _params: dict[str, Any]
+
+    @property
+    def workspace(self) -> str | None:
+        """``metadata.workspace``, if sent."""
+        return self.metadata.get(WORKSPACE_KEY)
+
+    def params(self) -> dict[str, Any]:
+        """Generation parameters for a ``RunRequest`` (a fresh dict each call)."""
+        return dict(self._params)
+
+
+class ChatRequest(_OpenAIBody):
     """A validated ``POST /v1/chat/completions`` body; ``.raw`` is the original dict."""
 
     __slots__ = (
@@ -399,22 +430,8 @@ class ChatRequest:
             self.field_names["max_tokens"] = "max_completion_tokens"
         self._params = params
 
-    @classmethod
-    def parse(cls, body: dict[str, Any] | bytes) -> ChatRequest:
-        """Validate a decoded body (or raw bytes); raises ``InvalidRequest``."""
-        return cls(_as_dict(body))
 
-    @property
-    def workspace(self) -> str | None:
-        """``metadata.workspace``, if sent."""
-        return self.metadata.get(WORKSPACE_KEY)
-
-    def params(self) -> dict[str, Any]:
-        """Generation parameters for a ``RunRequest`` (a fresh dict each call)."""
-        return dict(self._params)
-
-
-class ResponsesRequest:
+class ResponsesRequest(_OpenAIBody):
     """A validated ``POST /v1/responses`` body; unknown fields stay in ``.raw``."""
 
     __slots__ = (
@@ -459,22 +476,8 @@ class ResponsesRequest:
         self.field_names: dict[str, str] = {"max_tokens": "max_output_tokens"}
         self._params = params
 
-    @classmethod
-    def parse(cls, body: dict[str, Any] | bytes) -> ResponsesRequest:
-        """Validate a decoded body (or raw bytes); raises ``InvalidRequest``."""
-        return cls(_as_dict(body))
 
-    @property
-    def workspace(self) -> str | None:
-        """``metadata.workspace``, if sent."""
-        return self.metadata.get(WORKSPACE_KEY)
-
-    def params(self) -> dict[str, Any]:
-        """Generation parameters for a ``RunRequest`` (``max_output_tokens`` as ``max_tokens``)."""
-        return dict(self._params)
-
-
-class OllamaRequest:
+class OllamaRequest(_Body):
     """A ``POST /api/chat`` or ``/api/generate`` body (relayed raw; ``model`` required)."""
 
     __slots__ = ("raw", "model", "stream", "options")
@@ -501,11 +504,6 @@ class OllamaRequest:
         if messages is not None and not isinstance(messages, list):
             raise _wrong_type("messages", "an array", messages)
         _opt_str(raw, "prompt")
-
-    @classmethod
-    def parse(cls, body: dict[str, Any] | bytes) -> OllamaRequest:
-        """Validate a decoded body (or raw bytes); raises ``InvalidRequest``."""
-        return cls(_as_dict(body))
 
     def params(self) -> dict[str, Any]:
         """Generation parameters found in Ollama ``options``."""
