@@ -158,6 +158,9 @@ class ProviderResponse:
         self._conn = conn
         self._read_timeout = read_timeout
         self.complete = False  # the whole body was read
+        # An event taken from h11's buffer by ``body_ready`` (never read from
+        # the socket), or the protocol error that taking it raised.
+        self._peeked: Any = None
 
     def header(self, name: str) -> str | None:
         """First value of header ``name`` (case-insensitive), or None."""
@@ -166,6 +169,23 @@ class ProviderResponse:
             if key == lname:
                 return value
         return None
+
+    def body_ready(self) -> bool:
+        """True when the body's first bytes (or its end) arrived with the head.
+
+        Never reads from the socket: it only looks at what h11 has buffered,
+        so a caller may let the head wait for those bytes and write both at
+        once without ever waiting for the provider.
+        """
+        if self._peeked is None and not self.complete:
+            try:
+                event = self._conn.h11.next_event()
+            except h11.RemoteProtocolError as exc:
+                self._peeked = exc  # raised by aiter_bytes, after nothing
+                return False
+            if event is not h11.NEED_DATA:
+                self._peeked = event
+        return self._peeked is not None and not isinstance(self._peeked, Exception)
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """Yield body bytes as they arrive (h11 undoes chunked encoding).
@@ -176,8 +196,12 @@ class ProviderResponse:
         """
         conn = self._conn.h11
         while not self.complete:
+            event, self._peeked = self._peeked, None
             with _map_errors("read body"):
-                event = await _next_event(self._conn, self._read_timeout)
+                if event is None:
+                    event = await _next_event(self._conn, self._read_timeout)
+                elif isinstance(event, h11.RemoteProtocolError):
+                    raise event
             data = b""
             broken: h11.RemoteProtocolError | None = None  # after the bytes before it
             if isinstance(event, h11.Data):

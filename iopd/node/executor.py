@@ -155,7 +155,9 @@ class _WireTunnelOutput(TunnelOutput):
         self._hold = False
         self._held_bytes = 0
 
-    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+    async def head(
+        self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
+    ) -> None:
         self.head_sent = True
         # A whole (not streamed) body follows at once: hold the head and the
         # body so that, with the terminal, they leave in one write.  SSE and
@@ -168,7 +170,9 @@ class _WireTunnelOutput(TunnelOutput):
             ProviderTunnelFrame(
                 stream_id=self._stream.stream_id, kind="head", status=status, headers=headers
             ),
-            hold=self._hold,
+            # Held too when the first body bytes are already here (SSE included):
+            # one write, and the edge writes the caller's head with the first chunk.
+            hold=self._hold or body_follows,
         )
 
     async def body(self, data: bytes) -> None:

@@ -103,8 +103,14 @@ class TunnelOutput:
         self.usage: Usage | None = None
         self.reasoning_chars = 0
 
-    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
-        """The provider's status and end-to-end headers (sent once, first)."""
+    async def head(
+        self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
+    ) -> None:
+        """The provider's status and end-to-end headers (sent once, first).
+
+        ``body_follows``: the body's first bytes (or its end) are already in
+        hand and come right after, so the head may wait to leave with them.
+        """
         raise NotImplementedError
 
     async def body(self, data: bytes) -> None:
@@ -121,7 +127,9 @@ class CollectedTunnelOutput(TunnelOutput):
         self.headers: list[tuple[str, str]] = []
         self.chunks: list[bytes] = []
 
-    async def head(self, status: int, headers: list[tuple[str, str]]) -> None:
+    async def head(
+        self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
+    ) -> None:
         self.status = status
         self.headers = headers
 

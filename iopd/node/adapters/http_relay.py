@@ -149,7 +149,12 @@ class HTTPAdapter(Adapter):
         headers += self.auth_headers(headers)
         with adapter_errors():
             async with self.client.stream(req.method, req.path, headers, req.body) as resp:
-                await out.head(resp.status, end_to_end(resp.headers, request=False))
+                # A head that arrived with the first body bytes leaves with them.
+                await out.head(
+                    resp.status,
+                    end_to_end(resp.headers, request=False),
+                    body_follows=resp.body_ready(),
+                )
                 scanner = scanner_for(resp.header("content-type"), flavour=self.usage_flavour)
                 try:
                     async for chunk in resp.aiter_bytes():
