@@ -779,7 +779,6 @@ async def test_cancel_storm_leaks_nothing() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (REPO / "scripts" / "soak.py").exists(), reason="scripts/soak.py missing")
 async def test_soak_short_run_has_no_violations() -> None:
     with trio.fail_after(120):
         result = await trio.run_process(
@@ -824,7 +823,6 @@ def _sse(*deltas: str, finish: str | None = "stop", done: bool = True) -> bytes:
     return out + (b"data: [DONE]\n\n" if done else b"")
 
 
-@pytest.mark.skipif(not (REPO / "scripts" / "soak.py").exists(), reason="scripts/soak.py missing")
 def test_soak_sequence_check_catches_lost_duplicated_reordered_chunks() -> None:
     check = _load_soak().check_stream
     words = ["s0-1-0", "s0-1-1", "s0-1-2"]
