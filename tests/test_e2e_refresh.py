@@ -243,6 +243,7 @@ async def test_unchanged_file_dry_run_and_apply_report_nothing(tmp_path: Path) -
             doc = await edge.refresh("apply")
             assert doc["applied"] is True
             assert all(doc[k] == [] for k in REPORT_KEYS - {"mode", "applied"})
+            assert edge.gw.runtime.snapshot.version == 1  # a no-change apply is invisible
 
 
 async def test_dry_run_reports_changes_and_changes_nothing(tmp_path: Path) -> None:
@@ -589,7 +590,8 @@ async def test_fake_node_sees_pushes_only_when_changed(tmp_path: Path) -> None:
                 assert doc["changed_nodes"] == ["node-b"]
                 assert len(configs()) == 2
                 pushed = configs()[-1]
-                assert pushed.version == edge.gw.runtime.snapshot.version == 5
+                # Versions: 1 at start; the no-change apply keeps it; 3 applies changed it.
+                assert pushed.version == edge.gw.runtime.snapshot.version == 4
                 [spec] = pushed.providers
                 assert spec.id == "echo-2" and spec.capacity == 4
 
@@ -878,7 +880,7 @@ async def test_concurrent_refreshes_are_serialized(tmp_path: Path) -> None:
             assert [d["applied"] for d in docs] == [True] * 4
             # The first one applied the change; the rest found nothing left to change.
             assert sorted(len(d["changed_providers"]) for d in docs) == [0, 0, 0, 1]
-            assert edge.gw.runtime.snapshot.version == 5
+            assert edge.gw.runtime.snapshot.version == 2  # only the changing apply counts
 
 
 async def test_refresh_outcomes_are_counted_and_new_groups_are_labelled(tmp_path: Path) -> None:

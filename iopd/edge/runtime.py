@@ -297,7 +297,7 @@ class EdgeRuntime:
                     ",".join(diff.restart_required),
                 )
                 return report
-            self._swap(new_cfg)
+            self._swap(new_cfg, changed=not diff.is_empty)
             report["applied"] = True
             self.metrics.count_refresh("applied")
             log.info(
@@ -310,13 +310,16 @@ class EdgeRuntime:
             await self._push_configs(diff.changed_nodes)
             return report
 
-    def _swap(self, cfg: EdgeConfig) -> None:
+    def _swap(self, cfg: EdgeConfig, *, changed: bool) -> None:
         """Install ``cfg`` as the new snapshot and re-examine the pool's waiters.
 
         Synchronous on purpose: no checkpoint, so no request and no caller's
-        cancel can see half of it.
+        cancel can see half of it.  The version (``/status`` ``config_version``,
+        the ``NodeConfig`` version) moves only when something changed, so a
+        no-change apply is invisible.
         """
-        new = _make_snapshot(cfg, version=self.snapshot.version + 1)
+        version = self.snapshot.version + (1 if changed else 0)
+        new = _make_snapshot(cfg, version=version)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
