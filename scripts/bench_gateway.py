@@ -7,6 +7,8 @@ One run starts, on loopback with free ports, four kinds of process:
 * ``python -m iopd edge`` and ``python -m iopd node`` with that provider as a
   ``type: openai`` passthrough provider (group ``bench``) plus an ``echo``
   provider (normalized group ``echo``);
+* two raw byte relays (``--role relay``) chained in front of the provider:
+  the ``relay2`` target, the floor any two-hop trio proxy adds here;
 * a load generator (trio + h11 keep-alive client, ``--role load``), one
   process per measurement so its own CPU is never counted.
 
