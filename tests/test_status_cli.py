@@ -288,7 +288,7 @@ async def test_refresh_exit_codes_and_report(tmp_path: Path) -> None:
                 assert code == 1
                 assert "applied: no" in out
                 assert "restart_required: nodes[0].providers[1].base_url" in out
-            assert gw.runtime.snapshot.version == 3  # two applies above, none since
+            assert gw.runtime.snapshot.version == 2  # one changing apply above, none since
 
             # Validation error: refused, the error printed as path: reason.
             path.write_text(edge_yaml(cap1=0))
@@ -296,7 +296,7 @@ async def test_refresh_exit_codes_and_report(tmp_path: Path) -> None:
                 code, out, _ = await iopd("refresh", *(["--dry-run"] if dry else []), *admin)
                 assert code == 1
                 assert "errors: nodes[0].providers[0].capacity: " in out
-            assert gw.runtime.snapshot.version == 3
+            assert gw.runtime.snapshot.version == 2
 
 
 # --------------------------------------------------------- the formatters

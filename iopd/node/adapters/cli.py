@@ -41,7 +41,6 @@ STDERR_TAIL_BYTES = 2048
 REAP_SECONDS = 5.0
 
 
-
 def render_prompt(messages: list[dict[str, Any]]) -> str:
     """Messages as plain text: one ``role:`` section per message."""
     sections: list[str] = []

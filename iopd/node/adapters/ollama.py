@@ -40,7 +40,6 @@ _OPTION_NAMES = {
 }
 
 
-
 def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI chat messages -> Ollama ``/api/chat`` messages."""
     out: list[dict[str, Any]] = []

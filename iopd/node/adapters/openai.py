@@ -85,7 +85,9 @@ class OpenAIAdapter(HTTPAdapter):
         payload = json.dumps(self.chat_body(req)).encode()
         tools = _ToolCallAssembler()
         finished = done = False
-        async with self.post_json("/v1/chat/completions", payload, accept="text/event-stream") as resp:
+        async with self.post_json(
+            "/v1/chat/completions", payload, accept="text/event-stream"
+        ) as resp:
             async for line in iter_lines(resp.aiter_bytes()):
                 if not line.startswith(b"data:"):
                     continue
