@@ -43,7 +43,7 @@ def validate(instance: Any, schema: Any) -> list[str]:
     return errors
 
 
-def _json_type(value: Any) -> str:
+def json_type(value: Any) -> str:
     """The JSON type name of a decoded JSON value."""
     if value is None:
         return "null"
@@ -63,7 +63,7 @@ def _json_type(value: Any) -> str:
 
 
 def _is_type(value: Any, name: str) -> bool:
-    actual = _json_type(value)
+    actual = json_type(value)
     if name == "integer":
         return actual == "integer" or (
             actual == "number" and math.isfinite(value) and float(value).is_integer()
@@ -181,7 +181,7 @@ class _Validator:
         if any(_is_type(value, n) for n in names):
             return True
         wanted = names[0] if len(names) == 1 else " or ".join(names)
-        errors.append(f"{where}: expected {wanted}, got {_json_type(value)}")
+        errors.append(f"{where}: expected {wanted}, got {json_type(value)}")
         return False
 
     def _check_number(

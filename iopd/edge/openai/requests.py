@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Self
 
 import msgspec
 
+from iopd.edge.openai.jsonschema import json_type
 from iopd.errors import InvalidRequest
 
 _decode = msgspec.json.Decoder().decode
@@ -64,22 +65,6 @@ def rewrite_model(raw: dict[str, Any], served: str) -> bytes:
     return _encode(out)
 
 
-def _type_name(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
 def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
@@ -93,7 +78,7 @@ def _is_int(value: Any) -> bool:
 
 
 def _wrong_type(param: str, expected: str, value: Any) -> InvalidRequest:
-    return InvalidRequest(f"'{param}' must be {expected}, got {_type_name(value)}", param=param)
+    return InvalidRequest(f"'{param}' must be {expected}, got {json_type(value)}", param=param)
 
 
 def _model(raw: dict[str, Any]) -> str:
