@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds allowed for sending the terminal messages of a cancelled stream.
 CANCEL_TERMINAL_TIMEOUT = 5.0
+#: Cancels kept for streams whose task has not started yet (see ``cancel``).
+MAX_EARLY_CANCELS = 1024
 
 
 def _has_usage(usage: Usage | None) -> bool:
@@ -195,6 +197,9 @@ class NodeExecutor:
         self.health = health if health is not None else HealthMonitor()
         self.draining = False
         self._streams: dict[int, _Stream] = {}
+        # Cancels that arrived before their stream's task started (the link
+        # reads a request and its Cancel in one go and spawns the task after).
+        self._early_cancels: dict[int, str] = {}
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
@@ -244,7 +249,13 @@ class NodeExecutor:
     def cancel(self, stream_id: int, reason: str) -> None:
         """Stop stream ``stream_id`` at once; it still sends its terminal ``cancelled``."""
         stream = self._streams.get(stream_id)
-        if stream is not None and stream.cancel_reason is None:
+        if stream is None:
+            # Its serve_stream is spawned but has not run yet: it picks this up.
+            # (The link only forwards a Cancel for a stream it has spawned, so
+            # entries do not pile up; the cap guards against other callers.)
+            if len(self._early_cancels) < MAX_EARLY_CANCELS:
+                self._early_cancels.setdefault(stream_id, reason or "cancelled")
+        elif stream.cancel_reason is None:
             stream.cancel_reason = reason or "cancelled"
             stream.scope.cancel()
 
@@ -267,6 +278,7 @@ class NodeExecutor:
     ) -> None:
         """Run one request to completion, sending every reply incl. exactly one terminal."""
         stream = _Stream(req.stream_id, sender)
+        early_cancel = self._early_cancels.pop(req.stream_id, None)
         tunnel = isinstance(req, ProviderTunnelRequest)
         registry = self.registry
         adapter = registry.get(req.provider_id) if registry is not None else None
@@ -281,6 +293,8 @@ class NodeExecutor:
             return
         self._streams[req.stream_id] = stream
         self._idle = trio.Event()
+        if early_cancel is not None:
+            self.cancel(req.stream_id, early_cancel)
         start = trio.current_time()
         try:
             async with registry.use():

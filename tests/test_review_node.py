@@ -1,0 +1,74 @@
+"""Review findings on the node and the wire: each test pins one defect that was fixed."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+from iopd.config.schema import NodeConfigFile, NodeSection
+from iopd.node.run import run_node
+from tests.wire_peers import FakeEdge, FakeEdgeSession
+from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
+
+
+def _node_cfg(edge: FakeEdge) -> NodeConfigFile:
+    return NodeConfigFile(
+        node=NodeSection(
+            id="node-a",
+            edge=edge.address,
+            token="node-token",
+            reconnect_initial_backoff=0.05,
+            reconnect_max_backoff=0.5,
+            drain_timeout=2.0,
+        )
+    )
+
+
+def _echo_config(delay_ms: int) -> NodeConfig:
+    return NodeConfig(
+        stream_id=1, version=1, providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms)]
+    )
+
+
+async def _collect(session: FakeEdgeSession, stream_id: int) -> list[Any]:
+    msgs: list[Any] = []
+    while True:
+        msg = await session.receive(RunEvent)
+        if msg.stream_id == stream_id:
+            msgs.append(msg)
+            if msg.kind in ("complete", "error"):
+                return msgs
+
+
+async def test_cancel_arriving_with_its_request_stops_the_run(
+    autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A caller that leaves at once: the edge's RunRequest and Cancel reach the
+    # node in one read.  The link used to hand the Cancel to the executor
+    # before the stream's task had registered it, so the Cancel was lost and
+    # the run went on to the end (the provider kept working for nobody).
+    async with FakeEdge.in_memory(node_config=_echo_config(delay_ms=1000)) as edge:
+        monkeypatch.setattr("iopd.node.link.dial", edge.dial)
+        with trio.fail_after(300):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(functools.partial(run_node, _node_cfg(edge)))
+                session = await edge.accept()
+                req = RunRequest(
+                    stream_id=session.next_stream_id(),
+                    provider_id="echo",
+                    adapter="echo",
+                    target="echo",
+                    messages=[{"role": "user", "content": " ".join(["w"] * 50)}],
+                )
+                session.channel.queue(req)  # leaves in the same write as the Cancel
+                await session.send(Cancel(stream_id=req.stream_id, reason="caller left"))
+                start = trio.current_time()
+                msgs = await _collect(session, req.stream_id)
+                assert msgs[-1].kind == "error" and msgs[-1].code == "cancelled"
+                assert not any(m.kind == "text" for m in msgs)
+                assert trio.current_time() - start < 5.0
+                nursery.cancel_scope.cancel()
