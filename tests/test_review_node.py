@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import socket
+import struct
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ import trio
 import trio.testing
 
 from iopd.config.schema import NodeConfigFile, NodeSection
+from iopd.http.client import ProviderHTTPClient
 from iopd.node.run import run_node
 from tests.wire_peers import FakeEdge, FakeEdgeSession
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
@@ -72,3 +75,56 @@ async def test_cancel_arriving_with_its_request_stops_the_run(
                 assert not any(m.kind == "text" for m in msgs)
                 assert trio.current_time() - start < 5.0
                 nursery.cancel_scope.cancel()
+
+
+async def test_reused_connection_reset_before_any_response_is_retried() -> None:
+    # The keep-alive race: the provider closes an idle connection just as the
+    # client reuses it, and the kernel answers the request with a RST.  A
+    # clean EOF in that spot was retried on a fresh connection, a reset was
+    # not: the run failed with "connection lost" (a 502 to the caller).
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
+    connections = 0
+
+    async def read_request(stream: trio.SocketStream) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            data += chunk
+        return data
+
+    async def handle(stream: trio.SocketStream) -> None:
+        nonlocal connections
+        connections += 1
+        first_connection = connections == 1
+        try:
+            await read_request(stream)
+            await stream.send_all(ok)
+            if first_connection:
+                await read_request(stream)  # the reused request: answer with a reset
+                stream.socket.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                )
+                stream.socket.close()
+                return
+            await read_request(stream)
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                functools.partial(trio.serve_tcp, handle, 0, host="127.0.0.1")
+            )
+            port = listeners[0].socket.getsockname()[1]
+            client = ProviderHTTPClient(
+                f"http://127.0.0.1:{port}", connect_timeout=5, read_timeout=5
+            )
+            assert (await client.request("POST", "/v1/chat/completions", body=b"{}")).status == 200
+            assert client.idle_connections == 1
+            resp = await client.request("POST", "/v1/chat/completions", body=b"{}")
+            assert resp.status == 200
+            assert client.connections_opened == 2
+            await client.aclose()
+            nursery.cancel_scope.cancel()

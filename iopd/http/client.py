@@ -242,11 +242,18 @@ async def _next_event(conn: _Connection, read_timeout: float) -> Any:
         event = conn.h11.next_event()
         if event is not h11.NEED_DATA:
             return event
-        with trio.fail_after(read_timeout):
-            data = await conn.stream.receive_some(_RECEIVE_BYTES)
-        if not data and conn.reused and conn.h11.their_state is h11.SEND_RESPONSE:
-            # Server hung up before a response on a reused connection: the
-            # classic keep-alive race (it closed the idle socket meanwhile).
+        # Server hung up before a response on a reused connection: the classic
+        # keep-alive race (it closed the idle socket meanwhile).  Our request
+        # may meet the closed socket, so a reset counts as much as an EOF.
+        stale = conn.reused and conn.h11.their_state is h11.SEND_RESPONSE
+        try:
+            with trio.fail_after(read_timeout):
+                data = await conn.stream.receive_some(_RECEIVE_BYTES)
+        except (trio.BrokenResourceError, OSError):
+            if stale:
+                raise _StaleConnection() from None
+            raise
+        if not data and stale:
             raise _StaleConnection()
         conn.h11.receive_data(bytes(data))
 
