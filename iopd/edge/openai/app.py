@@ -87,6 +87,9 @@ _REQUEST_DROP = HOP_BY_HOP | {
     "x-request-id",
 }
 
+#: How long an SSE stream that already started gets to take its error event.
+ERROR_EVENT_GRACE = 2.0
+
 _KNOWN_ROUTES: dict[str, frozenset[str]] = {
     "/healthz": frozenset({"GET", "HEAD"}),
     "/v1/models": frozenset({"GET"}),
@@ -173,9 +176,14 @@ class OpenAIApp:
             headers.append(("x-request-id", out.request_id))
             await responder.send(status, headers, body)
         elif out.mode == "normalized" and out.endpoint != "api":
-            # An SSE stream already started: end it with an error event.
-            await responder.write(error_sse_event(exc))
-            await responder.end()
+            # An SSE stream already started: end it with an error event.  Bounded:
+            # after a timeout or a drain cut the caller may be one that stopped
+            # reading, and this write must not outlive the request's deadline.
+            with trio.move_on_after(ERROR_EVENT_GRACE):
+                await responder.write(error_sse_event(exc))
+                await responder.end()
+                return
+            raise _AbortConnection(exc.message)
         else:
             # A raw relay is mid-body: the only honest signal is a cut connection.
             raise _AbortConnection(exc.message)
