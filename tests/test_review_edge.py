@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import os
+import signal
 import socket
+from pathlib import Path
 
+import pytest
 import trio
 
-from tests.gateway import running_gateway, wait_until
+from iopd.config.load import load_edge_config
+from iopd.edge.run import EdgeHandle, run_edge
+from tests.gateway import node_token, running_gateway, token_hash, wait_until
 from tests.test_e2e_openai import echo_yaml
+from tests.wire_peers import FakeNode
+from wire.messages import NodeConfig
 
 
 async def _stalled_stream_client(host_port: tuple[str, int], body: bytes) -> trio.SocketStream:
@@ -53,3 +63,67 @@ async def test_request_timeout_bounds_a_stream_whose_client_stopped_reading() ->
                 assert pool.provider_loads()["echo-1"].in_flight == 0
             finally:
                 await stream.aclose()
+
+
+def _signal_edge_yaml(capacity: int) -> str:
+    return f"""
+edge:
+  id: edge-sig
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+models:
+  - id: echo
+    providers: {{echo-1: echo}}
+nodes:
+  - id: node-a
+    token_hash_sha256: {token_hash(node_token("node-a"))}
+    providers:
+      - {{id: echo-1, type: echo, category: api, models: [echo], capacity: {capacity}}}
+"""
+
+
+async def test_sigterm_during_a_sighup_refresh_drains_at_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SIGTERM starts the drain at once, even while a SIGHUP refresh is still
+    waiting for a silent node's config ack (up to NODE_PUSH_TIMEOUT).
+
+    The signal loop used to await the refresh inline, so every later signal
+    (the drain, and the "second signal exits at once") waited behind it.
+    """
+    path = tmp_path / "edge.yaml"
+    path.write_text(_signal_edge_yaml(2))
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            handle: EdgeHandle = await nursery.start(
+                functools.partial(run_edge, load_edge_config(path), str(path), handle_signals=True)
+            )
+            rt = handle.runtime
+            server = handle.openai_server
+            assert server is not None
+            host, port = handle.wire
+            async with FakeNode.connect(
+                host, port, node_id="node-a", token=node_token("node-a")
+            ) as fake:
+                await wait_until(lambda: rt.hub.connected_since("node-a") is not None)
+                fake._ack_config = False  # from now on, config pushes go unanswered
+                path.write_text(_signal_edge_yaml(3))  # a live change for node-a
+                os.kill(os.getpid(), signal.SIGHUP)
+                await wait_until(
+                    lambda: any(
+                        isinstance(m, NodeConfig) and m.version == 2 for m in fake.received
+                    )
+                )
+                assert rt._refresh_lock.locked()  # the push waits for an ack
+                os.kill(os.getpid(), signal.SIGTERM)
+                await wait_until(lambda: server.closing)
+        events = [
+            r.getMessage().split()[0]
+            for r in caplog.records
+            if r.getMessage().startswith(("event=drain_started", "event=node_config_push"))
+        ]
+        # The drain began while the push still waited; the push ended with the node.
+        assert events == ["event=drain_started", "event=node_config_push"], events

@@ -173,19 +173,26 @@ async def _drain(
 async def _signals(
     handle: EdgeHandle, rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]
 ) -> None:
+    # A refresh runs in its own task: it may wait NODE_PUSH_TIMEOUT for a silent
+    # node's ack, and a SIGTERM (or the second one) must not wait behind it.
     with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
-        task_status.started()
-        async for signum in signals:
-            if signum == signal.SIGHUP:
-                log.info("event=sighup action=refresh")
-                sdnotify.notify(*sdnotify.reloading())
-                try:
-                    await rt.refresh("apply")
-                finally:
-                    sdnotify.notify(*sdnotify.ready("serving"))
-            else:
-                log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
-                handle.drain()
+        async with trio.open_nursery() as refreshes:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("event=sighup action=refresh")
+                    refreshes.start_soon(_refresh_on_sighup, rt)
+                else:
+                    log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
+                    handle.drain()
+
+
+async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
+    sdnotify.notify(*sdnotify.reloading())
+    try:
+        await rt.refresh("apply")
+    finally:
+        sdnotify.notify(*sdnotify.ready("serving"))
 
 
 def edge_main(config_path: str, *, log_level: str | None = None) -> int:
