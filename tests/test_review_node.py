@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import socket
 import struct
 from typing import Any
@@ -13,7 +14,8 @@ import trio.testing
 
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.http.client import ProviderHTTPClient
-from iopd.node.run import run_node
+from iopd.node.run import NodeHandle, run_node
+from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.wire_peers import FakeEdge, FakeEdgeSession
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
@@ -128,3 +130,77 @@ async def test_reused_connection_reset_before_any_response_is_retried() -> None:
             assert client.connections_opened == 2
             await client.aclose()
             nursery.cancel_scope.cancel()
+
+
+def _two_echo_nodes_yaml() -> str:
+    def node(node_id: str, provider_id: str, priority: int) -> str:
+        return f"""
+  - id: {node_id}
+    token_hash_sha256: {token_hash(node_token(node_id))}
+    providers:
+      - id: {provider_id}
+        type: echo
+        category: api
+        models: [echo]
+        capacity: 4
+        priority: {priority}
+        delay_ms: 300
+        health_interval: 0.05"""
+
+    return f"""
+edge:
+  id: edge-test
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+models:
+  - id: echo
+    providers: {{echo-a: echo, echo-b: echo}}
+nodes:{node("node-a", "echo-a", 0)}{node("node-b", "echo-b", 1)}
+"""
+
+
+async def test_a_draining_node_takes_no_new_work_from_the_edge() -> None:
+    # Rolling restart: node-a drains (SIGTERM) while it still finishes a run.
+    # It refused every new stream with a provider_error, but the edge kept
+    # picking it (it looked healthy and preferred), so callers got 502s while
+    # node-b had free slots.  A draining node now reports its providers
+    # unhealthy, and the edge routes around it.
+    with trio.fail_after(30):
+        async with running_gateway(_two_echo_nodes_yaml(), nodes=[]) as gw:
+            handles: dict[str, NodeHandle] = {}
+            for node_id in ("node-a", "node-b"):
+                cfg = gw.node_config(node_id, drain_timeout=20.0)
+                handles[node_id] = await gw.nursery.start(run_node, cfg)
+            await wait_until(lambda: len(gw.runtime.hub.connected_node_ids()) == 2)
+            await wait_until(
+                lambda: all(
+                    gw.runtime.health.get(p) is not None
+                    and gw.runtime.health[p].health == "healthy"
+                    for p in ("echo-a", "echo-b")
+                )
+            )
+            statuses: list[int] = []
+
+            async def chat(words: int) -> None:
+                text = " ".join(["w"] * words)
+                body = {"model": "echo", "messages": [{"role": "user", "content": text}]}
+                resp = await http_request(
+                    gw.host_port, "POST", "/v1/chat/completions", body=json.dumps(body).encode()
+                )
+                statuses.append(resp.status)
+
+            async with trio.open_nursery() as requests:
+                requests.start_soon(chat, 30)  # 9 s -> echo-a (tie, lower priority number)
+                await wait_until(lambda: handles["node-a"].executor.active_streams == 1)
+                requests.start_soon(chat, 30)  # -> echo-b (lower load)
+                await wait_until(lambda: handles["node-b"].executor.active_streams == 1)
+                handles["node-a"].request_drain()
+                await wait_until(lambda: handles["node-a"].executor.draining)
+                with trio.move_on_after(2):
+                    await wait_until(lambda: gw.runtime.health["echo-a"].health == "unhealthy")
+                # Loads tie again (1/4 each): priority would pick the draining echo-a.
+                await chat(1)
+                assert statuses == [200], statuses
+                requests.cancel_scope.cancel()

@@ -265,8 +265,12 @@ class NodeExecutor:
             self.cancel(stream_id, reason)
 
     def begin_drain(self) -> None:
-        """Take no new streams from now on (in-flight ones continue)."""
+        """Take no new streams from now on (in-flight ones continue).
+
+        The providers are reported unhealthy, so the edge stops sending work here.
+        """
         self.draining = True
+        self.health.begin_drain()
 
     async def wait_idle(self) -> None:
         """Wait until no stream is in flight."""

@@ -10,6 +10,9 @@ them (sent by the link after every reconnect).
 
 When the registry is swapped the probe loops restart on the new adapters;
 a provider whose spec did not change keeps its last known health.
+
+A draining node (``begin_drain``) reports every provider ``unhealthy`` and
+stops probing: it refuses new streams, so the edge must route around it.
 """
 
 from __future__ import annotations
@@ -37,6 +40,16 @@ class HealthMonitor:
         self._registry: AdapterRegistry | None = None
         self._health: dict[str, ProviderHealth] = {}
         self._swapped = trio.Event()
+        self._sink: StatusSink | None = None
+        self._draining: str | None = None  # the last_error reported while draining
+
+    def begin_drain(self, reason: str = "node is draining") -> None:
+        """Report every provider unhealthy from now on (the node takes no new work)."""
+        self._draining = reason
+        for entry in self._health.values():
+            entry.health, entry.last_error = "unhealthy", reason
+        if self._sink is not None:
+            self._sink.send_status(self.current_status())
 
     def set_registry(self, registry: AdapterRegistry) -> None:
         """Follow ``registry`` from now on (probe loops restart)."""
@@ -53,6 +66,9 @@ class HealthMonitor:
                 kept[provider_id] = old_health
             else:
                 kept[provider_id] = ProviderHealth(provider_id=provider_id)
+            if self._draining is not None:
+                kept[provider_id].health = "unhealthy"
+                kept[provider_id].last_error = self._draining
         self._health = kept
         self._registry = registry
         self._swapped.set()
@@ -73,6 +89,7 @@ class HealthMonitor:
 
     async def run(self, sink: StatusSink, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         """Probe forever, reporting changes to ``sink``."""
+        self._sink = sink
         task_status.started()
         while True:
             registry, swapped = self._registry, self._swapped
@@ -97,6 +114,8 @@ class HealthMonitor:
             entry = self._health.get(provider_id)
             if entry is None:  # pragma: no cover - swapped away under us
                 return
+            if self._draining is not None:
+                return  # stays unhealthy until the node exits
             if (entry.health, entry.last_error) != (health, last_error):
                 entry.health, entry.last_error = health, last_error
                 log.info(
