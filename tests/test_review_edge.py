@@ -15,7 +15,7 @@ import trio
 
 from iopd.config.load import load_edge_config
 from iopd.edge.run import EdgeHandle, run_edge
-from tests.gateway import node_token, running_gateway, token_hash, wait_until
+from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.test_e2e_openai import echo_yaml
 from tests.wire_peers import FakeNode
 from wire.messages import NodeConfig
@@ -127,3 +127,53 @@ async def test_sigterm_during_a_sighup_refresh_drains_at_once(
         ]
         # The drain began while the push still waited; the push ended with the node.
         assert events == ["event=drain_started", "event=node_config_push"], events
+
+
+PASSTHROUGH_ONLY = f"""
+edge:
+  id: edge-pt
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+provider_pool: {{max_queue: 0}}
+models:
+  - id: direct
+    providers: {{vllm-a: served-a}}
+    generation: {{limits: {{max_tokens: 100}}}}
+nodes:
+  - id: node-a
+    token_hash_sha256: {token_hash(node_token("node-a"))}
+    providers:
+      - {{id: vllm-a, type: openai, base_url: "http://127.0.0.1:9", models: [served-a]}}
+"""
+
+
+async def test_passthrough_limit_is_a_400_before_dispatch() -> None:
+    """SPEC §4: on passthrough a request over a generation limit gets 400.  For a
+    group whose providers all relay raw, that answer does not depend on which
+    provider is picked, so it must not wait for (or be masked by) dispatch: it
+    used to be checked only after a lease, so with the node down (or the queue
+    full) the caller got a retryable 502/429/503 for a request that can never
+    succeed."""
+    with trio.fail_after(30):
+        async with running_gateway(PASSTHROUGH_ONLY, nodes=[]) as gw:
+            cases = [
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 1000}, "max_tokens"),
+                ("/v1/responses", {"input": "hi", "max_output_tokens": 1000}, "max_output_tokens"),
+            ]
+            for path, body, param in cases:
+                r = await http_request(gw.host_port, "POST", path, body={"model": "direct", **body})
+                assert r.status == 400, (path, r.status, r.body)
+                err = r.json()["error"]
+                assert err["code"] == "invalid_request_error" and err["param"] == param
+            # Within the limit the same request is dispatched (and fails: no node).
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={"model": "direct", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 10},
+            )
+            assert r.status == 502 and r.json()["error"]["code"] == "node_dispatch_error"

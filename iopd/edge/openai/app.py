@@ -379,6 +379,17 @@ class OpenAIApp:
         return headers
 
     @staticmethod
+    def _check_passthrough_limits(
+        group: Any, req: rq.ChatRequest | rq.ResponsesRequest, out: Outcome
+    ) -> None:
+        """A group whose providers all relay raw: a generation limit is a 400 before
+        dispatch (whichever provider is picked, the answer is the same)."""
+        if out.mode == "passthrough":
+            apply_generation(
+                req.params(), group.generation, passthrough=True, field_names=req.field_names
+            )
+
+    @staticmethod
     def _long_class(snap: Snapshot, estimate: int) -> Literal["normal", "long"]:
         threshold = snap.config.openai.long_context_threshold_tokens
         return "long" if estimate >= threshold else "normal"
@@ -406,6 +417,7 @@ class OpenAIApp:
             estimate=estimate,
             context_class=cclass,
         )
+        self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
             group.id, context_class=cclass, requires=frozenset(), queue_timeout=group.queue_timeout
         ) as lease:
@@ -622,6 +634,7 @@ class OpenAIApp:
         messages = responses_input_to_messages(req.raw) if simple else []
         estimate = estimate_input_tokens(messages) if simple else _estimate_raw_input(req.raw)
         cclass = self._long_class(snap, estimate)
+        self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
             group.id, context_class=cclass, requires=requires, queue_timeout=group.queue_timeout
         ) as lease:
