@@ -14,8 +14,12 @@ import trio.testing
 
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.http.client import ProviderHTTPClient
+from iopd.node.adapters.base import CollectedRunOutput
+from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
+from iopd.node.usage_extract import SseUsageScanner
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.mock_providers import MockOpenAIServer, MockReply
 from tests.wire_peers import FakeEdge, FakeEdgeSession
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
@@ -204,3 +208,37 @@ async def test_a_draining_node_takes_no_new_work_from_the_edge() -> None:
                 await chat(1)
                 assert statuses == [200], statuses
                 requests.cancel_scope.cancel()
+
+
+# vLLM between renaming ``reasoning_content`` to ``reasoning`` and dropping the
+# old name sent both fields, with the same text, in every reasoning delta.
+_BOTH_REASONING_FIELDS = [
+    b'data: {"choices":[{"index":0,"delta":{"reasoning_content":"think","reasoning":"think"}}]}\n\n',
+    b'data: {"choices":[{"index":0,"delta":{"content":"answer"},"finish_reason":"stop"}]}\n\n',
+    b"data: [DONE]\n\n",
+]
+
+
+async def test_reasoning_sent_under_both_field_names_is_relayed_once() -> None:
+    # The normalized path emitted the reasoning delta once per field name (the
+    # caller saw every thought twice) and the passthrough usage scanner counted
+    # its characters twice (doubling the estimated reasoning tokens).
+    scanner = SseUsageScanner()
+    for chunk in _BOTH_REASONING_FIELDS:
+        scanner.feed(chunk)
+    scanner.finish()
+    assert scanner.reasoning_chars == len("think")
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            mock = await nursery.start(MockOpenAIServer().serve)
+            mock.handler = lambda req: MockReply(
+                headers=[("content-type", "text/event-stream")], chunks=_BOTH_REASONING_FIELDS
+            )
+            adapter = OpenAIAdapter(ProviderSpec(id="vllm", type="openai", base_url=mock.base_url))
+            out = CollectedRunOutput()
+            req = RunRequest(stream_id=1, provider_id="vllm", adapter="openai", target="m")
+            await adapter.run(req, out)
+            assert out.events == [("reasoning", "think"), ("text", "answer")]
+            await adapter.aclose()
+            nursery.cancel_scope.cancel()

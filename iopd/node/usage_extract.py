@@ -124,10 +124,12 @@ def _reasoning_chars_openai(doc: Any) -> int:
             for key in ("delta", "message"):
                 part = choice.get(key)
                 if isinstance(part, dict):
+                    # One text under two names (vLLM sent both for a while): count it once.
                     for field in ("reasoning_content", "reasoning"):
                         text = part.get(field)
-                        if isinstance(text, str):
+                        if isinstance(text, str) and text:
                             total += len(text)
+                            break
     return total
 
 

@@ -127,10 +127,12 @@ class OpenAIAdapter(HTTPAdapter):
                 continue
             delta = choice.get("delta")
             if isinstance(delta, dict):
+                # One text under two names (vLLM sent both for a while): relay it once.
                 for field in ("reasoning_content", "reasoning"):
                     text = delta.get(field)
                     if isinstance(text, str) and text:
                         await out.reasoning(text)
+                        break
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     await out.text(content)
