@@ -10,12 +10,14 @@ import signal
 import socket
 from pathlib import Path
 
+import h11
 import pytest
 import trio
 
 from iopd.config.load import load_edge_config
 from iopd.edge.run import EdgeHandle, run_edge
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.mock_providers import MockOpenAIServer
 from tests.test_e2e_openai import echo_yaml
 from tests.wire_peers import FakeNode
 from wire.messages import NodeConfig
@@ -177,3 +179,32 @@ async def test_passthrough_limit_is_a_400_before_dispatch() -> None:
                       "max_tokens": 10},
             )
             assert r.status == 502 and r.json()["error"]["code"] == "node_dispatch_error"
+
+
+async def test_a_cut_relay_is_logged_as_a_request_not_as_a_handler_crash(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A raw relay that has to be cut mid-body (here: request_timeout while the
+    provider hangs after its head) is an expected outcome: the connection is cut
+    and the request line says why.  It used to be raised through the HTTP server
+    as an unknown exception, logged at ERROR with a traceback ("handler failed")."""
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = MockOpenAIServer()
+            mock.mode = "hang_after_head"
+            await n.start(mock.serve)
+            yaml = PASSTHROUGH_ONLY.replace("http://127.0.0.1:9", mock.base_url).replace(
+                "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n  request_timeout: 1\n"
+            )
+            async with running_gateway(yaml) as gw:
+                body = {"model": "direct", "stream": True,
+                        "messages": [{"role": "user", "content": "hi"}]}
+                with pytest.raises(h11.RemoteProtocolError):  # cut: the body never completes
+                    await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+                await wait_until(lambda: gw.runtime.pool.provider_loads()["vllm-a"].in_flight == 0)
+            n.cancel_scope.cancel()
+    errors_logged = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors_logged == [], [r.getMessage() for r in errors_logged]
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=request ")]
+    assert len(lines) == 1 and "status=provider_error" in lines[0], lines

@@ -115,6 +115,14 @@ class ClientDisconnected(Exception):
     """
 
 
+class AbortResponse(Exception):
+    """Raise from a handler to cut a response that already started.
+
+    An expected outcome (a relay that cannot be finished), so the connection
+    is closed without a traceback in the log; the handler logs the request.
+    """
+
+
 Handler = Callable[[Request, "Responder"], Awaitable[None]]
 ErrorRenderer = Callable[[GatewayError], tuple[int, list[tuple[str, str]], bytes]]
 
@@ -619,6 +627,8 @@ class _Connection:
                 except* ClientDisconnected:
                     pass
                 except* GatewayError as group:
+                    crashed = group.exceptions[0]
+                except* AbortResponse as group:
                     crashed = group.exceptions[0]
                 except* Exception as group:
                     log.error("handler failed: %s %s", request.method, request.path, exc_info=group)

@@ -40,7 +40,7 @@ from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_ca
 from iopd.edge.pool.pool import Lease
 from iopd.edge.runtime import EdgeRuntime, Snapshot
 from iopd.edge.usage import run_event_usage, tunnel_usage
-from iopd.http.server import Request, Responder
+from iopd.http.server import AbortResponse, Request, Responder
 from iopd.tokens import estimate_input_tokens
 from wire.messages import (
     ProviderTunnelFrame,
@@ -785,7 +785,7 @@ class OpenAIApp:
             )
 
 
-class _AbortConnection(Exception):
+class _AbortConnection(AbortResponse):
     """Raised to make the HTTP server cut a connection whose body was mid-relay."""
 
 
