@@ -20,7 +20,8 @@ from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.mock_providers import MockOpenAIServer, MockReply
-from tests.wire_peers import FakeEdge, FakeEdgeSession
+from tests.test_nodehub import TOKENS, run_req, running_hub
+from tests.wire_peers import FakeEdge, FakeEdgeSession, FakeNode
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
 
@@ -242,3 +243,31 @@ async def test_reasoning_sent_under_both_field_names_is_relayed_once() -> None:
             assert out.events == [("reasoning", "think"), ("text", "answer")]
             await adapter.aclose()
             nursery.cancel_scope.cancel()
+
+
+async def test_a_stream_already_complete_survives_the_node_hanging_up() -> None:
+    # A draining node sends its last frames and the terminal, then exits.  If
+    # the edge's consumer had not read them all yet (a slow caller on a
+    # stream), the disconnect failed the finished stream too: the caller lost
+    # the tail of a run that had completed.  Only streams still waiting for
+    # their terminal fail when the session ends.
+    with trio.fail_after(10):
+        async with running_hub() as (hub, port, _rec):
+            async with FakeNode.connect(
+                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
+            ) as node:
+                await wait_until(lambda: hub.session("node-a") is not None)
+                session = hub.session("node-a")
+                assert session is not None
+                async with session.open_stream(run_req()) as replies:
+                    req = await node.receive(RunRequest)
+                    for msg in (
+                        RunEvent(stream_id=req.stream_id, kind="text", text="x"),
+                        RunEvent(stream_id=req.stream_id, kind="complete"),
+                    ):
+                        await node.send(msg)
+                    await wait_until(lambda: replies.buffered() == 2)  # type: ignore[attr-defined]
+                    await node.aclose()
+                    await wait_until(lambda: not session.alive)
+                    kinds = [m.kind async for m in replies]  # type: ignore[union-attr]
+                assert kinds == ["text", "complete"]

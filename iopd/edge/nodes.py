@@ -15,10 +15,12 @@ Why it looks like this:
   buffer without ever blocking (``window`` frames + the terminal; the wire's
   credit accounting guarantees it fits — a node that sends past its window is
   a protocol error).  The consumer returns ``Credit`` as it reads.  When the
-  session dies every stream raises ``NodeDispatchError`` at its next read,
-  even with frames still buffered.  Leaving ``open_stream`` before the terminal
-  sends ``Cancel`` (queued, never blocking the caller) and refunds the credit
-  of unread frames; late replies of abandoned streams are credited and dropped.
+  session dies every stream still waiting for its terminal raises
+  ``NodeDispatchError`` at its next read, even with frames still buffered (a
+  stream that has its terminal is complete and is read to the end).  Leaving
+  ``open_stream`` before the terminal sends ``Cancel`` (queued, never blocking
+  the caller) and refunds the credit of unread frames; late replies of
+  abandoned streams are credited and dropped.
 * Metering hooks (optional): ``on_frames(direction, n)`` for every frame the
   edge's wire ``Connection`` encodes (``out``) or decodes (``in``), and
   ``on_wire_error(reason)`` once per connection closed for a wire problem, with
@@ -346,7 +348,8 @@ class NodeSession:
         self._hub._leave_session(self)
         error = NodeDispatchError(f"node {self.node_id} disconnected")
         for stream in list(self._streams.values()):
-            stream.fail(error)
+            if not stream.terminal_received:  # a finished stream keeps its replies
+                stream.fail(error)
         self._channel.close_soon(reason)
 
     async def _run(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
