@@ -208,3 +208,30 @@ async def test_a_cut_relay_is_logged_as_a_request_not_as_a_handler_crash(
     assert errors_logged == [], [r.getMessage() for r in errors_logged]
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=request ")]
     assert len(lines) == 1 and "status=provider_error" in lines[0], lines
+
+
+async def test_request_timeout_during_a_whole_response_write_cuts_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A non-streamed answer whose write outlives request_timeout (the caller
+    stopped reading) is cut; it used to try to append an SSE error event to the
+    finished response, which raised RuntimeError -> an ERROR traceback."""
+    caplog.set_level(logging.INFO)
+    with trio.fail_after(30):
+        yaml = echo_yaml(openai_extra="  request_timeout: 1\n  long_context_threshold_tokens: 10000000")
+        async with running_gateway(yaml) as gw:
+            words = " ".join("a" * 60_000 for _ in range(100))
+            body = json.dumps(
+                {"model": "echo", "messages": [{"role": "user", "content": words}]}
+            ).encode()
+            server = gw.handle.openai_server
+            assert server is not None
+            stream = await _stalled_stream_client(gw.host_port, body)
+            try:
+                await wait_until(lambda: server.in_flight == 1)
+                with trio.fail_after(10):
+                    await wait_until(lambda: server.in_flight == 0)
+            finally:
+                await stream.aclose()
+    errors_logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors_logged == []

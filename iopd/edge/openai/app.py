@@ -175,7 +175,7 @@ class OpenAIApp:
             out.http_status = status
             headers.append(("x-request-id", out.request_id))
             await responder.send(status, headers, body)
-        elif out.mode == "normalized" and out.endpoint != "api":
+        elif out.mode == "normalized" and out.endpoint != "api" and not responder.finished:
             # An SSE stream already started: end it with an error event.  Bounded:
             # after a timeout or a drain cut the caller may be one that stopped
             # reading, and this write must not outlive the request's deadline.
@@ -185,7 +185,8 @@ class OpenAIApp:
                 return
             raise _AbortConnection(exc.message)
         else:
-            # A raw relay is mid-body: the only honest signal is a cut connection.
+            # A raw relay (or a whole response's write) is mid-body: the only
+            # honest signal is a cut connection.
             raise _AbortConnection(exc.message)
 
     def _finish(self, out: Outcome) -> None:
