@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from iopd.config.load import load_edge_config
+from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.run import EdgeHandle, run_edge
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.mock_providers import MockOpenAIServer
@@ -235,3 +236,45 @@ async def test_request_timeout_during_a_whole_response_write_cuts_quietly(
                 await stream.aclose()
     errors_logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert errors_logged == []
+
+
+async def test_a_request_that_starts_after_the_drain_cut_is_cut_too() -> None:
+    """SPEC §9: after drain_timeout the rest is cancelled with a terminal error.
+    A request whose body was still arriving at the cut starts its handler after
+    ``cut_all()``; it used to run uncut until the node sessions were closed
+    under it (502 node_dispatch_error after the whole grace), not 503."""
+    yaml = echo_yaml(delay_ms=200).replace(
+        "  heartbeat_timeout: 3\n", "  heartbeat_timeout: 3\n  drain_timeout: 0.2\n"
+    )
+    with trio.fail_after(30):
+        async with running_gateway(yaml) as gw:
+            app = gw.handle.openai_server.handler if gw.handle.openai_server else None
+            assert isinstance(app, OpenAIApp)
+            text = " ".join(f"w{i}" for i in range(100))  # 20 s of echo
+            body = json.dumps(
+                {"model": "echo", "messages": [{"role": "user", "content": text}]}
+            ).encode()
+            conn = h11.Connection(h11.CLIENT)
+            stream = await trio.open_tcp_stream(*gw.host_port)
+            async with stream:
+                head = h11.Request(
+                    method="POST",
+                    target="/v1/chat/completions",
+                    headers=[("host", "x"), ("content-length", str(len(body)))],
+                )
+                await stream.send_all(conn.send(head) + conn.send(h11.Data(data=body[:10])))
+                await wait_until(lambda: gw.handle.openai_server.in_flight == 1)  # type: ignore[union-attr]
+                gw.handle.drain()
+                await wait_until(lambda: app._cut)
+                await stream.send_all(
+                    conn.send(h11.Data(data=body[10:])) + conn.send(h11.EndOfMessage())
+                )
+                status = 0
+                while True:
+                    ev = conn.next_event()
+                    if ev is h11.NEED_DATA:
+                        conn.receive_data(await stream.receive_some(65536))
+                    elif isinstance(ev, h11.Response):
+                        status = ev.status_code
+                        break
+                assert status == 503

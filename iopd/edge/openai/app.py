@@ -152,6 +152,8 @@ class OpenAIApp:
             timeout = snap.config.openai.request_timeout
             with trio.move_on_after(timeout) as scope:
                 self._active.add(scope)
+                if self._cut:  # its body was still arriving at the drain deadline
+                    scope.cancel()
                 try:
                     await self._route(snap, request, responder, out)
                 finally:
