@@ -6,6 +6,7 @@ import functools
 import json
 import socket
 import struct
+import sys
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ import trio.testing
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.http.client import ProviderHTTPClient
 from iopd.node.adapters.base import CollectedRunOutput
+from iopd.node.adapters.cli import CliAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
@@ -271,3 +273,33 @@ async def test_a_stream_already_complete_survives_the_node_hanging_up() -> None:
                     await wait_until(lambda: not session.alive)
                     kinds = [m.kind async for m in replies]  # type: ignore[union-attr]
                 assert kinds == ["text", "complete"]
+
+
+async def test_cli_answer_ends_when_the_command_exits_though_a_child_holds_stdout() -> None:
+    # A CLI agent that leaves a helper running in the background (it inherits
+    # stdout) answered, exited 0 - and the run waited for stdout's EOF until
+    # read_timeout, then failed with provider_timeout.  The command's exit now
+    # ends the answer (after what is already in the pipe); the helper is
+    # killed with the process group, as on any other exit.
+    script = "import subprocess, sys; subprocess.Popen(['sleep', '30']); print('hello')"
+    adapter = CliAdapter(
+        ProviderSpec(
+            id="agent",
+            type="cli",
+            command=[sys.executable, "-c", script],
+            read_timeout=20,
+            kill_grace=1,
+        )
+    )
+    req = RunRequest(
+        stream_id=1,
+        provider_id="agent",
+        adapter="cli",
+        target="agent",
+        messages=[{"role": "user", "content": "hi"}],
+    )
+    out = CollectedRunOutput()
+    with trio.fail_after(10):
+        await adapter.run(req, out)
+    assert out.joined_text == "hello\n"
+    assert out.finish_reason == "stop"

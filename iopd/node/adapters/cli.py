@@ -10,8 +10,10 @@ The prompt is the messages rendered as text (``system:`` / ``user:`` /
 instructions into the messages), sent on stdin (``prompt_via: stdin``) or as
 the last argv item (``arg``).  stdout is streamed as text deltas (UTF-8
 decoded incrementally); a gap of more than ``read_timeout`` seconds without
-output is a ``provider_timeout``.  A non-zero exit is a ``provider_error``
-quoting the tail of stderr (bounded).
+output is a ``provider_timeout``.  The answer ends at stdout's EOF, or once
+the command has exited and stdout stays quiet for ``EXIT_DRAIN_SECONDS`` (a
+helper it left running may hold stdout open).  A non-zero exit is a
+``provider_error`` quoting the tail of stderr (bounded).
 
 Usage is estimated, since a CLI reports none: input = the §2.4 estimate
 over the messages, output = ceil(characters of stdout / 4).
@@ -39,6 +41,8 @@ log = logging.getLogger(__name__)
 STDERR_TAIL_BYTES = 2048
 #: Seconds allowed for reaping after SIGKILL.
 REAP_SECONDS = 5.0
+#: After the command exited: seconds of stdout silence that end the answer.
+EXIT_DRAIN_SECONDS = 1.0
 
 
 def render_prompt(messages: list[dict[str, Any]]) -> str:
@@ -62,6 +66,22 @@ def render_prompt(messages: list[dict[str, Any]]) -> str:
                 text += ("\n" if text else "") + f"<tool_call>{block}</tool_call>"
         sections.append(f"{role}:\n{text}")
     return "\n\n".join(sections) + "\n"
+
+
+class _ExitWatch:
+    """Notices the command's exit, and shortens a stdout read in progress then."""
+
+    def __init__(self) -> None:
+        self.exited = False
+        self.read_scope: trio.CancelScope | None = None
+
+    async def watch(self, proc: trio.Process) -> None:
+        await proc.wait()
+        self.exited = True
+        if self.read_scope is not None:
+            self.read_scope.deadline = min(
+                self.read_scope.deadline, trio.current_time() + EXIT_DRAIN_SECONDS
+            )
 
 
 class _StderrTail:
@@ -164,7 +184,9 @@ class CliAdapter(Adapter):
                     assert proc.stdin is not None
                     nursery.start_soon(self._feed_stdin, proc.stdin, prompt.encode())
                 nursery.start_soon(stderr.collect, proc.stderr)
-                timeout_error = await self._stream_stdout(proc.stdout, out)
+                exit_watch = _ExitWatch()
+                nursery.start_soon(exit_watch.watch, proc)
+                timeout_error = await self._stream_stdout(proc.stdout, out, exit_watch)
                 if timeout_error is None:
                     with trio.move_on_after(self.spec.read_timeout):
                         status = await proc.wait()
@@ -194,16 +216,20 @@ class CliAdapter(Adapter):
         out.finish_reason = "stop"
 
     async def _stream_stdout(
-        self, stdout: trio.abc.ReceiveStream, out: RunOutput
+        self, stdout: trio.abc.ReceiveStream, out: RunOutput, exit_watch: _ExitWatch
     ) -> AdapterError | None:
-        """Relay stdout as text deltas until EOF; an error when output stalls."""
+        """Relay stdout as text deltas until EOF (or quiet after the exit); an error
+        when output stalls while the command runs."""
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         chars = 0
         while True:
             chunk = b""
-            with trio.move_on_after(self.spec.read_timeout) as stall:
+            silence = EXIT_DRAIN_SECONDS if exit_watch.exited else self.spec.read_timeout
+            with trio.move_on_after(silence) as stall:
+                exit_watch.read_scope = stall
                 chunk = bytes(await stdout.receive_some(65536))
-            if stall.cancelled_caught:
+            exit_watch.read_scope = None
+            if stall.cancelled_caught and not exit_watch.exited:
                 return AdapterError(
                     "provider_timeout", f"no output for {self.spec.read_timeout:g}s"
                 )
