@@ -395,3 +395,40 @@ def test_rewrite_model_replaces_only_the_model() -> None:
     assert msgspec.json.decode(out) == {**raw, "model": "Qwen/Qwen3-32B"}
     assert raw["model"] == "alias"
     assert list(json.loads(out)) == ["model", "messages", "x"]  # key order kept
+
+
+@pytest.mark.parametrize(
+    ("call", "param"),
+    [
+        ("not-an-object", "messages[1].tool_calls[0]"),
+        ({"function": None}, "messages[1].tool_calls[0].function"),
+        ({"function": {"arguments": "{}"}}, "messages[1].tool_calls[0].function.name"),
+        ({"function": {"name": "f", "arguments": 5}}, "messages[1].tool_calls[0].function.arguments"),
+        ({"id": 7, "function": {"name": "f", "arguments": "{}"}}, "messages[1].tool_calls[0].id"),
+    ],
+)
+def test_earlier_tool_calls_are_validated(call: object, param: str) -> None:
+    """A malformed earlier tool call is the caller's 400, never a node-side crash (502)."""
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ],
+    }
+    with pytest.raises(InvalidRequest) as info:
+        ChatRequest.parse(body)
+    assert info.value.param == param
+
+
+def test_well_formed_earlier_tool_call_passes() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    body = {
+        "model": "m",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        ],
+    }
+    assert ChatRequest.parse(body).messages[1]["tool_calls"] == [call]

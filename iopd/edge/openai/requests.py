@@ -254,14 +254,33 @@ def _messages(raw: dict[str, Any]) -> list[dict[str, Any]]:
                     f"'{here}.tool_calls' is only allowed on assistant messages",
                     param=f"{here}.tool_calls",
                 )
-            if not isinstance(tool_calls, list) or not all(isinstance(c, dict) for c in tool_calls):
+            if not isinstance(tool_calls, list):
                 raise _wrong_type(f"{here}.tool_calls", "an array of objects", tool_calls)
+            for j, call in enumerate(tool_calls):
+                _tool_call(call, f"{here}.tool_calls[{j}]")
         if role == "tool" and not isinstance(msg.get("tool_call_id"), str):
             raise _wrong_type(f"{here}.tool_call_id", "a string", msg.get("tool_call_id"))
         name = msg.get("name")
         if name is not None and not isinstance(name, str):
             raise _wrong_type(f"{here}.name", "a string", name)
     return messages
+
+
+def _tool_call(call: Any, here: str) -> None:
+    """An assistant message's earlier tool call: ``{id?, type?, function{name, arguments}}``."""
+    if not isinstance(call, dict):
+        raise _wrong_type(here, "an object", call)
+    fn = call.get("function")
+    if not isinstance(fn, dict):
+        raise _wrong_type(f"{here}.function", "an object", fn)
+    if not isinstance(fn.get("name"), str):
+        raise _wrong_type(f"{here}.function.name", "a string", fn.get("name"))
+    args = fn.get("arguments")
+    if args is not None and not isinstance(args, str | dict):
+        raise _wrong_type(f"{here}.function.arguments", "a JSON string", args)
+    call_id = call.get("id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise _wrong_type(f"{here}.id", "a string", call_id)
 
 
 def _chat_tools(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
