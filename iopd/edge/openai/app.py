@@ -383,10 +383,10 @@ class OpenAIApp:
 
     @staticmethod
     def _check_passthrough_limits(
-        group: Any, req: rq.ChatRequest | rq.ResponsesRequest, out: Outcome
+        group: Any, req: rq.ChatRequest | rq.ResponsesRequest | rq.OllamaRequest, out: Outcome
     ) -> None:
-        """A group whose providers all relay raw: a generation limit is a 400 before
-        dispatch (whichever provider is picked, the answer is the same)."""
+        """A request that can only be relayed raw (an all-passthrough group, or
+        ``/api/*``): a generation limit is a 400 before it queues."""
         if out.mode == "passthrough":
             apply_generation(
                 req.params(), group.generation, passthrough=True, field_names=req.field_names
@@ -427,11 +427,8 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                apply_generation(
-                    req.params(), group.generation, passthrough=True, field_names=req.field_names
-                )
                 await self._passthrough(
-                    snap, request, req.raw, lease, session, provider_auth, responder, out
+                    snap, request, req, group, lease, session, provider_auth, responder, out
                 )
                 return
             out.mode = "normalized"
@@ -644,11 +641,8 @@ class OpenAIApp:
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
-                apply_generation(
-                    req.params(), group.generation, passthrough=True, field_names=req.field_names
-                )
                 await self._passthrough(
-                    snap, request, req.raw, lease, session, provider_auth, responder, out
+                    snap, request, req, group, lease, session, provider_auth, responder, out
                 )
                 return
             out.mode = "normalized"
@@ -703,15 +697,15 @@ class OpenAIApp:
                 f"model '{req.model[:200]}' has no ollama provider for {request.path}",
                 param="model",
             )
-        apply_generation(
-            req.params(), group.generation, passthrough=True, field_names=req.field_names
-        )
+        self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
             group.id, requires=frozenset({"ollama"}), queue_timeout=group.queue_timeout
         ) as lease:
             out.provider = lease.provider_id
             session = self._session(lease)
-            await self._passthrough(snap, request, req.raw, lease, session, None, responder, out)
+            await self._passthrough(
+                snap, request, req, group, lease, session, None, responder, out
+            )
 
     # ----------------------------------------------------------------- relay
 
@@ -725,14 +719,22 @@ class OpenAIApp:
         self,
         snap: Snapshot,
         request: Request,
-        raw: dict[str, Any],
+        req: rq.ChatRequest | rq.ResponsesRequest | rq.OllamaRequest,
+        group: Any,
         lease: Lease,
         session: Any,
         provider_auth: str | None,
         responder: Responder,
         out: Outcome,
     ) -> None:
-        """Relay the caller's request to the leased provider, ``model`` rewritten."""
+        """Relay the caller's request to the leased provider, ``model`` rewritten.
+
+        Generation limits are checked here (passthrough adds nothing; over a
+        limit is a 400): in a mixed group only the lease decides the path.
+        """
+        apply_generation(
+            req.params(), group.generation, passthrough=True, field_names=req.field_names
+        )
         out.mode = "passthrough"
         treq = ProviderTunnelRequest(
             stream_id=0,
@@ -740,7 +742,7 @@ class OpenAIApp:
             method="POST",
             path=request.path,
             headers=self._tunnel_headers(snap, request, provider_auth),
-            body=rq.rewrite_model(raw, lease.target),
+            body=rq.rewrite_model(req.raw, lease.target),
         )
         await self._relay(session, treq, responder, out)
 
