@@ -56,9 +56,7 @@ def parse_host_port(address: str) -> tuple[str, int]:
         if ":" in host:
             raise ValueError("an IPv6 address must be in brackets, e.g. [::1]:7071")
         if not host:
-            raise ValueError(
-                "the host is empty (use 0.0.0.0 or [::] to listen on every interface)"
-            )
+            raise ValueError("the host is empty (use 0.0.0.0 or [::] to listen on every interface)")
     if not port_text.isascii() or not port_text.isdigit():
         raise ValueError("the port must be a number 0..65535")
     port = int(port_text)
@@ -124,7 +122,9 @@ class _Errors:
 def _check_provider(err: _Errors, path: str, p: ProviderConfig) -> None:
     if p.type in ("openai", "ollama"):
         if not p.base_url:
-            err.add(f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)")
+            err.add(
+                f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)"
+            )
         else:
             try:
                 parts = urlsplit(p.base_url)
@@ -174,6 +174,14 @@ def _check_edge_tls(err: _Errors, tls: EdgeTLS) -> None:
         err.add("edge.tls.client_ca", "requires edge.tls.cert and edge.tls.key")
 
 
+def _first_at(seen: dict[str, str], key: str, path: str) -> str | None:
+    """Where ``key`` was first defined, or None (recording ``path``) the first time."""
+    first = seen.get(key)
+    if first is None:
+        seen[key] = path
+    return first
+
+
 def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     """Every semantic problem of an edge config, as ``YAML.PATH: reason`` lines."""
     err = _Errors()
@@ -189,8 +197,10 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     err.positive("edge.drain_timeout", e.drain_timeout)
     err.positive("edge.heartbeat_interval", e.heartbeat_interval)
     err.positive("edge.heartbeat_timeout", e.heartbeat_timeout)
-    if e.heartbeat_interval > 0 and e.heartbeat_timeout > 0 and (
-        not e.heartbeat_timeout > e.heartbeat_interval
+    if (
+        e.heartbeat_interval > 0
+        and e.heartbeat_timeout > 0
+        and (not e.heartbeat_timeout > e.heartbeat_interval)
     ):
         err.add(
             "edge.heartbeat_timeout",
@@ -201,48 +211,41 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     _check_edge_tls(err, e.tls)
 
     # ---- nodes and providers
-    node_index: dict[str, int] = {}
+    node_index: dict[str, str] = {}  # node id -> path of its definition
     provider_at: dict[str, str] = {}  # provider id -> path of its definition
     providers: dict[str, ProviderConfig] = {}
     provider_node: dict[str, str] = {}
     for n, node in enumerate(cfg.nodes):
         npath = f"nodes[{n}]"
         if err.not_empty(f"{npath}.id", node.id):
-            if node.id in node_index:
-                err.add(
-                    f"{npath}.id",
-                    f"duplicate node id {node.id!r} (first defined at nodes[{node_index[node.id]}])",
-                )
-            else:
-                node_index[node.id] = n
+            first = _first_at(node_index, node.id, npath)
+            if first is not None:
+                err.add(f"{npath}.id", f"duplicate node id {node.id!r} (first defined at {first})")
         err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
         for j, p in enumerate(node.providers):
             ppath = f"{npath}.providers[{j}]"
             if err.not_empty(f"{ppath}.id", p.id):
-                if p.id in provider_at:
+                first = _first_at(provider_at, p.id, ppath)
+                if first is not None:
                     err.add(
-                        f"{ppath}.id",
-                        f"duplicate provider id {p.id!r} (first defined at {provider_at[p.id]})",
+                        f"{ppath}.id", f"duplicate provider id {p.id!r} (first defined at {first})"
                     )
                 else:
-                    provider_at[p.id] = ppath
                     providers[p.id] = p
                     provider_node[p.id] = node.id
             _check_provider(err, ppath, p)
 
     # ---- model groups
-    group_index: dict[str, int] = {}
+    group_index: dict[str, str] = {}
     for m, group in enumerate(cfg.models):
         mpath = f"models[{m}]"
         if err.not_empty(f"{mpath}.id", group.id):
-            if group.id in group_index:
+            first = _first_at(group_index, group.id, mpath)
+            if first is not None:
                 err.add(
                     f"{mpath}.id",
-                    f"duplicate model group id {group.id!r} "
-                    f"(first defined at models[{group_index[group.id]}])",
+                    f"duplicate model group id {group.id!r} (first defined at {first})",
                 )
-            else:
-                group_index[group.id] = m
         if not group.providers:
             err.add(f"{mpath}.providers", "must map at least one provider id to a served model")
         for pid, served in group.providers.items():
@@ -279,28 +282,21 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
 
-    ref_at: dict[str, int] = {}
-    hash_at: dict[str, int] = {}
+    ref_at: dict[str, str] = {}
+    hash_at: dict[str, str] = {}
     for i, tok in enumerate(o.principal_tokens):
         tpath = f"openai.principal_tokens[{i}]"
         if err.not_empty(f"{tpath}.token_ref", tok.token_ref):
-            if tok.token_ref in ref_at:
+            first = _first_at(ref_at, tok.token_ref, tpath)
+            if first is not None:
                 err.add(
                     f"{tpath}.token_ref",
-                    f"duplicate token_ref {tok.token_ref!r} "
-                    f"(first at openai.principal_tokens[{ref_at[tok.token_ref]}])",
+                    f"duplicate token_ref {tok.token_ref!r} (first at {first})",
                 )
-            else:
-                ref_at[tok.token_ref] = i
         if err.hash64(f"{tpath}.token_hash_sha256", tok.token_hash_sha256):
-            if tok.token_hash_sha256 in hash_at:
-                err.add(
-                    f"{tpath}.token_hash_sha256",
-                    "duplicate token hash "
-                    f"(same as openai.principal_tokens[{hash_at[tok.token_hash_sha256]}])",
-                )
-            else:
-                hash_at[tok.token_hash_sha256] = i
+            first = _first_at(hash_at, tok.token_hash_sha256, tpath)
+            if first is not None:
+                err.add(f"{tpath}.token_hash_sha256", f"duplicate token hash (same as {first})")
         err.not_empty(f"{tpath}.principal_ref", tok.principal_ref)
 
     def provider_on(path: str, node_id: str | None, pid: str) -> ProviderConfig | None:
@@ -312,18 +308,15 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
             return None
         return providers[pid]
 
-    route_at: dict[str, int] = {}
+    route_at: dict[str, str] = {}
     for r, route in enumerate(o.model_routes):
         rpath = f"openai.model_routes[{r}]"
         if err.not_empty(f"{rpath}.model", route.model):
-            if route.model in route_at:
+            first = _first_at(route_at, route.model, rpath)
+            if first is not None:
                 err.add(
-                    f"{rpath}.model",
-                    f"duplicate route model {route.model!r} "
-                    f"(first at openai.model_routes[{route_at[route.model]}])",
+                    f"{rpath}.model", f"duplicate route model {route.model!r} (first at {first})"
                 )
-            else:
-                route_at[route.model] = r
         if route.node not in node_index:
             err.add(f"{rpath}.node", f"node {route.node!r} is not defined under nodes[]")
         prov = provider_on(f"{rpath}.adapter", route.node, route.adapter)
