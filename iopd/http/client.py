@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 client on trio + h11, used by the node to reach providers.
+"""A small HTTP/1.1 client on trio, used by the node to reach providers.
 
 Why our own: the node needs exactly three things from a client — keep-alive
 reuse (LLM servers are called many times a second), bytes relayed as they
@@ -7,8 +7,10 @@ arrive (SSE), and *closing* the upstream connection when a run is cancelled
 client hides the last one behind pool logic; here it is explicit:
 
 * a connection goes back to the idle pool only when its response was read to
-  the end and h11 says both sides are ``DONE``; anything else (cancel, error,
-  a body left unread) closes it;
+  the end, the provider allows keep-alive and nothing unexpected followed the
+  response; anything else (cancel, error, a body left unread) closes it;
+* the wire format is ``iopd.http.h1`` (sans-IO, written for this client: h11
+  cost ~250 µs on a streamed reply's first-chunk path, see that module);
 * every low-level failure is mapped in one place (``_map_errors``) into
   ``ProviderConnectError`` / ``ProviderTimeoutError`` / ``ProviderProtocolError``;
 * timeouts are ``fail_after`` scopes: ``connect_timeout`` around the dial,
@@ -31,8 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-import h11
 import trio
+
+from iopd.http.h1 import H1ProtocolError, ResponseHead, ResponseReader, render_request
 
 __all__ = [
     "ProviderConnectError",
@@ -83,10 +86,8 @@ def _map_errors(phase: str) -> Iterator[None]:
         if phase == "connect":
             raise ProviderConnectError("connect timed out") from None
         raise ProviderTimeoutError(f"provider did not answer in time ({phase})") from None
-    except h11.RemoteProtocolError as exc:
+    except H1ProtocolError as exc:
         raise ProviderProtocolError(f"invalid HTTP from provider: {exc}") from None
-    except h11.LocalProtocolError as exc:
-        raise ProviderProtocolError(f"cannot send request: {exc}") from None
     except ssl.SSLError as exc:
         raise ProviderConnectError(f"TLS error: {exc.reason or exc}") from None
     except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -110,17 +111,17 @@ def _describe(exc: BaseException) -> str:
 
 
 class _Connection:
-    """One TCP (or TLS) connection and its h11 state machine."""
+    """One TCP (or TLS) connection; ``reader`` parses the response in progress."""
 
     def __init__(self, stream: trio.abc.Stream, sock: Any) -> None:
         self.stream = stream
         self.sock = sock
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.reader: ResponseReader | None = None  # None between exchanges
         self.reused = False
 
     def looks_reusable(self) -> bool:
         """False when the idle socket is readable, i.e. the server closed it."""
-        if self.h11.our_state is not h11.IDLE or self.h11.their_state is not h11.IDLE:
+        if self.reader is not None:
             return False
         if self.sock is None:
             return True
@@ -129,6 +130,16 @@ class _Connection:
         except (OSError, ValueError):
             return False
         return not readable
+
+    async def receive(self, read_timeout: float) -> None:
+        """Feed the socket's next bytes (or its EOF) to ``reader``."""
+        assert self.reader is not None
+        with trio.fail_after(read_timeout):
+            data = await self.stream.receive_some(_RECEIVE_BYTES)
+        if data:
+            self.reader.receive_data(data)
+        else:
+            self.reader.receive_eof()
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -146,21 +157,22 @@ class FullResponse:
 class ProviderResponse:
     """A response whose body is read as it arrives (``aiter_bytes``)."""
 
-    def __init__(
-        self,
-        conn: _Connection,
-        status: int,
-        headers: list[tuple[str, str]],
-        read_timeout: float,
-    ) -> None:
-        self.status = status
-        self.headers = headers
+    def __init__(self, conn: _Connection, head: ResponseHead, read_timeout: float) -> None:
+        assert conn.reader is not None
+        self.status = head.status
+        self.headers = head.headers
         self._conn = conn
+        self._reader = conn.reader
         self._read_timeout = read_timeout
-        self.complete = False  # the whole body was read
-        # An event taken from h11's buffer by ``body_ready`` (never read from
-        # the socket), or the protocol error that taking it raised.
-        self._peeked: Any = None
+        # Body bytes taken from the buffer by ``body_ready`` (never read from
+        # the socket), or the protocol error that taking them raised.
+        self._ready = b""
+        self._ready_error: H1ProtocolError | None = None
+
+    @property
+    def complete(self) -> bool:
+        """The whole body was read."""
+        return self._reader.complete and not self._ready
 
     def header(self, name: str) -> str | None:
         """First value of header ``name`` (case-insensitive), or None."""
@@ -173,56 +185,43 @@ class ProviderResponse:
     def body_ready(self) -> bool:
         """True when the body's first bytes (or its end) arrived with the head.
 
-        Never reads from the socket: it only looks at what h11 has buffered,
-        so a caller may let the head wait for those bytes and write both at
-        once without ever waiting for the provider.
+        Never reads from the socket: it only looks at what is buffered, so a
+        caller may let the head wait for those bytes and write both at once
+        without ever waiting for the provider.
         """
-        if self._peeked is None and not self.complete:
+        if not self._ready and self._ready_error is None:
             try:
-                event = self._conn.h11.next_event()
-            except h11.RemoteProtocolError as exc:
-                self._peeked = exc  # raised by aiter_bytes, after nothing
+                self._ready = self._reader.read_body()
+            except H1ProtocolError as exc:
+                self._ready_error = exc  # raised by aiter_bytes, after nothing
                 return False
-            if event is not h11.NEED_DATA:
-                self._peeked = event
-        return self._peeked is not None and not isinstance(self._peeked, Exception)
+        return bool(self._ready) or self._reader.complete
 
     async def aiter_bytes(self) -> AsyncIterator[bytes]:
-        """Yield body bytes as they arrive (h11 undoes chunked encoding).
+        """Yield body bytes as they arrive (chunked encoding undone).
 
-        Chunks that arrived together (an SSE burst read at once) are yielded
-        as one piece: one relay frame and one write downstream instead of one
-        per chunk, and never a wait for bytes that are not here yet.
+        Everything buffered is yielded as one piece (an SSE burst read at
+        once: one relay frame and one write downstream instead of one per
+        chunk), and never a wait for bytes that are not here yet.  Bytes that
+        arrived before a malformed part are yielded before the error.
         """
-        conn = self._conn.h11
-        while not self.complete:
-            event, self._peeked = self._peeked, None
+        reader = self._reader
+        conn = self._conn
+        while True:
+            data, self._ready = self._ready, b""
             with _map_errors("read body"):
-                if event is None:
-                    event = await _next_event(self._conn, self._read_timeout)
-                elif isinstance(event, h11.RemoteProtocolError):
-                    raise event
-            data = b""
-            broken: h11.RemoteProtocolError | None = None  # after the bytes before it
-            if isinstance(event, h11.Data):
-                parts = [bytes(event.data)]
-                try:
-                    event = conn.next_event()  # never reads: NEED_DATA if nothing is buffered
-                    while isinstance(event, h11.Data):
-                        parts.append(bytes(event.data))
-                        event = conn.next_event()
-                except h11.RemoteProtocolError as exc:
-                    broken, event = exc, h11.NEED_DATA
-                data = parts[0] if len(parts) == 1 else b"".join(parts)
-            if isinstance(event, h11.EndOfMessage):
-                self.complete = True
-            elif event is not h11.NEED_DATA:  # pragma: no cover - h11 guarantees these
-                raise ProviderProtocolError(f"unexpected HTTP event {type(event).__name__}")
+                if self._ready_error is not None:
+                    error, self._ready_error = self._ready_error, None
+                    raise error
+                if not data:
+                    data = reader.read_body()
+                    while not data and not reader.complete:
+                        await conn.receive(self._read_timeout)
+                        data = reader.read_body()
             if data:
                 yield data
-            if broken is not None:
-                with _map_errors("read body"):
-                    raise broken
+            if reader.complete:
+                return
 
     async def read(self, limit: int | None = None) -> bytes:
         """Read the rest of the body (at most ``limit`` bytes are kept)."""
@@ -235,27 +234,6 @@ class ProviderResponse:
             size += len(chunk)
         body = b"".join(parts)
         return body if limit is None else body[:limit]
-
-
-async def _next_event(conn: _Connection, read_timeout: float) -> Any:
-    while True:
-        event = conn.h11.next_event()
-        if event is not h11.NEED_DATA:
-            return event
-        # Server hung up before a response on a reused connection: the classic
-        # keep-alive race (it closed the idle socket meanwhile).  Our request
-        # may meet the closed socket, so a reset counts as much as an EOF.
-        stale = conn.reused and conn.h11.their_state is h11.SEND_RESPONSE
-        try:
-            with trio.fail_after(read_timeout):
-                data = await conn.stream.receive_some(_RECEIVE_BYTES)
-        except (trio.BrokenResourceError, OSError):
-            if stale:
-                raise _StaleConnection() from None
-            raise
-        if not data and stale:
-            raise _StaleConnection()
-        conn.h11.receive_data(bytes(data))
 
 
 class ProviderHTTPClient:
@@ -333,14 +311,10 @@ class ProviderHTTPClient:
             not self._closed
             and response is not None
             and response.complete
-            and conn.h11.our_state is h11.DONE
-            and conn.h11.their_state is h11.DONE
+            and conn.reader is not None
+            and conn.reader.reusable
         )
-        if reusable:
-            try:
-                conn.h11.start_next_cycle()
-            except h11.LocalProtocolError:
-                reusable = False
+        conn.reader = None
         if reusable and len(self._idle) < self.max_idle_connections:
             self._idle.append(conn)
         else:
@@ -378,10 +352,11 @@ class ProviderHTTPClient:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> None:
-        data = conn.h11.send(h11.Request(method=method, target=target, headers=headers))
-        if body:
-            data = (data or b"") + (conn.h11.send(h11.Data(data=body)) or b"")
-        data = (data or b"") + (conn.h11.send(h11.EndOfMessage()) or b"")
+        try:
+            data = render_request(method, target, headers, body)
+        except H1ProtocolError as exc:
+            raise ProviderProtocolError(f"cannot send request: {exc}") from None
+        conn.reader = ResponseReader(head_only=method.upper() == "HEAD")
         with trio.fail_after(self.read_timeout):
             await conn.stream.send_all(data)
 
@@ -399,20 +374,26 @@ class ProviderHTTPClient:
             if conn.reused:
                 raise _StaleConnection() from None
             raise
+        reader = conn.reader
+        assert reader is not None
         while True:
-            event = await _next_event(conn, self.read_timeout)
-            if isinstance(event, h11.InformationalResponse):
-                continue
-            if isinstance(event, h11.Response):
-                headers_out = [
-                    (k.decode("latin-1").lower(), v.decode("latin-1")) for k, v in event.headers
-                ]
-                return ProviderResponse(conn, event.status_code, headers_out, self.read_timeout)
-            if isinstance(event, h11.ConnectionClosed):
-                if conn.reused:
-                    raise _StaleConnection()
-                raise ProviderProtocolError("provider closed the connection without a response")
-            raise ProviderProtocolError(f"unexpected HTTP event {type(event).__name__}")
+            try:
+                head = reader.read_head()
+            except H1ProtocolError:
+                # Server hung up before a response on a reused connection: the
+                # classic keep-alive race (it closed the idle socket meanwhile).
+                if conn.reused and not reader.received_any:
+                    raise _StaleConnection() from None
+                raise
+            if head is not None:
+                return ProviderResponse(conn, head, self.read_timeout)
+            try:
+                await conn.receive(self.read_timeout)
+            except (trio.BrokenResourceError, OSError):
+                # Our request may meet the closed socket: a reset counts as an EOF.
+                if conn.reused and not reader.received_any:
+                    raise _StaleConnection() from None
+                raise
 
     @contextlib.asynccontextmanager
     async def stream(
