@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import secrets
 import time
@@ -122,6 +123,10 @@ class Outcome:
     reasoning_reported: bool = False
     quiet: bool = False  # not logged (health probes)
     started: float = field(default_factory=time.perf_counter)
+    # The request_timeout scope and its deadline, parked while the request is
+    # queued for a lease (``OpenAIApp._queue_bound``).
+    scope: trio.CancelScope | None = None
+    deadline: float = math.inf
 
 
 class OpenAIApp:
@@ -151,6 +156,7 @@ class OpenAIApp:
         try:
             timeout = snap.config.openai.request_timeout
             with trio.move_on_after(timeout) as scope:
+                out.scope, out.deadline = scope, scope.deadline
                 self._active.add(scope)
                 if self._cut:  # its body was still arriving at the drain deadline
                     scope.cancel()
@@ -422,8 +428,12 @@ class OpenAIApp:
         )
         self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
-            group.id, context_class=cclass, requires=frozenset(), queue_timeout=group.queue_timeout
+            group.id,
+            context_class=cclass,
+            requires=frozenset(),
+            queue_timeout=self._queue_bound(group, out),
         ) as lease:
+            self._lease_taken(out)
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
@@ -457,6 +467,28 @@ class OpenAIApp:
                 )
             else:
                 await self._chat_once(snap, session, run, responder, out, req, text_tools=text_tools)
+
+    def _queue_bound(self, group: Any, out: Outcome) -> float:
+        """The queue timeout of this request's lease, which also takes over its time limit.
+
+        A request that runs out of time before it holds a lease involved no
+        provider: that is a queue timeout (503 + Retry-After, counted as one
+        by the pool's metrics), not the request scope's 504
+        ``provider_timeout``.  So the pool waits at most the time left, and
+        the scope's deadline is parked until ``_lease_taken`` puts it back (a
+        lease error leaves the scope at once).  A drain cut still cancels.
+        """
+        bound = self.rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
+        if out.scope is None:
+            return bound
+        out.scope.deadline = math.inf
+        return min(bound, max(0.0, out.deadline - trio.current_time()))
+
+    @staticmethod
+    def _lease_taken(out: Outcome) -> None:
+        """The request holds a lease: its time limit is the scope's again."""
+        if out.scope is not None:
+            out.scope.deadline = out.deadline
 
     def _session(self, lease: Lease) -> Any:
         session = self.rt.hub.session(lease.node_id)
@@ -636,8 +668,12 @@ class OpenAIApp:
         cclass = self._long_class(snap, estimate)
         self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
-            group.id, context_class=cclass, requires=requires, queue_timeout=group.queue_timeout
+            group.id,
+            context_class=cclass,
+            requires=requires,
+            queue_timeout=self._queue_bound(group, out),
         ) as lease:
+            self._lease_taken(out)
             out.provider = lease.provider_id
             session = self._session(lease)
             if lease.provider_type in PASSTHROUGH_TYPES:
@@ -699,8 +735,9 @@ class OpenAIApp:
             )
         self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
-            group.id, requires=frozenset({"ollama"}), queue_timeout=group.queue_timeout
+            group.id, requires=frozenset({"ollama"}), queue_timeout=self._queue_bound(group, out)
         ) as lease:
+            self._lease_taken(out)
             out.provider = lease.provider_id
             session = self._session(lease)
             await self._passthrough(
