@@ -157,6 +157,7 @@ async def _drain(
 ) -> None:
     in_flight = openai_srv.in_flight
     log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
+    app.begin_drain()  # /healthz answers 503 from now on: load balancers stop sending
     openai_srv.shutdown()
     with trio.move_on_after(timeout):
         await openai_srv.wait_idle()

@@ -138,6 +138,11 @@ class OpenAIApp:
         self._id_prefix = secrets.token_hex(4)
         self._active: set[trio.CancelScope] = set()
         self._cut = False
+        self._draining = False
+
+    def begin_drain(self) -> None:
+        """The edge is draining: ``/healthz`` answers 503 from now on."""
+        self._draining = True
 
     def cut_all(self) -> None:
         """Drain deadline: end every request in flight with a terminal error."""
@@ -258,8 +263,10 @@ class OpenAIApp:
         if path == "/healthz":
             if method not in allowed:  # type: ignore[operator]
                 raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
-            out.status = "ok"
             out.quiet = True
+            if self._draining:  # take this instance out of the load balancer
+                raise errors.ShuttingDown("the edge is shutting down")
+            out.status = "ok"
             await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
             return
         if allowed is None:
