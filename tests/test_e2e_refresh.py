@@ -599,14 +599,19 @@ async def test_fake_node_sees_pushes_only_when_changed(tmp_path: Path) -> None:
 async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A node that refuses its NodeConfig does not undo the edge's apply."""
+    """A node that refuses a pushed NodeConfig does not undo the edge's apply.
+
+    It accepted its first config (a node that rejects that one is never
+    connected: tests/test_open_points.py), then rejects the refresh's push.
+    """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
             host, port = edge.gw.handle.wire
             async with FakeNode.connect(
-                host, port, node_id="node-b", token=node_token("node-b"), config_ok=False
+                host, port, node_id="node-b", token=node_token("node-b")
             ) as fake:
                 await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
+                fake._config_ok = False  # from now on every push is rejected
                 caplog.clear()
                 doc = await edge.apply(cap2=4)
                 assert doc["applied"] is True

@@ -1,4 +1,4 @@
-"""Two correctness gaps found in review, each pinned by an end-to-end test.
+"""Three correctness gaps found in review, each pinned by an end-to-end test.
 
 1. ``openai.request_timeout`` running out while a request is still *queued*
    (no provider lease yet) is a queue timeout — 503 ``queue_timeout`` with
@@ -6,13 +6,20 @@
    holds a lease when its time is up keeps the 504 ``provider_timeout``.
 2. Once the edge drains, ``GET /healthz`` answers 503 ``shutting_down`` (and
    the connection closes), so a load balancer takes the instance out.
+3. A node that rejects its *first* ``NodeConfig`` (its adapters could not be
+   built) is not announced: the edge closes its session, logs why, and
+   ``/status`` shows it disconnected.
 
-Everything runs a real edge (``tests/gateway.py``) over loopback.
+Everything runs a real edge (``tests/gateway.py``) over loopback; scripted
+nodes are ``FakeNode`` subclasses that answer config pushes as told.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import h11
+import pytest
 import trio
 import trio.testing
 
@@ -25,6 +32,9 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
+from tests.test_e2e_refresh import running_edge
+from tests.wire_peers import FakeNode
+from wire.messages import Message, NodeConfig, NodeConfigAck
 
 REQUEST_TIMEOUT = 5
 
@@ -156,3 +166,77 @@ async def test_healthz_answers_503_and_closes_once_the_edge_drains(
                 assert (err["type"], err["code"]) == ("server_error", "shutting_down")
                 assert second.header("connection") == "close"
                 assert await stream.receive_some(1024) == b""  # and the edge hung up
+
+
+# ---------------------------------------- config pushes a node rejects or ignores
+
+
+class ScriptedAckNode(FakeNode):
+    """A FakeNode answering its n-th NodeConfig with ``ACKS[n]`` (the last one repeats):
+    ``True`` = ok, a string = rejected with that reason, ``None`` = never answered."""
+
+    ACKS: tuple[bool | str | None, ...] = (True,)
+    pushes = 0
+
+    def _dispatch(self, msg: Message) -> None:
+        if not isinstance(msg, NodeConfig):
+            super()._dispatch(msg)
+            return
+        answer = self.ACKS[min(self.pushes, len(self.ACKS) - 1)]
+        self.pushes += 1
+        self.config = msg
+        self.received.append(msg)
+        if answer is None:
+            return
+        ok = answer is True
+        error = "" if ok else str(answer)
+        self.channel.post(
+            NodeConfigAck(stream_id=msg.stream_id, version=msg.version, ok=ok, error=error)
+        )
+
+
+BUILD_ERROR = "provider 'echo-2': cannot build the adapter"
+
+
+class RejectsEverything(ScriptedAckNode):
+    ACKS = (BUILD_ERROR,)
+
+
+class RejectsLaterPushes(ScriptedAckNode):
+    ACKS = (True, BUILD_ERROR)
+
+
+class IgnoresLaterPushes(ScriptedAckNode):
+    ACKS = (True, None)
+
+
+# ------------------------------------- 3. a node that rejects its first config
+
+
+async def test_node_rejecting_its_first_config_is_closed_and_not_connected(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with trio.fail_after(60):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            caplog.clear()
+            async with RejectsEverything.connect(
+                host, port, node_id="node-b", token=node_token("node-b")
+            ) as fake:
+                await fake.wait_closed()  # the edge ends the session
+                assert fake.pushes == 1 and fake.config is not None
+            assert (
+                "event=node_config_push node=node-b outcome=rejected "
+                f"reason={BUILD_ERROR!r}" in caplog.text
+            )
+            assert "event=node_connected node=node-b" not in caplog.text
+            assert edge.gw.runtime.hub.session("node-b") is None
+            [node_b] = [n for n in (await edge.status())["nodes"] if n["id"] == "node-b"]
+            assert node_b["connected"] is False and node_b["connected_since"] is None
+            assert metric(edge.gw, "iop_connected_nodes") == 1  # node-a only
+            # Not routable: echo-2 never takes a lease (node-a's echo-1 serves all).
+            for _ in range(4):
+                assert (await edge.chat("hi")).status == 200
+            assert "echo-2" not in {
+                pid for pid, load in edge.gw.runtime.pool.provider_loads().items() if load.in_flight
+            }

@@ -8,6 +8,8 @@ Why it looks like this:
   is caught and logged here; the hub keeps serving the others.
 * A session is "ready" (returned by ``session()``, announced with
   ``on_connect``) only after the node acknowledged its first ``NodeConfig``.
+  A node that rejects it (its adapters could not be built) is never
+  announced: the edge logs why and closes the connection.
 * A new Hello for a node id that still has a session *replaces* it: the old
   session's streams fail at once with ``NodeDispatchError`` and
   ``on_disconnect`` is called for it before the new one's ``on_connect``.
@@ -34,10 +36,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Literal
 
@@ -137,6 +140,23 @@ def _wire_error_reason(channel: WireChannel) -> str:
 def _printable(value: str, limit: int = 64) -> str:
     """A peer-supplied string made safe for a log line."""
     return repr(value[:limit])
+
+
+_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
+
+
+def safe_node_reason(
+    reason: str, pushed: NodeConfig, *, known_secrets: Iterable[str] = (), limit: int = 200
+) -> str:
+    """A node-supplied reason (e.g. a ``NodeConfigAck.error``) fit for a log line or a
+    report: without the secrets the edge knows (``pushed``'s API keys, ``known_secrets``,
+    credentials in URLs) should the node have echoed one, on one line, at most
+    ``limit`` characters."""
+    for secret in [p.api_key for p in pushed.providers if p.api_key] + list(known_secrets):
+        if secret:
+            reason = reason.replace(secret, "<redacted>")
+    flat = " ".join(_URL_USERINFO.sub(r"\1<redacted>@", reason).split()) or "no reason given"
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -396,12 +416,18 @@ class NodeSession:
             self._end(f"initial config not acknowledged: {exc.message}")
             return
         if not ack.ok:
+            # Its adapters could not be built: it serves nothing, so it is not
+            # announced (not routable, not connected in /status); it redials.
+            reason = safe_node_reason(ack.error, cfg)
             log.warning(
-                "node rejected its config node_id=%s version=%d error=%s",
+                "event=node_config_push node=%s outcome=rejected reason=%r version=%d peer=%s",
                 self.node_id,
+                reason,
                 ack.version,
-                _printable(ack.error, 200),
+                self.peer,
             )
+            self._end(f"node rejected its initial config: {reason}")
+            return
         if not self.alive:
             return
         self.ready = True
@@ -656,4 +682,4 @@ class NodeHub:
             log.exception("NodeHub %s callback failed", what)
 
 
-__all__ = ["NodeHub", "NodeSession"]
+__all__ = ["NodeHub", "NodeSession", "safe_node_reason"]
