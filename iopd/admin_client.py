@@ -182,7 +182,12 @@ def status_main(admin: str, *, as_json: bool = False) -> int:
 
 
 def refresh_main(admin: str, *, dry_run: bool = False) -> int:
-    """``iopd refresh``: print the report; exit 1 when the apply is (or would be) refused."""
+    """``iopd refresh``: print the report; exit 0 only when it is clean.
+
+    Exit 1 when the apply is (or, dry run, would be) refused, and also when it
+    was applied but the report has ``errors`` (a changed node rejected or did
+    not acknowledge its config push): any error line means exit 1.
+    """
     mode = "dry_run" if dry_run else "apply"
     try:
         doc = _expect(_call(admin, "POST", "/refresh", {"mode": mode}), REPORT_KEYS, admin)
@@ -197,4 +202,4 @@ def refresh_main(admin: str, *, dry_run: bool = False) -> int:
     refused = bool(doc.get("errors") or doc.get("restart_required"))
     if dry_run:
         return 1 if refused else 0
-    return 0 if doc.get("applied") else 1
+    return 0 if doc.get("applied") and not doc.get("errors") else 1

@@ -1,4 +1,4 @@
-"""Three correctness gaps found in review, each pinned by an end-to-end test.
+"""Four correctness gaps found in review, each pinned by an end-to-end test.
 
 1. ``openai.request_timeout`` running out while a request is still *queued*
    (no provider lease yet) is a queue timeout — 503 ``queue_timeout`` with
@@ -9,6 +9,10 @@
 3. A node that rejects its *first* ``NodeConfig`` (its adapters could not be
    built) is not announced: the edge closes its session, logs why, and
    ``/status`` shows it disconnected.
+4. A refresh whose push a node rejects (or never acknowledges) stays
+   ``applied: true`` — the edge's own swap is done — but says so in the
+   report's ``errors`` (never with a secret in it), and ``iopd refresh``
+   exits 1.
 
 Everything runs a real edge (``tests/gateway.py``) over loopback; scripted
 nodes are ``FakeNode`` subclasses that answer config pushes as told.
@@ -23,6 +27,8 @@ import pytest
 import trio
 import trio.testing
 
+from iopd.admin_client import refresh_main
+from iopd.edge.nodes import safe_node_reason
 from tests.gateway import (
     Gateway,
     RawResponse,
@@ -34,7 +40,7 @@ from tests.gateway import (
 )
 from tests.test_e2e_refresh import running_edge
 from tests.wire_peers import FakeNode
-from wire.messages import Message, NodeConfig, NodeConfigAck
+from wire.messages import Message, NodeConfig, NodeConfigAck, ProviderSpec
 
 REQUEST_TIMEOUT = 5
 
@@ -224,7 +230,8 @@ async def test_node_rejecting_its_first_config_is_closed_and_not_connected(
                 host, port, node_id="node-b", token=node_token("node-b")
             ) as fake:
                 await fake.wait_closed()  # the edge ends the session
-                assert fake.pushes == 1 and fake.config is not None
+                assert isinstance(fake, ScriptedAckNode) and fake.pushes == 1
+                assert fake.config is not None
             assert (
                 "event=node_config_push node=node-b outcome=rejected "
                 f"reason={BUILD_ERROR!r}" in caplog.text
@@ -240,3 +247,83 @@ async def test_node_rejecting_its_first_config_is_closed_and_not_connected(
             assert "echo-2" not in {
                 pid for pid, load in edge.gw.runtime.pool.provider_loads().items() if load.in_flight
             }
+
+
+# ------------------------------ 4. a refresh whose push is rejected or unanswered
+
+
+async def test_refresh_reports_a_rejected_push_and_the_cli_exits_1(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with trio.fail_after(60):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            async with RejectsLaterPushes.connect(
+                host, port, node_id="node-b", token=node_token("node-b")
+            ) as fake:
+                await wait_until(lambda: edge.gw.runtime.hub.session("node-b") is not None)
+                caplog.clear()
+                edge.write(cap1=3, cap2=4)  # node-a (a real node) and node-b change
+                doc = await edge.refresh("apply")
+                assert doc["applied"] is True  # the edge's own swap stands
+                assert doc["changed_nodes"] == ["node-a", "node-b"]
+                assert doc["errors"] == [f"nodes.node-b: config push rejected: {BUILD_ERROR}"]
+                assert isinstance(fake, ScriptedAckNode) and fake.pushes == 2
+                assert fake.config is not None
+                assert fake.config.version == edge.gw.runtime.snapshot.version
+                assert "event=node_config_push node=node-b outcome=rejected" in caplog.text
+
+                # `iopd refresh` prints the line and exits 1 although applied: yes.
+                edge.write(cap1=3, cap2=5)
+                capsys.readouterr()
+                code = await trio.to_thread.run_sync(refresh_main, edge.gw.admin_url)
+                out = capsys.readouterr().out
+                assert code == 1
+                assert "applied: yes" in out
+                assert f"errors: nodes.node-b: config push rejected: {BUILD_ERROR}" in out
+
+                # A clean apply (only node-a changes) exits 0 again.
+                edge.write(cap1=4, cap2=5)
+                code = await trio.to_thread.run_sync(refresh_main, edge.gw.admin_url)
+                assert code == 0 and "errors: -" in capsys.readouterr().out
+
+
+async def test_refresh_reports_an_unanswered_push(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 0.5)
+    with trio.fail_after(60):
+        async with running_edge(tmp_path, nodes=["node-a"]) as edge:
+            host, port = edge.gw.handle.wire
+            async with IgnoresLaterPushes.connect(
+                host, port, node_id="node-b", token=node_token("node-b")
+            ):
+                await wait_until(lambda: edge.gw.runtime.hub.session("node-b") is not None)
+                doc = await edge.apply(cap2=4)
+                version = edge.gw.runtime.snapshot.version
+                assert doc["errors"] == [
+                    f"nodes.node-b: config push failed: node node-b did not acknowledge "
+                    f"config version {version} within 0.5s"
+                ]
+
+
+def test_a_push_reason_never_carries_a_secret() -> None:
+    """What a node echoes back is cleaned before it reaches a report or a log."""
+    pushed = NodeConfig(
+        stream_id=1,
+        version=2,
+        providers=[
+            ProviderSpec(id="api-1", type="openai", api_key="sk-live-SECRET-1"),
+            ProviderSpec(id="echo-1", type="echo"),
+        ],
+    )
+    echoed = (
+        "provider 'api-1': bad key sk-live-SECRET-1 for https://user:hunter2@api.example\n"
+        "bearer edge-bearer-SECRET"
+    )
+    reason = safe_node_reason(echoed, pushed, known_secrets=["edge-bearer-SECRET", ""])
+    for secret in ("sk-live-SECRET-1", "hunter2", "edge-bearer-SECRET"):
+        assert secret not in reason
+    assert "\n" not in reason and reason.startswith("provider 'api-1': bad key <redacted>")
+    assert len(safe_node_reason("x" * 1000, pushed)) == 200
+    assert safe_node_reason("", pushed) == "no reason given"

@@ -5,7 +5,9 @@ keeps that immutable ``Snapshot`` (config, catalog, authenticator) until it
 ends, so a refresh never changes the rules under a request in flight.  A
 refresh builds a complete new ``Snapshot`` off to the side and swaps it in
 with one assignment, then tells the pool (which re-examines its waiters) and
-pushes a new ``NodeConfig`` to every changed node.
+pushes a new ``NodeConfig`` to every changed node.  A push the node rejects
+or never acknowledges does not undo the apply (the edge's side is already
+swapped), but it is reported in the refresh report's ``errors``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
-from iopd.edge.nodes import NodeHub
+from iopd.edge.nodes import NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
@@ -307,7 +309,7 @@ class EdgeRuntime:
                 ",".join(diff.changed_providers),
                 ",".join(diff.changed_models),
             )
-            await self._push_configs(diff.changed_nodes)
+            report["errors"] = await self._push_configs(diff.changed_nodes)
             return report
 
     def _swap(self, cfg: EdgeConfig, *, changed: bool) -> None:
@@ -324,8 +326,13 @@ class EdgeRuntime:
         self._allow_metric_ids(cfg)
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
 
-    async def _push_configs(self, changed_nodes: list[str]) -> None:
+    async def _push_configs(self, changed_nodes: list[str]) -> list[str]:
         """Push the current snapshot's ``NodeConfig`` to every changed, connected node.
+
+        Returns the report's ``errors`` entries (``nodes.<id>: config push
+        rejected|failed: <reason>``), in ``changed_nodes`` order.  A changed
+        node that is not connected is no error: it gets the new config at its
+        next handshake.
 
         Concurrent, so a node that does not answer holds up no other node's
         push; shielded, so an admin caller hanging up after the swap cannot
@@ -333,21 +340,31 @@ class EdgeRuntime:
         ``NODE_PUSH_TIMEOUT``, which therefore bounds the whole step.
         """
         snap = self.snapshot
+        problems: dict[str, str] = {}
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for node_id in changed_nodes:
                     if self.hub.session(node_id) is None:
                         continue  # it gets the new config at its next handshake
                     msg = node_config_for(snap.config, node_id, snap.version)
-                    nursery.start_soon(self._push_config, node_id, msg)
+                    nursery.start_soon(self._push_config, node_id, msg, problems)
+        return [problems[n] for n in changed_nodes if n in problems]
 
-    async def _push_config(self, node_id: str, msg: NodeConfig) -> None:
+    async def _push_config(self, node_id: str, msg: NodeConfig, problems: dict[str, str]) -> None:
+        """Push one node's config; a failure or rejection goes into ``problems[node_id]``."""
         try:
             ack = await self.hub.push_config(node_id, msg, timeout=NODE_PUSH_TIMEOUT)
-        except Exception as exc:  # a node lost mid-push reconnects and gets it then
-            log.warning("event=node_config_push node=%s outcome=failed reason=%s", node_id, exc)
-            return
-        if not ack.ok:
-            log.warning(
-                "event=node_config_push node=%s outcome=rejected reason=%s", node_id, ack.error
-            )
+        except Exception as exc:  # lost mid-push (it reconnects and gets it then) or silent
+            outcome, reason = "failed", str(exc)
+        else:
+            if ack.ok:
+                return
+            outcome, reason = "rejected", ack.error
+        # Never a secret in the report or the log, even should the node echo one.
+        reason = safe_node_reason(
+            reason, msg, known_secrets=[self.snapshot.config.openai.bearer_token or ""]
+        )
+        log.warning(
+            "event=node_config_push node=%s outcome=%s reason=%r", node_id, outcome, reason
+        )
+        problems[node_id] = f"nodes.{node_id}: config push {outcome}: {reason}"
