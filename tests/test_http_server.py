@@ -613,3 +613,72 @@ async def test_no_content_length_on_204() -> None:
             await client.send(get())
             status, headers, body = await client.response()
             assert status == 204 and body == b"" and "content-length" not in headers
+
+
+# ------------------------------------------------ response rendering (no h11 on the way out)
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("x-relayed", "a\r\nset-cookie: evil=1"), ("x-relayed", "a\nb"), ("bad name", "v"),
+     ("x-nul", "a\x00b")],
+)
+async def test_a_header_that_would_split_the_response_is_refused(name: str, value: str) -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [("content-type", "text/plain"), (name, value)])
+        await responder.write(b"never")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            status, headers, body = await client.response()
+            assert status == 500
+            assert "set-cookie" not in headers and b"never" not in body
+
+
+async def test_streamed_head_drops_the_handlers_framing_headers() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(
+            200,
+            [("content-type", "text/event-stream"), ("Content-Length", "3"),
+             ("Transfer-Encoding", "gzip"), ("Connection", "upgrade")],
+        )
+        await responder.write(b"data: 1\n\n")
+        await responder.write(b"data: 2\n\n")
+        await responder.end()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(get())
+            raw = b""
+            while not raw.endswith(b"0\r\n\r\n"):
+                raw += await client.stream.receive_some(65536)
+            head, _, body = raw.partition(b"\r\n\r\n")
+            lines = head.lower().split(b"\r\n")
+            assert lines[0] == b"http/1.1 200 ok"
+            assert b"transfer-encoding: chunked" in lines
+            assert not any(line.startswith((b"content-length", b"connection")) for line in lines)
+            assert body == b"9\r\ndata: 1\n\n\r\n9\r\ndata: 2\n\n\r\n0\r\n\r\n"
+            # still keep-alive: a second request on the same connection is answered
+            await client.send(get())
+            client.parser = h11.Connection(h11.CLIENT)
+            status, _, _ = await client.response()
+            assert status == 200
+
+
+async def test_http10_stream_is_close_delimited() -> None:
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [("content-type", "text/event-stream")])
+        await responder.write(b"data: 1\n\n")
+        await responder.end()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            await client.send(b"GET / HTTP/1.0\r\n\r\n")
+            data = b""
+            while chunk := await client.stream.receive_some(65536):
+                data += chunk
+            head, _, body = data.partition(b"\r\n\r\n")
+            assert b"transfer-encoding" not in head.lower()
+            assert b"connection: close" in head.lower()
+            assert body == b"data: 1\n\n"
