@@ -279,3 +279,183 @@ def test_garbage_never_raises_anything_but_protocol_errors(data: bytes) -> None:
             reader.read_body()
     except H1ProtocolError:
         pass
+
+
+# ------------------------------------------------------------ request reader
+
+from iopd.http.h1 import RequestReader  # noqa: E402
+
+
+def _read_request(raw: bytes, *, splits: list[int] | None = None,
+                  max_head: int = 16384) -> tuple[RequestReader, bytes]:
+    reader = RequestReader(max_head)
+    cuts = sorted(set(splits)) if splits is not None else list(range(1, len(raw)))
+    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
+    body = bytearray()
+    for piece in pieces:
+        reader.receive_data(piece)
+        if reader.head is None and reader.read_head() is None:
+            continue
+        body += reader.read_body()
+    if reader.head is not None and not reader.complete:
+        body += reader.read_body()
+    return reader, bytes(body)
+
+
+def test_request_head_and_length_body_byte_by_byte() -> None:
+    raw = (b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: edge\r\n"
+           b"Authorization: Bearer  k  \r\nContent-Length: 2\r\n\r\n{}")
+    reader, body = _read_request(raw)
+    head = reader.head
+    assert head is not None and reader.complete and body == b"{}"
+    assert (head.method, head.target, head.http_version) == (
+        "POST", "/v1/chat/completions?x=1", "1.1")
+    assert ("authorization", "Bearer  k") in head.headers
+    assert head.keep_alive and head.content_length == 2 and not head.expect_continue
+
+
+def test_pipelined_request_bytes_are_left_over() -> None:
+    reader = RequestReader()
+    reader.receive_data(b"GET /a HTTP/1.1\r\nHost: x\r\n\r\nGET /b HTTP/1.1\r\nHo")
+    head = reader.read_head()
+    assert head is not None and head.target == "/a" and reader.complete
+    assert reader.leftover() == b"GET /b HTTP/1.1\r\nHo"
+
+
+@pytest.mark.parametrize(
+    ("raw", "keep_alive", "expect"),
+    [
+        (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", False, False),
+        (b"GET / HTTP/1.0\r\n\r\n", False, False),
+        (b"POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+         True, True),
+        (b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n", False, False),
+    ],
+)
+def test_request_keep_alive_and_expect(raw: bytes, keep_alive: bool, expect: bool) -> None:
+    reader = RequestReader()
+    reader.receive_data(raw)
+    head = reader.read_head()
+    assert head is not None
+    assert head.keep_alive is keep_alive and head.expect_continue is expect
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"GET / HTTP/1.1\r\n\r\n",  # no Host
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET / HTTP/2.0\r\nHost: a\r\n\r\n",
+        b"GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"G(T / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost : a\r\n\r\n",
+        b"GET / HTTP/1.1\r\n Host: a\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +1\r\n\r\nx",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
+    ],
+)
+def test_malformed_requests_raise_400(raw: bytes) -> None:
+    with pytest.raises(H1ProtocolError) as info:
+        _read_request(raw, splits=[])
+    assert info.value.status_hint == 400
+
+
+def test_request_head_over_the_limit_is_431() -> None:
+    with pytest.raises(H1ProtocolError) as info:
+        _read_request(b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"a" * 3000 + b"\r\n\r\n",
+                      splits=[], max_head=2048)
+    assert info.value.status_hint == 431
+
+
+_METHODS = [b"GET", b"POST", b"G(T", b"", b"P OST"]
+_TARGETS = [b"/v1/chat", b"/a?b=c&d", b"*", b"/a b", b"/\x7f", b"/\xc3\xa9"]
+_VERSIONS = [b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2.0", b"http/1.1", b"HTTP/1.1 "]
+_LINES = [
+    b"Host: x", b"Host: y", b"Content-Length: 2", b"Content-Length: 0", b"Content-Length: abc",
+    b"Content-Length: 2, 2", b"Transfer-Encoding: chunked", b"Transfer-Encoding: gzip",
+    b"Transfer-Encoding: Chunked", b"Connection: close", b"X-A: a\x00b", b" folded",
+    b"Bad Name: v", b"Expect: 100-continue", b"X-Empty:", b"X:  spaced  ", b"X-Tab:\tv\t",
+    b"NoColon", b"X-Latin: caf\xe9", b"X-Ctl: a\x1bb",
+]
+_BODIES = [b"", b"{}", b"2\r\n{}\r\n0\r\n\r\n", b"2;e=1\r\n{}\r\n0\r\nT: 1\r\n\r\n",
+           b"zz\r\n", b"2\r\n{}XX"]
+
+
+def _h11_parse(raw: bytes) -> tuple[h11.Request, bytes] | None:
+    """What h11 makes of ``raw`` (None when it refuses or needs more)."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=16384)
+    conn.receive_data(raw)
+    body = b""
+    head: h11.Request | None = None
+    try:
+        while True:
+            event = conn.next_event()
+            if isinstance(event, h11.Request):
+                head = event
+            elif isinstance(event, h11.Data):
+                body += bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                assert head is not None
+                return head, body
+            else:
+                return None
+    except h11.RemoteProtocolError:
+        return None
+
+
+@settings(max_examples=600, deadline=None)
+@given(
+    method=st.sampled_from(_METHODS),
+    target=st.sampled_from(_TARGETS),
+    version=st.sampled_from(_VERSIONS),
+    lines=st.lists(st.sampled_from(_LINES), max_size=6),
+    body=st.sampled_from(_BODIES),
+)
+def test_request_reader_is_never_more_lenient_than_h11(
+    method: bytes, target: bytes, version: bytes, lines: list[bytes], body: bytes
+) -> None:
+    raw = b"\r\n".join([method + b" " + target + b" " + version, *lines]) + b"\r\n\r\n" + body
+    try:
+        reader, got = _read_request(raw, splits=[])
+        ours = (reader.head, got) if reader.complete else None
+    except H1ProtocolError:
+        ours = None
+    theirs = _h11_parse(raw)
+    if ours is None:
+        return  # refusing (or still waiting) is always allowed: stricter is fine
+    assert theirs is not None, f"we accepted what h11 refuses: {raw!r}"
+    head, got = ours
+    assert head is not None
+    ref, ref_body = theirs
+    assert head.method.encode() == ref.method and head.target.encode() == ref.target
+    # (h11 lower-cases the value of Transfer-Encoding; the framing is the same)
+    ours_headers = [
+        (k.encode(), v.lower().encode() if k == "transfer-encoding" else v.encode("latin-1"))
+        for k, v in head.headers
+    ]
+    assert ours_headers == list(ref.headers)
+    assert got == ref_body
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge:8000\r\nContent-Type: application/json"
+        b"\r\nAuthorization: Bearer sk-x\r\nContent-Length: 2\r\n\r\n{}",
+        b"POST /v1/responses HTTP/1.1\r\nHost: e\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"2\r\n{}\r\n0\r\n\r\n",
+        b"GET /v1/models HTTP/1.0\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nhost: e\r\nuser-agent: curl/8\r\naccept: */*\r\n\r\n",
+    ],
+)
+def test_everyday_requests_parse_like_h11(raw: bytes) -> None:
+    reader, body = _read_request(raw)
+    theirs = _h11_parse(raw)
+    assert theirs is not None and reader.head is not None and reader.complete
+    ref, ref_body = theirs
+    assert reader.head.method.encode() == ref.method and reader.head.target.encode() == ref.target
+    assert body == ref_body

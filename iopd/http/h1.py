@@ -1,21 +1,25 @@
-"""Sans-IO HTTP/1.1 for the node's provider client: request rendering, response reading.
+"""Sans-IO HTTP/1.1: the provider client's requests and responses, the edge's requests.
 
-Why not h11 here: the node relays every token of every stream, and h11 spends
-most of its time on generality the client does not need.  Measured on these
-machines, h11 took ~30 µs to render a request, ~26 µs to parse a response head
-and ~5 µs per SSE chunk of a chunked body, i.e. ~250 µs of a streamed reply's
-first-chunk path through the node.  The client needs exactly: one request
-rendered from known-good parts, one response head parsed, and the body
-de-framed (``Content-Length``, ``chunked`` or read-until-close), with strict
-errors for anything malformed.  That is what this module does, in a few
-regexes and slices, and nothing else (no pipelining, no upgrades, no HTTP/1.0
-keep-alive).
+Why not h11: the edge parses every request and the node relays every token of
+every stream, and h11 spends most of its time on generality neither needs.
+Measured on these machines (warm), h11 took ~37 µs to parse a request head,
+~30 µs to render a request, ~26 µs to parse a response head and ~5 µs per SSE
+chunk of a chunked body; on the cold first-chunk path of a streamed reply that
+was ~300 µs across edge and node.  What is needed is exactly: request and
+response heads parsed strictly, bodies de-framed (``Content-Length``,
+``chunked``, or until close for responses), requests rendered from checked
+parts.  That is what this module does, in a few regexes and slices, and
+nothing else (no upgrades, no HTTP/1.0 keep-alive).
 
-The edge's listener still parses *requests* with h11: that side faces
-arbitrary callers, and h11's strictness there is worth its cost.
+Strictness on the edge's public side matches what h11 enforced: exactly one
+Host on HTTP/1.1, one framing (a single valid ``Content-Length`` or
+``Transfer-Encoding: chunked``, never both), token methods and header names,
+a visible-ASCII target, no obsolete line folding, no control characters in
+values.  ``tests/test_h1.py`` checks it against h11 on generated requests.
 
 Limits: a response head (status line + headers, 1xx heads included) is at
-most ``MAX_HEAD_BYTES``; a chunk-size line or a trailer section at most
+most ``MAX_HEAD_BYTES``, a request head at most the reader's
+``max_head_bytes``; a chunk-size line or a trailer section at most
 ``MAX_LINE_BYTES``.  Anything malformed raises :class:`H1ProtocolError`.
 """
 
@@ -38,6 +42,7 @@ _HEADER_NAME_RE = re.compile(_TOKEN)
 _BAD_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_TARGET_RE = re.compile(r"[\x00-\x20\x7f]")
 _HEAD_END_RE = re.compile(rb"\n\r?\n")
+_REQUEST_LINE_RE = re.compile(rb"(" + _TOKEN + rb") ([\x21-\x7e]+) HTTP/1\.([01])")
 _STATUS_LINE_RE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x1f\x7f]*)?")
 _HEADER_LINE_RE = re.compile(
     rb"(" + _TOKEN + rb"):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*"
@@ -46,7 +51,15 @@ _CHUNK_SIZE_RE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
 
 
 class H1ProtocolError(Exception):
-    """The peer broke HTTP/1.1 (or we were asked to send something illegal)."""
+    """The peer broke HTTP/1.1 (or we were asked to send something illegal).
+
+    ``status_hint``: the status a server answers it with (400, or 431 for a
+    head too large).
+    """
+
+    def __init__(self, message: str, *, status_hint: int = 400) -> None:
+        super().__init__(message)
+        self.status_hint = status_hint
 
 
 def render_request(
@@ -90,22 +103,13 @@ _Framing = Literal["none", "length", "chunked", "close"]
 _ChunkState = Literal["size", "data", "crlf", "trailers"]
 
 
-class ResponseReader:
-    """Reads one response from bytes fed in (``receive_data``/``receive_eof``).
-
-    Use: feed bytes until :meth:`read_head` returns the head, then call
-    :meth:`read_body` after each feed; it returns the body bytes available
-    (``b""`` when none) and sets :attr:`complete` at the end of the body.
-    :attr:`reusable` says whether the connection may carry another request.
-    """
+class _BodyReader:
+    """Buffer, framing and body de-framing shared by the request and response readers."""
 
     __slots__ = (
         "_buf",
         "_eof",
-        "_head_only",
-        "head",
         "complete",
-        "keep_alive",
         "received_any",
         "_framing",
         "_remaining",
@@ -113,15 +117,13 @@ class ResponseReader:
         "_error",
     )
 
-    def __init__(self, *, head_only: bool = False) -> None:
+    def __init__(self) -> None:
         self._buf = bytearray()
         self._eof = False
-        self._head_only = head_only  # the request was HEAD: no body follows
-        self.head: ResponseHead | None = None
+        #: True once the whole body was read.
         self.complete = False
-        self.keep_alive = False
-        #: True once any byte of the response arrived (a reused connection that
-        #: fails before that may be retried).
+        #: True once any byte arrived (a reused client connection that fails
+        #: before that may be retried).
         self.received_any = False
         self._framing: _Framing = "none"
         self._remaining = 0
@@ -129,8 +131,6 @@ class ResponseReader:
         # A malformed body found after good bytes: those are returned first,
         # the error is raised by the next ``read_body``.
         self._error: H1ProtocolError | None = None
-
-    # ------------------------------------------------------------ input
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         if data:
@@ -145,67 +145,9 @@ class ResponseReader:
         return self._eof
 
     @property
-    def reusable(self) -> bool:
-        """The response is complete, keep-alive, and nothing else arrived after it."""
-        return self.complete and self.keep_alive and not self._buf and not self._eof
-
-    # ------------------------------------------------------------- head
-
-    def read_head(self) -> ResponseHead | None:
-        """The final response head, or None while it is incomplete.  1xx heads are skipped."""
-        while self.head is None:
-            end = _HEAD_END_RE.search(self._buf, 0, MAX_HEAD_BYTES + 2)
-            if end is None:
-                if len(self._buf) > MAX_HEAD_BYTES:
-                    raise H1ProtocolError("response head too large")
-                if self._eof:
-                    if self._buf:
-                        raise H1ProtocolError("connection closed inside the response head")
-                    raise H1ProtocolError("connection closed without a response")
-                return None
-            raw = bytes(self._buf[: end.start()])
-            del self._buf[: end.end()]
-            head = _parse_head(raw)
-            if head.status < 200:
-                if head.status == 101:
-                    raise H1ProtocolError("unexpected protocol switch (101)")
-                continue  # 100 Continue, 103 Early Hints: informational only
-            self._set_framing(head)
-            self.head = head
-        return self.head
-
-    def _set_framing(self, head: ResponseHead) -> None:
-        connection: list[str] = []
-        codings: list[str] = []
-        lengths: list[str] = []
-        for name, value in head.headers:
-            if name == "connection":
-                connection += [t.strip().lower() for t in value.split(",")]
-            elif name == "transfer-encoding":
-                codings += [t.strip().lower() for t in value.split(",") if t.strip()]
-            elif name == "content-length":
-                lengths += [t.strip() for t in value.split(",")]
-        self.keep_alive = head.http_minor >= 1 and "close" not in connection
-        if self._head_only or head.status in (204, 304):
-            self._framing = "none"
-            self.complete = True
-        elif codings:
-            if codings[-1] != "chunked" or len(codings) > 1:
-                raise H1ProtocolError(f"unsupported transfer-encoding {', '.join(codings)!r}")
-            self._framing = "chunked"
-            if lengths:  # both framings: chunked wins, but never reuse (RFC 9112 §6.3)
-                self.keep_alive = False
-        elif lengths:
-            if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
-                raise H1ProtocolError("invalid content-length")
-            self._framing = "length"
-            self._remaining = int(lengths[0])
-            self.complete = self._remaining == 0
-        else:
-            self._framing = "close"
-            self.keep_alive = False
-
-    # ------------------------------------------------------------- body
+    def buffered(self) -> bool:
+        """Bytes are buffered that were not parsed yet."""
+        return bool(self._buf)
 
     def read_body(self) -> bytes:
         """Body bytes available now (de-chunked), ``b""`` when none; sets ``complete``.
@@ -302,12 +244,199 @@ class ResponseReader:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-def _parse_head(raw: bytes) -> ResponseHead:
-    lines = raw.split(b"\n")
-    status_line = lines[0].rstrip(b"\r")
-    match = _STATUS_LINE_RE.fullmatch(status_line)
-    if match is None:
-        raise H1ProtocolError(f"invalid status line {status_line[:64]!r}")
+class ResponseReader(_BodyReader):
+    """Reads one response from bytes fed in (``receive_data``/``receive_eof``).
+
+    Use: feed bytes until :meth:`read_head` returns the head, then call
+    :meth:`read_body` after each feed; it returns the body bytes available
+    (``b""`` when none) and sets :attr:`complete` at the end of the body.
+    :attr:`reusable` says whether the connection may carry another request.
+    """
+
+    __slots__ = ("_head_only", "head", "keep_alive")
+
+    def __init__(self, *, head_only: bool = False) -> None:
+        super().__init__()
+        self._head_only = head_only  # the request was HEAD: no body follows
+        self.head: ResponseHead | None = None
+        self.keep_alive = False
+
+    @property
+    def reusable(self) -> bool:
+        """The response is complete, keep-alive, and nothing else arrived after it."""
+        return self.complete and self.keep_alive and not self._buf and not self._eof
+
+    def read_head(self) -> ResponseHead | None:
+        """The final response head, or None while it is incomplete.  1xx heads are skipped."""
+        while self.head is None:
+            end = _HEAD_END_RE.search(self._buf, 0, MAX_HEAD_BYTES + 2)
+            if end is None:
+                if len(self._buf) > MAX_HEAD_BYTES:
+                    raise H1ProtocolError("response head too large")
+                if self._eof:
+                    if self._buf:
+                        raise H1ProtocolError("connection closed inside the response head")
+                    raise H1ProtocolError("connection closed without a response")
+                return None
+            raw = bytes(self._buf[: end.start()])
+            del self._buf[: end.end()]
+            head = _parse_response_head(raw)
+            if head.status < 200:
+                if head.status == 101:
+                    raise H1ProtocolError("unexpected protocol switch (101)")
+                continue  # 100 Continue, 103 Early Hints: informational only
+            self._set_framing(head)
+            self.head = head
+        return self.head
+
+    def _set_framing(self, head: ResponseHead) -> None:
+        connection: list[str] = []
+        codings: list[str] = []
+        lengths: list[str] = []
+        for name, value in head.headers:
+            if name == "connection":
+                connection += [t.strip().lower() for t in value.split(",")]
+            elif name == "transfer-encoding":
+                codings += [t.strip().lower() for t in value.split(",") if t.strip()]
+            elif name == "content-length":
+                lengths += [t.strip() for t in value.split(",")]
+        self.keep_alive = head.http_minor >= 1 and "close" not in connection
+        if self._head_only or head.status in (204, 304):
+            self._framing = "none"
+            self.complete = True
+        elif codings:
+            if codings[-1] != "chunked" or len(codings) > 1:
+                raise H1ProtocolError(f"unsupported transfer-encoding {', '.join(codings)!r}")
+            self._framing = "chunked"
+            if lengths:  # both framings: chunked wins, but never reuse (RFC 9112 §6.3)
+                self.keep_alive = False
+        elif lengths:
+            if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+                raise H1ProtocolError("invalid content-length")
+            self._framing = "length"
+            self._remaining = int(lengths[0])
+            self.complete = self._remaining == 0
+        else:
+            self._framing = "close"
+            self.keep_alive = False
+
+
+@dataclass(slots=True)
+class RequestHead:
+    """A request head.  Header names are lower-case."""
+
+    method: str
+    target: str
+    http_version: str  # "1.1" or "1.0"
+    headers: list[tuple[str, str]]
+    #: The client allows another request on this connection (HTTP/1.1, no ``close``).
+    keep_alive: bool
+    #: ``Expect: 100-continue`` on HTTP/1.1.
+    expect_continue: bool
+    #: The declared ``Content-Length`` (None when chunked or absent).
+    content_length: int | None
+
+
+class RequestReader(_BodyReader):
+    """Reads one request (the server side): a strict head parser and the body.
+
+    Requests are checked the way a public listener must: exactly one Host on
+    HTTP/1.1, a single valid ``Content-Length`` or ``Transfer-Encoding:
+    chunked`` (not both), token names, no obsolete line folding, no control
+    characters.  A head over ``max_head_bytes`` raises with ``status_hint``
+    431; every other problem with 400.
+    """
+
+    __slots__ = ("_max_head", "head")
+
+    def __init__(self, max_head_bytes: int = MAX_HEAD_BYTES) -> None:
+        super().__init__()
+        self._max_head = max_head_bytes
+        self.head: RequestHead | None = None
+
+    def leftover(self) -> bytes:
+        """Bytes received after this request (the start of a pipelined next one)."""
+        return bytes(self._buf)
+
+    def read_head(self) -> RequestHead | None:
+        """The request head, or None while it is incomplete (or the peer closed first)."""
+        if self.head is not None:
+            return self.head
+        buf = self._buf
+        skip = 0  # empty lines before the request line are ignored (RFC 9112 §2.2)
+        while skip < len(buf) and buf[skip] in (0x0D, 0x0A) and skip < 64:
+            skip += 1
+        if skip:
+            del buf[:skip]
+        limit = self._max_head
+        end = _HEAD_END_RE.search(buf, 0, limit + 2)
+        if end is None:
+            if len(buf) > limit:
+                raise H1ProtocolError("request head too large", status_hint=431)
+            if self._eof and buf:
+                raise H1ProtocolError("connection closed inside the request head")
+            return None
+        raw = bytes(buf[: end.start()])
+        del buf[: end.end()]
+        self.head = head = self._parse(raw)
+        return head
+
+    def _parse(self, raw: bytes) -> RequestHead:
+        lines = raw.split(b"\n")
+        request_line = lines[0].rstrip(b"\r")
+        match = _REQUEST_LINE_RE.fullmatch(request_line)
+        if match is None:
+            raise H1ProtocolError(f"invalid request line {request_line[:64]!r}")
+        http_version = "1.1" if match.group(3) == b"1" else "1.0"
+        headers = _parse_headers(lines)
+        hosts = 0
+        connection: list[str] = []
+        codings: list[str] = []
+        lengths: list[str] = []
+        expect_continue = False
+        for name, value in headers:
+            if name == "host":
+                hosts += 1
+            elif name == "content-length":
+                lengths.append(value)
+            elif name == "transfer-encoding":
+                codings.append(value.strip().lower())
+            elif name == "connection":
+                connection += [t.strip().lower() for t in value.split(",")]
+            elif name == "expect" and value.strip().lower() == "100-continue":
+                expect_continue = http_version == "1.1"
+        if hosts > 1 or (hosts == 0 and http_version == "1.1"):
+            raise H1ProtocolError("a request needs exactly one Host header")
+        content_length: int | None = None
+        if codings:
+            if codings != ["chunked"]:
+                raise H1ProtocolError("unsupported transfer-encoding")
+            if lengths:
+                raise H1ProtocolError("both Content-Length and Transfer-Encoding")
+            self._framing = "chunked"
+        elif lengths:
+            value = lengths[0].strip()
+            if len(lengths) > 1 or not value.isdigit() or len(value) > 18:
+                raise H1ProtocolError("invalid Content-Length")
+            content_length = int(value)
+            self._framing = "length"
+            self._remaining = content_length
+            self.complete = content_length == 0
+        else:
+            self.complete = True  # a request without framing headers has no body
+        return RequestHead(
+            method=match.group(1).decode("ascii"),
+            target=match.group(2).decode("ascii"),
+            http_version=http_version,
+            headers=headers,
+            keep_alive=http_version == "1.1" and "close" not in connection,
+            expect_continue=expect_continue,
+            content_length=content_length,
+        )
+
+
+def _parse_headers(lines: list[bytes]) -> list[tuple[str, str]]:
+    """Header lines (after the first line of ``lines``) as lower-case (name, value) pairs."""
     headers: list[tuple[str, str]] = []
     for line in lines[1:]:
         line = line.rstrip(b"\r")
@@ -317,6 +446,15 @@ def _parse_head(raw: bytes) -> ResponseHead:
         if hm is None:
             raise H1ProtocolError(f"invalid header line {line[:64]!r}")
         headers.append((hm.group(1).decode("ascii").lower(), hm.group(2).decode("latin-1")))
+    return headers
+
+
+def _parse_response_head(raw: bytes) -> ResponseHead:
+    lines = raw.split(b"\n")
+    status_line = lines[0].rstrip(b"\r")
+    match = _STATUS_LINE_RE.fullmatch(status_line)
+    if match is None:
+        raise H1ProtocolError(f"invalid status line {status_line[:64]!r}")
     return ResponseHead(
-        status=int(match.group(2)), headers=headers, http_minor=int(match.group(1))
+        status=int(match.group(2)), headers=_parse_headers(lines), http_minor=int(match.group(1))
     )

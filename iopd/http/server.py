@@ -1,12 +1,12 @@
-"""A small HTTP/1.1 server on h11 + trio: the edge's OpenAI listener and the admin API.
+"""A small HTTP/1.1 server on trio: the edge's OpenAI listener and the admin API.
 
 Why no framework: measured on these machines (``STACK-NOTES.md``), quart-trio on
 hypercorn's trio worker leaks connections (``Connection: close`` is not honoured,
 idle keep-alive connections never time out), Quart's 60 s response timeout cuts
 SSE streams, and a request costs ~580 µs of CPU there against ~140 µs for raw
 h11 + trio.  The gateway's budget is <= 0.8 ms of CPU per request for edge and
-node together, so the HTTP layer is written here, directly on h11's sans-IO
-state machine, and kept lean: it is the hot path.
+node together, so the HTTP layer is written here, on a sans-IO parser
+(``iopd.http.h1``), and kept lean: it is the hot path.
 
 What this module guarantees:
 
@@ -34,14 +34,16 @@ What this module guarantees:
 All error responses produced by this layer go through the caller's
 ``render_error`` so the OpenAI listener answers with its envelope.
 
-h11 parses requests (a fresh ``h11.Connection`` per request, fed what was
-left over from the previous one); responses are rendered here.  h11's
-response path validated and rewrote every header list on each send (~45 µs
-for one SSE head on this machine, more cold), while the shapes this server
-writes are few: a whole response with ``Content-Length``, or a streamed one,
-chunked on HTTP/1.1 and close-delimited on HTTP/1.0.  Header names and values
-are still checked (no CR/LF or other control characters: a relayed header can
-never split the response).
+Requests are parsed by ``iopd.http.h1.RequestReader`` (a fresh one per
+request, fed what was left over from the previous one) and responses are
+rendered here.  Both used to be h11, which cost ~37 µs to parse a request head
+and ~45 µs to send one SSE head on this machine (more on a cold CPU), most of
+it generality this server does not need.  The reader is as strict as h11 was
+where it matters on a public listener (one Host, one framing, token names, no
+folding, no control characters), and the shapes written are few: a whole
+response with ``Content-Length``, or a streamed one, chunked on HTTP/1.1 and
+close-delimited on HTTP/1.0.  Header names and values are checked on the way
+out too (a relayed header can never split the response).
 """
 
 from __future__ import annotations
@@ -55,7 +57,6 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from http import HTTPStatus
 
-import h11
 import trio
 
 from iopd.errors import (
@@ -65,6 +66,7 @@ from iopd.errors import (
     RequestTimeout,
     RequestTooLarge,
 )
+from iopd.http.h1 import H1ProtocolError, RequestReader
 
 log = logging.getLogger("iopd.http.server")
 
@@ -439,14 +441,14 @@ class _Connection:
     life: it moves bytes into ``pending`` (bounded: at the cap it stops reading,
     which is TCP backpressure) and wakes the request loop.  Because a receive
     is always outstanding, EOF or a reset is seen at once, also while a handler
-    runs, and cancels that handler.  Only the request loop touches h11.
+    runs, and cancels that handler.  Only the request loop touches the parser.
     """
 
     __slots__ = (
         "server",
         "stream",
         "client",
-        "h11",
+        "reader",
         "idle_scope",
         "handler_scope",
         "reading",
@@ -463,7 +465,7 @@ class _Connection:
         self.server = server
         self.stream = stream
         self.client = client
-        self.h11 = self._new_parser()
+        self.reader = RequestReader(server.limits.max_header_bytes)
         self.idle_scope: trio.CancelScope | None = None
         self.handler_scope: trio.CancelScope | None = None
         self.reading = "headers"  # what a 408 says was too slow
@@ -475,17 +477,12 @@ class _Connection:
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
 
-    def _new_parser(self) -> h11.Connection:
-        return h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.server.limits.max_header_bytes
-        )
-
     def _next_cycle(self) -> None:
         """A fresh parser for the next request, fed what arrived after this one."""
-        leftover = self.h11.trailing_data[0]
-        self.h11 = self._new_parser()
+        leftover = self.reader.leftover()
+        self.reader = RequestReader(self.server.limits.max_header_bytes)
         if leftover:
-            self.h11.receive_data(bytes(leftover))
+            self.reader.receive_data(leftover)
 
     def close_if_idle(self) -> None:
         """Shutdown: end the connection if it waits for a next request."""
@@ -556,14 +553,6 @@ class _Connection:
             self._space = None
         return data
 
-    async def _receive_event(self) -> h11.Event | type[h11.NEED_DATA] | type[h11.PAUSED]:
-        conn = self.h11
-        while True:
-            event = conn.next_event()
-            if event is not h11.NEED_DATA:
-                return event
-            conn.receive_data(await self._receive())
-
     # -------------------------------------------------------------- sending
 
     async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
@@ -599,7 +588,7 @@ class _Connection:
         with trio.CancelScope() as deadline:
             try:
                 result = await self._read_request(deadline)
-            except h11.RemoteProtocolError as exc:
+            except H1ProtocolError as exc:
                 result = _protocol_error(exc)
             except ClientDisconnected:
                 result = None
@@ -617,13 +606,13 @@ class _Connection:
 
     async def _read_request(self, deadline: trio.CancelScope) -> Request | GatewayError | None:
         """Read one request under ``deadline``; None means close quietly."""
-        conn = self.h11
+        reader = self.reader
         limits = self.server.limits
         if self.pending:  # pipelined bytes that arrived during the last response
-            conn.receive_data(await self._receive())
-        event = conn.next_event()
-        if event is h11.NEED_DATA:
-            if not conn.trailing_data[0]:
+            reader.receive_data(await self._receive())
+        head = reader.read_head()
+        if head is None:
+            if not reader.buffered:
                 # Between requests: wait for the first byte of the next one.
                 if self.server.closing:
                     return None
@@ -633,66 +622,58 @@ class _Connection:
                 self.idle_scope = None
                 if not data:
                     return None
-                conn.receive_data(data)
-                event = conn.next_event()
+                reader.receive_data(data)
+                head = reader.read_head()
             self._begin_request()
-            if event is h11.NEED_DATA:
+            if head is None:
                 self.reading = "headers"
                 deadline.deadline = trio.current_time() + limits.header_timeout
-                event = await self._receive_event()
+                while head is None:
+                    data = await self._receive()
+                    if not data:
+                        return None  # the client closed mid-head
+                    reader.receive_data(data)
+                    head = reader.read_head()
         if not self.active:
             self._begin_request()
-        if type(event) is not h11.Request:
-            return None  # ConnectionClosed
+        if head.content_length is not None and head.content_length > limits.max_body_bytes:
+            return RequestTooLarge("request body too large")
 
-        headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in event.headers]
-        # h11's max_incomplete_event_size only bounds a head still incomplete;
-        # a complete head that arrived in one read is measured here.
-        head_size = len(event.target) + sum(len(k) + len(v) + 4 for k, v in headers)
-        if head_size > limits.max_header_bytes:
-            return HeadersTooLarge("request headers too large")
-        for key, value in headers:
-            if key == "content-length":
-                if int(value) > limits.max_body_bytes:
-                    return RequestTooLarge("request body too large")
-                break
-
-        if conn.they_are_waiting_for_100_continue:
+        if head.expect_continue and not reader.complete:
             await self.send_bytes(_CONTINUE, None)
         body_parts: list[bytes] = []
         size = 0
         waited = False
         while True:
-            part = conn.next_event()
-            if part is h11.NEED_DATA:
-                if not waited:
-                    waited = True
-                    self.reading = "body"
-                    deadline.deadline = trio.current_time() + limits.body_timeout
-                conn.receive_data(await self._receive())
-            elif type(part) is h11.Data:
-                size += len(part.data)
+            part = reader.read_body()
+            if part:
+                size += len(part)
                 if size > limits.max_body_bytes:
                     return RequestTooLarge("request body too large")
-                body_parts.append(part.data)
-            elif type(part) is h11.EndOfMessage:
+                body_parts.append(part)
+            if reader.complete:
                 break
-            else:
+            if not waited:
+                waited = True
+                self.reading = "body"
+                deadline.deadline = trio.current_time() + limits.body_timeout
+            data = await self._receive()
+            if not data:
                 return None  # the client closed mid-body
+            reader.receive_data(data)
 
-        target = event.target.decode("latin-1")
+        target = head.target
         path, _, query = target.partition("?")
-        body = body_parts[0] if len(body_parts) == 1 else b"".join(body_parts)
-        self.keep_alive = conn.their_state is h11.DONE  # not HTTP/1.0, no "close"
+        self.keep_alive = head.keep_alive
         return Request(
-            method=event.method.decode("latin-1"),
+            method=head.method,
             target=target,
             path=path,
             query=query,
-            headers=headers,
-            body=body if type(body) is bytes else bytes(body),
+            headers=head.headers,
+            body=body_parts[0] if len(body_parts) == 1 else b"".join(body_parts),
             client=self.client,
-            http_version=event.http_version.decode("latin-1"),
+            http_version=head.http_version,
         )
 
     async def _run_handler(self, request: Request) -> bool:
@@ -762,9 +743,6 @@ class _Connection:
 
     async def _fail(self, error: GatewayError) -> None:
         """Answer a request this layer refuses, then close gracefully."""
-        conn = self.h11
-        if conn.our_state is not h11.IDLE and conn.our_state is not h11.SEND_RESPONSE:
-            return
         status, headers, body = self._render(error)
         log.info(
             "event=request_rejected status=%d code=%s client=%s",
@@ -795,8 +773,8 @@ class _Connection:
                 await self._wait_for_reader()
 
 
-def _protocol_error(exc: h11.RemoteProtocolError) -> GatewayError:
-    if exc.error_status_hint == 431:
+def _protocol_error(exc: H1ProtocolError) -> GatewayError:
+    if exc.status_hint == 431:
         return HeadersTooLarge("request headers too large")
     return InvalidRequest(f"malformed HTTP request: {exc}")
 
