@@ -36,6 +36,7 @@ from urllib.parse import urlsplit
 import trio
 
 from iopd.http.h1 import H1ProtocolError, ResponseHead, ResponseReader, render_request
+from iopd.transport import fastsend
 
 __all__ = [
     "ProviderConnectError",
@@ -357,8 +358,10 @@ class ProviderHTTPClient:
         except H1ProtocolError as exc:
             raise ProviderProtocolError(f"cannot send request: {exc}") from None
         conn.reader = ResponseReader(head_only=method.upper() == "HEAD")
-        with trio.fail_after(self.read_timeout):
-            await conn.stream.send_all(data)
+        written = fastsend.write_now(conn.stream, data)  # the whole request, most often
+        if written < len(data):
+            with trio.fail_after(self.read_timeout):
+                await conn.stream.send_all(memoryview(data)[written:])
 
     async def _start(
         self,

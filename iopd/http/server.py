@@ -67,6 +67,7 @@ from iopd.errors import (
     RequestTooLarge,
 )
 from iopd.http.h1 import H1ProtocolError, RequestReader
+from iopd.transport import fastsend
 
 log = logging.getLogger("iopd.http.server")
 
@@ -558,7 +559,7 @@ class _Connection:
     async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
         """Write to the client; a broken connection cancels ``scope``."""
         try:
-            await self.stream.send_all(data)
+            await fastsend.send_all(self.stream, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.eof = True
             if scope is not None:

@@ -8,9 +8,10 @@ Why it looks like this:
   (Pong, Credit, Cancel) is ``post``-ed to a small outbox drained by a writer
   task.
 * One writer at a time, by group commit (see ``send``): frames are encoded in
-  call order and written by whichever sender is the writer, in batches.  The
-  ``send_all`` is shielded from cancellation: a cancelled caller must never
-  leave half a frame on the wire.  A write that blocks forever (peer not reading) is ended by the
+  call order and written by whichever sender is the writer, in batches, first
+  straight to the socket (``iopd.transport.fastsend``) and, for what the
+  socket did not take, by a ``send_all`` shielded from cancellation: a
+  cancelled caller must never leave half a frame on the wire.  A write that blocks forever (peer not reading) is ended by the
   heartbeat watchdog, which closes the stream under it.
 * Heartbeats: every ``heartbeat_interval`` we send ``Heartbeat``; any traffic
   from the peer counts as life; nothing for ``heartbeat_timeout`` seconds means
@@ -33,6 +34,7 @@ from typing import Literal
 
 import trio
 
+from iopd.transport.fastsend import write_now
 from wire.connection import Connection
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import Heartbeat, Message, Pong
@@ -189,8 +191,12 @@ class WireChannel:
                 self._wbuf = []
                 done, self._flushed = self._flushed, trio.Event()
                 try:
-                    with trio.CancelScope(shield=True):
-                        await self.stream.send_all(batch)
+                    # Straight to the socket when it takes it all (the common
+                    # case: no scheduler round, nothing to shield).
+                    written = write_now(self.stream, batch)
+                    if written < len(batch):
+                        with trio.CancelScope(shield=True):
+                            await self.stream.send_all(memoryview(batch)[written:])
                 except _MAPPED as exc:
                     closed = _map_error("send", exc)
                     self._mark_closed(closed)
