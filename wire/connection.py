@@ -55,7 +55,19 @@ from wire.messages import (
 )
 
 
-class Role(enum.Enum):
+class _FastHashEnum(enum.Enum):
+    """An Enum hashed by identity.
+
+    ``enum.Enum.__hash__`` is Python code (it hashes the member's name), and
+    the transition tables below look members up several times per message.
+    Members are singletons compared by identity, so the identity hash is
+    equivalent and runs in C.
+    """
+
+    __hash__ = object.__hash__
+
+
+class Role(_FastHashEnum):
     """Which end of the wire a ``Connection`` plays."""
 
     EDGE = "edge"
@@ -66,7 +78,7 @@ class Role(enum.Enum):
         return Role.NODE if self is Role.EDGE else Role.EDGE
 
 
-class ConnState(enum.Enum):
+class ConnState(_FastHashEnum):
     """State of the whole connection (shared by both ends)."""
 
     AWAIT_HELLO = "await_hello"  # nothing has crossed yet; the node must send Hello
@@ -75,7 +87,7 @@ class ConnState(enum.Enum):
     CLOSED = "closed"  # refused, closed, or broken by a protocol error
 
 
-class StreamState(enum.Enum):
+class StreamState(_FastHashEnum):
     """State of one stream id."""
 
     IDLE = "idle"  # never opened (id above the highest opened one)
@@ -84,7 +96,7 @@ class StreamState(enum.Enum):
     CLOSED = "closed"  # the terminal crossed
 
 
-class StreamEvent(enum.Enum):
+class StreamEvent(_FastHashEnum):
     """What a message does to its stream."""
 
     OPEN = "open"

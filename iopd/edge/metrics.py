@@ -623,7 +623,7 @@ class GatewayMetrics:
         self._check_group(group)
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
-        self._dispatch_wait.labels(self.edge_id, group, outcome).observe(seconds)
+        self._child(self._dispatch_wait, (self.edge_id, group, outcome)).observe(seconds)
         if outcome == "queue_timeout":
             self._queue_timeouts.labels(self.edge_id).inc()
 
@@ -645,7 +645,7 @@ class GatewayMetrics:
         _check_member("direction", direction, DIRECTIONS)
         if n < 0:
             raise ValueError("n must be >= 0")
-        self._wire_frames.labels(self.edge_id, direction).inc(n)
+        self._child(self._wire_frames, (self.edge_id, direction)).inc(n)
 
     def count_wire_error(self, reason: str) -> None:
         """A wire connection closed for ``reason`` in :data:`WIRE_ERROR_REASONS`."""
