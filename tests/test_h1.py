@@ -459,3 +459,22 @@ def test_everyday_requests_parse_like_h11(raw: bytes) -> None:
     ref, ref_body = theirs
     assert reader.head.method.encode() == ref.method and reader.head.target.encode() == ref.target
     assert body == ref_body
+
+
+@pytest.mark.parametrize("line", [b"0x5", b"+5", b"5_0", b"-5", b" ", b"g", b"5 5"])
+def test_chunk_size_lines_int_would_accept_are_refused(line: bytes) -> None:
+    reader = ResponseReader()
+    reader.receive_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        + line + b"\r\nhello\r\n0\r\n\r\n")
+    reader.read_head()
+    with pytest.raises(H1ProtocolError):
+        reader.read_body()
+
+
+@pytest.mark.parametrize("line", [b"5", b"05", b"0005;ext=1", b"5 ", b"5\t;x"])
+def test_chunk_size_lines_that_are_fine(line: bytes) -> None:
+    reader = ResponseReader()
+    reader.receive_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                        + line + b"\r\nhello\r\n0\r\n\r\n")
+    reader.read_head()
+    assert reader.read_body() == b"hello" and reader.complete

@@ -47,6 +47,7 @@ _STATUS_LINE_RE = re.compile(rb"HTTP/1\.([0-9]) ([0-9]{3})(?: [^\x00-\x08\x0a-\x
 _HEADER_LINE_RE = re.compile(
     rb"(" + _TOKEN + rb"):[ \t]*([^\x00-\x08\x0a-\x1f\x7f]*?)[ \t]*"
 )
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
 _CHUNK_SIZE_RE = re.compile(rb"[ \t]*([0-9A-Fa-f]{1,16})[ \t]*(?:;[^\r\n]*)?")
 
 
@@ -186,9 +187,25 @@ class _BodyReader:
         buf = self._buf
         pos = 0
         size = len(buf)
-        parts: list[bytes] = []
+        parts: list[bytes | bytearray] = []
         state = self._chunk_state
         try:
+            if state == "size":
+                # Fast path: whole chunks (size line, data, CRLF) already
+                # buffered, one step each: an SSE burst is many of them.
+                while True:
+                    nl = buf.find(b"\n", pos, pos + MAX_LINE_BYTES)
+                    if nl < 0:
+                        break
+                    end = nl - 1 if nl > pos and buf[nl - 1] == 0x0D else nl
+                    n = _chunk_size(buf, pos, end)
+                    data_end = nl + 1 + n
+                    if n == 0 or data_end + 2 > size:
+                        break  # the last chunk, or one not all here: the steps below
+                    if buf[data_end] != 0x0D or buf[data_end + 1] != 0x0A:
+                        raise H1ProtocolError("missing CRLF after chunk data")
+                    parts.append(buf[nl + 1 : data_end])
+                    pos = data_end + 2
             while pos < size:
                 if state == "data":
                     n = min(size - pos, self._remaining)
@@ -204,11 +221,8 @@ class _BodyReader:
                             raise H1ProtocolError("chunk size line too long")
                         break
                     end = nl - 1 if nl > pos and buf[nl - 1] == 0x0D else nl
-                    match = _CHUNK_SIZE_RE.fullmatch(buf, pos, end)
-                    if match is None:
-                        raise H1ProtocolError("invalid chunk size line")
+                    self._remaining = _chunk_size(buf, pos, end)
                     pos = nl + 1
-                    self._remaining = int(match.group(1), 16)
                     state = "data" if self._remaining else "trailers"
                 elif state == "crlf":
                     if size - pos < 2:
@@ -241,7 +255,7 @@ class _BodyReader:
             del buf[:pos]
         if not parts:
             return b""
-        return parts[0] if len(parts) == 1 else b"".join(parts)
+        return bytes(parts[0]) if len(parts) == 1 else b"".join(parts)
 
 
 class ResponseReader(_BodyReader):
@@ -433,6 +447,17 @@ class RequestReader(_BodyReader):
             expect_continue=expect_continue,
             content_length=content_length,
         )
+
+
+def _chunk_size(buf: bytearray, start: int, end: int) -> int:
+    """The size on a chunk-size line ``buf[start:end]`` (hex, maybe ``;extensions``)."""
+    line = buf[start:end]
+    if 0 < len(line) <= 16 and not line.translate(None, _HEX_DIGITS):  # the usual line
+        return int(line, 16)
+    match = _CHUNK_SIZE_RE.fullmatch(line)
+    if match is None:
+        raise H1ProtocolError("invalid chunk size line")
+    return int(match.group(1), 16)
 
 
 def _parse_headers(lines: list[bytes]) -> list[tuple[str, str]]:
