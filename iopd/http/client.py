@@ -28,7 +28,7 @@ import contextlib
 import select
 import ssl
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,28 +73,49 @@ class _StaleConnection(Exception):
     """A reused connection failed before any response byte: safe to retry once."""
 
 
-@contextlib.contextmanager
-def _map_errors(phase: str) -> Iterator[None]:
+class _ErrorMapper:
     """The one boundary where low-level errors become ``ProviderHTTPError``s.
 
-    ``trio.Cancelled`` is a BaseException and passes through untouched.
+    A context manager; ``trio.Cancelled`` is a BaseException and passes
+    through untouched.  A class rather than ``@contextmanager``: it wraps
+    every read of a relayed body, and a generator-based one costs several
+    times more to enter and leave.
     """
-    try:
-        yield
-    except ProviderHTTPError:
-        raise
-    except trio.TooSlowError:
-        if phase == "connect":
-            raise ProviderConnectError("connect timed out") from None
-        raise ProviderTimeoutError(f"provider did not answer in time ({phase})") from None
-    except H1ProtocolError as exc:
-        raise ProviderProtocolError(f"invalid HTTP from provider: {exc}") from None
-    except ssl.SSLError as exc:
-        raise ProviderConnectError(f"TLS error: {exc.reason or exc}") from None
-    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-        if phase == "connect":
-            raise ProviderConnectError(f"cannot connect: {_describe(exc)}") from None
-        raise ProviderProtocolError(f"connection lost ({phase}): {_describe(exc)}") from None
+
+    __slots__ = ("phase",)
+
+    def __init__(self, phase: str) -> None:
+        self.phase = phase
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if exc is None or isinstance(exc, ProviderHTTPError):
+            return
+        phase = self.phase
+        if isinstance(exc, trio.TooSlowError):
+            if phase == "connect":
+                raise ProviderConnectError("connect timed out") from None
+            raise ProviderTimeoutError(f"provider did not answer in time ({phase})") from None
+        if isinstance(exc, H1ProtocolError):
+            raise ProviderProtocolError(f"invalid HTTP from provider: {exc}") from None
+        if isinstance(exc, ssl.SSLError):
+            raise ProviderConnectError(f"TLS error: {exc.reason or exc}") from None
+        if isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
+            if phase == "connect":
+                raise ProviderConnectError(f"cannot connect: {_describe(exc)}") from None
+            raise ProviderProtocolError(f"connection lost ({phase}): {_describe(exc)}") from None
+
+
+_ERROR_MAPPERS = {phase: _ErrorMapper(phase) for phase in ("connect", "request", "read body")}
+
+
+def _map_errors(phase: str) -> _ErrorMapper:
+    """The error boundary for ``phase`` (``connect``, ``request`` or ``read body``)."""
+    return _ERROR_MAPPERS[phase]
 
 
 def _describe(exc: BaseException) -> str:

@@ -10,8 +10,7 @@ adapters are closed only when the last of those runs has left
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import Iterable
 
 import trio
 
@@ -76,16 +75,9 @@ class AdapterRegistry:
     def specs(self) -> list[ProviderSpec]:
         return [a.spec for a in self.adapters.values()]
 
-    @asynccontextmanager
-    async def use(self) -> AsyncIterator[None]:
-        """Count one run in flight on this registry for the duration of the block."""
-        self.active_runs += 1
-        try:
-            yield
-        finally:
-            self.active_runs -= 1
-            if self.retired and self.active_runs == 0:
-                await self.aclose()
+    def use(self) -> _RunSlot:
+        """Count one run in flight on this registry for the duration of an ``async with``."""
+        return _RunSlot(self)
 
     async def retire(self) -> None:
         """Take no new runs; close the adapters now or when the last run leaves."""
@@ -109,3 +101,21 @@ class AdapterRegistry:
                         type(exc).__name__,
                     )
         self.closed.set()
+
+
+class _RunSlot:
+    """``AdapterRegistry.use()``: a class, as it wraps every run (cheaper than a generator)."""
+
+    __slots__ = ("_registry",)
+
+    def __init__(self, registry: AdapterRegistry) -> None:
+        self._registry = registry
+
+    async def __aenter__(self) -> None:
+        self._registry.active_runs += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        registry = self._registry
+        registry.active_runs -= 1
+        if registry.retired and registry.active_runs == 0:
+            await registry.aclose()

@@ -424,15 +424,6 @@ class OpenAIApp:
         self._check_workspace(snap, group, workspace)
         estimate = estimate_input_tokens(req.messages)
         cclass = self._long_class(snap, estimate)
-        run_meta = self._run_metadata(
-            snap,
-            meta,
-            out.principal,
-            model=req.model,
-            stream=req.stream,
-            estimate=estimate,
-            context_class=cclass,
-        )
         self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
             group.id,
@@ -464,7 +455,16 @@ class OpenAIApp:
                 messages=prefix + messages,
                 tools=None if text_tools else tools,
                 params=params,
-                metadata=run_meta,
+                # (only the normalized path carries run metadata)
+                metadata=self._run_metadata(
+                    snap,
+                    meta,
+                    out.principal,
+                    model=req.model,
+                    stream=req.stream,
+                    estimate=estimate,
+                    context_class=cclass,
+                ),
                 workspace=workspace,
                 stream=req.stream,
             )

@@ -13,7 +13,7 @@ and usage can be read from the body.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable
 
 import trio
 
@@ -73,17 +73,35 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
     return [(k, v) for k, v in headers if not _is_hop(k, drop)]
 
 
-@contextlib.contextmanager
-def adapter_errors() -> Iterator[None]:
-    """Map the HTTP client's errors to AdapterError (messages carry no secrets)."""
-    try:
-        yield
-    except ProviderTimeoutError as exc:
-        raise AdapterError("provider_timeout", str(exc)) from None
-    except ProviderConnectError as exc:
-        raise AdapterError("provider_error", f"provider unreachable: {exc}") from None
-    except ProviderHTTPError as exc:
-        raise AdapterError("provider_error", str(exc)) from None
+class _AdapterErrors:
+    """Map the HTTP client's errors to AdapterError (messages carry no secrets).
+
+    A class-based context manager (one instance serves every use): it wraps
+    every relayed request, and ``@contextmanager`` costs several times more.
+    """
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> None:
+        if isinstance(exc, ProviderTimeoutError):
+            raise AdapterError("provider_timeout", str(exc)) from None
+        if isinstance(exc, ProviderConnectError):
+            raise AdapterError("provider_error", f"provider unreachable: {exc}") from None
+        if isinstance(exc, ProviderHTTPError):
+            raise AdapterError("provider_error", str(exc)) from None
+
+
+_ADAPTER_ERRORS = _AdapterErrors()
+
+
+def adapter_errors() -> _AdapterErrors:
+    """The context manager mapping the HTTP client's errors to ``AdapterError``."""
+    return _ADAPTER_ERRORS
 
 
 def error_snippet(body: bytes) -> str:
