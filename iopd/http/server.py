@@ -441,8 +441,15 @@ class _Connection:
     A reader task owns the socket's receive side for the connection's whole
     life: it moves bytes into ``pending`` (bounded: at the cap it stops reading,
     which is TCP backpressure) and wakes the request loop.  Because a receive
-    is always outstanding, EOF or a reset is seen at once, also while a handler
-    runs, and cancels that handler.  Only the request loop touches the parser.
+    is (almost) always outstanding, EOF or a reset is seen at once, also while
+    a handler runs, and cancels that handler.  Only the request loop touches
+    the parser.
+
+    After handing bytes over, the reader waits until the loop releases it
+    (``_release_reader``: the loop needs more bytes, or its handler starts)
+    before it receives again: re-arming the receive (a failed ``recv`` and a
+    poller update) then happens while the handler waits, not between a
+    request's arrival and its parsing.
     """
 
     __slots__ = (
@@ -460,6 +467,7 @@ class _Connection:
         "keep_alive",
         "_loop_waiter",
         "_space",
+        "_reader_waiter",
     )
 
     def __init__(self, server: HttpServer, stream: trio.SocketStream, client: tuple[str, int]):
@@ -477,6 +485,7 @@ class _Connection:
         self.keep_alive = False  # the request now served allows another after it
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
+        self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
 
     def _next_cycle(self) -> None:
         """A fresh parser for the next request, fed what arrived after this one."""
@@ -519,6 +528,12 @@ class _Connection:
                         break
                 else:
                     self.pending += data
+                    if self._loop_waiter is not None:
+                        # Hand over, and re-arm only once the loop lets go.
+                        self._wake_loop()
+                        self._reader_waiter = trio.lowlevel.current_task()
+                        await trio.lowlevel.wait_task_rescheduled(self._abort_reader_wait)
+                        continue
                 self._wake_loop()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
@@ -533,11 +548,23 @@ class _Connection:
             self._loop_waiter = None
             trio.lowlevel.reschedule(task)
 
+    def _abort_reader_wait(self, _: object) -> trio.lowlevel.Abort:
+        self._reader_waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _release_reader(self) -> None:
+        """Let the reader receive again (it waits after handing bytes over)."""
+        task = self._reader_waiter
+        if task is not None:
+            self._reader_waiter = None
+            trio.lowlevel.reschedule(task)
+
     def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
         self._loop_waiter = None
         return trio.lowlevel.Abort.SUCCEEDED
 
     async def _wait_for_reader(self) -> None:
+        self._release_reader()
         self._loop_waiter = trio.lowlevel.current_task()
         await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
 
@@ -692,6 +719,7 @@ class _Connection:
         if self.eof:
             return False  # the client is already gone
         self.handler_scope = handler_scope
+        self._release_reader()  # watch for a disconnect while the handler runs
         try:
             with handler_scope:
                 try:
