@@ -255,3 +255,80 @@ async def test_https_with_custom_trust() -> None:
                 await untrusted.request("GET", "/v1/models")
             await client.aclose()
             nursery.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------ start_now (early start)
+
+
+async def test_start_now_needs_an_idle_connection(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        assert client.start_now("GET", "/v1/models") is None  # nothing pooled yet: dial later
+        await client.request("GET", "/v1/models")
+        started = client.start_now("GET", "/v1/models")
+        assert started is not None and client.idle_connections == 0
+        # Written already: the mock answers before stream() even sends anything.
+        async with client.stream("GET", "/v1/models", started=started) as resp:
+            assert resp.status == 200
+            body = await resp.read()
+        assert json.loads(body)["data"][0]["id"] == "mock-model"
+        assert client.connections_opened == 1 and client.idle_connections == 1
+        assert [r.path for r in mock.requests] == ["/v1/models", "/v1/models"]
+        await client.aclose()
+
+
+async def test_abandoned_early_start_closes_its_connection(mock: MockOpenAIServer) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        await client.request("GET", "/v1/models")
+        started = client.start_now("POST", "/v1/chat/completions", [], b"{}")
+        assert started is not None
+        started.abandon()
+        started.abandon()  # idempotent
+        await mock.wait_connections_ended(1)  # the provider sees the request aborted
+        assert started.take() is None  # an abandoned start cannot be used any more
+        resp = await client.request("GET", "/v1/models")  # a fresh connection serves
+        assert resp.status == 200 and client.connections_opened == 2
+        await client.aclose()
+
+
+async def test_early_start_on_a_connection_the_server_dropped_is_retried(
+    mock: MockOpenAIServer,
+) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        await client.request("GET", "/v1/models")
+        dropped: list[str] = []
+
+        def drop_first(req: Any) -> MockReply | None:
+            if not dropped:
+                dropped.append(req.path)
+                return MockReply(raw=b"")  # close without answering
+            return None
+
+        mock.handler = drop_first
+        started = client.start_now("GET", "/v1/models")
+        assert started is not None
+        async with client.stream("GET", "/v1/models", started=started) as resp:
+            assert resp.status == 200
+            await resp.read()
+        assert dropped == ["/v1/models"] and client.connections_opened == 2
+        await client.aclose()
+
+
+async def test_a_taken_start_is_owned_by_stream_even_when_cancelled(
+    mock: MockOpenAIServer,
+) -> None:
+    with trio.fail_after(5):
+        client = client_for(mock)
+        await client.request("GET", "/v1/models")
+        started = client.start_now("GET", "/v1/models")
+        assert started is not None
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            async with client.stream("GET", "/v1/models", started=started):
+                pass  # pragma: no cover - cancelled before the head arrives
+        assert started.take() is None  # stream() took it ...
+        await mock.wait_connections_ended(1)  # ... and closed it: not pooled half-read
+        assert client.idle_connections == 0
+        await client.aclose()

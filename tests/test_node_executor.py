@@ -291,3 +291,58 @@ async def test_same_config_twice_keeps_registry() -> None:
     first = executor.registry
     ack = await executor.on_config(NodeConfig(stream_id=9, version=1, providers=[spec]))
     assert ack.ok and executor.registry is first
+
+
+# ------------------------------------------------------------ early start
+
+
+def _tunnel(sid: int, provider: str = "p") -> ProviderTunnelRequest:
+    return ProviderTunnelRequest(
+        stream_id=sid,
+        provider_id=provider,
+        method="POST",
+        path="/v1/chat/completions",
+        headers=[("content-type", "application/json")],
+        body=b'{"model": "m", "messages": []}',
+    )
+
+
+async def test_start_early_sends_a_passthrough_request_before_serve_stream() -> None:
+    from tests.mock_providers import MockOpenAIServer
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            mock = await nursery.start(MockOpenAIServer().serve)
+            executor = await make_executor(
+                ProviderSpec(id="p", type="openai", base_url=mock.base_url),
+                ProviderSpec(id="echo", type="echo"),
+            )
+            # Not for runs, unknown providers, or with no idle provider connection yet.
+            assert executor.start_early(run_req()) is None
+            assert executor.start_early(_tunnel(1, provider="nope")) is None
+            assert executor.start_early(_tunnel(1)) is None
+            first = ListSender()
+            await executor.serve_stream(_tunnel(1), first)
+            assert first.kinds[0] == "head" and first.kinds[-1] == "end"
+
+            early = executor.start_early(_tunnel(2))  # an idle connection now: sent at once
+            assert early is not None
+            sender = ListSender()
+            await executor.serve_stream(_tunnel(2), sender, early)
+            assert sender.kinds == first.kinds
+            assert b"".join(m.data for m in sender.msgs if m.kind == "body") == b"".join(
+                m.data for m in first.msgs if m.kind == "body"
+            )
+            assert mock.connections_opened == 1 and len(mock.requests) == 2
+
+            # A stream that never gets to use its early start abandons it: the
+            # provider sees that connection close (here: the node is draining).
+            early = executor.start_early(_tunnel(3))
+            assert early is not None
+            executor.draining = True
+            refused = ListSender()
+            await executor.serve_stream(_tunnel(3), refused, early)
+            assert refused.terminals()[0].code == "provider_error"
+            await mock.wait_connections_ended(1)
+            assert executor.start_early(_tunnel(4)) is None  # draining: nothing starts
+            nursery.cancel_scope.cancel()

@@ -52,8 +52,14 @@ class ScriptedHandler:
         self.configs.append(msg)
         return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
 
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> None:
+        return None
+
     async def serve_stream(
-        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+        self,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: StreamSender,
+        early: object = None,
     ) -> None:
         sid = req.stream_id
         self.sent[sid] = 0

@@ -46,6 +46,7 @@ __all__ = [
     "ProviderResponse",
     "ProviderTimeoutError",
     "FullResponse",
+    "StartedRequest",
 ]
 
 _RECEIVE_BYTES = 65536
@@ -166,6 +167,11 @@ class _Connection:
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
 
+    def close_now(self) -> None:
+        """Close the socket from synchronous code (no TLS goodbye: an abort)."""
+        if self.sock is not None:
+            self.sock.close()
+
 
 @dataclass
 class FullResponse:
@@ -256,6 +262,35 @@ class ProviderResponse:
             size += len(chunk)
         body = b"".join(parts)
         return body if limit is None else body[:limit]
+
+
+class StartedRequest:
+    """A request ``ProviderHTTPClient.start_now`` began writing on a pooled connection.
+
+    Owned by whoever holds it: hand it to ``stream(..., started=...)``, or
+    ``abandon()`` it (closes the connection: the provider sees the request
+    aborted).
+    """
+
+    __slots__ = ("conn", "rest", "_taken")
+
+    def __init__(self, conn: _Connection, rest: bytes) -> None:
+        self.conn = conn
+        self.rest = rest  # what the socket did not take at once
+        self._taken = False
+
+    def take(self) -> StartedRequest | None:
+        """Claim it (once); None when it was already taken or abandoned."""
+        if self._taken:
+            return None
+        self._taken = True
+        return self
+
+    def abandon(self) -> None:
+        """Close its connection unless it was taken (synchronous; idempotent)."""
+        if not self._taken:
+            self._taken = True
+            self.conn.close_now()
 
 
 class ProviderHTTPClient:
@@ -391,9 +426,16 @@ class ProviderHTTPClient:
         target: str,
         headers: list[tuple[str, str]],
         body: bytes,
+        rest: bytes | None = None,
     ) -> ProviderResponse:
+        """Send the request (or, when ``start_now`` sent its start, the ``rest``)
+        and read the response head."""
         try:
-            await self._send_request(conn, method, target, headers, body)
+            if rest is None:
+                await self._send_request(conn, method, target, headers, body)
+            elif rest:
+                with trio.fail_after(self.read_timeout):
+                    await conn.stream.send_all(rest)
         except (trio.BrokenResourceError, OSError):
             if conn.reused:
                 raise _StaleConnection() from None
@@ -419,6 +461,34 @@ class ProviderHTTPClient:
                     raise _StaleConnection() from None
                 raise
 
+    def start_now(
+        self, method: str, path: str, headers: Iterable[tuple[str, str]] = (), body: bytes = b""
+    ) -> StartedRequest | None:
+        """Write a request on a pooled connection at once, without waiting; or None.
+
+        Synchronous and best effort, for a caller that cannot await yet (the
+        node's wire reader, so that the request leaves before a scheduler
+        round): only when an idle connection is ready and the request renders.
+        The result must go to ``stream(..., started=...)`` with the same
+        arguments, or be ``abandon()``-ed.
+        """
+        if self._closed or not self._idle or not self._idle[-1].looks_reusable():
+            return None  # (a stale idle connection is closed by the next stream())
+        target = self.path_prefix + (path if path.startswith("/") else "/" + path)
+        try:
+            data = render_request(method, target, self._build_headers(headers, body, method), body)
+        except H1ProtocolError:
+            return None  # stream() reports it
+        conn = self._idle.pop()
+        conn.reused = True
+        conn.reader = ResponseReader(head_only=method.upper() == "HEAD")
+        try:
+            written = fastsend.write_now(conn.stream, data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            conn.close_now()  # a stale connection; stream() dials afresh
+            return None
+        return StartedRequest(conn, data[written:])
+
     @contextlib.asynccontextmanager
     async def stream(
         self,
@@ -426,14 +496,20 @@ class ProviderHTTPClient:
         path: str,
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
+        *,
+        started: StartedRequest | None = None,
     ) -> AsyncIterator[ProviderResponse]:
         """Send one request; yield the response once its head has arrived.
 
         The body is read with ``resp.aiter_bytes()``.  Leaving the block
         before the body was read to the end (cancel, error, early exit)
-        closes the connection instead of pooling it.
+        closes the connection instead of pooling it.  ``started``: the same
+        request, already begun by ``start_now`` (this call owns it now).
         """
+        early = started.take() if started is not None else None
         if self._closed:
+            if early is not None:
+                early.conn.close_now()
             raise ProviderConnectError("client is closed")
         target = self.path_prefix + (path if path.startswith("/") else "/" + path)
         req_headers = self._build_headers(headers, body, method)
@@ -441,10 +517,16 @@ class ProviderHTTPClient:
         conn: _Connection | None = None
         try:
             for attempt in range(2):
-                conn = await self._acquire()
+                rest = None
+                if early is not None:
+                    conn, rest, early = early.conn, early.rest, None
+                else:
+                    conn = await self._acquire()
                 try:
                     with _map_errors("request"):
-                        response = await self._start(conn, method, target, req_headers, body)
+                        response = await self._start(
+                            conn, method, target, req_headers, body, rest
+                        )
                     break
                 except _StaleConnection:
                     await conn.aclose()

@@ -30,7 +30,7 @@ from typing import Any, cast
 
 import trio
 
-from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
+from iopd.node.adapters.base import Adapter, AdapterError, EarlyStart, RunOutput, TunnelOutput
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
@@ -128,6 +128,17 @@ class _Stream:
                 await self._sender_for(i < last)(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.link_gone = True
+
+
+@dataclass(slots=True)
+class _EarlyTunnel:
+    """``start_early``'s result: the adapter that began the request, and its handle."""
+
+    adapter: Adapter
+    handle: EarlyStart
+
+    def abandon(self) -> None:
+        self.handle.abandon()
 
 
 class _WireRunOutput(RunOutput):
@@ -277,10 +288,48 @@ class NodeExecutor:
         while self._streams:
             await self._idle.wait()
 
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> EarlyStart | None:
+        """Begin a passthrough request now, from the link's reader (see ``NodeHandler``).
+
+        Only when the adapter can do it without waiting (an idle provider
+        connection); anything else, or any error, is None and ``serve_stream``
+        does it all as usual.
+        """
+        if not isinstance(req, ProviderTunnelRequest) or self.draining:
+            return None
+        registry = self.registry
+        adapter = registry.get(req.provider_id) if registry is not None else None
+        if adapter is None or registry is None or registry.retired:
+            return None
+        try:
+            handle = adapter.start_tunnel_now(req)
+        except Exception:
+            log.exception("event=early_start_failed provider=%s", req.provider_id)
+            return None
+        return _EarlyTunnel(adapter, handle) if handle is not None else None
+
     async def serve_stream(
-        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+        self,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: StreamSender,
+        early: EarlyStart | None = None,
     ) -> None:
-        """Run one request to completion, sending every reply incl. exactly one terminal."""
+        """Run one request to completion, sending every reply incl. exactly one terminal.
+
+        ``early``: what ``start_early`` returned for ``req``; owned here.
+        """
+        try:
+            await self._serve_stream(req, sender, early)
+        finally:
+            if early is not None:
+                early.abandon()  # no-op once the adapter took it
+
+    async def _serve_stream(
+        self,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: StreamSender,
+        early: EarlyStart | None,
+    ) -> None:
         stream = _Stream(req.stream_id, sender)
         early_cancel = self._early_cancels.pop(req.stream_id, None)
         tunnel = isinstance(req, ProviderTunnelRequest)
@@ -303,7 +352,14 @@ class NodeExecutor:
         try:
             async with registry.use():
                 if isinstance(req, ProviderTunnelRequest):
-                    await self._tunnel(adapter, req, stream)
+                    # Begun by the adapter serving it now?  (A registry swap
+                    # in between leaves it to be abandoned.)
+                    handle = (
+                        early.handle
+                        if isinstance(early, _EarlyTunnel) and early.adapter is adapter
+                        else None
+                    )
+                    await self._tunnel(adapter, req, stream, handle)
                 else:
                     await self._run(adapter, req, stream)
         finally:
@@ -380,9 +436,21 @@ class NodeExecutor:
             RunEvent(stream_id=sid, kind="complete", finish_reason=out.finish_reason or "stop"),
         )
 
-    async def _tunnel(self, adapter: Adapter, req: ProviderTunnelRequest, stream: _Stream) -> None:
+    async def _tunnel(
+        self,
+        adapter: Adapter,
+        req: ProviderTunnelRequest,
+        stream: _Stream,
+        early: EarlyStart | None = None,
+    ) -> None:
         out = _WireTunnelOutput(stream)
-        error = await self._execute(stream, lambda: adapter.tunnel(req, out), adapter)
+        error = await self._execute(
+            stream,
+            (lambda: adapter.tunnel(req, out, early))
+            if early is not None
+            else (lambda: adapter.tunnel(req, out)),
+            adapter,
+        )
         if stream.link_gone:
             return
         sid = req.stream_id

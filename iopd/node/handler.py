@@ -2,7 +2,8 @@
 
 The link owns the connection: it dials, handshakes, reads frames, enforces
 credit, and spawns ``serve_stream`` for every RunRequest/ProviderTunnelRequest
-in the session's nursery.  The executor owns what runs: adapters, cancel
+in the session's nursery (after ``start_early``, which may already send a
+passthrough request on an idle provider connection).  The executor owns what runs: adapters, cancel
 scopes, usage and the terminal message of every stream.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from iopd.node.adapters.base import EarlyStart
 from wire.messages import (
     NodeConfig,
     NodeConfigAck,
@@ -43,8 +45,18 @@ class NodeHandler(Protocol):
         """Build (or swap in) the adapter registry for ``msg``; answer with the ack."""
         ...
 
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> EarlyStart | None:
+        """Called from the link's reader for each request, before ``serve_stream``
+        is spawned: begin it at once if that needs no waiting (the provider gets
+        it a scheduler round sooner), else None.  Never blocks, never raises.
+        The result is passed to ``serve_stream``, which owns it."""
+        ...
+
     async def serve_stream(
-        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+        self,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: StreamSender,
+        early: EarlyStart | None = None,
     ) -> None:
         """Run one request to completion, sending every reply incl. exactly one terminal."""
         ...

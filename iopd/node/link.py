@@ -27,6 +27,7 @@ import msgspec
 import trio
 
 from iopd.config.schema import NodeSection
+from iopd.node.adapters.base import EarlyStart
 from iopd.node.handler import NodeHandler
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import Backoff, DialError, dial
@@ -285,7 +286,13 @@ class NodeLink:
         if isinstance(msg, RunRequest | ProviderTunnelRequest):
             sender = _StreamSender(channel, msg.stream_id)
             self._senders[msg.stream_id] = sender
-            nursery.start_soon(self._serve_stream, channel, msg, sender)
+            early = self.handler.start_early(msg)
+            try:
+                nursery.start_soon(self._serve_stream, channel, msg, sender, early)
+            except BaseException:
+                if early is not None:
+                    early.abandon()
+                raise
         elif isinstance(msg, Credit):
             waiting = self._senders.get(msg.stream_id)
             if waiting is not None:
@@ -310,10 +317,11 @@ class NodeLink:
         channel: WireChannel,
         req: RunRequest | ProviderTunnelRequest,
         sender: _StreamSender,
+        early: EarlyStart | None = None,
     ) -> None:
         stream_id = req.stream_id
         try:
-            await self.handler.serve_stream(req, sender)
+            await self.handler.serve_stream(req, sender, early)
         except (ChannelClosed, trio.ClosedResourceError):
             pass
         except Exception:

@@ -12,7 +12,7 @@ connection, kill the process group) — the usage it recorded so far on
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from wire.messages import Health, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
@@ -141,6 +141,14 @@ class CollectedTunnelOutput(TunnelOutput):
         return b"".join(self.chunks)
 
 
+class EarlyStart(Protocol):
+    """A provider request an adapter began in ``start_tunnel_now``."""
+
+    def abandon(self) -> None:
+        """Give it up (the provider sees the request aborted); idempotent."""
+        ...
+
+
 class Adapter:
     """Base of every provider adapter; one instance per provider per registry."""
 
@@ -154,8 +162,24 @@ class Adapter:
             "bad_request", f"provider type {self.spec.type!r} has no normalized path"
         )
 
-    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
-        """Relay a raw HTTP request; raise AdapterError on failure."""
+    def start_tunnel_now(self, req: ProviderTunnelRequest) -> EarlyStart | None:
+        """Begin sending ``req`` to the provider right now, synchronously; or None.
+
+        Best effort and never blocking (the node's wire reader calls it, so the
+        request leaves before a scheduler round).  The handle goes to
+        ``tunnel(..., early=...)``; whoever drops it calls ``abandon()``.
+        """
+        return None
+
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
+        """Relay a raw HTTP request; raise AdapterError on failure.
+
+        ``early``: what ``start_tunnel_now`` returned for ``req`` (now owned here).
+        """
+        if early is not None:
+            early.abandon()
         raise AdapterError(
             "bad_request", f"provider type {self.spec.type!r} has no passthrough path"
         )
