@@ -49,7 +49,8 @@ class NodeHandler(Protocol):
         """Called from the link's reader for each request, before ``serve_stream``
         is spawned: begin it at once if that needs no waiting (the provider gets
         it a scheduler round sooner), else None.  Never blocks, never raises.
-        The result is passed to ``serve_stream``, which owns it."""
+        The result is passed to ``serve_stream``, which owns it.  Optional: the
+        link calls ``serve_stream(req, sender)`` alone for a handler without it."""
         ...
 
     async def serve_stream(

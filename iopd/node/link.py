@@ -66,6 +66,9 @@ def parse_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+_EarlyStarter = Callable[[RunRequest | ProviderTunnelRequest], EarlyStart | None]
+
+
 class _StreamSender:
     """``iopd.node.handler.StreamSender`` for one stream: credit-aware sends."""
 
@@ -138,6 +141,9 @@ class NodeLink:
     ) -> None:
         self.cfg = cfg
         self.handler = handler
+        # Optional in a handler (tests, scripts): without it every request waits
+        # for its task, as before early start existed.
+        self._start_early: _EarlyStarter | None = getattr(handler, "start_early", None)
         self.software_version = software_version
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
@@ -286,7 +292,7 @@ class NodeLink:
         if isinstance(msg, RunRequest | ProviderTunnelRequest):
             sender = _StreamSender(channel, msg.stream_id)
             self._senders[msg.stream_id] = sender
-            early = self.handler.start_early(msg)
+            early = self._start_early(msg) if self._start_early is not None else None
             try:
                 nursery.start_soon(self._serve_stream, channel, msg, sender, early)
             except BaseException:
@@ -321,7 +327,10 @@ class NodeLink:
     ) -> None:
         stream_id = req.stream_id
         try:
-            await self.handler.serve_stream(req, sender, early)
+            if early is None:
+                await self.handler.serve_stream(req, sender)
+            else:
+                await self.handler.serve_stream(req, sender, early)
         except (ChannelClosed, trio.ClosedResourceError):
             pass
         except Exception:
