@@ -15,15 +15,15 @@ from hypothesis import strategies as st
 from iopd.http.h1 import (
     MAX_HEAD_BYTES,
     H1ProtocolError,
+    RequestReader,
     ResponseReader,
     render_request,
 )
 
 
-def _read_all(raw: bytes, *, splits: list[int] | None = None, eof: bool = True,
-              head_only: bool = False) -> tuple[ResponseReader, bytes]:
-    """Feed ``raw`` in pieces (cut at ``splits``, default byte by byte); return reader, body."""
-    reader = ResponseReader(head_only=head_only)
+def _feed(reader: ResponseReader | RequestReader, raw: bytes,
+          splits: list[int] | None) -> bytearray:
+    """Feed ``raw`` in pieces (cut at ``splits``, default byte by byte); the body read."""
     cuts = sorted(set(splits)) if splits is not None else list(range(1, len(raw)))
     pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
     body = bytearray()
@@ -34,6 +34,14 @@ def _read_all(raw: bytes, *, splits: list[int] | None = None, eof: bool = True,
         body += reader.read_body()
     if reader.head is not None and not reader.complete:
         body += reader.read_body()  # raises an error found after good bytes
+    return body
+
+
+def _read_all(raw: bytes, *, splits: list[int] | None = None, eof: bool = True,
+              head_only: bool = False) -> tuple[ResponseReader, bytes]:
+    """A response read from ``raw`` in pieces, then (``eof``) the peer's close."""
+    reader = ResponseReader(head_only=head_only)
+    body = _feed(reader, raw, splits)
     if eof and not reader.complete:
         reader.receive_eof()
         if reader.head is None:
@@ -283,23 +291,11 @@ def test_garbage_never_raises_anything_but_protocol_errors(data: bytes) -> None:
 
 # ------------------------------------------------------------ request reader
 
-from iopd.http.h1 import RequestReader  # noqa: E402
-
 
 def _read_request(raw: bytes, *, splits: list[int] | None = None,
                   max_head: int = 16384) -> tuple[RequestReader, bytes]:
     reader = RequestReader(max_head)
-    cuts = sorted(set(splits)) if splits is not None else list(range(1, len(raw)))
-    pieces = [raw[a:b] for a, b in zip([0, *cuts], [*cuts, len(raw)], strict=True)]
-    body = bytearray()
-    for piece in pieces:
-        reader.receive_data(piece)
-        if reader.head is None and reader.read_head() is None:
-            continue
-        body += reader.read_body()
-    if reader.head is not None and not reader.complete:
-        body += reader.read_body()
-    return reader, bytes(body)
+    return reader, bytes(_feed(reader, raw, splits))
 
 
 def test_request_head_and_length_body_byte_by_byte() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -29,6 +29,19 @@ async def mock() -> AsyncIterator[MockOpenAIServer]:
 
 def client_for(mock: MockOpenAIServer, read_timeout: float = 5.0) -> ProviderHTTPClient:
     return ProviderHTTPClient(mock.base_url, connect_timeout=5.0, read_timeout=read_timeout)
+
+
+def drop_first_request() -> tuple[Callable[[Any], MockReply | None], list[str]]:
+    """A mock handler that closes the connection on the first request, without answering."""
+    dropped: list[str] = []
+
+    def handler(req: Any) -> MockReply | None:
+        if not dropped:
+            dropped.append(req.path)
+            return MockReply(raw=b"")
+        return None
+
+    return handler, dropped
 
 
 async def test_request_returns_status_headers_and_body(mock: MockOpenAIServer) -> None:
@@ -215,15 +228,7 @@ async def test_stale_reused_connection_is_retried_once(mock: MockOpenAIServer) -
     with trio.fail_after(5):
         client = client_for(mock)
         await client.request("GET", "/v1/models")
-        dropped: list[str] = []
-
-        def drop_first(req: Any) -> MockReply | None:
-            if not dropped:
-                dropped.append(req.path)
-                return MockReply(raw=b"")  # close without answering
-            return None
-
-        mock.handler = drop_first
+        mock.handler, dropped = drop_first_request()
         resp = await client.request("GET", "/v1/models")
         assert resp.status == 200
         assert dropped == ["/v1/models"]
@@ -298,15 +303,7 @@ async def test_early_start_on_a_connection_the_server_dropped_is_retried(
     with trio.fail_after(5):
         client = client_for(mock)
         await client.request("GET", "/v1/models")
-        dropped: list[str] = []
-
-        def drop_first(req: Any) -> MockReply | None:
-            if not dropped:
-                dropped.append(req.path)
-                return MockReply(raw=b"")  # close without answering
-            return None
-
-        mock.handler = drop_first
+        mock.handler, dropped = drop_first_request()
         started = client.start_now("GET", "/v1/models")
         assert started is not None
         async with client.stream("GET", "/v1/models", started=started) as resp:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from http import HTTPStatus
 from typing import Literal
 
 #: Largest response head accepted (status line and headers).
@@ -38,6 +39,7 @@ MAX_LINE_BYTES = 8 * 1024
 _TOKEN = rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+"
 _METHOD_RE = re.compile(_TOKEN)
 _HEADER_NAME_RE = re.compile(_TOKEN)
+_STATUS_LINES = {int(s): f"HTTP/1.1 {int(s)} {s.phrase}" for s in HTTPStatus}
 # Field values: visible characters, obs-text, space and tab; no other controls.
 _BAD_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 _BAD_TARGET_RE = re.compile(r"[\x00-\x20\x7f]")
@@ -76,7 +78,25 @@ def render_request(
         raise H1ProtocolError(f"illegal method {method[:32]!r}")
     if not target or _BAD_TARGET_RE.search(target):
         raise H1ProtocolError("illegal request target")
-    lines = [f"{method} {target} HTTP/1.1"]
+    head = _render_head(f"{method} {target} HTTP/1.1", headers)
+    return head + body if body else head
+
+
+def render_response_head(status: int, headers: Iterable[tuple[str, str]]) -> bytes:
+    """Status line and headers of a response, checked like a request's headers
+    (so no relayed header can split the response)."""
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        if not 100 <= status <= 999:
+            raise H1ProtocolError(f"invalid status code {status}")
+        line = f"HTTP/1.1 {status} "
+    return _render_head(line, headers)
+
+
+def _render_head(first_line: str, headers: Iterable[tuple[str, str]]) -> bytes:
+    """``first_line`` and the header lines, each name a token and each value free
+    of control characters (CR, LF, NUL ...), then the blank line."""
+    lines = [first_line]
     for name, value in headers:
         if not _HEADER_NAME_RE.fullmatch(name.encode("latin-1", "replace")):
             raise H1ProtocolError(f"illegal header name {name[:64]!r}")
@@ -85,10 +105,9 @@ def render_request(
         lines.append(f"{name}: {value}")
     lines.append("\r\n")
     try:
-        head = "\r\n".join(lines).encode("latin-1")
+        return "\r\n".join(lines).encode("latin-1")
     except UnicodeEncodeError:
         raise H1ProtocolError("header value is not latin-1") from None
-    return head + body if body else head
 
 
 @dataclass(slots=True)

@@ -50,12 +50,10 @@ from __future__ import annotations
 
 import errno
 import logging
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from email.utils import formatdate
-from http import HTTPStatus
 
 import trio
 
@@ -66,7 +64,7 @@ from iopd.errors import (
     RequestTimeout,
     RequestTooLarge,
 )
-from iopd.http.h1 import H1ProtocolError, RequestReader
+from iopd.http.h1 import H1ProtocolError, RequestReader, render_response_head
 from iopd.transport import fastsend
 
 log = logging.getLogger("iopd.http.server")
@@ -140,39 +138,10 @@ ErrorRenderer = Callable[[GatewayError], tuple[int, list[tuple[str, str]], bytes
 _date_second = -1
 _date_value = ""
 
-_STATUS_LINES = {
-    int(status): f"HTTP/1.1 {int(status)} {status.phrase}".encode("ascii")
-    for status in HTTPStatus
-}
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_HEADER_VALUE_RE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 #: Framing headers are this module's: a handler's are dropped from a streamed head.
 _FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 _CHUNKED_END = b"0\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
-
-
-def _status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        if not 100 <= status <= 999:
-            raise ValueError(f"invalid status code {status}")
-        line = f"HTTP/1.1 {status} ".encode("ascii")
-    return line
-
-
-def render_head(status: int, headers: list[tuple[str, str]]) -> bytes:
-    """Status line and headers, checked: a name must be a token, a value has no
-    control character (CR, LF, NUL ...) — so no header can split the response."""
-    lines = [_status_line(status).decode("ascii")]
-    for name, value in headers:
-        if _HEADER_NAME_RE.fullmatch(name) is None:
-            raise ValueError(f"invalid response header name {name[:64]!r}")
-        if _BAD_HEADER_VALUE_RE.search(value) is not None:
-            raise ValueError(f"invalid value in response header {name[:64]!r}")
-        lines.append(f"{name}: {value}")
-    lines.append("\r\n")
-    return "\r\n".join(lines).encode("latin-1")
 
 
 def _http_date() -> str:
@@ -240,7 +209,7 @@ class Responder:
             self.keep_alive = False
         if not self.keep_alive:
             out.append(("connection", "close"))
-        head = render_head(status, out)
+        head = render_response_head(status, out)
         self.started = True
         return head
 
@@ -783,8 +752,8 @@ class _Connection:
         head += headers
         head += [("content-length", str(len(body))), ("connection", "close")]
         try:
-            data = render_head(status, head) + body
-        except ValueError:
+            data = render_response_head(status, head) + body
+        except H1ProtocolError:
             return
         try:
             await self.stream.send_all(data)
