@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
@@ -14,6 +15,7 @@ import trio.testing
 from iopd.edge.openai.errors import render_error
 from iopd.errors import QueueTimeout
 from iopd.http.server import (
+    AbortResponse,
     ClientDisconnected,
     HttpLimits,
     HttpServer,
@@ -682,3 +684,38 @@ async def test_http10_stream_is_close_delimited() -> None:
             assert b"transfer-encoding" not in head.lower()
             assert b"connection: close" in head.lower()
             assert body == b"data: 1\n\n"
+
+
+async def test_a_write_cut_halfway_ends_the_response_it_never_goes_on(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A streamed write interrupted mid-piece (slow reader + the handler's own
+    deadline) leaves half a chunk on the wire: nothing may follow it, or the
+    caller's framing is garbage.  The connection is closed instead."""
+    outcome: list[str] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [("content-type", "text/event-stream")])
+        with trio.move_on_after(0.5):
+            while True:  # the client does not read: the socket fills up
+                await responder.write(b"x" * 65536)
+        try:
+            await responder.write(b"data: error-after-cut\n\n")
+            await responder.end()
+            outcome.append("wrote")
+        except AbortResponse:
+            outcome.append("aborted")
+            raise
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            await client.send(get())
+            await trio.sleep(1)  # let the handler hit its deadline mid-write
+            received = bytearray()
+            with trio.move_on_after(3):
+                while chunk := await client.stream.receive_some(1 << 20):
+                    received += chunk
+            assert outcome == ["aborted"]
+            assert b"error-after-cut" not in received
+            assert not received.endswith(b"0\r\n\r\n")  # no clean end after a torn piece

@@ -266,7 +266,7 @@ class Responder:
 
     async def flush(self) -> None:
         """Write what ``hold=True`` kept back, if anything."""
-        if self._held:
+        if self._held and not self._conn.torn:
             await self._emit(b"", False)
 
     async def _emit(self, data: bytes, hold: bool) -> None:
@@ -434,6 +434,7 @@ class _Connection:
         "discard",
         "active",
         "keep_alive",
+        "torn",
         "_loop_waiter",
         "_space",
         "_reader_waiter",
@@ -452,6 +453,7 @@ class _Connection:
         self.discard = False  # lingering close: drop what still arrives
         self.active = False  # a request is being read or answered
         self.keep_alive = False  # the request now served allows another after it
+        self.torn = False  # a write was cut halfway: the connection must close
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
         self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
@@ -553,9 +555,21 @@ class _Connection:
     # -------------------------------------------------------------- sending
 
     async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
-        """Write to the client; a broken connection cancels ``scope``."""
+        """Write to the client; a broken connection cancels ``scope``.
+
+        A write interrupted after its first byte (a cancel while the socket
+        was full) leaves the connection ``torn``: half a piece is on the
+        wire, so nothing may be written after it and the connection closes.
+        """
+        if self.torn:
+            raise AbortResponse("an earlier write to the client was cut halfway")
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cut here leaves nothing behind
         try:
-            await fastsend.send_all(self.stream, data)
+            written = fastsend.write_now(self.stream, data)
+            if written < len(data):
+                self.torn = True  # until the rest is out
+                await self.stream.send_all(memoryview(data)[written:] if written else data)
+                self.torn = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.eof = True
             if scope is not None:
@@ -705,7 +719,7 @@ class _Connection:
         finally:
             self.handler_scope = None
 
-        if handler_scope.cancelled_caught or self.eof:
+        if handler_scope.cancelled_caught or self.eof or self.torn:
             return False
         try:
             if not responder.started:
