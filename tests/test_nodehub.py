@@ -314,7 +314,7 @@ async def test_bad_input_closes_only_that_connection(
                     req = await good.receive(RunRequest)
                     await good.send(RunEvent(stream_id=req.stream_id, kind="complete"))
                     assert [m.kind async for m in replies] == ["complete"]  # type: ignore[union-attr]
-            assert "wire protocol error" in caplog.text
+            assert "event=wire_protocol_error" in caplog.text
             assert rec.events[0] == ("connect", "node-a")
 
 

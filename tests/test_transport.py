@@ -166,7 +166,7 @@ async def test_serve_wire_reports_port_and_survives_handler_errors(
             await first.aclose()
             await second.aclose()
             nursery.cancel_scope.cancel()
-    assert "wire connection handler failed" in caplog.text
+    assert "event=wire_handler_failed" in caplog.text
 
 
 # ------------------------------------------------------------------ dial + backoff

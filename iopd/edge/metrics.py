@@ -312,7 +312,7 @@ class _StatusCollector(Collector):
         try:
             status = self.source()
         except Exception:  # a scrape must never fail because of the pool
-            log.exception("metrics status source failed")
+            log.exception("event=callback_failed component=metrics callback=status_source")
             return
         edge = [self._edge_id]
         for name, doc, value in (

@@ -408,7 +408,7 @@ class NodeSession:
                 latest = hub._get_node_config(self.node_id)
         except NodeDispatchError as exc:
             log.warning(
-                "node config push failed node_id=%s peer=%s reason=%s",
+                "event=node_config_push node=%s peer=%s outcome=failed reason=%s",
                 self.node_id,
                 self.peer,
                 exc.message,
@@ -434,7 +434,7 @@ class NodeSession:
         self.announced = True
         self.connected_since = time.time()
         log.info(
-            "node connected node_id=%s peer=%s session=%s config_version=%d",
+            "event=node_connected node=%s peer=%s session=%s config_version=%d",
             self.node_id,
             self.peer,
             self.session_id,
@@ -545,10 +545,10 @@ class NodeHub:
                 self._protocol_error(None, peer, exc.reason, _wire_error_reason(channel))
             else:
                 log.info(
-                    "wire connection ended before the session peer=%s reason=%s", peer, exc.reason
+                    "event=wire_connection_ended stage=handshake peer=%s reason=%s", peer, exc.reason
                 )
         except Exception:
-            log.exception("wire connection failed peer=%s", peer)
+            log.exception("event=wire_connection_failed peer=%s", peer)
         finally:
             with trio.CancelScope(shield=True):
                 if session is not None:
@@ -576,7 +576,7 @@ class NodeHub:
             msg = await channel.receive_message()
             assert isinstance(msg, Hello)  # the connection table allows nothing else
             return await self._authenticate(channel, peer, msg)
-        log.warning("wire handshake timed out peer=%s after=%gs", peer, self.handshake_timeout)
+        log.warning("event=wire_handshake_timeout peer=%s after_s=%g", peer, self.handshake_timeout)
         self.protocol_errors += 1
         if self._on_protocol_error is not None:
             self._call("on_protocol_error", self._on_protocol_error, "handshake_timeout")
@@ -618,7 +618,7 @@ class NodeHub:
         self, channel: WireChannel, peer: str, node_id: str, reason: str, code: RefuseCode
     ) -> None:
         log.warning(
-            "node refused node_id=%s peer=%s code=%s reason=%s",
+            "event=node_refused node=%s peer=%s code=%s reason=%s",
             _printable(node_id),
             peer,
             code,
@@ -635,7 +635,7 @@ class NodeHub:
         old = self._sessions.get(session.node_id)
         if old is not None:
             log.info(
-                "node session replaced node_id=%s old_peer=%s new_peer=%s",
+                "event=node_session_replaced node=%s old_peer=%s new_peer=%s",
                 session.node_id,
                 old.peer,
                 session.peer,
@@ -651,7 +651,7 @@ class NodeHub:
         if session.announced:
             session.announced = False
             log.info(
-                "node disconnected node_id=%s peer=%s reason=%s",
+                "event=node_disconnected node=%s peer=%s reason=%s",
                 session.node_id,
                 session.peer,
                 session.end_reason,
@@ -662,7 +662,7 @@ class NodeHub:
         self, node_id: str | None, peer: str, reason: str, kind: str = "protocol"
     ) -> None:
         self.protocol_errors += 1
-        log.warning("wire protocol error node_id=%s peer=%s reason=%s", node_id, peer, reason)
+        log.warning("event=wire_protocol_error node=%s peer=%s reason=%s", node_id, peer, reason)
         if self._on_protocol_error is not None:
             self._call("on_protocol_error", self._on_protocol_error, reason)
         self._wire_error(kind)
@@ -679,7 +679,7 @@ class NodeHub:
         try:
             fn(*args)
         except Exception:
-            log.exception("NodeHub %s callback failed", what)
+            log.exception("event=callback_failed component=nodehub callback=%s", what)
 
 
 __all__ = ["NodeHub", "NodeSession", "safe_node_reason"]

@@ -374,7 +374,7 @@ class HttpServer:
                 stream = await listener.accept()
             except OSError as exc:
                 if exc.errno in _ACCEPT_RETRY_ERRNOS:
-                    log.error("accept failed, retrying: %s", exc)
+                    log.error("event=accept_failed error=%r retry_s=0.1", str(exc))
                     await trio.sleep(0.1)
                     continue
                 raise
@@ -389,7 +389,7 @@ class HttpServer:
                 return
             client = (str(peer[0]), int(peer[1]))
             if self.allow_peer is not None and not self.allow_peer(client[0]):
-                log.warning("connection from %s refused by peer filter", client[0])
+                log.warning("event=connection_refused client=%s reason=peer_filter", client[0])
                 return
             conn = _Connection(self, stream, client)
             self._connections.add(conn)
@@ -397,7 +397,7 @@ class HttpServer:
         except* (trio.BrokenResourceError, trio.ClosedResourceError):
             pass  # the peer reset or closed the connection: nothing to answer
         except* Exception as group:
-            log.error("connection error", exc_info=group)
+            log.error("event=connection_error", exc_info=group)
         finally:
             if conn is not None:
                 self._connections.discard(conn)
@@ -714,7 +714,12 @@ class _Connection:
                 except* AbortResponse as group:
                     crashed = group.exceptions[0]
                 except* Exception as group:
-                    log.error("handler failed: %s %s", request.method, request.path, exc_info=group)
+                    log.error(
+                        "event=handler_failed method=%s path=%s",
+                        request.method,
+                        request.path,
+                        exc_info=group,
+                    )
                     crashed = group
         finally:
             self.handler_scope = None
@@ -728,7 +733,9 @@ class _Connection:
                 elif crashed is not None:
                     error = GatewayError("Internal server error")
                 else:
-                    log.error("handler sent no response: %s %s", request.method, request.path)
+                    log.error(
+                        "event=handler_no_response method=%s path=%s", request.method, request.path
+                    )
                     error = GatewayError("Internal server error")
                 await self._send_error(error, responder)
             elif crashed is not None:
@@ -746,7 +753,7 @@ class _Connection:
         try:
             return self.server.render_error(error)
         except Exception:
-            log.exception("render_error failed")
+            log.exception("event=render_error_failed")
             return 500, [("content-type", "text/plain")], b"internal server error\n"
 
     async def _send_error(self, error: GatewayError, responder: Responder) -> None:

@@ -187,7 +187,7 @@ class NodeLink:
         task_status.started()
         while True:
             delay = await self._attempt()
-            log.info("reconnecting to edge %s:%d in %.2fs", self.host, self.port, delay)
+            log.info("event=edge_reconnect edge=%s:%d delay_s=%.2f", self.host, self.port, delay)
             await trio.sleep(delay)
 
     # ---------------------------------------------------------------- one attempt
@@ -204,7 +204,9 @@ class NodeLink:
             )
         except DialError as exc:
             self.last_error = exc.reason
-            log.warning("cannot reach edge: %s", exc.reason)
+            log.warning(
+                "event=edge_unreachable edge=%s:%d reason=%r", self.host, self.port, exc.reason
+            )
             return self.backoff.next()
         channel = WireChannel(
             stream,
@@ -216,9 +218,9 @@ class NodeLink:
         except ChannelClosed as exc:
             self.last_error = exc.reason
             if exc.kind == "protocol":
-                log.error("wire protocol error, link to edge closed: %s", exc.reason)
+                log.error("event=edge_link_lost kind=protocol reason=%r", exc.reason)
             else:
-                log.warning("link to edge lost: %s", exc.reason)
+                log.warning("event=edge_link_lost kind=%s reason=%r", exc.kind, exc.reason)
             return self.backoff.next()
         finally:
             with trio.CancelScope(shield=True):
@@ -239,21 +241,31 @@ class NodeLink:
             reply = await channel.receive_message()
         if reply is None:
             self.last_error = f"edge did not answer Hello within {self.handshake_timeout:g}s"
-            log.warning("%s", self.last_error)
+            log.warning(
+                "event=edge_handshake_timeout edge=%s:%d after_s=%g",
+                self.host,
+                self.port,
+                self.handshake_timeout,
+            )
             return self.backoff.next()
         if isinstance(reply, Refused):
             self.last_refused = reply
             self.last_error = f"refused: {reply.code}: {reply.reason}"
             if reply.code in ("bad_token", "unknown_node"):
                 log.error(
-                    "edge refused node %s: %s (%s); check node.id/node.token against the "
-                    "edge's nodes[] config; retrying slowly",
+                    "event=node_refused_by_edge node=%s code=%s reason=%r hint=%r",
                     self.cfg.id,
-                    reply.reason,
                     reply.code,
+                    reply.reason,
+                    "check node.id/node.token against the edge's nodes[]; retrying slowly",
                 )
                 return self.backoff.max_delay()
-            log.warning("edge refused node %s: %s (%s)", self.cfg.id, reply.reason, reply.code)
+            log.warning(
+                "event=node_refused_by_edge node=%s code=%s reason=%r",
+                self.cfg.id,
+                reply.code,
+                reply.reason,
+            )
             return self.backoff.next()
         assert isinstance(reply, HelloAck)  # the connection table allows nothing else
         self.backoff.reset()
@@ -308,7 +320,7 @@ class NodeLink:
                 try:
                     self.handler.cancel(msg.stream_id, msg.reason)
                 except Exception:
-                    log.exception("handler.cancel failed stream_id=%d", msg.stream_id)
+                    log.exception("event=cancel_failed stream=%d", msg.stream_id)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
@@ -334,7 +346,7 @@ class NodeLink:
         except (ChannelClosed, trio.ClosedResourceError):
             pass
         except Exception:
-            log.exception("serve_stream failed stream_id=%d", stream_id)
+            log.exception("event=serve_stream_failed stream=%d", stream_id)
         finally:
             self._senders.pop(stream_id, None)
         if channel.conn.stream_state(stream_id) in (StreamState.OPEN, StreamState.CANCELLED):
@@ -368,7 +380,7 @@ class NodeLink:
                 ack = await self.handler.on_config(cfg)
                 ack = msgspec.structs.replace(ack, stream_id=cfg.stream_id)
             except Exception as exc:
-                log.exception("applying config version %d failed", cfg.version)
+                log.exception("event=node_config_failed version=%d", cfg.version)
                 ack = NodeConfigAck(
                     stream_id=cfg.stream_id,
                     version=cfg.version,
@@ -382,7 +394,7 @@ class NodeLink:
                     await channel.send(self.handler.current_status())
             except ChannelClosed:
                 return
-            log.info("config version %d applied ok=%s", cfg.version, ack.ok)
+            log.info("event=node_config_ack version=%d ok=%s", cfg.version, ack.ok)
 
     # ---------------------------------------------------------------- state
 
@@ -394,7 +406,7 @@ class NodeLink:
         self._disconnected_event = trio.Event()
         self._connected_event.set()
         log.info(
-            "connected to edge %s at %s:%d (heartbeat %gs/%gs)",
+            "event=edge_connected edge_id=%s edge=%s:%d heartbeat_s=%g heartbeat_timeout_s=%g",
             ack.edge_id,
             self.host,
             self.port,

@@ -25,7 +25,7 @@ async def _guarded(handler: StreamHandler, stream: trio.abc.Stream) -> None:
         await handler(stream)
     except Exception as exc:  # one connection's failure must not end the listener
         # (trio.Cancelled is a BaseException and propagates.)
-        log.error("wire connection handler failed: %s", type(exc).__name__, exc_info=True)
+        log.error("event=wire_handler_failed error=%s", type(exc).__name__, exc_info=True)
     finally:
         await trio.aclose_forcefully(stream)
 
@@ -51,7 +51,7 @@ async def serve_wire(
         listeners = [
             trio.SSLListener(lst, ssl_context, https_compatible=False) for lst in tcp_listeners
         ]
-    log.info("wire listening on %s:%d tls=%s", bound[0], bound[1], ssl_context is not None)
+    log.info("event=wire_listening address=%s:%d tls=%s", bound[0], bound[1], ssl_context is not None)
 
     async def on_connection(stream: trio.abc.Stream) -> None:
         await _guarded(handler, stream)

@@ -176,7 +176,7 @@ class ProviderPool:
             try:
                 self._on_wait_done(group_id, waited, outcome)
             except Exception:
-                logger.exception("pool on_wait_done hook failed")
+                logger.exception("event=callback_failed component=pool callback=on_wait_done")
 
     # ------------------------------------------------------------ state feeds
 
