@@ -408,7 +408,7 @@ class NodeSession:
                 latest = hub._get_node_config(self.node_id)
         except NodeDispatchError as exc:
             log.warning(
-                "event=node_config_push node=%s peer=%s outcome=failed reason=%s",
+                "event=node_config_push node=%s peer=%s outcome=failed reason=%r",
                 self.node_id,
                 self.peer,
                 exc.message,
@@ -545,7 +545,7 @@ class NodeHub:
                 self._protocol_error(None, peer, exc.reason, _wire_error_reason(channel))
             else:
                 log.info(
-                    "event=wire_connection_ended stage=handshake peer=%s reason=%s", peer, exc.reason
+                    "event=wire_connection_ended stage=handshake peer=%s reason=%r", peer, exc.reason
                 )
         except Exception:
             log.exception("event=wire_connection_failed peer=%s", peer)
@@ -618,7 +618,7 @@ class NodeHub:
         self, channel: WireChannel, peer: str, node_id: str, reason: str, code: RefuseCode
     ) -> None:
         log.warning(
-            "event=node_refused node=%s peer=%s code=%s reason=%s",
+            "event=node_refused node=%s peer=%s code=%s reason=%r",
             _printable(node_id),
             peer,
             code,
@@ -651,7 +651,7 @@ class NodeHub:
         if session.announced:
             session.announced = False
             log.info(
-                "event=node_disconnected node=%s peer=%s reason=%s",
+                "event=node_disconnected node=%s peer=%s reason=%r",
                 session.node_id,
                 session.peer,
                 session.end_reason,
@@ -662,7 +662,7 @@ class NodeHub:
         self, node_id: str | None, peer: str, reason: str, kind: str = "protocol"
     ) -> None:
         self.protocol_errors += 1
-        log.warning("event=wire_protocol_error node=%s peer=%s reason=%s", node_id, peer, reason)
+        log.warning("event=wire_protocol_error node=%s peer=%s reason=%r", node_id, peer, reason)
         if self._on_protocol_error is not None:
             self._call("on_protocol_error", self._on_protocol_error, reason)
         self._wire_error(kind)

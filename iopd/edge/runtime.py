@@ -143,12 +143,11 @@ class EdgeRuntime:
 
     # ------------------------------------------------------------ node events
 
+    # (The hub logs event=node_connected / node_disconnected, with peer and reason.)
     def _on_node_connect(self, node_id: str) -> None:
-        log.info("event=node_connected node=%s", node_id)
         self.pool.set_node_connected(node_id, True)
 
     def _on_node_disconnect(self, node_id: str) -> None:
-        log.info("event=node_disconnected node=%s", node_id)
         self.pool.set_node_connected(node_id, False)
 
     def _on_provider_status(self, node_id: str, msg: ProviderStatus) -> None:
