@@ -340,3 +340,28 @@ async def test_refused_other_code_uses_normal_backoff(
                 nursery.cancel_scope.cancel()
     gaps = [b - a for a, b in zip(edge.dial_times, edge.dial_times[1:], strict=False)]
     assert gaps[:2] == pytest.approx([1.0, 2.0])
+
+
+async def test_shutdown_ends_the_session_with_a_clean_eof_and_no_reconnect(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stopping node half-closes and reads until the edge closes: the edge
+    sees EOF (not a reset that could destroy the last frames in flight), and
+    the link does not dial again."""
+    handler = ScriptedHandler()
+    caplog.set_level(logging.INFO, logger="iopd.node.link")
+    with trio.fail_after(10):
+        async with FakeEdge.serve() as edge:
+            async with linked(edge, handler) as (link, session):
+                sid = session.next_stream_id()
+                await session.send(run_req(sid, n=2))
+                events = [await session.receive(RunEvent) for _ in range(3)]
+                assert events[-1].kind == "complete"
+                await link.shutdown()
+                assert await session.wait_closed() == "peer closed the connection"
+                assert not link.connected
+                await trio.sleep(0.2)  # a reconnect would dial now (backoff is 0.0-ish)
+                assert len(edge.hellos) == 1
+                assert "event=edge_link_closed" in caplog.text
+                assert "event=edge_reconnect" not in caplog.text
+                await link.shutdown()  # idempotent, nothing to close

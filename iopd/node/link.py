@@ -161,6 +161,7 @@ class NodeLink:
         self.sessions = 0
         self.last_refused: Refused | None = None
         self.last_error: str | None = None
+        self._stopping = False
 
     # ---------------------------------------------------------------- public
 
@@ -171,6 +172,30 @@ class NodeLink:
     async def wait_disconnected(self) -> None:
         """Wait until no session is established (returns at once if none is)."""
         await self._disconnected_event.wait()
+
+    async def shutdown(self, timeout: float = 2.0) -> None:
+        """End the session cleanly, for a node that is stopping (its streams are done).
+
+        Writes what is queued, sends EOF and lets the reader run until the
+        edge closes its side (at most ``timeout`` seconds), so the socket is
+        closed with nothing unread: a close with unread bytes makes the
+        kernel reset the connection, and a reset can destroy the last frames
+        still on their way to the edge.  No reconnect follows.  Over TLS the
+        stream cannot half-close; closing it sends the TLS close_notify.
+        """
+        self._stopping = True
+        channel = self._channel
+        if channel is None or not self.connected or channel.closed:
+            return
+        with trio.move_on_after(timeout):
+            try:
+                await channel.flush()
+                stream = channel.stream
+                if isinstance(stream, trio.abc.HalfCloseableStream):
+                    await stream.send_eof()
+            except (ChannelClosed, trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            await self.wait_disconnected()
 
     def send_status(self, msg: ProviderStatus) -> None:
         """Queue a provider status for the edge; a no-op while disconnected."""
@@ -187,6 +212,8 @@ class NodeLink:
         task_status.started()
         while True:
             delay = await self._attempt()
+            if self._stopping:
+                await trio.sleep_forever()  # shut down: no reconnect; the caller cancels
             log.info("event=edge_reconnect edge=%s:%d delay_s=%.2f", self.host, self.port, delay)
             await trio.sleep(delay)
 
@@ -217,7 +244,9 @@ class NodeLink:
             return await self._session(channel)
         except ChannelClosed as exc:
             self.last_error = exc.reason
-            if exc.kind == "protocol":
+            if self._stopping:
+                log.info("event=edge_link_closed reason=%r", exc.reason)
+            elif exc.kind == "protocol":
                 log.error("event=edge_link_lost kind=protocol reason=%r", exc.reason)
             else:
                 log.warning("event=edge_link_lost kind=%s reason=%r", exc.kind, exc.reason)

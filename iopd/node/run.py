@@ -110,6 +110,7 @@ async def run_node(
                 if handle_signals:
                     sdnotify.notify(*sdnotify.stopping())
                 await _drain(handle, cfg.node.drain_timeout)
+                await link.shutdown()
                 nursery.cancel_scope.cancel()
     finally:
         registry = executor.registry
