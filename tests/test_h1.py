@@ -474,3 +474,14 @@ def test_chunk_size_lines_that_are_fine(line: bytes) -> None:
                         + line + b"\r\nhello\r\n0\r\n\r\n")
     reader.read_head()
     assert reader.read_body() == b"hello" and reader.complete
+
+
+@pytest.mark.parametrize("value", ["\u00b32", "\u0662", "1\u00b9"])  # '³2', Arabic-Indic 2, '1¹'
+def test_non_ascii_digits_are_not_a_content_length(value: str) -> None:
+    raw_value = value.encode("latin-1", "replace") if all(ord(c) < 256 for c in value) else b"\xd9"
+    with pytest.raises(H1ProtocolError):
+        _read_request(b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: " + raw_value + b"\r\n\r\n",
+                      splits=[])
+    with pytest.raises(H1ProtocolError):
+        _read_all(b"HTTP/1.1 200 OK\r\nContent-Length: " + raw_value + b"\r\n\r\n", splits=[],
+                  eof=False)

@@ -719,3 +719,23 @@ async def test_a_write_cut_halfway_ends_the_response_it_never_goes_on(
             assert outcome == ["aborted"]
             assert b"error-after-cut" not in received
             assert not received.endswith(b"0\r\n\r\n")  # no clean end after a torn piece
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Le",  # closed inside the head
+        b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nshort",  # inside the body
+        b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+    ],
+)
+async def test_a_client_that_closes_inside_its_request_gets_a_400(raw: bytes) -> None:
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            await client.send(raw)
+            await client.stream.send_eof()
+            data = b""
+            while chunk := await client.stream.receive_some(65536):
+                data += chunk
+            assert data.startswith(b"HTTP/1.1 400 ")
+            assert b'"invalid_request_error"' in data

@@ -344,7 +344,7 @@ class ResponseReader(_BodyReader):
             if lengths:  # both framings: chunked wins, but never reuse (RFC 9112 §6.3)
                 self.keep_alive = False
         elif lengths:
-            if len(set(lengths)) != 1 or not lengths[0].isdigit() or len(lengths[0]) > 18:
+            if len(set(lengths)) != 1 or not _is_decimal(lengths[0]) or len(lengths[0]) > 18:
                 raise H1ProtocolError("invalid content-length")
             self._framing = "length"
             self._remaining = int(lengths[0])
@@ -449,7 +449,7 @@ class RequestReader(_BodyReader):
             self._framing = "chunked"
         elif lengths:
             value = lengths[0].strip()
-            if len(lengths) > 1 or not value.isdigit() or len(value) > 18:
+            if len(lengths) > 1 or not _is_decimal(value) or len(value) > 18:
                 raise H1ProtocolError("invalid Content-Length")
             content_length = int(value)
             self._framing = "length"
@@ -466,6 +466,11 @@ class RequestReader(_BodyReader):
             expect_continue=expect_continue,
             content_length=content_length,
         )
+
+
+def _is_decimal(value: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes '³' and other Unicode digits)."""
+    return value.isascii() and value.isdigit()
 
 
 def _chunk_size(buf: bytearray, start: int, end: int) -> int:

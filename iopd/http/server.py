@@ -642,7 +642,11 @@ class _Connection:
                 while head is None:
                     data = await self._receive()
                     if not data:
-                        return None  # the client closed mid-head
+                        reader.receive_eof()  # closed inside the head: a 400
+                        head = reader.read_head()
+                        if head is None:
+                            return None  # (only blank lines had come)
+                        break
                     reader.receive_data(data)
                     head = reader.read_head()
         if not self.active:
@@ -670,7 +674,7 @@ class _Connection:
                 deadline.deadline = trio.current_time() + limits.body_timeout
             data = await self._receive()
             if not data:
-                return None  # the client closed mid-body
+                reader.receive_eof()  # read_body raises: closed inside the body, a 400
             reader.receive_data(data)
 
         target = head.target
