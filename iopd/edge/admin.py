@@ -1,6 +1,6 @@
 """The loopback admin API: /healthz, /status, /refresh, /metrics (SPEC §10).
 
-Served by the same h11 server as the OpenAI API, on its own listener, and only
+Served by the same HTTP server (iopd.http.server) as the OpenAI API, on its own listener, and only
 to loopback peers (``allow_peer``) — a non-loopback ``admin_listen`` is already
 a config error.  The public listener has no route to any of this.
 """
