@@ -188,7 +188,7 @@ async def test_a_cut_relay_is_logged_as_a_request_not_as_a_handler_crash(
     """A raw relay that has to be cut mid-body (here: request_timeout while the
     provider hangs after its head) is an expected outcome: the connection is cut
     and the request line says why.  It used to be raised through the HTTP server
-    as an unknown exception, logged at ERROR with a traceback ("handler failed")."""
+    as an unknown exception, logged at ERROR with a traceback (event=handler_failed)."""
     caplog.set_level(logging.INFO)
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
