@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -42,6 +42,8 @@ class Gateway:
     handle: EdgeHandle
     nursery: trio.Nursery
     node_scopes: dict[str, trio.CancelScope]
+    #: ``iopd.node.run.NodeHandle`` of each running node (its executor and link).
+    node_handles: dict[str, Any] = field(default_factory=dict)
 
     @property
     def runtime(self) -> EdgeRuntime:
@@ -64,12 +66,14 @@ class Gateway:
     def kill_node(self, node_id: str) -> None:
         """Stop a node's task at once (its connection drops, like a crash)."""
         self.node_scopes.pop(node_id).cancel()
+        self.node_handles.pop(node_id, None)
 
     async def start_node(self, node_id: str, **section: Any) -> None:
-        scope = await self.nursery.start(
+        scope, handle = await self.nursery.start(
             functools.partial(_run_node_scoped, self.node_config(node_id, **section))
         )
         self.node_scopes[node_id] = scope
+        self.node_handles[node_id] = handle
         await wait_until(lambda: self.runtime.hub.connected_since(node_id) is not None)
 
     def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
@@ -94,13 +98,14 @@ class Gateway:
 
 
 async def _run_node_scoped(
-    cfg: NodeConfigFile, *, task_status: trio.TaskStatus[trio.CancelScope]
+    cfg: NodeConfigFile, *, task_status: trio.TaskStatus[tuple[trio.CancelScope, Any]]
 ) -> None:
     from iopd.node.run import run_node
 
     with trio.CancelScope() as scope:
-        task_status.started(scope)
-        await run_node(cfg)
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(run_node, cfg)
+            task_status.started((scope, handle))
 
 
 async def wait_until(pred: Callable[[], bool], *, interval: float = 0.005) -> None:

@@ -449,3 +449,37 @@ async def test_status_shows_node_and_provider() -> None:
             p = doc["providers"][0]
             assert p["id"] == "echo-1" and p["in_flight"] == 0 and p["load_ratio"] == 0
             assert doc["queue"] == {"depth": 0, "max_queue": 256}
+
+
+async def test_passthrough_on_a_warm_connection_is_started_early_and_stays_byte_exact() -> None:
+    """From the second request on, the node's wire reader writes the relayed
+    request itself (early start, on the pooled provider connection); what the
+    caller gets is unchanged, streamed or whole."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = MockOpenAIServer()
+            await n.start(mock.serve)
+            yaml_text = MIXED.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+            async with running_gateway(yaml_text) as gw:
+                executor = gw.node_handles["node-a"].executor
+                body = {"model": "direct", "messages": [{"role": "user", "content": "hi"}]}
+                strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
+                replies = []
+                for stream in (False, False, True, True):
+                    r = await http_request(
+                        gw.host_port,
+                        "POST",
+                        "/v1/chat/completions",
+                        body={**body, "stream": stream},
+                    )
+                    assert r.status == 200
+                    replies.append(strip.sub(b"", r.body))
+                assert replies[0] == replies[1] and replies[2] == replies[3]
+                assert replies[3].rstrip().endswith(b"data: [DONE]")
+                # All but maybe the first (the health probe may have left a
+                # warm connection already), all on one provider connection.
+                assert 3 <= executor.early_starts <= 4
+                assert mock.connections_opened == 1
+                posts = [req for req in mock.requests if req.method == "POST"]
+                assert [req.json()["model"] for req in posts] == ["served-a"] * 4
+            n.cancel_scope.cancel()

@@ -214,6 +214,8 @@ class NodeExecutor:
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
+        #: Passthrough requests written by ``start_early`` (diagnostics, tests).
+        self.early_starts = 0
 
     # ------------------------------------------------------------ config
 
@@ -306,7 +308,10 @@ class NodeExecutor:
         except Exception:
             log.exception("event=early_start_failed provider=%s", req.provider_id)
             return None
-        return _EarlyTunnel(adapter, handle) if handle is not None else None
+        if handle is None:
+            return None
+        self.early_starts += 1
+        return _EarlyTunnel(adapter, handle)
 
     async def serve_stream(
         self,
