@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import openai
 import pytest
 import trio
 
 from tests.gateway import (
+    Gateway,
     http_request,
     in_thread,
     node_token,
@@ -367,76 +370,78 @@ nodes:
 """
 
 
+@asynccontextmanager
+async def mixed_gateway() -> AsyncIterator[tuple[MockOpenAIServer, Gateway]]:
+    """A mock OpenAI provider and a gateway serving ``MIXED`` in front of it."""
+    async with trio.open_nursery() as n:
+        mock = MockOpenAIServer()
+        await n.start(mock.serve)
+        yaml_text = MIXED.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+        async with running_gateway(yaml_text) as gw:
+            yield mock, gw
+        n.cancel_scope.cancel()
+
+
 async def test_passthrough_is_byte_exact_and_rewrites_model() -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            mock = MockOpenAIServer()
-            await n.start(mock.serve)
-            yaml_text = MIXED.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
-            async with running_gateway(yaml_text) as gw:
-                body = {
-                    "model": "direct",
-                    "messages": [{"role": "user", "content": "hi"}],
-                    "x_unknown_field": {"kept": True},
-                }
-                r = await http_request(
-                    gw.host_port,
-                    "POST",
-                    "/v1/chat/completions",
-                    body=body,
-                    headers=[("authorization", "Bearer caller-secret")],
-                )
-                assert r.status == 200
-                sent = mock.requests[-1]
-                assert sent.json()["model"] == "served-a"
-                assert sent.json()["x_unknown_field"] == {"kept": True}
-                assert sent.header("authorization") != "Bearer caller-secret"
-                direct = await http_request(
-                    (
-                        mock.base_url.split("//")[1].split(":")[0],
-                        int(mock.base_url.rsplit(":", 1)[1]),
-                    ),
-                    "POST",
-                    "/v1/chat/completions",
-                    body={**body, "model": "served-a"},
-                )
-                # Same provider reply, relayed byte for byte (ids may differ per call).
-                strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
-                assert strip.sub(b"", r.body) == strip.sub(b"", direct.body)
+        async with mixed_gateway() as (mock, gw):
+            body = {
+                "model": "direct",
+                "messages": [{"role": "user", "content": "hi"}],
+                "x_unknown_field": {"kept": True},
+            }
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body=body,
+                headers=[("authorization", "Bearer caller-secret")],
+            )
+            assert r.status == 200
+            sent = mock.requests[-1]
+            assert sent.json()["model"] == "served-a"
+            assert sent.json()["x_unknown_field"] == {"kept": True}
+            assert sent.header("authorization") != "Bearer caller-secret"
+            direct = await http_request(
+                (
+                    mock.base_url.split("//")[1].split(":")[0],
+                    int(mock.base_url.rsplit(":", 1)[1]),
+                ),
+                "POST",
+                "/v1/chat/completions",
+                body={**body, "model": "served-a"},
+            )
+            # Same provider reply, relayed byte for byte (ids may differ per call).
+            strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
+            assert strip.sub(b"", r.body) == strip.sub(b"", direct.body)
 
-                # SSE relayed raw, with X-Accel-Buffering added.
-                r = await http_request(
-                    gw.host_port,
-                    "POST",
-                    "/v1/chat/completions",
-                    body={**body, "stream": True, "stream_options": {"include_usage": True}},
-                )
-                assert r.status == 200
-                assert r.header("x-accel-buffering") == "no"
-                assert r.body.rstrip().endswith(b"data: [DONE]")
-            n.cancel_scope.cancel()
+            # SSE relayed raw, with X-Accel-Buffering added.
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={**body, "stream": True, "stream_options": {"include_usage": True}},
+            )
+            assert r.status == 200
+            assert r.header("x-accel-buffering") == "no"
+            assert r.body.rstrip().endswith(b"data: [DONE]")
 
 
 async def test_mixed_group_uses_both_provider_kinds() -> None:
     with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            mock = MockOpenAIServer()
-            await n.start(mock.serve)
-            yaml_text = MIXED.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
-            async with running_gateway(yaml_text) as gw:
-                client = gw.sdk()
-                seen_modes = set()
-                for _ in range(4):
-                    resp = await in_thread(
-                        lambda: client.chat.completions.create(
-                            model="mixed", messages=[{"role": "user", "content": "ping pong"}]
-                        )
+        async with mixed_gateway() as (mock, gw):
+            client = gw.sdk()
+            seen_modes = set()
+            for _ in range(4):
+                resp = await in_thread(
+                    lambda: client.chat.completions.create(
+                        model="mixed", messages=[{"role": "user", "content": "ping pong"}]
                     )
-                    seen_modes.add(
-                        "echo" if resp.choices[0].message.content == "ping pong" else "mock"
-                    )
-                assert seen_modes == {"echo", "mock"}
-            n.cancel_scope.cancel()
+                )
+                seen_modes.add(
+                    "echo" if resp.choices[0].message.content == "ping pong" else "mock"
+                )
+            assert seen_modes == {"echo", "mock"}
 
 
 async def test_status_shows_node_and_provider() -> None:
@@ -456,30 +461,25 @@ async def test_passthrough_on_a_warm_connection_is_started_early_and_stays_byte_
     request itself (early start, on the pooled provider connection); what the
     caller gets is unchanged, streamed or whole."""
     with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            mock = MockOpenAIServer()
-            await n.start(mock.serve)
-            yaml_text = MIXED.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
-            async with running_gateway(yaml_text) as gw:
-                executor = gw.node_handles["node-a"].executor
-                body = {"model": "direct", "messages": [{"role": "user", "content": "hi"}]}
-                strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
-                replies = []
-                for stream in (False, False, True, True):
-                    r = await http_request(
-                        gw.host_port,
-                        "POST",
-                        "/v1/chat/completions",
-                        body={**body, "stream": stream},
-                    )
-                    assert r.status == 200
-                    replies.append(strip.sub(b"", r.body))
-                assert replies[0] == replies[1] and replies[2] == replies[3]
-                assert replies[3].rstrip().endswith(b"data: [DONE]")
-                # All but maybe the first (the health probe may have left a
-                # warm connection already), all on one provider connection.
-                assert 3 <= executor.early_starts <= 4
-                assert mock.connections_opened == 1
-                posts = [req for req in mock.requests if req.method == "POST"]
-                assert [req.json()["model"] for req in posts] == ["served-a"] * 4
-            n.cancel_scope.cancel()
+        async with mixed_gateway() as (mock, gw):
+            executor = gw.node_handles["node-a"].executor
+            body = {"model": "direct", "messages": [{"role": "user", "content": "hi"}]}
+            strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
+            replies = []
+            for stream in (False, False, True, True):
+                r = await http_request(
+                    gw.host_port,
+                    "POST",
+                    "/v1/chat/completions",
+                    body={**body, "stream": stream},
+                )
+                assert r.status == 200
+                replies.append(strip.sub(b"", r.body))
+            assert replies[0] == replies[1] and replies[2] == replies[3]
+            assert replies[3].rstrip().endswith(b"data: [DONE]")
+            # All but maybe the first (the health probe may have left a
+            # warm connection already), all on one provider connection.
+            assert 3 <= executor.early_starts <= 4
+            assert mock.connections_opened == 1
+            posts = [req for req in mock.requests if req.method == "POST"]
+            assert [req.json()["model"] for req in posts] == ["served-a"] * 4
