@@ -161,10 +161,6 @@ class _BodyReader:
         self._eof = True
 
     @property
-    def eof(self) -> bool:
-        return self._eof
-
-    @property
     def buffered(self) -> bool:
         """Bytes are buffered that were not parsed yet."""
         return bool(self._buf)

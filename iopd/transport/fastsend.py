@@ -10,8 +10,10 @@ socket buffer almost always has room, so the fast path is the common one.
 
 ``write_now`` tries one non-blocking ``os.write`` on a plain
 ``trio.SocketStream`` (never TLS, never a test stream) and reports how many
-bytes the kernel took; ``send_all`` finishes whatever is left with trio's own
-``send_all``, which then waits for the socket as usual.  Errors are trio's:
+bytes the kernel took; the caller finishes whatever is left with trio's own
+``send_all``, which then waits for the socket as usual (and decides what a
+cancel in that wait means for it: the wire channel shields it, the HTTP
+server marks the connection torn).  Errors are trio's:
 ``trio.BrokenResourceError`` for a broken connection, and
 ``trio.ClosedResourceError`` for a closed socket.
 
@@ -55,15 +57,3 @@ def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:
         if exc.errno in _CLOSED_ERRNOS:
             raise trio.ClosedResourceError("this socket was already closed") from None
         raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
-
-
-async def send_all(stream: trio.abc.SendStream, data: bytes) -> None:
-    """``stream.send_all(data)``, through ``write_now`` first.
-
-    A cancel point (``checkpoint_if_cancelled``), but no scheduler round when
-    the kernel took everything; the rest, if any, goes through trio.
-    """
-    await trio.lowlevel.checkpoint_if_cancelled()
-    written = write_now(stream, data) if data else 0
-    if written < len(data) or not data:
-        await stream.send_all(memoryview(data)[written:] if written else data)
