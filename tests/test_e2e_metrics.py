@@ -1101,3 +1101,39 @@ async def test_hub_hooks_count_exact_frames_and_classify_closes(
             await hub.handle_connection(server)  # returns after handshake_timeout
             assert rec.errors[2:] == ["handshake"]
             nursery.cancel_scope.cancel()
+
+
+async def test_requests_refused_before_routing_are_counted_by_status() -> None:
+    """Malformed HTTP, limits and unknown routes have no endpoint (so they stay
+    out of iop_openai_requests_total) but are counted by status."""
+    with trio.fail_after(30):
+        async with running_gateway(gateway_yaml(auth=True)) as gw:
+            before = await scrape(gw)
+            r = await http_request(gw.host_port, "GET", "/v1/nope")
+            assert r.status == 404
+            r = await http_request(gw.host_port, "DELETE", "/v1/models")
+            assert r.status == 405
+            # Malformed HTTP (no Host on HTTP/1.1): the HTTP layer answers.
+            stream = await trio.open_tcp_stream(*gw.host_port)
+            await stream.send_all(b"GET /v1/models HTTP/1.1\r\n\r\n")
+            reply = b""
+            while chunk := await stream.receive_some(65536):
+                reply += chunk
+            await stream.aclose()
+            assert reply.startswith(b"HTTP/1.1 400 ")
+            while True:  # a handler may finish (and count) just after its reply
+                after = await scrape(gw)
+                rejected = after.get("iop_http_requests_rejected_total")
+                if rejected - before.get("iop_http_requests_rejected_total") >= 3:
+                    break
+                await trio.sleep(0.01)
+
+    def series(status: str) -> LabelSet:
+        return frozenset({"edge_id": EDGE_ID, "status": status}.items())
+
+    assert changes(before, after, "iop_http_requests_rejected_total") == {
+        series("404"): 1,
+        series("405"): 1,
+        series("400"): 1,
+    }
+    assert changes(before, after, "iop_openai_requests_total") == {}

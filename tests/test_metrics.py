@@ -554,9 +554,17 @@ def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) ->
     m.count_refresh("applied")
     m.count_wire_frames("in")
     m.count_wire_error("malformed")
+    m.count_http_rejected(400)
     m.set_status_source(lambda: GatewayStatus(providers=[ProviderGaugeRow("n", "p", 0, 1)]))
     exposed = {name for name, _ in samples(m)}
     rule_series = {"iop_price_per_million_tokens", "iop_infra_cost_per_month"}
     used = {name for q in queries for name in re.findall(r"\biop_[a-z_]+", q)}
     assert used - rule_series <= exposed, sorted(used - rule_series - exposed)
     assert rule_series <= used  # the cost/ROI queries are there
+
+
+def test_http_rejected_statuses_are_a_fixed_label_set(m: GatewayMetrics) -> None:
+    for status in (400, 404, 405, 408, 413, 431, 418, 502):
+        m.count_http_rejected(status)
+    got = {dict(lbl)["status"]: v for lbl, v in series(m, "iop_http_requests_rejected_total").items()}
+    assert got == {"400": 1, "404": 1, "405": 1, "408": 1, "413": 1, "431": 1, "other": 2}

@@ -68,6 +68,7 @@ __all__ = [
     "UNMAPPED",
     "USAGE_SOURCES",
     "WIRE_ERROR_REASONS",
+    "REJECTED_STATUSES",
     "GatewayMetrics",
     "GatewayStatus",
     "PrincipalLabels",
@@ -131,6 +132,9 @@ DIRECTIONS: Final = frozenset({"in", "out"})
 WIRE_ERROR_REASONS: Final = frozenset(
     {"frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"}
 )
+#: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
+#: before there is an endpoint (any other status is counted as ``other``).
+REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431"})
 HEALTH_VALUES: Final = {"unhealthy": 0, "unknown": 1, "healthy": 2}
 """``iop_provider_health`` gauge value per health state (higher is better)."""
 
@@ -476,6 +480,13 @@ class GatewayMetrics:
             ("edge_id", "reason"),
             registry=r,
         )
+        self._http_rejected = Counter(
+            "iop_http_requests_rejected",
+            "Requests the OpenAI listener answered before there was an endpoint "
+            "(malformed HTTP, size or time limits, unknown routes), by HTTP status.",
+            ("edge_id", "status"),
+            registry=r,
+        )
         self._status = _StatusCollector(edge_id)
         r.register(self._status)
 
@@ -646,6 +657,13 @@ class GatewayMetrics:
         if n < 0:
             raise ValueError("n must be >= 0")
         self._child(self._wire_frames, (self.edge_id, direction)).inc(n)
+
+    def count_http_rejected(self, status: int) -> None:
+        """A request answered ``status`` before routing (see :data:`REJECTED_STATUSES`)."""
+        label = str(status)
+        if label not in REJECTED_STATUSES:
+            label = "other"
+        self._child(self._http_rejected, (self.edge_id, label)).inc()
 
     def count_wire_error(self, reason: str) -> None:
         """A wire connection closed for ``reason`` in :data:`WIRE_ERROR_REASONS`."""

@@ -92,6 +92,7 @@ async def run_edge(
             idle_timeout=oa.idle_timeout,
         ),
         render_error=render_error,
+        on_reject=rt.metrics.count_http_rejected,
     )
     admin_srv = HttpServer(
         AdminApp(rt),

@@ -296,12 +296,15 @@ class HttpServer:
         render_error: ErrorRenderer,
         allow_peer: Callable[[str], bool] | None = None,
         server_header: str = "iopd",
+        on_reject: Callable[[int], None] | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
         self.render_error = render_error
         self.allow_peer = allow_peer
         self.server_header = server_header
+        #: Called with the status of every request this layer refuses itself.
+        self.on_reject = on_reject
         self.closing = False
         self._in_flight = 0
         self._idle = trio.Event()
@@ -773,6 +776,11 @@ class _Connection:
             error.code,
             self.client[0] if self.client else "-",
         )
+        if self.server.on_reject is not None:
+            try:
+                self.server.on_reject(status)
+            except Exception:
+                log.exception("event=callback_failed component=http callback=on_reject")
         head = [("server", self.server.server_header), ("date", _http_date())]
         head += headers
         head += [("content-length", str(len(body))), ("connection", "close")]

@@ -225,6 +225,8 @@ class OpenAIApp:
             )
         elif out.quiet:
             return  # /healthz: load balancers poll it; no line per probe
+        elif out.http_status in (404, 405):  # an unknown route, or a wrong method
+            self.rt.metrics.count_http_rejected(out.http_status)
         tokens = {"input": 0, "output": 0}
         for _src, ttype, n in out.usage:
             if ttype in tokens:
