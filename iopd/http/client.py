@@ -401,23 +401,13 @@ class ProviderHTTPClient:
             out.append(("Content-Length", str(len(body))))
         return out
 
-    async def _send_request(
-        self,
-        conn: _Connection,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes,
-    ) -> None:
-        try:
-            data = render_request(method, target, headers, body)
-        except H1ProtocolError as exc:
-            raise ProviderProtocolError(f"cannot send request: {exc}") from None
+    @staticmethod
+    def _begin(conn: _Connection, method: str, data: bytes) -> bytes:
+        """Arm ``conn``'s response reader and write what the socket takes now
+        (the whole request, most often); return the rest."""
         conn.reader = ResponseReader(head_only=method.upper() == "HEAD")
-        written = fastsend.write_now(conn.stream, data)  # the whole request, most often
-        if written < len(data):
-            with trio.fail_after(self.read_timeout):
-                await conn.stream.send_all(memoryview(data)[written:])
+        written = fastsend.write_now(conn.stream, data)
+        return data[written:] if written else data
 
     async def _start(
         self,
@@ -432,8 +422,12 @@ class ProviderHTTPClient:
         and read the response head."""
         try:
             if rest is None:
-                await self._send_request(conn, method, target, headers, body)
-            elif rest:
+                try:
+                    data = render_request(method, target, headers, body)
+                except H1ProtocolError as exc:
+                    raise ProviderProtocolError(f"cannot send request: {exc}") from None
+                rest = self._begin(conn, method, data)
+            if rest:
                 with trio.fail_after(self.read_timeout):
                     await conn.stream.send_all(rest)
         except (trio.BrokenResourceError, OSError):
@@ -481,13 +475,12 @@ class ProviderHTTPClient:
             return None  # stream() reports it
         conn = self._idle.pop()
         conn.reused = True
-        conn.reader = ResponseReader(head_only=method.upper() == "HEAD")
         try:
-            written = fastsend.write_now(conn.stream, data)
+            rest = self._begin(conn, method, data)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             conn.close_now()  # a stale connection; stream() dials afresh
             return None
-        return StartedRequest(conn, data[written:])
+        return StartedRequest(conn, rest)
 
     @contextlib.asynccontextmanager
     async def stream(
