@@ -433,9 +433,7 @@ class OpenAIApp:
             requires=frozenset(),
             queue_timeout=self._queue_bound(group, out),
         ) as lease:
-            self._lease_taken(out)
-            out.provider = lease.provider_id
-            session = self._session(lease)
+            session = self._leased(lease, out)
             if lease.provider_type in PASSTHROUGH_TYPES:
                 await self._passthrough(
                     snap, request, req, group, lease, session, provider_auth, responder, out
@@ -484,7 +482,7 @@ class OpenAIApp:
         provider: that is a queue timeout (503 + Retry-After, counted as one
         by the pool's metrics), not the request scope's 504
         ``provider_timeout``.  So the pool waits at most the time left, and
-        the scope's deadline is parked until ``_lease_taken`` puts it back (a
+        the scope's deadline is parked until ``_leased`` puts it back (a
         lease error leaves the scope at once).  A drain cut still cancels.
         """
         bound = self.rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
@@ -493,11 +491,13 @@ class OpenAIApp:
         out.scope.deadline = math.inf
         return min(bound, max(0.0, out.deadline - trio.current_time()))
 
-    @staticmethod
-    def _lease_taken(out: Outcome) -> None:
-        """The request holds a lease: its time limit is the scope's again."""
+    def _leased(self, lease: Lease, out: Outcome) -> Any:
+        """The request holds ``lease``: its time limit is the scope's again
+        (see ``_queue_bound``); the node session to send it on."""
         if out.scope is not None:
             out.scope.deadline = out.deadline
+        out.provider = lease.provider_id
+        return self._session(lease)
 
     def _session(self, lease: Lease) -> Any:
         session = self.rt.hub.session(lease.node_id)
@@ -682,9 +682,7 @@ class OpenAIApp:
             requires=requires,
             queue_timeout=self._queue_bound(group, out),
         ) as lease:
-            self._lease_taken(out)
-            out.provider = lease.provider_id
-            session = self._session(lease)
+            session = self._leased(lease, out)
             if lease.provider_type in PASSTHROUGH_TYPES:
                 await self._passthrough(
                     snap, request, req, group, lease, session, provider_auth, responder, out
@@ -746,9 +744,7 @@ class OpenAIApp:
         async with self.rt.pool.lease(
             group.id, requires=frozenset({"ollama"}), queue_timeout=self._queue_bound(group, out)
         ) as lease:
-            self._lease_taken(out)
-            out.provider = lease.provider_id
-            session = self._session(lease)
+            session = self._leased(lease, out)
             await self._passthrough(
                 snap, request, req, group, lease, session, None, responder, out
             )
