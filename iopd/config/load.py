@@ -4,11 +4,13 @@ Why this is more than ``msgspec.convert(yaml.safe_load(text), EdgeConfig)``:
 msgspec stops at the first problem, and an operator fixing a config wants the
 whole list at once.  So the YAML data is walked against the Struct
 definitions (``msgspec.inspect``) first; each unknown key, missing key, wrong
-type or bad enum value becomes one ``YAML.PATH: reason`` line.  A bad value is
-replaced by its default (or a typed placeholder) so the semantic rules of
-``validate.py`` can still run over the rest; semantic errors at or under a
-path that already failed the walk are dropped as noise.  Only a config with
-no error at all is turned into Structs.
+type or bad enum value becomes one ``ConfigProblem`` (YAML path, reason).  A
+bad value is replaced by its default (or a typed placeholder) so the semantic
+rules of ``validate.py`` can still run over the rest; semantic problems at or
+under a path that already failed the walk are dropped as noise.  Only a
+config with no problem at all is turned into Structs.  The problems become
+the ``YAML.PATH: reason`` lines of ``ConfigError`` in one place,
+``_config_error``.
 
 Environment substitution happens during the same walk, only in string
 positions the schema knows (unknown keys are never expanded), so a recursive
@@ -18,7 +20,6 @@ YAML alias or a huge unknown subtree cannot make the walk run away.
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
 from collections.abc import Mapping
@@ -29,7 +30,9 @@ import msgspec
 import msgspec.inspect as mi
 import yaml
 
+from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.schema import EdgeConfig, NodeConfigFile
+from iopd.config.validate import validate_edge_config, validate_node_config
 
 __all__ = [
     "ConfigError",
@@ -50,7 +53,6 @@ MAX_ERRORS = 200
 _REF = re.compile(r"\$\{([^}]*)\}")
 _REF_BODY = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?::-(.*))?$", re.DOTALL)
 _TYPE_DEPENDENT = ("base_url", "command")
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_.:/@+\-]+$")
 
 T = TypeVar("T", EdgeConfig, NodeConfigFile)
 
@@ -66,24 +68,7 @@ class ConfigError(Exception):
         super().__init__(f"{source}: {n} config error{'s' if n != 1 else ''}\n{lines}")
 
 
-# ------------------------------------------------------------------ paths
-
-
-def _key_segment(key: object) -> str:
-    """How a mapping key appears in a YAML path (``a.b``, or ``a["odd key"]``)."""
-    if isinstance(key, str) and _PLAIN_KEY.match(key):
-        return "." + key
-    if isinstance(key, str):
-        return "[" + json.dumps(key[:80]) + "]"
-    return "[" + repr(key)[:80] + "]"
-
-
-def join_key(path: str, key: object) -> str:
-    """``path`` extended by mapping key ``key``."""
-    seg = _key_segment(key)
-    if not path:
-        return seg[1:] if seg.startswith(".") else seg
-    return path + seg
+# ------------------------------------------------------------------ messages
 
 
 def _one_line(text: str) -> str:
@@ -135,15 +120,15 @@ def _describe(t: mi.Type) -> str:
 
 
 class _Walk:
-    """State of one schema walk: environment, collected errors, failed paths."""
+    """State of one schema walk: environment, collected problems, failed paths."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         self.env = env
-        self.errors: list[str] = []
+        self.problems: list[ConfigProblem] = []
         self.failed: list[str] = []
 
     def error(self, path: str, reason: str) -> None:
-        self.errors.append(f"{path or DOCUMENT_PATH}: {reason}")
+        self.problems.append(ConfigProblem(path or DOCUMENT_PATH, reason))
         self.failed.append(path)
 
     # -- ${NAME} substitution
@@ -309,7 +294,7 @@ class _Walk:
             # An optional key whose reference expands to "" is "not set".
             probe = _Walk(self.env)
             expanded, had_ref = probe.substitute(raw, fpath)
-            if expanded == "" and had_ref and not probe.errors:
+            if expanded == "" and had_ref and not probe.problems:
                 if f.required:
                     self.error(fpath, "required key is empty after ${...} substitution")
                     out[name] = _placeholder(f.type)
@@ -397,25 +382,39 @@ def _under(path: str, failed: str) -> bool:
 # ------------------------------------------------------------------ public
 
 
-def _read_yaml(text: str) -> tuple[Any, list[str]]:
+def _read_yaml(text: str) -> tuple[Any, list[ConfigProblem]]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        return None, [f"{DOCUMENT_PATH}: YAML syntax error{where}: {_one_line(str(problem))}"]
+        reason = f"YAML syntax error{where}: {_one_line(str(problem))}"
+        return None, [ConfigProblem(DOCUMENT_PATH, reason)]
     except (RecursionError, ValueError, TypeError) as exc:  # pathological input
-        return None, [f"{DOCUMENT_PATH}: cannot parse YAML: {_one_line(type(exc).__name__)}"]
+        reason = f"cannot parse YAML: {_one_line(type(exc).__name__)}"
+        return None, [ConfigProblem(DOCUMENT_PATH, reason)]
     return data, []
 
 
-def _finish(errors: list[str]) -> list[str]:
-    out = [_one_line(e) for e in errors]
-    if len(out) > MAX_ERRORS:
-        extra = len(out) - MAX_ERRORS
-        out = out[:MAX_ERRORS] + [f"{DOCUMENT_PATH}: ... and {extra} more errors"]
-    return out
+def _config_error(problems: list[ConfigProblem], source: str) -> ConfigError:
+    """The one place problems become the ``YAML.PATH: reason`` lines of a ``ConfigError``."""
+    shown = problems[:MAX_ERRORS]
+    if len(problems) > MAX_ERRORS:
+        extra = len(problems) - MAX_ERRORS
+        shown.append(ConfigProblem(DOCUMENT_PATH, f"... and {extra} more errors"))
+    return ConfigError([_one_line(p.line()) for p in shown], source=source)
+
+
+def _not_seen_by_walk(semantic: list[ConfigProblem], walk_failed: list[str]) -> list[ConfigProblem]:
+    """The semantic problems not at or under a path the schema walk already rejected."""
+    failed = list(walk_failed)
+    for f in walk_failed:
+        # A provider whose ``type`` was bad is checked as a placeholder type:
+        # its type-specific rules would only add noise.
+        if f.endswith(".type"):
+            failed += [f[: -len("type")] + dep for dep in _TYPE_DEPENDENT]
+    return [p for p in semantic if not any(_under(p.path, f) for f in failed)]
 
 
 @functools.cache
@@ -426,46 +425,28 @@ def _schema(cls: type[msgspec.Struct]) -> mi.StructType:
 
 
 def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) -> T:
-    from iopd.config.validate import validate_edge_config, validate_node_config
-
     top = "edge" if cls is EdgeConfig else "node"
     if data is None:
-        raise ConfigError(
-            [f"{DOCUMENT_PATH}: the config is empty (expected a mapping with key '{top}')"],
-            source=source,
-        )
+        reason = f"the config is empty (expected a mapping with key '{top}')"
+        raise _config_error([ConfigProblem(DOCUMENT_PATH, reason)], source)
     if not isinstance(data, dict):
-        raise ConfigError(
-            [
-                f"{DOCUMENT_PATH}: expected a mapping with key '{top}' at the top level, "
-                f"got {_type_name(data)}"
-            ],
-            source=source,
-        )
+        reason = f"expected a mapping with key '{top}' at the top level, got {_type_name(data)}"
+        raise _config_error([ConfigProblem(DOCUMENT_PATH, reason)], source)
     walk = _Walk(os.environ if env is None else env)
     t = _schema(cls)
     ok, repaired = walk.check_struct(data, t, "")
-    errors = list(walk.errors)
+    problems = list(walk.problems)
     try:
         cfg = msgspec.convert(repaired, cls)
     except (msgspec.ValidationError, ValueError, TypeError) as exc:
         # The walk mirrors msgspec's rules; this is a safety net, not a path.
         if ok:
-            errors.append(f"{DOCUMENT_PATH}: {_one_line(str(exc))}")
-        raise ConfigError(_finish(errors), source=source) from None
+            problems.append(ConfigProblem(DOCUMENT_PATH, _one_line(str(exc))))
+        raise _config_error(problems, source) from None
     semantic = validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
-    failed = list(walk.failed)
-    for f in walk.failed:
-        # A provider whose ``type`` was bad is checked as a placeholder type:
-        # its type-specific rules would only add noise.
-        if f.endswith(".type"):
-            failed += [f[: -len("type")] + dep for dep in _TYPE_DEPENDENT]
-    for err in semantic:
-        err_path = err.split(": ", 1)[0]
-        if not any(_under(err_path, f) for f in failed):
-            errors.append(err)
-    if errors:
-        raise ConfigError(_finish(errors), source=source)
+    problems += _not_seen_by_walk(semantic, walk.failed)
+    if problems:
+        raise _config_error(problems, source)
     return cfg
 
 
@@ -477,9 +458,9 @@ def parse_edge_config(
     ``env`` is the environment for ``${NAME}`` substitution (default: ``os.environ``).
     Raises ``ConfigError`` listing every problem.
     """
-    data, errors = _read_yaml(text)
-    if errors:
-        raise ConfigError(errors, source=source)
+    data, problems = _read_yaml(text)
+    if problems:
+        raise _config_error(problems, source)
     return _build(data, EdgeConfig, env, source)
 
 
@@ -487,9 +468,9 @@ def parse_node_config(
     text: str, *, env: Mapping[str, str] | None = None, source: str = "<config>"
 ) -> NodeConfigFile:
     """Parse and validate a node config from YAML text (see ``parse_edge_config``)."""
-    data, errors = _read_yaml(text)
-    if errors:
-        raise ConfigError(errors, source=source)
+    data, problems = _read_yaml(text)
+    if problems:
+        raise _config_error(problems, source)
     return _build(data, NodeConfigFile, env, source)
 
 
@@ -526,19 +507,14 @@ def parse_any_config(
     text: str, *, env: Mapping[str, str] | None = None, source: str = "<config>"
 ) -> EdgeConfig | NodeConfigFile:
     """Parse an edge or node config, told apart by the top-level ``edge:``/``node:`` key."""
-    data, errors = _read_yaml(text)
-    if errors:
-        raise ConfigError(errors, source=source)
+    data, problems = _read_yaml(text)
+    if problems:
+        raise _config_error(problems, source)
     if isinstance(data, dict) and "edge" not in data and "node" in data:
         return _build(data, NodeConfigFile, env, source)
     if isinstance(data, dict) and "edge" not in data:
-        raise ConfigError(
-            [
-                f"{DOCUMENT_PATH}: expected a top-level key 'edge' (edge config) "
-                "or 'node' (node config)"
-            ],
-            source=source,
-        )
+        reason = "expected a top-level key 'edge' (edge config) or 'node' (node config)"
+        raise _config_error([ConfigProblem(DOCUMENT_PATH, reason)], source)
     return _build(data, EdgeConfig, env, source)
 
 

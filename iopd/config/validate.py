@@ -1,8 +1,11 @@
 """Semantic rules over typed configs (SPEC §1): references, bounds, uniqueness, addresses.
 
-Pure functions from a Struct to a list of ``YAML.PATH: reason`` strings, so
-they serve ``load.py`` (every problem of a file at once), config refresh
-(the new file must validate before it is classified) and tests alike.
+Pure functions from a Struct to a list of ``ConfigProblem`` (YAML path,
+reason), so they serve ``load.py`` (every problem of a file at once, written
+as ``YAML.PATH: reason`` lines there), config refresh (the new file must
+validate before it is classified) and tests alike.  The edge config is
+checked one section (or family of rules) per function, in file order, so the
+problems read top to bottom like the file.
 Messages never contain secrets: token values are never echoed, and hashes
 are named by the path of their first use rather than printed.
 """
@@ -12,16 +15,24 @@ from __future__ import annotations
 import ipaddress
 import math
 import re
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from iopd.config.load import join_key
+from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.schema import (
     LIFECYCLE_CAPABILITIES,
     EdgeConfig,
+    EdgeSection,
     EdgeTLS,
+    ModelGroup,
+    ModelRoute,
     NodeConfigFile,
+    NodeEntry,
     NodeTLS,
+    OpenAISection,
+    PrincipalToken,
     ProviderConfig,
+    ProviderPoolSection,
 )
 
 __all__ = [
@@ -76,13 +87,13 @@ def is_loopback_host(host: str) -> bool:
 
 
 class _Errors:
-    """Collects ``path: reason`` lines."""
+    """Collects the problems found, in the order found."""
 
     def __init__(self) -> None:
-        self.lines: list[str] = []
+        self.problems: list[ConfigProblem] = []
 
     def add(self, path: str, reason: str) -> None:
-        self.lines.append(f"{path}: {reason}")
+        self.problems.append(ConfigProblem(path, reason))
 
     def positive(self, path: str, value: float) -> None:
         if not value > 0 or (isinstance(value, float) and math.isnan(value)):
@@ -182,10 +193,47 @@ def _first_at(seen: dict[str, str], key: str, path: str) -> str | None:
     return first
 
 
-def validate_edge_config(cfg: EdgeConfig) -> list[str]:
-    """Every semantic problem of an edge config, as ``YAML.PATH: reason`` lines."""
+@dataclass(frozen=True)
+class _Defined:
+    """What ``nodes[]`` defines, for the sections that refer to it by id."""
+
+    node_index: dict[str, str]  # node id -> path of its definition
+    providers: dict[str, ProviderConfig]  # provider id -> its (first) definition
+    provider_node: dict[str, str]  # provider id -> the id of the node it is on
+
+    def provider_on(
+        self, err: _Errors, path: str, node_id: str | None, pid: str
+    ) -> ProviderConfig | None:
+        """Provider ``pid`` (on node ``node_id`` when given), or None after reporting why not."""
+        if pid not in self.providers:
+            err.add(path, f"provider {pid!r} is not defined under nodes[].providers")
+            return None
+        if (
+            node_id is not None
+            and node_id in self.node_index
+            and self.provider_node[pid] != node_id
+        ):
+            err.add(path, f"provider {pid!r} is not defined on node {node_id!r}")
+            return None
+        return self.providers[pid]
+
+
+def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
+    """Every semantic problem of an edge config, in file order."""
     err = _Errors()
-    e = cfg.edge
+    _check_edge_section(err, cfg.edge)
+    defined = _check_nodes(err, cfg.nodes)
+    _check_model_groups(err, cfg.models, defined)
+    _check_openai_listener(err, cfg)
+    _check_principal_tokens(err, cfg.openai.principal_tokens)
+    _check_model_routes(err, cfg.openai.model_routes, defined)
+    _check_single_target_route(err, cfg.openai, defined)
+    _check_provider_pool(err, cfg.provider_pool)
+    return err.problems
+
+
+def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
+    """``edge``: id, listen addresses (admin on loopback only), timeouts, frame cap, TLS."""
     err.not_empty("edge.id", e.id)
     err.address("edge.node_listen", e.node_listen)
     admin_host = err.address("edge.admin_listen", e.admin_listen)
@@ -210,12 +258,14 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     err.positive("edge.max_frame_bytes", e.max_frame_bytes)
     _check_edge_tls(err, e.tls)
 
-    # ---- nodes and providers
+
+def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
+    """``nodes[]``: unique node and provider ids, token hashes, each provider's own rules."""
     node_index: dict[str, str] = {}  # node id -> path of its definition
     provider_at: dict[str, str] = {}  # provider id -> path of its definition
     providers: dict[str, ProviderConfig] = {}
     provider_node: dict[str, str] = {}
-    for n, node in enumerate(cfg.nodes):
+    for n, node in enumerate(nodes):
         npath = f"nodes[{n}]"
         if err.not_empty(f"{npath}.id", node.id):
             first = _first_at(node_index, node.id, npath)
@@ -234,10 +284,14 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
                     providers[p.id] = p
                     provider_node[p.id] = node.id
             _check_provider(err, ppath, p)
+    return _Defined(node_index, providers, provider_node)
 
-    # ---- model groups
+
+def _check_model_groups(err: _Errors, models: list[ModelGroup], defined: _Defined) -> None:
+    """``models[]``: unique group ids, each provider defined and serving the model, limits."""
+    providers = defined.providers
     group_index: dict[str, str] = {}
-    for m, group in enumerate(cfg.models):
+    for m, group in enumerate(models):
         mpath = f"models[{m}]"
         if err.not_empty(f"{mpath}.id", group.id):
             first = _first_at(group_index, group.id, mpath)
@@ -261,8 +315,11 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
             if not limit >= 0:
                 err.add(join_key(f"{mpath}.generation.limits", key), f"must be >= 0 (got {limit})")
 
-    # ---- openai section
+
+def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
+    """``openai``: listen address, sizes (a body must fit in a frame), timeouts, auth headers."""
     o = cfg.openai
+    e = cfg.edge
     err.address("openai.listen", o.listen)
     err.positive("openai.long_context_threshold_tokens", o.long_context_threshold_tokens)
     err.positive("openai.max_header_bytes", o.max_header_bytes)
@@ -282,9 +339,12 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
 
+
+def _check_principal_tokens(err: _Errors, tokens: list[PrincipalToken]) -> None:
+    """``openai.principal_tokens[]``: unique refs and hashes, well-formed hashes, principals."""
     ref_at: dict[str, str] = {}
     hash_at: dict[str, str] = {}
-    for i, tok in enumerate(o.principal_tokens):
+    for i, tok in enumerate(tokens):
         tpath = f"openai.principal_tokens[{i}]"
         if err.not_empty(f"{tpath}.token_ref", tok.token_ref):
             first = _first_at(ref_at, tok.token_ref, tpath)
@@ -299,17 +359,11 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
                 err.add(f"{tpath}.token_hash_sha256", f"duplicate token hash (same as {first})")
         err.not_empty(f"{tpath}.principal_ref", tok.principal_ref)
 
-    def provider_on(path: str, node_id: str | None, pid: str) -> ProviderConfig | None:
-        if pid not in providers:
-            err.add(path, f"provider {pid!r} is not defined under nodes[].providers")
-            return None
-        if node_id is not None and node_id in node_index and provider_node[pid] != node_id:
-            err.add(path, f"provider {pid!r} is not defined on node {node_id!r}")
-            return None
-        return providers[pid]
 
+def _check_model_routes(err: _Errors, routes: list[ModelRoute], defined: _Defined) -> None:
+    """``openai.model_routes[]`` (legacy): unique models; node, provider and target defined."""
     route_at: dict[str, str] = {}
-    for r, route in enumerate(o.model_routes):
+    for r, route in enumerate(routes):
         rpath = f"openai.model_routes[{r}]"
         if err.not_empty(f"{rpath}.model", route.model):
             first = _first_at(route_at, route.model, rpath)
@@ -317,9 +371,9 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
                 err.add(
                     f"{rpath}.model", f"duplicate route model {route.model!r} (first at {first})"
                 )
-        if route.node not in node_index:
+        if route.node not in defined.node_index:
             err.add(f"{rpath}.node", f"node {route.node!r} is not defined under nodes[]")
-        prov = provider_on(f"{rpath}.adapter", route.node, route.adapter)
+        prov = defined.provider_on(err, f"{rpath}.adapter", route.node, route.adapter)
         if prov is not None and route.target not in prov.models:
             err.add(
                 f"{rpath}.target",
@@ -328,6 +382,9 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
         if route.queue_timeout is not None:
             err.positive(f"{rpath}.queue_timeout", route.queue_timeout)
 
+
+def _check_single_target_route(err: _Errors, o: OpenAISection, defined: _Defined) -> None:
+    """``openai.adapter``/``target``/``node`` (the single-target fallback): all or none, defined."""
     if o.adapter is not None and o.target is None:
         err.add("openai.target", "required when openai.adapter is set")
     if o.target is not None and o.adapter is None:
@@ -335,25 +392,26 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
     if o.node is not None:
         if o.adapter is None and o.target is None:
             err.add("openai.node", "only meaningful with openai.adapter and openai.target")
-        elif o.node not in node_index:
+        elif o.node not in defined.node_index:
             err.add("openai.node", f"node {o.node!r} is not defined under nodes[]")
     if o.adapter is not None and o.target is not None:
-        prov = provider_on("openai.adapter", o.node, o.adapter)
+        prov = defined.provider_on(err, "openai.adapter", o.node, o.adapter)
         if prov is not None and o.target not in prov.models:
             err.add("openai.target", f"{o.target!r} is not in the models of provider {o.adapter!r}")
 
-    # ---- pool
-    err.non_negative("provider_pool.max_queue", cfg.provider_pool.max_queue)
-    err.positive("provider_pool.queue_timeout", cfg.provider_pool.queue_timeout)
-    return err.lines
+
+def _check_provider_pool(err: _Errors, pool: ProviderPoolSection) -> None:
+    """``provider_pool``: queue bounds."""
+    err.non_negative("provider_pool.max_queue", pool.max_queue)
+    err.positive("provider_pool.queue_timeout", pool.queue_timeout)
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
     err.tls_pair("node.tls", tls.cert, tls.key)
 
 
-def validate_node_config(cfg: NodeConfigFile) -> list[str]:
-    """Every semantic problem of a node config, as ``YAML.PATH: reason`` lines."""
+def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
+    """Every semantic problem of a node config, in file order."""
     err = _Errors()
     n = cfg.node
     err.not_empty("node.id", n.id)
@@ -373,4 +431,4 @@ def validate_node_config(cfg: NodeConfigFile) -> list[str]:
             f"must not exceed node.reconnect_max_backoff ({n.reconnect_max_backoff})",
         )
     err.positive("node.max_frame_bytes", n.max_frame_bytes)
-    return err.lines
+    return err.problems
