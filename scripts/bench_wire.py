@@ -92,8 +92,11 @@ class OneShotHandler:
     async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
         return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
 
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> None:
+        return None
+
     async def serve_stream(
-        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender, early: None
     ) -> None:
         await sender.send(RunEvent(stream_id=req.stream_id, kind="complete", text=TEXT))
 

@@ -30,7 +30,8 @@ from typing import Any, cast
 
 import trio
 
-from iopd.node.adapters.base import Adapter, AdapterError, EarlyStart, RunOutput, TunnelOutput
+from iopd.http.client import EarlyStart
+from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
@@ -128,17 +129,6 @@ class _Stream:
                 await self._sender_for(i < last)(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.link_gone = True
-
-
-@dataclass(slots=True)
-class _EarlyTunnel:
-    """``start_early``'s result: the adapter that began the request, and its handle."""
-
-    adapter: Adapter
-    handle: EarlyStart
-
-    def abandon(self) -> None:
-        self.handle.abandon()
 
 
 class _WireRunOutput(RunOutput):
@@ -304,14 +294,13 @@ class NodeExecutor:
         if adapter is None or registry is None or registry.retired:
             return None
         try:
-            handle = adapter.start_tunnel_now(req)
+            early = adapter.start_early(req)
         except Exception:
             log.exception("event=early_start_failed provider=%s", req.provider_id)
             return None
-        if handle is None:
-            return None
-        self.early_starts += 1
-        return _EarlyTunnel(adapter, handle)
+        if early is not None:
+            self.early_starts += 1
+        return early
 
     async def serve_stream(
         self,
@@ -321,13 +310,15 @@ class NodeExecutor:
     ) -> None:
         """Run one request to completion, sending every reply incl. exactly one terminal.
 
-        ``early``: what ``start_early`` returned for ``req``; owned here.
+        ``early``: what ``start_early`` returned for ``req``, owned here: it
+        goes to the adapter's ``tunnel`` and is abandoned when the stream ends
+        (a no-op once the adapter's HTTP client took it).
         """
         try:
             await self._serve_stream(req, sender, early)
         finally:
             if early is not None:
-                early.abandon()  # no-op once the adapter took it
+                early.abandon()
 
     async def _serve_stream(
         self,
@@ -357,14 +348,7 @@ class NodeExecutor:
         try:
             async with registry.use():
                 if isinstance(req, ProviderTunnelRequest):
-                    # Begun by the adapter serving it now?  (A registry swap
-                    # in between leaves it to be abandoned.)
-                    handle = (
-                        early.handle
-                        if isinstance(early, _EarlyTunnel) and early.adapter is adapter
-                        else None
-                    )
-                    await self._tunnel(adapter, req, stream, handle)
+                    await self._tunnel(adapter, req, stream, early)
                 else:
                     await self._run(adapter, req, stream)
         finally:
@@ -446,16 +430,10 @@ class NodeExecutor:
         adapter: Adapter,
         req: ProviderTunnelRequest,
         stream: _Stream,
-        early: EarlyStart | None = None,
+        early: EarlyStart | None,
     ) -> None:
         out = _WireTunnelOutput(stream)
-        error = await self._execute(
-            stream,
-            (lambda: adapter.tunnel(req, out, early))
-            if early is not None
-            else (lambda: adapter.tunnel(req, out)),
-            adapter,
-        )
+        error = await self._execute(stream, lambda: adapter.tunnel(req, out, early), adapter)
         if stream.link_gone:
             return
         sid = req.stream_id
