@@ -204,8 +204,6 @@ class NodeExecutor:
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
-        #: Passthrough requests written by ``start_early`` (diagnostics, tests).
-        self.early_starts = 0
 
     # ------------------------------------------------------------ config
 
@@ -294,13 +292,10 @@ class NodeExecutor:
         if adapter is None or registry is None or registry.retired:
             return None
         try:
-            early = adapter.start_early(req)
+            return adapter.start_early(req)
         except Exception:
             log.exception("event=early_start_failed provider=%s", req.provider_id)
             return None
-        if early is not None:
-            self.early_starts += 1
-        return early
 
     async def serve_stream(
         self,
