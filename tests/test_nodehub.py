@@ -15,6 +15,7 @@ import pytest
 import trio
 import trio.testing
 
+from iopd.edge.node_session import NodeStream
 from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
@@ -401,6 +402,40 @@ async def test_node_disconnect_mid_stream_fails_at_once() -> None:
                         await wait_until(lambda: not session.alive)
                         await replies.__anext__()
                 await wait_until(lambda: ("disconnect", "node-a") in rec.events)
+
+
+async def test_owner_hears_the_disconnect_before_the_streams_fail() -> None:
+    """The pool must drop the node before the leases of its failed streams are
+    freed (a freed lease re-examines the queue): node_disconnected comes first."""
+    open_streams: list[NodeStream[RunEvent]] = []
+    failed_when_told: list[bool] = []
+
+    class Owner(HubRecorder):
+        def node_disconnected(self, node_id: str) -> None:
+            failed_when_told.extend(s.error is not None for s in open_streams)
+            super().node_disconnected(node_id)
+
+    rec = Owner(TOKENS)
+    hub = make_hub(rec)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            _h, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
+            async with FakeNode.connect(
+                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
+            ) as node:
+                await wait_until(lambda: hub.session("node-a") is not None)
+                session = hub.session("node-a")
+                assert session is not None
+                async with session.open_stream(run_req()) as replies:
+                    open_streams.append(replies)
+                    await node.receive(RunRequest)
+                    await node.aclose()
+                    with pytest.raises(NodeDispatchError):
+                        await replies.__anext__()
+            assert failed_when_told == [False]
+            assert rec.events == [("connect", "node-a"), ("disconnect", "node-a")]
+            await hub.aclose("test over")
+            nursery.cancel_scope.cancel()
 
 
 async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> None:

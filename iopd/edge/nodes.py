@@ -414,7 +414,8 @@ class NodeHub:
     def _end_session(self, session: NodeSession, reason: str) -> None:
         """End ``session`` now (sync; once: a later call keeps the first reason).
 
-        The order is the owner's contract (``HubOwner.node_disconnected``):
+        The order of the two steps is the contract of
+        ``HubOwner.node_disconnected``.
         """
         if not session.mark_ended(reason):
             return
