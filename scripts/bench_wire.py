@@ -26,7 +26,7 @@ import time
 import trio
 
 from iopd.config.schema import NodeEntry, NodeSection
-from iopd.edge.nodes import NodeHub
+from iopd.edge.nodes import FrameDirection, HubSettings, NodeHub, WireErrorReason
 from iopd.node.handler import StreamSender
 from iopd.node.link import NodeLink
 from iopd.transport.listen import serve_wire
@@ -92,8 +92,11 @@ class OneShotHandler:
     async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
         return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
 
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> None:
+        return None
+
     async def serve_stream(
-        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender
+        self, req: RunRequest | ProviderTunnelRequest, sender: StreamSender, early: None
     ) -> None:
         await sender.send(RunEvent(stream_id=req.stream_id, kind="complete", text=TEXT))
 
@@ -104,21 +107,42 @@ class OneShotHandler:
         return ProviderStatus()
 
 
-async def bench_transport(seconds: float, concurrency: int) -> tuple[float, float]:
-    hub = NodeHub(
-        edge_id="bench",
-        get_nodes=lambda: {
+class BenchHubOwner:
+    """The hub's owner (``HubOwner``): one node ``n``, events ignored."""
+
+    def known_nodes(self) -> dict[str, NodeEntry]:
+        return {
             "n": NodeEntry(id="n", token_hash_sha256=hashlib.sha256(TOKEN.encode()).hexdigest())
-        },
-        get_node_config=lambda n: NodeConfig(stream_id=0, version=1),
+        }
+
+    def node_config(self, node_id: str) -> NodeConfig:
+        return NodeConfig(stream_id=0, version=1)
+
+    def node_connected(self, node_id: str) -> None:
+        pass
+
+    def node_disconnected(self, node_id: str) -> None:
+        pass
+
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+        pass
+
+    def wire_frames(self, direction: FrameDirection, n: int) -> None:
+        pass
+
+    def wire_error(self, reason: WireErrorReason, detail: str) -> None:
+        pass
+
+
+async def bench_transport(seconds: float, concurrency: int) -> tuple[float, float]:
+    settings = HubSettings(
+        edge_id="bench",
         heartbeat_interval=5,
         heartbeat_timeout=15,
         handshake_timeout=5,
         max_frame_bytes=16 << 20,
-        on_connect=lambda n: None,
-        on_disconnect=lambda n: None,
-        on_status=lambda n, s: None,
     )
+    hub = NodeHub(settings, owner=BenchHubOwner())
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
         link = NodeLink(

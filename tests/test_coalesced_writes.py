@@ -16,6 +16,7 @@ import h11
 import trio
 import trio.testing
 
+from iopd.http.client import EarlyStart
 from iopd.http.server import Request, Responder
 from iopd.node.adapters.base import Adapter, TunnelOutput
 from iopd.node.executor import MAX_HELD_BODY_BYTES, NodeExecutor
@@ -149,7 +150,9 @@ class _ReplyAdapter(Adapter):
     async def run(self, req: RunRequest, out: Any) -> None:  # pragma: no cover - unused
         raise NotImplementedError
 
-    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
         await out.head(200, [("content-type", self.content_type)])
         for piece in self.pieces:
             await out.body(piece)

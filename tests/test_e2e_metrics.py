@@ -27,8 +27,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from iopd.config.schema import NodeEntry
-from iopd.edge.nodes import NodeHub
+from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.tokens import estimate_input_tokens
 from tests.gateway import (
     Gateway,
@@ -40,7 +39,7 @@ from tests.gateway import (
     wait_until,
 )
 from tests.mock_providers import MockOllamaServer, MockOpenAIServer
-from tests.wire_peers import FakeNode
+from tests.wire_peers import FakeNode, HubRecorder
 from wire.connection import Connection, Role
 from wire.framing import encode_frame
 from wire.messages import (
@@ -1021,32 +1020,15 @@ async def test_failure_statuses_are_counted_once_with_their_labels() -> None:
 # ------------------------------------------------------------------ NodeHub hooks (memory streams)
 
 
-class _HubRecorder:
-    def __init__(self) -> None:
-        self.frames = {"in": 0, "out": 0}
-        self.errors: list[str] = []
-
-    def on_frames(self, direction: str, n: int) -> None:
-        self.frames[direction] += n
-
-
-def _metered_hub(rec: _HubRecorder) -> NodeHub:
-    return NodeHub(
+def _metered_hub(rec: HubRecorder) -> NodeHub:
+    settings = HubSettings(
         edge_id=EDGE_ID,
-        get_nodes=lambda: {
-            "node-a": NodeEntry(id="node-a", token_hash_sha256=token_hash(node_token("node-a")))
-        },
-        get_node_config=lambda node_id: NodeConfig(stream_id=0, version=1),
         heartbeat_interval=5.0,
         heartbeat_timeout=15.0,
         handshake_timeout=3.0,
         max_frame_bytes=1 << 20,
-        on_connect=lambda node_id: None,
-        on_disconnect=lambda node_id: None,
-        on_status=lambda node_id, msg: None,
-        on_frames=rec.on_frames,
-        on_wire_error=rec.errors.append,
     )
+    return NodeHub(settings, owner=rec)
 
 
 async def _raw_handshake(stream: trio.abc.Stream) -> Connection:
@@ -1069,7 +1051,7 @@ async def _raw_handshake(stream: trio.abc.Stream) -> Connection:
 async def test_hub_hooks_count_exact_frames_and_classify_closes(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rec = _HubRecorder()
+    rec = HubRecorder({"node-a": node_token("node-a")}, config_version=1)
     hub = _metered_hub(rec)
     with trio.fail_after(100):
         async with trio.open_nursery() as nursery:

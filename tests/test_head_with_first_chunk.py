@@ -12,7 +12,7 @@ from typing import Any
 
 import trio
 
-from iopd.http.client import ProviderHTTPClient, ProviderProtocolError
+from iopd.http.client import EarlyStart, ProviderHTTPClient, ProviderProtocolError
 from iopd.node.adapters.base import Adapter, TunnelOutput
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.executor import NodeExecutor
@@ -176,7 +176,9 @@ class _SSEAdapter(Adapter):
     async def run(self, req: Any, out: Any) -> None:  # pragma: no cover - unused
         raise NotImplementedError
 
-    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
         await out.head(200, [("content-type", "text/event-stream")], body_follows=self.body_follows)
         await out.body(b"data: 1\n\n")
         await out.body(b"data: 2\n\n")

@@ -262,18 +262,18 @@ async def test_https_with_custom_trust() -> None:
             nursery.cancel_scope.cancel()
 
 
-# ------------------------------------------------------------ start_now (early start)
+# ------------------------------------------------------------ start_early (early start)
 
 
-async def test_start_now_needs_an_idle_connection(mock: MockOpenAIServer) -> None:
+async def test_start_early_needs_an_idle_connection(mock: MockOpenAIServer) -> None:
     with trio.fail_after(5):
         client = client_for(mock)
-        assert client.start_now("GET", "/v1/models") is None  # nothing pooled yet: dial later
+        assert client.start_early("GET", "/v1/models") is None  # nothing pooled yet: dial later
         await client.request("GET", "/v1/models")
-        started = client.start_now("GET", "/v1/models")
+        started = client.start_early("GET", "/v1/models")
         assert started is not None and client.idle_connections == 0
         # Written already: the mock answers before stream() even sends anything.
-        async with client.stream("GET", "/v1/models", started=started) as resp:
+        async with client.stream("GET", "/v1/models", early=started) as resp:
             assert resp.status == 200
             body = await resp.read()
         assert json.loads(body)["data"][0]["id"] == "mock-model"
@@ -286,7 +286,7 @@ async def test_abandoned_early_start_closes_its_connection(mock: MockOpenAIServe
     with trio.fail_after(5):
         client = client_for(mock)
         await client.request("GET", "/v1/models")
-        started = client.start_now("POST", "/v1/chat/completions", [], b"{}")
+        started = client.start_early("POST", "/v1/chat/completions", [], b"{}")
         assert started is not None
         started.abandon()
         started.abandon()  # idempotent
@@ -297,6 +297,26 @@ async def test_abandoned_early_start_closes_its_connection(mock: MockOpenAIServe
         await client.aclose()
 
 
+async def test_an_early_start_of_another_client_is_abandoned_not_used(
+    mock: MockOpenAIServer,
+) -> None:
+    """A registry swap between start_early and the stream: the new adapter's
+    client must not read the old client's connection; it closes it at once."""
+    with trio.fail_after(5):
+        old, new = client_for(mock), client_for(mock)
+        await old.request("GET", "/v1/models")
+        started = old.start_early("GET", "/v1/models")
+        assert started is not None
+        async with new.stream("GET", "/v1/models", early=started) as resp:
+            assert resp.status == 200
+            await mock.wait_connections_ended(1)  # the old connection, before the body
+            await resp.read()
+        assert started.take() is None
+        assert old.connections_opened == 1 and new.connections_opened == 1
+        await old.aclose()
+        await new.aclose()
+
+
 async def test_early_start_on_a_connection_the_server_dropped_is_retried(
     mock: MockOpenAIServer,
 ) -> None:
@@ -304,9 +324,9 @@ async def test_early_start_on_a_connection_the_server_dropped_is_retried(
         client = client_for(mock)
         await client.request("GET", "/v1/models")
         mock.handler, dropped = drop_first_request()
-        started = client.start_now("GET", "/v1/models")
+        started = client.start_early("GET", "/v1/models")
         assert started is not None
-        async with client.stream("GET", "/v1/models", started=started) as resp:
+        async with client.stream("GET", "/v1/models", early=started) as resp:
             assert resp.status == 200
             await resp.read()
         assert dropped == ["/v1/models"] and client.connections_opened == 2
@@ -319,11 +339,11 @@ async def test_a_taken_start_is_owned_by_stream_even_when_cancelled(
     with trio.fail_after(5):
         client = client_for(mock)
         await client.request("GET", "/v1/models")
-        started = client.start_now("GET", "/v1/models")
+        started = client.start_early("GET", "/v1/models")
         assert started is not None
         with trio.CancelScope() as scope:
             scope.cancel()
-            async with client.stream("GET", "/v1/models", started=started):
+            async with client.stream("GET", "/v1/models", early=started):
                 pass  # pragma: no cover - cancelled before the head arrives
         assert started.take() is None  # stream() took it ...
         await mock.wait_connections_ended(1)  # ... and closed it: not pooled half-read

@@ -8,6 +8,7 @@ import pytest
 import trio
 import trio.testing
 
+from iopd.http.client import EarlyStart
 from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
 from iopd.node.executor import NodeExecutor
 from iopd.node.handler import NodeHandler
@@ -84,7 +85,9 @@ class ScriptedAdapter(Adapter):
                 raise AdapterError("provider_error", "inside a nursery")
         await trio.sleep_forever()
 
-    async def tunnel(self, req: ProviderTunnelRequest, out: TunnelOutput) -> None:
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
         await out.head(200, [("content-type", "text/event-stream")])
         await out.body(b"data: 1\n\n")
         out.usage = Usage(input_tokens=3)

@@ -6,22 +6,20 @@ in-memory stream pair + ``autojump_clock`` for everything timed.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 import msgspec
 import pytest
 import trio
 import trio.testing
 
-from iopd.config.schema import NodeEntry
-from iopd.edge.nodes import NodeHub
+from iopd.edge.node_session import NodeStream
+from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
-from tests.wire_peers import FakeNode, wait_until
+from tests.wire_peers import FakeNode, HubRecorder, wait_until
 from wire.connection import Connection, Role
 from wire.framing import encode_frame
 from wire.messages import (
@@ -46,49 +44,26 @@ from wire.messages import (
 TOKENS = {"node-a": "token-a-secret", "node-b": "token-b-secret"}
 
 
-def _entries() -> dict[str, NodeEntry]:
-    return {
-        nid: NodeEntry(id=nid, token_hash_sha256=hashlib.sha256(tok.encode()).hexdigest())
-        for nid, tok in TOKENS.items()
-    }
-
-
-@dataclass
-class Recorder:
-    events: list[tuple[str, str]] = field(default_factory=list)
-    statuses: list[tuple[str, ProviderStatus]] = field(default_factory=list)
-    protocol_errors: list[str] = field(default_factory=list)
-    config_version: int = 7
-
-    def node_config(self, node_id: str) -> NodeConfig:
-        return NodeConfig(stream_id=0, version=self.config_version)
-
-
 def make_hub(
-    rec: Recorder,
+    rec: HubRecorder,
     *,
     heartbeat_interval: float = 5.0,
     heartbeat_timeout: float = 15.0,
     handshake_timeout: float = 10.0,
 ) -> NodeHub:
-    return NodeHub(
+    settings = HubSettings(
         edge_id="edge-1",
-        get_nodes=_entries,
-        get_node_config=rec.node_config,
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
         handshake_timeout=handshake_timeout,
         max_frame_bytes=1024 * 1024,
-        on_connect=lambda n: rec.events.append(("connect", n)),
-        on_disconnect=lambda n: rec.events.append(("disconnect", n)),
-        on_status=lambda n, s: rec.statuses.append((n, s)),
-        on_protocol_error=rec.protocol_errors.append,
     )
+    return NodeHub(settings, owner=rec)
 
 
 @asynccontextmanager
-async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, Recorder]]:
-    rec = Recorder()
+async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, HubRecorder]]:
+    rec = HubRecorder(TOKENS)
     hub = make_hub(rec, **overrides)
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
@@ -152,7 +127,7 @@ async def test_refusals(
 async def test_handshake_timeout_closes_only_that_connection(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rec = Recorder()
+    rec = HubRecorder(TOKENS)
     hub = make_hub(rec, handshake_timeout=3.0)
     silent_client, silent_server = trio.testing.memory_stream_pair()
     good_client, good_server = trio.testing.memory_stream_pair()
@@ -231,7 +206,7 @@ class RawNode:
 async def test_heartbeat_timeout_detects_silent_node(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
-    rec = Recorder()
+    rec = HubRecorder(TOKENS)
     hub = make_hub(rec, heartbeat_interval=5.0, heartbeat_timeout=15.0)
     client, server = trio.testing.memory_stream_pair()
     raw = RawNode(client)
@@ -248,7 +223,7 @@ async def test_heartbeat_timeout_detects_silent_node(
 
 
 async def test_heartbeats_keep_a_live_node(autojump_clock: trio.testing.MockClock) -> None:
-    rec = Recorder()
+    rec = HubRecorder(TOKENS)
     hub = make_hub(rec, heartbeat_interval=5.0, heartbeat_timeout=15.0)
     client, server = trio.testing.memory_stream_pair()
     raw = RawNode(client)
@@ -429,6 +404,40 @@ async def test_node_disconnect_mid_stream_fails_at_once() -> None:
                 await wait_until(lambda: ("disconnect", "node-a") in rec.events)
 
 
+async def test_owner_hears_the_disconnect_before_the_streams_fail() -> None:
+    """The pool must drop the node before the leases of its failed streams are
+    freed (a freed lease re-examines the queue): node_disconnected comes first."""
+    open_streams: list[NodeStream[RunEvent]] = []
+    failed_when_told: list[bool] = []
+
+    class Owner(HubRecorder):
+        def node_disconnected(self, node_id: str) -> None:
+            failed_when_told.extend(s.error is not None for s in open_streams)
+            super().node_disconnected(node_id)
+
+    rec = Owner(TOKENS)
+    hub = make_hub(rec)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            _h, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
+            async with FakeNode.connect(
+                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
+            ) as node:
+                await wait_until(lambda: hub.session("node-a") is not None)
+                session = hub.session("node-a")
+                assert session is not None
+                async with session.open_stream(run_req()) as replies:
+                    open_streams.append(replies)
+                    await node.receive(RunRequest)
+                    await node.aclose()
+                    with pytest.raises(NodeDispatchError):
+                        await replies.__anext__()
+            assert failed_when_told == [False]
+            assert rec.events == [("connect", "node-a"), ("disconnect", "node-a")]
+            await hub.aclose("test over")
+            nursery.cancel_scope.cancel()
+
+
 async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> None:
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
@@ -547,7 +556,7 @@ async def test_push_config_and_errors() -> None:
 
 
 async def test_aclose_ends_sessions_and_refuses_new_nodes() -> None:
-    rec = Recorder()
+    rec = HubRecorder(TOKENS)
     hub = make_hub(rec)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

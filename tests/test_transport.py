@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import ssl
 from pathlib import Path
 
@@ -11,8 +10,8 @@ import trio
 import trio.testing
 import trustme
 
-from iopd.config.schema import EdgeTLS, NodeEntry, NodeSection, NodeTLS
-from iopd.edge.nodes import NodeHub
+from iopd.config.schema import EdgeTLS, NodeSection, NodeTLS
+from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.node.link import NodeLink
 from iopd.transport import (
     Backoff,
@@ -26,7 +25,7 @@ from iopd.transport import (
     server_ssl_context,
 )
 from tests.test_node_link import ScriptedHandler
-from tests.wire_peers import FakeEdge, FakeNode, wait_until
+from tests.wire_peers import FakeEdge, FakeNode, HubRecorder, wait_until
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -34,7 +33,6 @@ from wire.messages import (
     Hello,
     HelloAck,
     Message,
-    NodeConfig,
     Pong,
     RunEvent,
     RunRequest,
@@ -267,22 +265,17 @@ async def test_mutual_tls_hub_and_link(pki: dict[str, str]) -> None:
     srv = server_ssl_context(
         EdgeTLS(cert=pki["server_cert"], key=pki["server_key"], client_ca=pki["ca"])
     )
-    events: list[tuple[str, str]] = []
+    rec = HubRecorder({"node-a": TOKEN}, config_version=1)
+    events = rec.events
     hub = NodeHub(
-        edge_id="edge-tls",
-        get_nodes=lambda: {
-            "node-a": NodeEntry(
-                id="node-a", token_hash_sha256=hashlib.sha256(TOKEN.encode()).hexdigest()
-            )
-        },
-        get_node_config=lambda n: NodeConfig(stream_id=0, version=1),
-        heartbeat_interval=5,
-        heartbeat_timeout=15,
-        handshake_timeout=5,
-        max_frame_bytes=1 << 20,
-        on_connect=lambda n: events.append(("connect", n)),
-        on_disconnect=lambda n: events.append(("disconnect", n)),
-        on_status=lambda n, s: None,
+        HubSettings(
+            edge_id="edge-tls",
+            heartbeat_interval=5,
+            heartbeat_timeout=15,
+            handshake_timeout=5,
+            max_frame_bytes=1 << 20,
+        ),
+        owner=rec,
     )
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

@@ -29,7 +29,13 @@
           await session.send(RunRequest(stream_id=sid, provider_id="p", adapter="echo", target="m"))
           reply = await session.receive(RunEvent)
 
-Both use the real ``Connection`` and ``WireChannel``, so protocol violations are
+* ``HubRecorder`` — a ``NodeHub`` owner (``iopd.edge.nodes.HubOwner``) with a
+  fixed node registry that records every event the hub tells it::
+
+      rec = HubRecorder({"node-a": "token-a"})
+      hub = NodeHub(HubSettings(edge_id="edge-1", ...), owner=rec)
+
+Both peers use the real ``Connection`` and ``WireChannel``, so protocol violations are
 caught on the fake side too; ``send_raw`` bypasses that for bad-peer tests.
 Heartbeats are answered automatically.  Every read waits at most
 ``timeout`` seconds (default 10) so a broken test fails instead of hanging.
@@ -41,13 +47,15 @@ import functools
 import hashlib
 import hmac
 import ssl
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
 import trio.testing
 
+from iopd.config.schema import NodeEntry
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import DialError, dial
 from iopd.transport.listen import serve_wire
@@ -411,4 +419,60 @@ class FakeEdge:
             self._accepted_send.send_nowait(session)
 
 
-__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode", "wait_until"]
+@dataclass
+class HubRecorder:
+    """A ``NodeHub`` owner for tests: nodes ``tokens`` (id -> token), every event kept.
+
+    ``events``: ``("connect" | "disconnect", node_id)`` in order; ``statuses``:
+    the provider status reports; ``frames``: frames counted by direction;
+    ``wire_errors``: ``(reason, detail)`` of every wire error.
+    """
+
+    tokens: Mapping[str, str]
+    config_version: int = 7
+    events: list[tuple[str, str]] = field(default_factory=list)
+    statuses: list[tuple[str, ProviderStatus]] = field(default_factory=list)
+    frames: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0})
+    wire_errors: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[str]:
+        """The reasons of ``wire_errors`` (the metric's label values)."""
+        return [reason for reason, _ in self.wire_errors]
+
+    @property
+    def protocol_errors(self) -> list[str]:
+        """Details of the wire errors that were the peer's fault on the wire:
+        protocol failures and handshake timeouts (not refusals, not heartbeats)."""
+        return [
+            detail
+            for reason, detail in self.wire_errors
+            if reason != "heartbeat_timeout" and not detail.startswith("refused")
+        ]
+
+    def known_nodes(self) -> Mapping[str, NodeEntry]:
+        return {
+            nid: NodeEntry(id=nid, token_hash_sha256=hashlib.sha256(tok.encode()).hexdigest())
+            for nid, tok in self.tokens.items()
+        }
+
+    def node_config(self, node_id: str) -> NodeConfig:
+        return NodeConfig(stream_id=0, version=self.config_version)
+
+    def node_connected(self, node_id: str) -> None:
+        self.events.append(("connect", node_id))
+
+    def node_disconnected(self, node_id: str) -> None:
+        self.events.append(("disconnect", node_id))
+
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+        self.statuses.append((node_id, msg))
+
+    def wire_frames(self, direction: str, n: int) -> None:
+        self.frames[direction] += n
+
+    def wire_error(self, reason: str, detail: str) -> None:
+        self.wire_errors.append((reason, detail))
+
+
+__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode", "HubRecorder", "wait_until"]

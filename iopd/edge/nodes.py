@@ -3,32 +3,30 @@
 Why it looks like this:
 
 * ``handle_connection`` is the ``serve_wire`` handler: handshake (Hello checked
-  against the running config, ``Refused`` otherwise, all within
+  against the owner's node registry, ``Refused`` otherwise, all within
   ``handshake_timeout``), then the session.  Every failure of one connection
   is caught and logged here; the hub keeps serving the others.
+* The hub talks to the edge that runs it through one interface, ``HubOwner``:
+  two queries (the node registry, a node's config) and the events
+  ``node_connected``, ``node_disconnected``, ``provider_status``,
+  ``wire_frames`` and ``wire_error``.  The edge's runtime implements it.
 * A session is "ready" (returned by ``session()``, announced with
-  ``on_connect``) only after the node acknowledged its first ``NodeConfig``.
-  A node that rejects it (its adapters could not be built) is never
-  announced: the edge logs why and closes the connection.
+  ``node_connected``) only after the node acknowledged its first
+  ``NodeConfig``.  A node that rejects it (its adapters could not be built)
+  is never announced: the edge logs why and closes the connection.
 * A new Hello for a node id that still has a session *replaces* it: the old
   session's streams fail at once with ``NodeDispatchError`` and
-  ``on_disconnect`` is called for it before the new one's ``on_connect``.
-* Streams: the channel's reader task hands each reply to its stream's bounded
-  buffer without ever blocking (``window`` frames + the terminal; the wire's
-  credit accounting guarantees it fits — a node that sends past its window is
-  a protocol error).  The consumer returns ``Credit`` as it reads.  When the
-  session dies every stream still waiting for its terminal raises
-  ``NodeDispatchError`` at its next read, even with frames still buffered (a
-  stream that has its terminal is complete and is read to the end).  Leaving
-  ``open_stream`` before the terminal sends ``Cancel`` (queued, never blocking
-  the caller) and refunds the credit of unread frames; late replies of
-  abandoned streams are credited and dropped.
-* Metering hooks (optional): ``on_frames(direction, n)`` for every frame the
-  edge's wire ``Connection`` encodes (``out``) or decodes (``in``), and
-  ``on_wire_error(reason)`` once per connection closed for a wire problem, with
-  ``reason`` one of ``frame_too_large``, ``malformed``, ``protocol``,
-  ``handshake`` (timeout or refusal) and ``heartbeat_timeout``.  Frames are
-  counted by a ``Connection`` subclass, so the transport needs no hook.
+  ``node_disconnected`` is told for it before the new one's ``node_connected``.
+* Ending a session is one method, ``_end_session``, and its order is the
+  contract with the owner: ``node_disconnected`` first (the pool stops
+  admitting to the node), then the session's streams fail and free their
+  leases, whose release re-examines the queue.
+* Metering: ``wire_frames(direction, n)`` for every frame the edge's wire
+  ``Connection`` encodes (``out``) or decodes (``in``), and ``wire_error``
+  once per connection closed for a wire problem, with ``reason`` one of
+  ``frame_too_large``, ``malformed``, ``protocol``, ``handshake`` (timeout or
+  refusal) and ``heartbeat_timeout``.  Frames are counted by a
+  ``Connection`` subclass, so the transport needs no hook.
 """
 
 from __future__ import annotations
@@ -37,25 +35,20 @@ import hashlib
 import hmac
 import logging
 import re
-import secrets
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from contextlib import asynccontextmanager
-from typing import Literal
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol
 
-import msgspec
 import trio
 
-from iopd.config.schema import NodeEntry
+from iopd.config.schema import EdgeSection, NodeEntry
+from iopd.edge.node_session import NodeSession
 from iopd.errors import NodeDispatchError
 from iopd.transport.channel import ChannelClosed, WireChannel
-from wire.connection import Connection, Role, StreamState
-from wire.errors import FrameTooLarge, LocalProtocolError, MalformedFrame, RemoteProtocolError
+from wire.connection import Connection, Role
+from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
-    Cancel,
-    Credit,
     Hello,
     HelloAck,
     Message,
@@ -63,19 +56,76 @@ from wire.messages import (
     NodeConfigAck,
     ProviderStatus,
     ProviderTunnelFrame,
-    ProviderTunnelRequest,
     Refused,
     RunEvent,
-    RunRequest,
-    is_terminal,
 )
 
 log = logging.getLogger("iopd.edge.nodes")
 
-Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
 RefuseCode = Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"]
-FramesHook = Callable[[str, int], None]
-"""``on_frames(direction, n)``: ``n`` frames went ``out`` to or came ``in`` from a node."""
+FrameDirection = Literal["in", "out"]
+WireErrorReason = Literal[
+    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
+]
+
+
+class HubOwner(Protocol):
+    """What ``NodeHub`` needs from the edge that runs it (``EdgeRuntime``).
+
+    Every method is called synchronously from the hub (never awaited), so it
+    must not block; an exception is logged and the hub goes on.
+    """
+
+    def known_nodes(self) -> Mapping[str, NodeEntry]:
+        """The configured nodes by id, as of now (read at every Hello)."""
+        ...
+
+    def node_config(self, node_id: str) -> NodeConfig:
+        """The ``NodeConfig`` to push to ``node_id`` now (its stream id is replaced)."""
+        ...
+
+    def node_connected(self, node_id: str) -> None:
+        """``node_id``'s session is ready: requests may be routed to it."""
+        ...
+
+    def node_disconnected(self, node_id: str) -> None:
+        """``node_id``'s session ended.  Told *before* its streams fail: when this
+        returns the node must be out of routing (the leases those streams free
+        re-examine the queue, which must not admit a waiter to the dead node)."""
+        ...
+
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+        """``node_id`` reported the health of its providers."""
+        ...
+
+    def wire_frames(self, direction: FrameDirection, n: int) -> None:
+        """``n`` frames went ``out`` to or came ``in`` from nodes."""
+        ...
+
+    def wire_error(self, reason: WireErrorReason, detail: str) -> None:
+        """A connection closed for a wire problem; ``detail`` says what, for a log."""
+        ...
+
+
+@dataclass(frozen=True)
+class HubSettings:
+    """The hub's fixed settings (the ``edge`` section; restart-only)."""
+
+    edge_id: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    handshake_timeout: float
+    max_frame_bytes: int
+
+    @classmethod
+    def from_config(cls, edge: EdgeSection) -> HubSettings:
+        return cls(
+            edge_id=edge.id,
+            heartbeat_interval=edge.heartbeat_interval,
+            heartbeat_timeout=edge.heartbeat_timeout,
+            handshake_timeout=edge.handshake_timeout,
+            max_frame_bytes=edge.max_frame_bytes,
+        )
 
 
 class _MeteredConnection(Connection):
@@ -86,7 +136,13 @@ class _MeteredConnection(Connection):
     the hot send path costs an integer increment rather than a metrics call.
     """
 
-    def __init__(self, role: Role, *, max_frame_bytes: int, on_frames: FramesHook) -> None:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_frame_bytes: int,
+        on_frames: Callable[[FrameDirection, int], None],
+    ) -> None:
         super().__init__(role, max_frame_bytes=max_frame_bytes)
         self._on_frames = on_frames
         self._unreported_out = 0
@@ -127,9 +183,9 @@ class _MeteredConnection(Connection):
         super().close()
 
 
-def _wire_error_reason(channel: WireChannel) -> str:
-    """The ``iop_wire_protocol_errors_total`` reason of a protocol failure on ``channel``."""
-    exc = getattr(channel.conn, "remote_error", None)
+def _wire_error_reason(conn: _MeteredConnection) -> WireErrorReason:
+    """The ``iop_wire_protocol_errors_total`` reason of a protocol failure on ``conn``."""
+    exc = conn.remote_error
     if isinstance(exc, FrameTooLarge):
         return "frame_too_large"
     if isinstance(exc, MalformedFrame):
@@ -169,320 +225,19 @@ def _peer_name(stream: trio.abc.Stream) -> str:
     return f"{host}:{port}"
 
 
-class _ReplyStream:
-    """One open stream as its consumer sees it: an async iterator of replies.
-
-    The buffer is a plain deque: the reader appends (never blocks), the
-    consumer pops.  It holds at most ``window`` non-terminal frames plus the
-    terminal, because the connection's credit check rejects anything more.
-    """
-
-    def __init__(self, session: NodeSession, stream_id: int, window: int) -> None:
-        self.session = session
-        self.stream_id = stream_id
-        self.window = window
-        self._buf: deque[Reply] = deque()
-        self._wakeup: trio.Event | None = None
-        self._done = False  # no more deliveries (terminal, failure or abandoned)
-        self._credit_batch = max(1, window // 4)
-        self._unreported = 0  # consumed frames whose credit was not returned yet
-        self.terminal_received = False  # by the reader
-        self.terminal_consumed = False  # by the consumer
-        self.error: NodeDispatchError | None = None
-
-    # -- reader side (sync, never blocks)
-    def deliver(self, msg: Reply) -> None:
-        if self._done or len(self._buf) > self.window:
-            raise _WindowExceeded(self.stream_id)
-        self._buf.append(msg)
-        if is_terminal(msg):
-            self.terminal_received = True
-            self._done = True
-        self._wake()
-
-    def fail(self, error: NodeDispatchError) -> None:
-        if self.error is None:
-            self.error = error
-        self._done = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
-
-    def buffered(self) -> int:
-        return len(self._buf)
-
-    # -- consumer side
-    def __aiter__(self) -> _ReplyStream:
-        return self
-
-    async def __anext__(self) -> Reply:
-        await trio.lowlevel.checkpoint_if_cancelled()
-        while True:
-            if self.error is not None:  # even with frames buffered: fail at once
-                raise self.error
-            if self.terminal_consumed:
-                raise StopAsyncIteration
-            if self._buf:
-                break
-            if self._done:
-                raise NodeDispatchError(f"node {self.session.node_id} disconnected")
-            wakeup = self._wakeup = trio.Event()
-            await wakeup.wait()
-        msg = self._buf.popleft()
-        if is_terminal(msg):
-            self.terminal_consumed = True
-        else:
-            self._unreported += 1
-            if self._unreported >= self._credit_batch:
-                self.session._post(Credit(stream_id=self.stream_id, frames=self._unreported))
-                self._unreported = 0
-        return msg
-
-    def abandon(self) -> int:
-        """The consumer left: frames whose credit the node should get back."""
-        refund = self._unreported + sum(1 for m in self._buf if not is_terminal(m))
-        self._unreported = 0
-        self._buf.clear()
-        self._done = True
-        return refund
-
-
-class _WindowExceeded(Exception):
-    def __init__(self, stream_id: int) -> None:
-        super().__init__(stream_id)
-        self.stream_id = stream_id
-
-
-class NodeSession:
-    """The edge's live session with one node.  Obtain it from ``NodeHub.session``."""
-
-    def __init__(self, hub: NodeHub, node_id: str, channel: WireChannel, peer: str) -> None:
-        self.node_id = node_id
-        self.peer = peer
-        self.session_id = secrets.token_hex(8)
-        self._hub = hub
-        self._channel = channel
-        self._streams: dict[int, _ReplyStream] = {}
-        self._next_stream_id = 0
-        self.ready = False  # first NodeConfig acknowledged; announced via on_connect
-        self.announced = False  # on_connect was called and on_disconnect is still due
-        self.connected_since: float | None = None
-        self.end_reason: str | None = None
-
-    @property
-    def alive(self) -> bool:
-        return self.end_reason is None
-
-    # ---------------------------------------------------------------- streams
-
-    @asynccontextmanager
-    async def open_stream(
-        self, req: RunRequest | ProviderTunnelRequest | NodeConfig
-    ) -> AsyncIterator[AsyncIterator[Reply]]:
-        """Send ``req`` on a fresh stream; yield an async iterator of its replies.
-
-        The iterator ends after the terminal reply.  It raises
-        ``NodeDispatchError("node <id> disconnected")`` as soon as the session
-        is lost.  Leaving the block before the terminal sends ``Cancel``.
-        ``req.stream_id`` is assigned here.
-        """
-        if not self.alive:
-            raise NodeDispatchError(f"node {self.node_id} disconnected")
-        window = 1 if isinstance(req, NodeConfig) else req.window
-        # Ids go out in increasing order without a lock: the channel encodes
-        # (and checks) each frame synchronously, in call order.
-        self._next_stream_id += 1
-        stream_id = self._next_stream_id
-        stream = _ReplyStream(self, stream_id, window)
-        self._streams[stream_id] = stream
-        try:
-            try:
-                await self._channel.send(msgspec.structs.replace(req, stream_id=stream_id))
-            except ChannelClosed:
-                raise NodeDispatchError(f"node {self.node_id} disconnected") from None
-            except LocalProtocolError as exc:
-                raise NodeDispatchError(
-                    f"cannot send the request to node {self.node_id}: {exc.reason}"
-                ) from None
-            yield stream
-        finally:
-            self._streams.pop(stream_id, None)
-            refund = stream.abandon()
-            opened = self._channel.conn.stream_state(stream_id) is not StreamState.IDLE
-            if self.alive and opened and not stream.terminal_received:
-                self._post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
-                if refund:
-                    self._post(Credit(stream_id=stream_id, frames=refund))
-
-    async def push_config(self, msg: NodeConfig, *, timeout: float) -> NodeConfigAck:
-        """Send ``msg`` (its stream id is replaced) and wait for the node's ack.
-
-        Raises ``NodeDispatchError`` when the node is lost or does not answer
-        within ``timeout`` seconds.
-        """
-        with trio.move_on_after(timeout):
-            async with self.open_stream(msg) as replies:
-                async for reply in replies:
-                    if isinstance(reply, NodeConfigAck):
-                        return reply
-            raise NodeDispatchError(f"node {self.node_id} ended the config stream without an ack")
-        raise NodeDispatchError(
-            f"node {self.node_id} did not acknowledge config version {msg.version} "
-            f"within {timeout:g}s"
-        )
-
-    # ---------------------------------------------------------------- internals
-
-    def _post(self, msg: Message) -> None:
-        self._channel.post(msg)
-
-    def _dispatch(self, msg: Message) -> None:
-        """Called by the channel's reader for every message; never blocks."""
-        if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
-            stream = self._streams.get(msg.stream_id)
-            if stream is None:
-                # Abandoned stream: drop the late reply, give its credit back.
-                if not is_terminal(msg):
-                    self._post(Credit(stream_id=msg.stream_id, frames=1))
-                return
-            try:
-                stream.deliver(msg)
-            except _WindowExceeded:
-                raise RemoteProtocolError(
-                    f"node overran the buffer of stream {msg.stream_id}"
-                ) from None
-        elif isinstance(msg, ProviderStatus):
-            self._hub._call("on_status", self._hub._on_status, self.node_id, msg)
-
-    def _end(self, reason: str) -> None:
-        """End the session now (sync): every stream fails, the channel closes."""
-        if self.end_reason is not None:
-            return
-        self.end_reason = reason
-        # Tell the pool first: the leases freed by failing the streams below
-        # re-examine the queue, which must no longer see this node as live
-        # (else a waiter is admitted to the dead node and fails with a 502).
-        self._hub._leave_session(self)
-        error = NodeDispatchError(f"node {self.node_id} disconnected")
-        for stream in list(self._streams.values()):
-            if not stream.terminal_received:  # a finished stream keeps its replies
-                stream.fail(error)
-        self._channel.close_soon(reason)
-
-    async def _run(self, heartbeat_interval: float, heartbeat_timeout: float) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._serve, heartbeat_interval, heartbeat_timeout, nursery)
-            await self._announce()
-
-    async def _serve(self, interval: float, timeout: float, nursery: trio.Nursery) -> None:
-        try:
-            await self._channel.serve(
-                self._dispatch, heartbeat_interval=interval, heartbeat_timeout=timeout
-            )
-        except ChannelClosed as exc:
-            if exc.kind == "protocol":
-                self._hub._protocol_error(
-                    self.node_id, self.peer, exc.reason, _wire_error_reason(self._channel)
-                )
-            elif exc.kind == "heartbeat":
-                self._hub._wire_error("heartbeat_timeout")
-            self._end(exc.reason)
-        finally:
-            self._end(self.end_reason or "session ended")
-            nursery.cancel_scope.cancel()
-
-    async def _announce(self) -> None:
-        hub = self._hub
-        try:
-            cfg = hub._get_node_config(self.node_id)
-            ack = await self.push_config(cfg, timeout=hub.handshake_timeout)
-            # A refresh applied while that ack was pending skipped this session
-            # (not ready yet): send the newer provider set before announcing.
-            latest = hub._get_node_config(self.node_id)
-            while latest.providers != cfg.providers:
-                cfg = latest
-                ack = await self.push_config(cfg, timeout=hub.handshake_timeout)
-                latest = hub._get_node_config(self.node_id)
-        except NodeDispatchError as exc:
-            log.warning(
-                "event=node_config_push node=%s peer=%s outcome=failed reason=%r",
-                self.node_id,
-                self.peer,
-                exc.message,
-            )
-            self._end(f"initial config not acknowledged: {exc.message}")
-            return
-        if not ack.ok:
-            # Its adapters could not be built: it serves nothing, so it is not
-            # announced (not routable, not connected in /status); it redials.
-            reason = safe_node_reason(ack.error, cfg)
-            log.warning(
-                "event=node_config_push node=%s outcome=rejected reason=%r version=%d peer=%s",
-                self.node_id,
-                reason,
-                ack.version,
-                self.peer,
-            )
-            self._end(f"node rejected its initial config: {reason}")
-            return
-        if not self.alive:
-            return
-        self.ready = True
-        self.announced = True
-        self.connected_since = time.time()
-        log.info(
-            "event=node_connected node=%s peer=%s session=%s config_version=%d",
-            self.node_id,
-            self.peer,
-            self.session_id,
-            ack.version,
-        )
-        hub._call("on_connect", hub._on_connect, self.node_id)
-
-
 class NodeHub:
     """Every node session of the edge; the ``serve_wire`` handler lives here."""
 
-    def __init__(
-        self,
-        *,
-        edge_id: str,
-        get_nodes: Callable[[], Mapping[str, NodeEntry]],
-        get_node_config: Callable[[str], NodeConfig],
-        heartbeat_interval: float,
-        heartbeat_timeout: float,
-        handshake_timeout: float,
-        max_frame_bytes: int,
-        on_connect: Callable[[str], None],
-        on_disconnect: Callable[[str], None],
-        on_status: Callable[[str, ProviderStatus], None],
-        on_protocol_error: Callable[[str], None] | None = None,
-        on_frames: FramesHook | None = None,
-        on_wire_error: Callable[[str], None] | None = None,
-    ) -> None:
-        self.edge_id = edge_id
-        self._get_nodes = get_nodes
-        self._get_node_config = get_node_config
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_timeout = heartbeat_timeout
-        self.handshake_timeout = handshake_timeout
-        self.max_frame_bytes = max_frame_bytes
-        self._on_connect = on_connect
-        self._on_disconnect = on_disconnect
-        self._on_status = on_status
-        self._on_protocol_error = on_protocol_error
-        self._on_frames = on_frames
-        self._on_wire_error = on_wire_error
-        self._sessions: dict[str, NodeSession] = {}
+    def __init__(self, settings: HubSettings, owner: HubOwner) -> None:
+        self.settings = settings
+        self._owner = owner
+        self._sessions: dict[str, NodeSession] = {}  # registered, by node id
+        self._announced: set[NodeSession] = set()  # node_disconnected still due
         self._channels: set[WireChannel] = set()
         self._closing: str | None = None
         self._handlers = 0
         self._no_handlers = trio.Event()
         self._no_handlers.set()
-        self.protocol_errors = 0
 
     # ---------------------------------------------------------------- queries
 
@@ -515,7 +270,7 @@ class NodeHub:
         """Shutdown: refuse new nodes, end every session, wait for the handlers to exit."""
         self._closing = reason
         for session in list(self._sessions.values()):
-            session._end(reason)
+            self._end_session(session, reason)
         for channel in list(self._channels):
             await channel.aclose(reason)
         await self._no_handlers.wait()
@@ -523,12 +278,8 @@ class NodeHub:
     async def handle_connection(self, stream: trio.abc.Stream) -> None:
         """Serve one node connection until it ends; never raises (but Cancelled)."""
         peer = _peer_name(stream)
-        conn = (
-            Connection(Role.EDGE, max_frame_bytes=self.max_frame_bytes)
-            if self._on_frames is None
-            else _MeteredConnection(
-                Role.EDGE, max_frame_bytes=self.max_frame_bytes, on_frames=self._count_frames
-            )
+        conn = _MeteredConnection(
+            Role.EDGE, max_frame_bytes=self.settings.max_frame_bytes, on_frames=self._count_frames
         )
         channel = WireChannel(stream, conn, name=peer)
         session: NodeSession | None = None
@@ -537,12 +288,12 @@ class NodeHub:
             hello = await self._handshake(channel, peer)
             if hello is None:
                 return
-            session = NodeSession(self, hello.node_id, channel, peer)
+            session = NodeSession(hello.node_id, channel, peer)
             self._replace(session)
-            await session._run(self.heartbeat_interval, self.heartbeat_timeout)
+            await self._run_session(session, channel, conn)
         except ChannelClosed as exc:
             if exc.kind == "protocol":
-                self._protocol_error(None, peer, exc.reason, _wire_error_reason(channel))
+                self._protocol_error(None, peer, exc.reason, _wire_error_reason(conn))
             else:
                 log.info(
                     "event=wire_connection_ended stage=handshake peer=%s reason=%r", peer, exc.reason
@@ -552,12 +303,144 @@ class NodeHub:
         finally:
             with trio.CancelScope(shield=True):
                 if session is not None:
-                    session._end(session.end_reason or "connection closed")
-                    self._leave_session(session)
+                    self._end_session(session, "connection closed")
                 await channel.aclose()
                 self._leave(channel)
 
-    # ---------------------------------------------------------------- internals
+    # ---------------------------------------------------------------- sessions
+
+    async def _run_session(
+        self, session: NodeSession, channel: WireChannel, conn: _MeteredConnection
+    ) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._serve_session, session, channel, conn, nursery)
+            await self._announce(session)
+
+    async def _serve_session(
+        self,
+        session: NodeSession,
+        channel: WireChannel,
+        conn: _MeteredConnection,
+        nursery: trio.Nursery,
+    ) -> None:
+        """The channel's reader and heartbeat, until the connection ends."""
+        owner = self._owner
+
+        def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
+            if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
+                session.deliver(msg)
+            elif isinstance(msg, ProviderStatus):
+                self._call("provider_status", owner.provider_status, session.node_id, msg)
+
+        settings = self.settings
+        try:
+            await channel.serve(
+                dispatch,
+                heartbeat_interval=settings.heartbeat_interval,
+                heartbeat_timeout=settings.heartbeat_timeout,
+            )
+        except ChannelClosed as exc:
+            if exc.kind == "protocol":
+                self._protocol_error(
+                    session.node_id, session.peer, exc.reason, _wire_error_reason(conn)
+                )
+            elif exc.kind == "heartbeat":
+                self._wire_error("heartbeat_timeout", exc.reason)
+            self._end_session(session, exc.reason)
+        finally:
+            self._end_session(session, "session ended")
+            nursery.cancel_scope.cancel()
+
+    async def _announce(self, session: NodeSession) -> None:
+        """Push the first config; once the node acknowledged it, announce the session."""
+        timeout = self.settings.handshake_timeout
+        try:
+            cfg = self._owner.node_config(session.node_id)
+            ack = await session.push_config(cfg, timeout=timeout)
+            # A refresh applied while that ack was pending skipped this session
+            # (not ready yet): send the newer provider set before announcing.
+            latest = self._owner.node_config(session.node_id)
+            while latest.providers != cfg.providers:
+                cfg = latest
+                ack = await session.push_config(cfg, timeout=timeout)
+                latest = self._owner.node_config(session.node_id)
+        except NodeDispatchError as exc:
+            log.warning(
+                "event=node_config_push node=%s peer=%s outcome=failed reason=%r",
+                session.node_id,
+                session.peer,
+                exc.message,
+            )
+            self._end_session(session, f"initial config not acknowledged: {exc.message}")
+            return
+        if not ack.ok:
+            # Its adapters could not be built: it serves nothing, so it is not
+            # announced (not routable, not connected in /status); it redials.
+            reason = safe_node_reason(ack.error, cfg)
+            log.warning(
+                "event=node_config_push node=%s outcome=rejected reason=%r version=%d peer=%s",
+                session.node_id,
+                reason,
+                ack.version,
+                session.peer,
+            )
+            self._end_session(session, f"node rejected its initial config: {reason}")
+            return
+        if not session.alive:
+            return
+        session.mark_ready()
+        self._announced.add(session)
+        log.info(
+            "event=node_connected node=%s peer=%s session=%s config_version=%d",
+            session.node_id,
+            session.peer,
+            session.session_id,
+            ack.version,
+        )
+        self._call("node_connected", self._owner.node_connected, session.node_id)
+
+    def _replace(self, session: NodeSession) -> None:
+        old = self._sessions.get(session.node_id)
+        if old is not None:
+            log.info(
+                "event=node_session_replaced node=%s old_peer=%s new_peer=%s",
+                session.node_id,
+                old.peer,
+                session.peer,
+            )
+            self._end_session(old, f"replaced by a new connection from {session.peer}")
+        self._sessions[session.node_id] = session
+
+    def _end_session(self, session: NodeSession, reason: str) -> None:
+        """End ``session`` now (sync; once: a later call keeps the first reason).
+
+        The order of the two steps is the contract of
+        ``HubOwner.node_disconnected``.
+        """
+        if not session.mark_ended(reason):
+            return
+        # 1. Unregister; the owner hears node_disconnected and takes the node
+        #    out of routing.
+        self._forget(session)
+        # 2. Only then fail the streams: the leases they free re-examine the
+        #    queue, which no longer sees this node as live.
+        session.close()
+
+    def _forget(self, session: NodeSession) -> None:
+        """Unregister ``session`` and tell the owner it is gone, if it was announced."""
+        if self._sessions.get(session.node_id) is session:
+            del self._sessions[session.node_id]
+        if session in self._announced:
+            self._announced.discard(session)
+            log.info(
+                "event=node_disconnected node=%s peer=%s reason=%r",
+                session.node_id,
+                session.peer,
+                session.end_reason,
+            )
+            self._call("node_disconnected", self._owner.node_disconnected, session.node_id)
+
+    # ---------------------------------------------------------------- handshake
 
     def _enter(self, channel: WireChannel) -> None:
         if self._handlers == 0:
@@ -572,15 +455,13 @@ class NodeHub:
             self._no_handlers.set()
 
     async def _handshake(self, channel: WireChannel, peer: str) -> Hello | None:
-        with trio.move_on_after(self.handshake_timeout):
+        timeout = self.settings.handshake_timeout
+        with trio.move_on_after(timeout):
             msg = await channel.receive_message()
             assert isinstance(msg, Hello)  # the connection table allows nothing else
             return await self._authenticate(channel, peer, msg)
-        log.warning("event=wire_handshake_timeout peer=%s after_s=%g", peer, self.handshake_timeout)
-        self.protocol_errors += 1
-        if self._on_protocol_error is not None:
-            self._call("on_protocol_error", self._on_protocol_error, "handshake_timeout")
-        self._wire_error("handshake")
+        log.warning("event=wire_handshake_timeout peer=%s after_s=%g", peer, timeout)
+        self._wire_error("handshake", "handshake_timeout")
         return None
 
     async def _authenticate(self, channel: WireChannel, peer: str, hello: Hello) -> Hello | None:
@@ -598,7 +479,7 @@ class NodeHub:
                 "version_mismatch",
             )
             return None
-        entry = self._get_nodes().get(node_id)
+        entry = self._owner.known_nodes().get(node_id)
         if entry is None:
             await self._refuse(channel, peer, node_id, "unknown node id", "unknown_node")
             return None
@@ -607,9 +488,9 @@ class NodeHub:
             await self._refuse(channel, peer, node_id, "invalid node token", "bad_token")
             return None
         ack = HelloAck(
-            edge_id=self.edge_id,
-            heartbeat_interval=self.heartbeat_interval,
-            heartbeat_timeout=self.heartbeat_timeout,
+            edge_id=self.settings.edge_id,
+            heartbeat_interval=self.settings.heartbeat_interval,
+            heartbeat_timeout=self.settings.heartbeat_timeout,
         )
         await channel.send(ack)
         return hello
@@ -625,61 +506,39 @@ class NodeHub:
             reason,
         )
         if self._closing is None:
-            self._wire_error("handshake")
+            self._wire_error("handshake", f"refused: {code}")
         try:
             await channel.send(Refused(reason=reason, code=code))
         except ChannelClosed:
             pass
 
-    def _replace(self, session: NodeSession) -> None:
-        old = self._sessions.get(session.node_id)
-        if old is not None:
-            log.info(
-                "event=node_session_replaced node=%s old_peer=%s new_peer=%s",
-                session.node_id,
-                old.peer,
-                session.peer,
-            )
-            old._end(f"replaced by a new connection from {session.peer}")
-            self._leave_session(old)
-        self._sessions[session.node_id] = session
-
-    def _leave_session(self, session: NodeSession) -> None:
-        """The session is over: unregister it and announce the disconnect once."""
-        if self._sessions.get(session.node_id) is session:
-            del self._sessions[session.node_id]
-        if session.announced:
-            session.announced = False
-            log.info(
-                "event=node_disconnected node=%s peer=%s reason=%r",
-                session.node_id,
-                session.peer,
-                session.end_reason,
-            )
-            self._call("on_disconnect", self._on_disconnect, session.node_id)
+    # ---------------------------------------------------------------- events
 
     def _protocol_error(
-        self, node_id: str | None, peer: str, reason: str, kind: str = "protocol"
+        self, node_id: str | None, peer: str, reason: str, kind: WireErrorReason
     ) -> None:
-        self.protocol_errors += 1
         log.warning("event=wire_protocol_error node=%s peer=%s reason=%r", node_id, peer, reason)
-        if self._on_protocol_error is not None:
-            self._call("on_protocol_error", self._on_protocol_error, reason)
-        self._wire_error(kind)
+        self._wire_error(kind, reason)
 
-    def _wire_error(self, reason: str) -> None:
-        if self._on_wire_error is not None:
-            self._call("on_wire_error", self._on_wire_error, reason)
+    def _wire_error(self, reason: WireErrorReason, detail: str) -> None:
+        self._call("wire_error", self._owner.wire_error, reason, detail)
 
-    def _count_frames(self, direction: str, n: int) -> None:
-        if self._on_frames is not None:
-            self._call("on_frames", self._on_frames, direction, n)
+    def _count_frames(self, direction: FrameDirection, n: int) -> None:
+        self._call("wire_frames", self._owner.wire_frames, direction, n)
 
-    def _call(self, what: str, fn: Callable[..., None], *args: object) -> None:
+    @staticmethod
+    def _call(what: str, fn: Callable[..., None], *args: object) -> None:
         try:
             fn(*args)
         except Exception:
             log.exception("event=callback_failed component=nodehub callback=%s", what)
 
 
-__all__ = ["NodeHub", "NodeSession", "safe_node_reason"]
+__all__ = [
+    "FrameDirection",
+    "HubOwner",
+    "HubSettings",
+    "NodeHub",
+    "WireErrorReason",
+    "safe_node_reason",
+]

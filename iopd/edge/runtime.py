@@ -25,7 +25,13 @@ from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
-from iopd.edge.nodes import NodeHub, safe_node_reason
+from iopd.edge.nodes import (
+    FrameDirection,
+    HubSettings,
+    NodeHub,
+    WireErrorReason,
+    safe_node_reason,
+)
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
@@ -111,23 +117,7 @@ class EdgeRuntime:
         )
         rt = cls(config_path=config_path, snapshot=snap, pool=pool, metrics=metrics)
         rt._allow_metric_ids(cfg)
-        edge = cfg.edge
-        rt.hub = NodeHub(
-            edge_id=edge.id,
-            get_nodes=lambda: rt.snapshot.nodes,
-            get_node_config=lambda node_id: node_config_for(
-                rt.snapshot.config, node_id, rt.snapshot.version
-            ),
-            heartbeat_interval=edge.heartbeat_interval,
-            heartbeat_timeout=edge.heartbeat_timeout,
-            handshake_timeout=edge.handshake_timeout,
-            max_frame_bytes=edge.max_frame_bytes,
-            on_connect=rt._on_node_connect,
-            on_disconnect=rt._on_node_disconnect,
-            on_status=rt._on_provider_status,
-            on_frames=metrics.count_wire_frames,
-            on_wire_error=metrics.count_wire_error,
-        )
+        rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
         metrics.set_status_source(rt._gateway_status)
         return rt
 
@@ -142,15 +132,30 @@ class EdgeRuntime:
         )
 
     # ------------------------------------------------------------ node events
-
+    # ``iopd.edge.nodes.HubOwner``: what the node hub asks and tells the runtime.
     # (The hub logs event=node_connected / node_disconnected, with peer and reason.)
-    def _on_node_connect(self, node_id: str) -> None:
+
+    def known_nodes(self) -> Mapping[str, NodeEntry]:
+        return self.snapshot.nodes
+
+    def node_config(self, node_id: str) -> NodeConfig:
+        return node_config_for(self.snapshot.config, node_id, self.snapshot.version)
+
+    def node_connected(self, node_id: str) -> None:
         self.pool.set_node_connected(node_id, True)
 
-    def _on_node_disconnect(self, node_id: str) -> None:
+    def node_disconnected(self, node_id: str) -> None:
+        # Synchronous, before the node's streams fail (the hub's order): the
+        # leases they free re-examine the queue without this node.
         self.pool.set_node_connected(node_id, False)
 
-    def _on_provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+    def wire_frames(self, direction: FrameDirection, n: int) -> None:
+        self.metrics.count_wire_frames(direction, n)
+
+    def wire_error(self, reason: WireErrorReason, detail: str) -> None:
+        self.metrics.count_wire_error(reason)  # the hub logged the detail
+
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
         for p in msg.providers:
             ref = self.snapshot.catalog.providers.get(p.provider_id)
             if ref is None or ref.node_id != node_id:

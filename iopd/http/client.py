@@ -45,9 +45,9 @@ __all__ = [
     "ProviderProtocolError",
     "ProviderResponse",
     "ProviderTimeoutError",
+    "EarlyStart",
     "FullResponse",
-    "StartedRequest",
-]
+    ]
 
 _RECEIVE_BYTES = 65536
 # Request headers the client owns: framing and routing are computed here.
@@ -264,22 +264,26 @@ class ProviderResponse:
         return body if limit is None else body[:limit]
 
 
-class StartedRequest:
-    """A request ``ProviderHTTPClient.start_now`` began writing on a pooled connection.
+class EarlyStart:
+    """A request ``ProviderHTTPClient.start_early`` already wrote on a pooled connection.
 
-    Owned by whoever holds it: hand it to ``stream(..., started=...)``, or
-    ``abandon()`` it (closes the connection: the provider sees the request
-    aborted).
+    The node's one early-start type (see ``docs/ARCHITECTURE.md``, "Early
+    start").  Its holder either hands it on — in the end to the same client's
+    ``stream(..., early=...)``, which takes it — or ``abandon()``s it, which
+    closes the connection (the provider sees the request aborted).
+    ``abandon()`` is idempotent and a no-op once taken, so the owner of the
+    stream may always call it when done.
     """
 
-    __slots__ = ("conn", "rest", "_taken")
+    __slots__ = ("client", "conn", "rest", "_taken")
 
-    def __init__(self, conn: _Connection, rest: bytes) -> None:
+    def __init__(self, client: ProviderHTTPClient, conn: _Connection, rest: bytes) -> None:
+        self.client = client  # the only client whose stream() may take it
         self.conn = conn
         self.rest = rest  # what the socket did not take at once
         self._taken = False
 
-    def take(self) -> StartedRequest | None:
+    def take(self) -> EarlyStart | None:
         """Claim it (once); None when it was already taken or abandoned."""
         if self._taken:
             return None
@@ -418,7 +422,7 @@ class ProviderHTTPClient:
         body: bytes,
         rest: bytes | None = None,
     ) -> ProviderResponse:
-        """Send the request (or, when ``start_now`` sent its start, the ``rest``)
+        """Send the request (or, when ``start_early`` sent its start, the ``rest``)
         and read the response head."""
         try:
             if rest is None:
@@ -455,15 +459,15 @@ class ProviderHTTPClient:
                     raise _StaleConnection() from None
                 raise
 
-    def start_now(
+    def start_early(
         self, method: str, path: str, headers: Iterable[tuple[str, str]] = (), body: bytes = b""
-    ) -> StartedRequest | None:
+    ) -> EarlyStart | None:
         """Write a request on a pooled connection at once, without waiting; or None.
 
         Synchronous and best effort, for a caller that cannot await yet (the
         node's wire reader, so that the request leaves before a scheduler
         round): only when an idle connection is ready and the request renders.
-        The result must go to ``stream(..., started=...)`` with the same
+        The result must go to ``stream(..., early=...)`` with the same
         arguments, or be ``abandon()``-ed.
         """
         if self._closed or not self._idle or not self._idle[-1].looks_reusable():
@@ -480,7 +484,7 @@ class ProviderHTTPClient:
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             conn.close_now()  # a stale connection; stream() dials afresh
             return None
-        return StartedRequest(conn, rest)
+        return EarlyStart(self, conn, rest)
 
     @contextlib.asynccontextmanager
     async def stream(
@@ -490,16 +494,20 @@ class ProviderHTTPClient:
         headers: Iterable[tuple[str, str]] = (),
         body: bytes = b"",
         *,
-        started: StartedRequest | None = None,
+        early: EarlyStart | None = None,
     ) -> AsyncIterator[ProviderResponse]:
         """Send one request; yield the response once its head has arrived.
 
         The body is read with ``resp.aiter_bytes()``.  Leaving the block
         before the body was read to the end (cancel, error, early exit)
-        closes the connection instead of pooling it.  ``started``: the same
-        request, already begun by ``start_now`` (this call owns it now).
+        closes the connection instead of pooling it.  ``early``: the same
+        request, already begun by this client's ``start_early`` (this call
+        takes it); one begun by another client is abandoned.
         """
-        early = started.take() if started is not None else None
+        if early is not None and early.client is not self:
+            early.abandon()  # begun on another client (a registry swap in between)
+            early = None
+        early = early.take() if early is not None else None
         if self._closed:
             if early is not None:
                 early.conn.close_now()

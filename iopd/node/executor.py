@@ -30,7 +30,8 @@ from typing import Any, cast
 
 import trio
 
-from iopd.node.adapters.base import Adapter, AdapterError, EarlyStart, RunOutput, TunnelOutput
+from iopd.http.client import EarlyStart
+from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
@@ -130,17 +131,6 @@ class _Stream:
             self.link_gone = True
 
 
-@dataclass(slots=True)
-class _EarlyTunnel:
-    """``start_early``'s result: the adapter that began the request, and its handle."""
-
-    adapter: Adapter
-    handle: EarlyStart
-
-    def abandon(self) -> None:
-        self.handle.abandon()
-
-
 class _WireRunOutput(RunOutput):
     def __init__(self, stream: _Stream) -> None:
         super().__init__()
@@ -214,8 +204,6 @@ class NodeExecutor:
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
-        #: Passthrough requests written by ``start_early`` (diagnostics, tests).
-        self.early_starts = 0
 
     # ------------------------------------------------------------ config
 
@@ -304,14 +292,10 @@ class NodeExecutor:
         if adapter is None or registry is None or registry.retired:
             return None
         try:
-            handle = adapter.start_tunnel_now(req)
+            return adapter.start_early(req)
         except Exception:
             log.exception("event=early_start_failed provider=%s", req.provider_id)
             return None
-        if handle is None:
-            return None
-        self.early_starts += 1
-        return _EarlyTunnel(adapter, handle)
 
     async def serve_stream(
         self,
@@ -321,13 +305,15 @@ class NodeExecutor:
     ) -> None:
         """Run one request to completion, sending every reply incl. exactly one terminal.
 
-        ``early``: what ``start_early`` returned for ``req``; owned here.
+        ``early``: what ``start_early`` returned for ``req``, owned here: it
+        goes to the adapter's ``tunnel`` and is abandoned when the stream ends
+        (a no-op once the adapter's HTTP client took it).
         """
         try:
             await self._serve_stream(req, sender, early)
         finally:
             if early is not None:
-                early.abandon()  # no-op once the adapter took it
+                early.abandon()
 
     async def _serve_stream(
         self,
@@ -357,14 +343,7 @@ class NodeExecutor:
         try:
             async with registry.use():
                 if isinstance(req, ProviderTunnelRequest):
-                    # Begun by the adapter serving it now?  (A registry swap
-                    # in between leaves it to be abandoned.)
-                    handle = (
-                        early.handle
-                        if isinstance(early, _EarlyTunnel) and early.adapter is adapter
-                        else None
-                    )
-                    await self._tunnel(adapter, req, stream, handle)
+                    await self._tunnel(adapter, req, stream, early)
                 else:
                     await self._run(adapter, req, stream)
         finally:
@@ -446,16 +425,10 @@ class NodeExecutor:
         adapter: Adapter,
         req: ProviderTunnelRequest,
         stream: _Stream,
-        early: EarlyStart | None = None,
+        early: EarlyStart | None,
     ) -> None:
         out = _WireTunnelOutput(stream)
-        error = await self._execute(
-            stream,
-            (lambda: adapter.tunnel(req, out, early))
-            if early is not None
-            else (lambda: adapter.tunnel(req, out)),
-            adapter,
-        )
+        error = await self._execute(stream, lambda: adapter.tunnel(req, out, early), adapter)
         if stream.link_gone:
             return
         sid = req.stream_id

@@ -1,17 +1,18 @@
 """The contract between the node's wire link (``link.py``) and its executor (``run.py``).
 
 The link owns the connection: it dials, handshakes, reads frames, enforces
-credit, and spawns ``serve_stream`` for every RunRequest/ProviderTunnelRequest
-in the session's nursery (after ``start_early``, which may already send a
-passthrough request on an idle provider connection).  The executor owns what runs: adapters, cancel
-scopes, usage and the terminal message of every stream.
+credit, and for every RunRequest/ProviderTunnelRequest calls ``start_early``
+from its reader (which may already send a passthrough request on an idle
+provider connection) and spawns ``serve_stream`` with the result in the
+session's nursery.  The executor owns what runs: adapters, cancel scopes,
+usage and the terminal message of every stream.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from iopd.node.adapters.base import EarlyStart
+from iopd.http.client import EarlyStart
 from wire.messages import (
     NodeConfig,
     NodeConfigAck,
@@ -49,17 +50,20 @@ class NodeHandler(Protocol):
         """Called from the link's reader for each request, before ``serve_stream``
         is spawned: begin it at once if that needs no waiting (the provider gets
         it a scheduler round sooner), else None.  Never blocks, never raises.
-        The result is passed to ``serve_stream``, which owns it.  Optional: the
-        link calls ``serve_stream(req, sender)`` alone for a handler without it."""
+        The result goes to ``serve_stream``, which owns it from then on (the
+        link abandons it only when it cannot spawn the task)."""
         ...
 
     async def serve_stream(
         self,
         req: RunRequest | ProviderTunnelRequest,
         sender: StreamSender,
-        early: EarlyStart | None = None,
+        early: EarlyStart | None,
     ) -> None:
-        """Run one request to completion, sending every reply incl. exactly one terminal."""
+        """Run one request to completion, sending every reply incl. exactly one terminal.
+
+        ``early``: what ``start_early`` returned for ``req``; abandon it when done.
+        """
         ...
 
     def cancel(self, stream_id: int, reason: str) -> None:

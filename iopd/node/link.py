@@ -9,8 +9,10 @@ Why it looks like this:
   handshake) and dial again.  ``Refused`` for ``bad_token``/``unknown_node``
   cannot be fixed by retrying fast, so those retry near the cap, loudly.
 * A session has one nursery: the channel's reader dispatches synchronously;
-  each ``RunRequest``/``ProviderTunnelRequest`` runs
-  ``handler.serve_stream(req, sender)`` in its own task; config pushes are
+  each ``RunRequest``/``ProviderTunnelRequest`` gets ``handler.start_early``
+  from the reader (early start: a passthrough request may leave for the
+  provider right there) and runs ``handler.serve_stream(req, sender, early)``
+  in its own task; config pushes are
   applied one at a time, in order, by a single task.  Losing the link cancels
   the nursery, so every run of that session stops.
 * ``_StreamSender.send`` enforces the credit window: it waits while the
@@ -27,7 +29,7 @@ import msgspec
 import trio
 
 from iopd.config.schema import NodeSection
-from iopd.node.adapters.base import EarlyStart
+from iopd.http.client import EarlyStart
 from iopd.node.handler import NodeHandler
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import Backoff, DialError, dial
@@ -64,9 +66,6 @@ def parse_host_port(address: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise ValueError(f"not a host:port address: {address!r}")
     return host.strip("[]"), int(port)
-
-
-_EarlyStarter = Callable[[RunRequest | ProviderTunnelRequest], EarlyStart | None]
 
 
 class _StreamSender:
@@ -141,9 +140,6 @@ class NodeLink:
     ) -> None:
         self.cfg = cfg
         self.handler = handler
-        # Optional in a handler (tests, scripts): without it every request waits
-        # for its task, as before early start existed.
-        self._start_early: _EarlyStarter | None = getattr(handler, "start_early", None)
         self.software_version = software_version
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
@@ -333,7 +329,7 @@ class NodeLink:
         if isinstance(msg, RunRequest | ProviderTunnelRequest):
             sender = _StreamSender(channel, msg.stream_id)
             self._senders[msg.stream_id] = sender
-            early = self._start_early(msg) if self._start_early is not None else None
+            early = self.handler.start_early(msg)  # may write it to the provider now
             try:
                 nursery.start_soon(self._serve_stream, channel, msg, sender, early)
             except BaseException:
@@ -364,14 +360,11 @@ class NodeLink:
         channel: WireChannel,
         req: RunRequest | ProviderTunnelRequest,
         sender: _StreamSender,
-        early: EarlyStart | None = None,
+        early: EarlyStart | None,
     ) -> None:
         stream_id = req.stream_id
         try:
-            if early is None:
-                await self.handler.serve_stream(req, sender)
-            else:
-                await self.handler.serve_stream(req, sender, early)
+            await self.handler.serve_stream(req, sender, early)  # which owns ``early`` now
         except (ChannelClosed, trio.ClosedResourceError):
             pass
         except Exception:

@@ -12,8 +12,9 @@ connection, kill the process group) — the usage it recorded so far on
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
+from iopd.http.client import EarlyStart
 from wire.messages import Health, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
 __all__ = [
@@ -141,14 +142,6 @@ class CollectedTunnelOutput(TunnelOutput):
         return b"".join(self.chunks)
 
 
-class EarlyStart(Protocol):
-    """A provider request an adapter began in ``start_tunnel_now``."""
-
-    def abandon(self) -> None:
-        """Give it up (the provider sees the request aborted); idempotent."""
-        ...
-
-
 class Adapter:
     """Base of every provider adapter; one instance per provider per registry."""
 
@@ -162,12 +155,12 @@ class Adapter:
             "bad_request", f"provider type {self.spec.type!r} has no normalized path"
         )
 
-    def start_tunnel_now(self, req: ProviderTunnelRequest) -> EarlyStart | None:
+    def start_early(self, req: ProviderTunnelRequest) -> EarlyStart | None:
         """Begin sending ``req`` to the provider right now, synchronously; or None.
 
-        Best effort and never blocking (the node's wire reader calls it, so the
-        request leaves before a scheduler round).  The handle goes to
-        ``tunnel(..., early=...)``; whoever drops it calls ``abandon()``.
+        Best effort, never blocking, never raising (the node's wire reader
+        calls it, so the request leaves before a scheduler round).  The
+        executor owns the result and hands it to ``tunnel(req, out, early)``.
         """
         return None
 
@@ -176,10 +169,10 @@ class Adapter:
     ) -> None:
         """Relay a raw HTTP request; raise AdapterError on failure.
 
-        ``early``: what ``start_tunnel_now`` returned for ``req`` (now owned here).
+        ``early``: what ``start_early`` returned for ``req``, to be handed to
+        the HTTP client's ``stream``; an adapter that cannot use it leaves it
+        alone (the executor abandons it when the stream ends).
         """
-        if early is not None:
-            early.abandon()
         raise AdapterError(
             "bad_request", f"provider type {self.spec.type!r} has no passthrough path"
         )

@@ -18,14 +18,14 @@ from collections.abc import AsyncIterator, Iterable
 import trio
 
 from iopd.http.client import (
+    EarlyStart,
     ProviderConnectError,
     ProviderHTTPClient,
     ProviderHTTPError,
     ProviderResponse,
     ProviderTimeoutError,
-    StartedRequest,
 )
-from iopd.node.adapters.base import Adapter, AdapterError, EarlyStart, TunnelOutput
+from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.usage_extract import scanner_for
 from wire.messages import Health, ProviderSpec, ProviderTunnelRequest
 
@@ -167,19 +167,16 @@ class HTTPAdapter(Adapter):
         headers = end_to_end(req.headers, request=True)
         return headers + self.auth_headers(headers)
 
-    def start_tunnel_now(self, req: ProviderTunnelRequest) -> EarlyStart | None:
-        return self.client.start_now(req.method, req.path, self._tunnel_headers(req), req.body)
+    def start_early(self, req: ProviderTunnelRequest) -> EarlyStart | None:
+        return self.client.start_early(req.method, req.path, self._tunnel_headers(req), req.body)
 
     async def tunnel(
         self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
     ) -> None:
-        started = early if isinstance(early, StartedRequest) else None
-        if early is not None and started is None:
-            early.abandon()  # not one of ours
         headers = self._tunnel_headers(req)
         with adapter_errors():
             async with self.client.stream(
-                req.method, req.path, headers, req.body, started=started
+                req.method, req.path, headers, req.body, early=early
             ) as resp:
                 # A head that arrived with the first body bytes leaves with them.
                 await out.head(

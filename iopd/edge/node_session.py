@@ -1,0 +1,283 @@
+"""``NodeSession``: the edge's live session with one node, and the streams opened on it.
+
+Why it looks like this:
+
+* A session is a wire channel and the streams open on it; the request path
+  uses ``open_stream`` and nothing else.  ``NodeHub`` (``iopd/edge/nodes.py``)
+  builds it after the handshake, feeds it the node's replies (``deliver``),
+  announces it (``mark_ready``) and ends it (``mark_ended``, then ``close``).
+  The session never calls back into the hub: the dependency runs one way.
+* Streams are typed by what they carry: ``open_stream(RunRequest)`` yields a
+  ``RunStream`` (``RunEvent``s), ``open_stream(ProviderTunnelRequest)`` a
+  ``TunnelStream`` (``ProviderTunnelFrame``s).  The wire's state table
+  already rejects a reply of the wrong kind for its stream, so the type holds.
+* The hub's reader hands each reply to its stream's buffer without ever
+  blocking (``window`` frames + the terminal; the wire's credit accounting
+  guarantees it fits — a node that sends past its window is a protocol
+  error).  The consumer returns ``Credit`` as it reads.  When the session
+  dies every stream still waiting for its terminal raises
+  ``NodeDispatchError`` at its next read, even with frames still buffered (a
+  stream that has its terminal is complete and is read to the end).  Leaving
+  ``open_stream`` before the terminal sends ``Cancel`` (queued, never
+  blocking the caller) and refunds the credit of unread frames; late replies
+  of abandoned streams are credited and dropped.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import Generic, TypeVar, cast, overload
+
+import msgspec
+import trio
+
+from iopd.errors import NodeDispatchError
+from iopd.transport.channel import ChannelClosed, WireChannel
+from wire.connection import StreamState
+from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.messages import (
+    Cancel,
+    Credit,
+    Message,
+    NodeConfig,
+    NodeConfigAck,
+    ProviderTunnelFrame,
+    ProviderTunnelRequest,
+    RunEvent,
+    RunRequest,
+    is_terminal,
+)
+
+__all__ = ["NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
+
+Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
+"""What a node sends on a stream the edge opened."""
+
+R_co = TypeVar("R_co", bound=Reply, covariant=True)
+
+
+class NodeStream(Generic[R_co]):
+    """One open stream as its consumer sees it: an async iterator of the node's replies.
+
+    The buffer is a plain deque: the hub's reader appends (never blocks), the
+    consumer pops.  It holds at most ``window`` non-terminal frames plus the
+    terminal, because the connection's credit check rejects anything more.
+    """
+
+    def __init__(
+        self, node_id: str, stream_id: int, window: int, post: Callable[[Message], None]
+    ) -> None:
+        self.node_id = node_id
+        self.stream_id = stream_id
+        self.window = window
+        self._post = post  # queue a message to the node, never blocking
+        self._buf: deque[R_co] = deque()
+        self._wakeup: trio.Event | None = None
+        self._done = False  # no more deliveries (terminal, failure or abandoned)
+        self._credit_batch = max(1, window // 4)
+        self._unreported = 0  # consumed frames whose credit was not returned yet
+        self.terminal_received = False  # by the reader
+        self.terminal_consumed = False  # by the consumer
+        self.error: NodeDispatchError | None = None
+
+    def buffered(self) -> int:
+        """Replies that arrived and were not read yet (0: the next read may wait)."""
+        return len(self._buf)
+
+    # -- the consumer's side
+
+    def __aiter__(self) -> NodeStream[R_co]:
+        return self
+
+    async def __anext__(self) -> R_co:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            if self.error is not None:  # even with frames buffered: fail at once
+                raise self.error
+            if self.terminal_consumed:
+                raise StopAsyncIteration
+            if self._buf:
+                break
+            if self._done:
+                raise NodeDispatchError(f"node {self.node_id} disconnected")
+            wakeup = self._wakeup = trio.Event()
+            await wakeup.wait()
+        msg = self._buf.popleft()
+        if is_terminal(msg):
+            self.terminal_consumed = True
+        else:
+            self._unreported += 1
+            if self._unreported >= self._credit_batch:
+                self._post(Credit(stream_id=self.stream_id, frames=self._unreported))
+                self._unreported = 0
+        return msg
+
+    # -- the session's side (sync, never blocks)
+
+    def deliver(self, msg: Reply) -> None:
+        """Buffer one reply; a node that overruns the window broke the protocol."""
+        if self._done or len(self._buf) > self.window:
+            raise RemoteProtocolError(f"node overran the buffer of stream {self.stream_id}")
+        # The wire's state table admits only this stream's kind of reply.
+        self._buf.append(cast(R_co, msg))
+        if is_terminal(msg):
+            self.terminal_received = True
+            self._done = True
+        self._wake()
+
+    def fail(self, error: NodeDispatchError) -> None:
+        if self.error is None:
+            self.error = error
+        self._done = True
+        self._wake()
+
+    def abandon(self) -> int:
+        """The consumer left: frames whose credit the node should get back."""
+        refund = self._unreported + sum(1 for m in self._buf if not is_terminal(m))
+        self._unreported = 0
+        self._buf.clear()
+        self._done = True
+        return refund
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+
+RunStream = NodeStream[RunEvent]
+"""The stream of a ``RunRequest`` (normalized path): ``RunEvent``s up to the terminal."""
+TunnelStream = NodeStream[ProviderTunnelFrame]
+"""The stream of a ``ProviderTunnelRequest`` (passthrough): frames up to the terminal."""
+
+
+class NodeSession:
+    """The edge's live session with one node.  Obtain it from ``NodeHub.session``."""
+
+    def __init__(self, node_id: str, channel: WireChannel, peer: str) -> None:
+        self.node_id = node_id
+        self.peer = peer
+        self.session_id = secrets.token_hex(8)
+        self._channel = channel
+        self._streams: dict[int, NodeStream[Reply]] = {}
+        self._next_stream_id = 0
+        #: Wall-clock epoch seconds since the node acknowledged its first config.
+        self.connected_since: float | None = None
+        self.end_reason: str | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.end_reason is None
+
+    @property
+    def ready(self) -> bool:
+        """The node acknowledged its first ``NodeConfig`` (the hub announced it)."""
+        return self.connected_since is not None
+
+    # ---------------------------------------------------------------- streams
+
+    @overload
+    def open_stream(self, req: RunRequest) -> AbstractAsyncContextManager[RunStream]: ...
+
+    @overload
+    def open_stream(
+        self, req: ProviderTunnelRequest
+    ) -> AbstractAsyncContextManager[TunnelStream]: ...
+
+    def open_stream(
+        self, req: RunRequest | ProviderTunnelRequest
+    ) -> AbstractAsyncContextManager[NodeStream[Reply]]:
+        """Send ``req`` on a fresh stream; yield the stream of its replies.
+
+        The stream ends after the terminal reply.  It raises
+        ``NodeDispatchError("node <id> disconnected")`` as soon as the session
+        is lost.  Leaving the block before the terminal sends ``Cancel``.
+        ``req.stream_id`` is assigned here.
+        """
+        return self._open(req, req.window)
+
+    async def push_config(self, msg: NodeConfig, *, timeout: float) -> NodeConfigAck:
+        """Send ``msg`` (its stream id is replaced) and wait for the node's ack.
+
+        Raises ``NodeDispatchError`` when the node is lost or does not answer
+        within ``timeout`` seconds.
+        """
+        with trio.move_on_after(timeout):
+            async with self._open(msg, 1) as replies:
+                async for reply in replies:
+                    if isinstance(reply, NodeConfigAck):
+                        return reply
+            raise NodeDispatchError(f"node {self.node_id} ended the config stream without an ack")
+        raise NodeDispatchError(
+            f"node {self.node_id} did not acknowledge config version {msg.version} "
+            f"within {timeout:g}s"
+        )
+
+    @asynccontextmanager
+    async def _open(
+        self, req: RunRequest | ProviderTunnelRequest | NodeConfig, window: int
+    ) -> AsyncIterator[NodeStream[Reply]]:
+        if not self.alive:
+            raise NodeDispatchError(f"node {self.node_id} disconnected")
+        # Ids go out in increasing order without a lock: the channel encodes
+        # (and checks) each frame synchronously, in call order.
+        self._next_stream_id += 1
+        stream_id = self._next_stream_id
+        post = self._channel.post
+        stream: NodeStream[Reply] = NodeStream(self.node_id, stream_id, window, post)
+        self._streams[stream_id] = stream
+        try:
+            try:
+                await self._channel.send(msgspec.structs.replace(req, stream_id=stream_id))
+            except ChannelClosed:
+                raise NodeDispatchError(f"node {self.node_id} disconnected") from None
+            except LocalProtocolError as exc:
+                raise NodeDispatchError(
+                    f"cannot send the request to node {self.node_id}: {exc.reason}"
+                ) from None
+            yield stream
+        finally:
+            self._streams.pop(stream_id, None)
+            refund = stream.abandon()
+            opened = self._channel.conn.stream_state(stream_id) is not StreamState.IDLE
+            if self.alive and opened and not stream.terminal_received:
+                post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
+                if refund:
+                    post(Credit(stream_id=stream_id, frames=refund))
+
+    # ------------------------------------------------- the hub's side (nodes.py)
+
+    def deliver(self, msg: Reply) -> None:
+        """A reply from the node, from the hub's reader; never blocks.
+
+        Raises ``RemoteProtocolError`` when the node overran a stream's buffer.
+        """
+        stream = self._streams.get(msg.stream_id)
+        if stream is not None:
+            stream.deliver(msg)
+        elif not is_terminal(msg):
+            # Abandoned stream: drop the late reply, give its credit back.
+            self._channel.post(Credit(stream_id=msg.stream_id, frames=1))
+
+    def mark_ready(self) -> None:
+        """The node acknowledged its first config: the session may be used."""
+        self.connected_since = time.time()
+
+    def mark_ended(self, reason: str) -> bool:
+        """Refuse new streams from now on; False when the session had ended already."""
+        if self.end_reason is not None:
+            return False
+        self.end_reason = reason
+        return True
+
+    def close(self) -> None:
+        """Fail every stream still waiting for its terminal; close the channel (sync)."""
+        error = NodeDispatchError(f"node {self.node_id} disconnected")
+        for stream in list(self._streams.values()):
+            if not stream.terminal_received:  # a finished stream keeps its replies
+                stream.fail(error)
+        self._channel.close_soon(self.end_reason or "session ended")
