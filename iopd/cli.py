@@ -17,6 +17,17 @@ from iopd import __version__
 DEFAULT_ADMIN = "http://127.0.0.1:7071"
 
 
+def _port(text: str) -> int:
+    """An argparse type: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"must be 0-65535 (got {port})")
+    return port
+
+
 def _cmd_token(args: argparse.Namespace) -> int:
     token = "iop_" + secrets.token_urlsafe(32)
     digest = hashlib.sha256(token.encode()).hexdigest()
@@ -46,7 +57,7 @@ def _cmd_node(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from iopd.demo import demo_main
 
-    return demo_main(port=args.port)
+    return demo_main(port=args.port, admin_port=args.admin_port)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -114,12 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="edge + one node + the built-in echo provider in one process",
         description=(
             "A local demo over the real wire on loopback: model 'echo' answers with the last "
-            "user message, word by word. Prints the OpenAI base URL and a curl example; the "
-            "admin API is on 127.0.0.1:7071. Ctrl-C stops it."
+            "user message, word by word. Prints the OpenAI base URL, the admin API URL and a "
+            "curl example. Ctrl-C stops it."
         ),
     )
     p.add_argument(
-        "--port", type=int, default=8080, help="OpenAI listener port (default 8080; 0 = any free)"
+        "--port", type=_port, default=8080, help="OpenAI listener port (default 8080; 0 = any free)"
+    )
+    p.add_argument(
+        "--admin-port",
+        type=_port,
+        default=7071,
+        help="admin API port, /status and /metrics (default 7071; 0 = any free)",
     )
     p.set_defaults(func=_cmd_demo)
 
@@ -153,9 +170,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one sub-command; its exit status.
+
+    A start-up failure of a daemon is one line on stderr, ``iopd <command>:
+    <what> <address or path>: <reason>``, and exit status 1 (never a traceback).
+    """
+    from iopd.startup import StartupError
+
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
+    except StartupError as exc:
+        print(f"iopd {args.command}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

@@ -2,8 +2,9 @@
 
 The node talks to the edge over the real wire on loopback, exactly as two
 daemons would; only the process is shared.  The config is ``iopd/demo.yaml``
-(the same file as ``configs/demo.yaml``), with the OpenAI port from ``--port``
-and the wire on a free port.
+(the same file as ``configs/demo.yaml``), with the OpenAI port from ``--port``,
+the admin port from ``--admin-port`` (0 = any free port, so a second demo can
+run) and the wire on a free port.
 """
 
 from __future__ import annotations
@@ -18,18 +19,22 @@ import trio
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.schema import EdgeConfig, NodeConfigFile, NodeSection
 from iopd.logs import setup_logging
+from iopd.startup import StartupError, run_daemon
 
 DEMO_NODE_ID = "demo-node"
 #: Demo only: its SHA-256 is in demo.yaml.  Never reuse it for a real node.
 DEMO_NODE_TOKEN = "demo-node-token"
 
 
-def demo_config(port: int) -> EdgeConfig:
-    """The embedded demo edge config, OpenAI listener on ``port``, wire on a free port."""
+DEFAULT_PORT = 8080
+DEFAULT_ADMIN_PORT = 7071  # where `iopd status` and `iopd refresh` look by default
+
+
+def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
+    """The embedded demo edge config: OpenAI on ``port``, admin on ``admin_port``, wire on any."""
     text = resources.files("iopd").joinpath("demo.yaml").read_text(encoding="utf-8")
     cfg = parse_edge_config(text, source="demo.yaml")
     openai = msgspec.structs.replace(cfg.openai, listen=f"127.0.0.1:{port}")
-    admin_port = 7071 if port else 0
     edge = msgspec.structs.replace(
         cfg.edge, node_listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{admin_port}"
     )
@@ -42,11 +47,13 @@ def demo_node_config(wire_port: int) -> NodeConfigFile:
     )
 
 
-async def run_demo(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:  # type: ignore[no-untyped-def]
+async def run_demo(  # type: ignore[no-untyped-def]
+    port: int, admin_port: int = DEFAULT_ADMIN_PORT, *, task_status=trio.TASK_STATUS_IGNORED
+) -> None:
     from iopd.edge.run import run_edge
     from iopd.node.run import run_node
 
-    cfg = demo_config(port)
+    cfg = demo_config(port, admin_port)
     async with trio.open_nursery() as nursery:
 
         async def edge_then_stop(task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
@@ -57,13 +64,15 @@ async def run_demo(port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None: 
         node_cfg = demo_node_config(handle.wire[1])
         await nursery.start(functools.partial(run_node, node_cfg))
         base = handle.base_url
+        admin = f"http://127.0.0.1:{handle.admin[1]}"
+        status = "iopd status" if handle.admin[1] == DEFAULT_ADMIN_PORT else f"iopd status --admin {admin}"
         print(
             f"""
 iopd demo is serving (edge + node '{DEMO_NODE_ID}' + echo provider).
 
   OpenAI base URL:  {base}
   model:            echo
-  admin API:        http://127.0.0.1:{handle.admin[1]}  (/status, /metrics)
+  admin API:        {admin}  (/status, /metrics; `{status}`)
 
 Try:
   curl -s {base}/chat/completions -H 'Content-Type: application/json' \\
@@ -76,17 +85,22 @@ Press Ctrl-C to stop.
         task_status.started(handle)
 
 
-def demo_main(port: int = 8080) -> int:
+def demo_main(port: int = DEFAULT_PORT, admin_port: int = DEFAULT_ADMIN_PORT) -> int:
+    """``iopd demo``; a port in use raises ``StartupError`` (one line, exit 1)."""
     try:
-        demo_config(port)
+        demo_config(port, admin_port)
     except ConfigError as exc:  # pragma: no cover - the embedded file is tested
         for line in exc.errors:
             print(line, file=sys.stderr)
         return 1
     setup_logging("keyvalue", "info")
     try:
-        trio.run(run_demo, port)
-    except OSError as exc:
-        print(f"iopd demo: cannot start: {exc}", file=sys.stderr)
-        return 1
+        run_daemon(functools.partial(run_demo, port, admin_port))
+    except StartupError as exc:
+        # Name the flag that picks the port in use: 7071 is taken by a first demo.
+        flags = {f"127.0.0.1:{port}": "--port", f"127.0.0.1:{admin_port}": "--admin-port"}
+        flag = flags.get(exc.where)
+        if flag is None:
+            raise
+        raise StartupError(exc.what, f"{exc.where} ({flag})", exc.reason) from None
     return 0

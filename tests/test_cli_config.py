@@ -29,6 +29,10 @@ def test_good_edge_config(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out == (
         f"OK: edge config {path} (2 nodes, 4 providers, 3 model groups)\n"
+        "provider vllm-a (openai): requests go to http://127.0.0.1:8000/v1/chat/completions\n"
+        "provider ollama-a (ollama): requests go to http://127.0.0.1:11434/api/chat\n"
+        "provider echo-a (echo): answered inside the node\n"
+        "provider codex-b (cli): runs codex\n"
     )
 
 

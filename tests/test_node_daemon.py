@@ -16,6 +16,7 @@ import pytest
 import trio
 import trio.testing
 
+from iopd.cli import main as cli_main
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.node.run import NodeHandle, node_main, run_node
 from tests.mock_providers import MockOpenAIServer, MockReply
@@ -244,7 +245,9 @@ def test_node_main_config_error_exits_1(tmp_path: Path, capsys: pytest.CaptureFi
     assert node_main(str(bad), log_level=None) == 1
     err = capsys.readouterr().err
     assert "node.token" in err or "node.tokn" in err
-    assert node_main(str(tmp_path / "missing.yaml"), log_level=None) == 1
+    # An unreadable file is a start-up failure: one line from the CLI boundary.
+    assert cli_main(["node", "--config", str(tmp_path / "missing.yaml")]) == 1
+    assert capsys.readouterr().err.startswith("iopd node: cannot read config ")
 
 
 async def test_node_process_drains_on_sigterm_and_exits_0(tmp_path: Path) -> None:

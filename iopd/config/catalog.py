@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal
 
+from iopd.config.provider_url import HTTP_PROVIDER_TYPES, provider_root
 from iopd.config.schema import EdgeConfig, Generation, ProviderConfig
 from wire.messages import NodeConfig, ProviderSpec
 
@@ -142,6 +143,9 @@ def build_catalog(cfg: EdgeConfig) -> Catalog:
 def provider_spec_for(p: ProviderConfig) -> ProviderSpec:
     """The node's view of a provider: the adapter settings, no edge-only policy."""
     values: dict[str, Any] = {name: getattr(p, name) for name in _SPEC_FIELDS}
+    if p.base_url and p.type in HTTP_PROVIDER_TYPES:
+        # The node joins request paths to the root: ``.../v1`` in the config is not doubled.
+        values["base_url"] = provider_root(p.type, p.base_url)
     # Copy lists so the pushed message never aliases the running config.
     copied: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in values.items()}
     return ProviderSpec(**copied)

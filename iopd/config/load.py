@@ -36,6 +36,7 @@ from iopd.config.validate import validate_edge_config, validate_node_config
 
 __all__ = [
     "ConfigError",
+    "ConfigUnreadable",
     "load_any_config",
     "load_edge_config",
     "load_node_config",
@@ -66,6 +67,15 @@ class ConfigError(Exception):
         n = len(self.errors)
         lines = "\n".join(f"  {e}" for e in self.errors)
         super().__init__(f"{source}: {n} config error{'s' if n != 1 else ''}\n{lines}")
+
+
+class ConfigUnreadable(ConfigError):
+    """The config file itself could not be read: ``path`` and the ``reason`` (one problem)."""
+
+    def __init__(self, path: str, reason: str, line: str) -> None:
+        super().__init__([line], source=path)
+        self.path = path
+        self.reason = reason
 
 
 # ------------------------------------------------------------------ messages
@@ -480,13 +490,13 @@ def _read_text(path: str | os.PathLike[str]) -> str:
         raw = Path(path).read_bytes()
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        raise ConfigError([f"{FILE_PATH}: cannot read {source}: {reason}"], source=source) from None
+        line = f"{FILE_PATH}: cannot read {source}: {reason}"
+        raise ConfigUnreadable(source, reason, line) from None
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ConfigError(
-            [f"{FILE_PATH}: {source} is not UTF-8 text (byte offset {exc.start})"], source=source
-        ) from None
+        reason = f"not UTF-8 text (byte offset {exc.start})"
+        raise ConfigUnreadable(source, reason, f"{FILE_PATH}: {source} is {reason}") from None
 
 
 def load_edge_config(

@@ -16,9 +16,9 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 from iopd.config.problems import ConfigProblem, join_key
+from iopd.config.provider_url import base_url_problem
 from iopd.config.schema import (
     LIFECYCLE_CAPABILITIES,
     EdgeConfig,
@@ -137,14 +137,9 @@ def _check_provider(err: _Errors, path: str, p: ProviderConfig) -> None:
                 f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)"
             )
         else:
-            try:
-                parts = urlsplit(p.base_url)
-                ok = parts.scheme in ("http", "https") and bool(parts.hostname)
-                _ = parts.port  # raises ValueError on a bad port
-            except ValueError:
-                ok = False
-            if not ok:
-                err.add(f"{path}.base_url", "must be an http:// or https:// URL with a host")
+            problem = base_url_problem(p.type, p.base_url)
+            if problem is not None:
+                err.add(f"{path}.base_url", problem)
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")

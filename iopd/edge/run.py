@@ -10,15 +10,17 @@ stops at once.
 
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import trio
 
 from iopd import __version__, errors, sdnotify
-from iopd.config.load import ConfigError, load_edge_config
+from iopd.config.load import ConfigError, ConfigUnreadable, load_edge_config
 from iopd.config.schema import EdgeConfig
 from iopd.edge.admin import AdminApp, is_loopback_peer
 from iopd.edge.openai.app import OpenAIApp
@@ -26,8 +28,9 @@ from iopd.edge.openai.errors import render_error
 from iopd.edge.runtime import EdgeRuntime
 from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import setup_logging
+from iopd.startup import StartupError, listen_failed, run_daemon
 from iopd.transport.listen import serve_wire
-from iopd.transport.tls import TLSConfigError, server_ssl_context
+from iopd.transport.tls import server_ssl_context
 
 log = logging.getLogger("iopd.edge")
 
@@ -102,20 +105,15 @@ async def run_edge(
     )
     ssl_ctx = server_ssl_context(cfg.edge.tls)
     async with trio.open_nursery() as nursery:
-        wire_host, wire_port = split_hostport(cfg.edge.node_listen)
-        wire_addr = await nursery.start(
-            lambda task_status: serve_wire(
-                rt.hub.handle_connection,
-                wire_host,
-                wire_port,
-                ssl_context=ssl_ctx,
-                task_status=task_status,
-            )
+        wire_addr = await _listen(
+            nursery,
+            cfg.edge.node_listen,
+            functools.partial(serve_wire, rt.hub.handle_connection, ssl_context=ssl_ctx),
         )
-        admin_addr = await nursery.start(admin_srv.serve, *split_hostport(cfg.edge.admin_listen))
+        admin_addr = await _listen(nursery, cfg.edge.admin_listen, admin_srv.serve)
         openai_addr = None
         if oa.enabled:
-            openai_addr = await nursery.start(openai_srv.serve, *split_hostport(oa.listen))
+            openai_addr = await _listen(nursery, oa.listen, openai_srv.serve)
         handle = EdgeHandle(
             runtime=rt,
             wire=(wire_addr[0], wire_addr[1]),
@@ -145,6 +143,17 @@ async def run_edge(
         await rt.hub.aclose("edge shutting down")
         nursery.cancel_scope.cancel()
     log.info("event=edge_stopped edge=%s", cfg.edge.id)
+
+
+async def _listen(
+    nursery: trio.Nursery, address: str, serve: Callable[..., Awaitable[object]]
+) -> tuple[str, int]:
+    """Start ``serve(host, port)`` on ``address``; what it bound, or a one-line ``StartupError``."""
+    try:
+        bound: tuple[str, int] = await nursery.start(serve, *split_hostport(address))
+    except OSError as exc:  # in use, not an address of this machine, unresolvable
+        raise listen_failed(address, exc) from None
+    return bound
 
 
 async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> None:
@@ -198,18 +207,19 @@ async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
 
 
 def edge_main(config_path: str, *, log_level: str | None = None) -> int:
-    """``iopd edge --config PATH``."""
+    """``iopd edge --config PATH``; a start-up failure raises ``StartupError`` (one line)."""
     try:
         cfg = load_edge_config(config_path)
+    except ConfigUnreadable as exc:
+        raise StartupError("cannot read config", exc.path, exc.reason) from None
     except ConfigError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
         return 1
     setup_logging(cfg.edge.log_format, log_level or cfg.edge.log_level)
     try:
-        trio.run(lambda: run_edge(cfg, config_path, handle_signals=True))
-    except (OSError, TLSConfigError) as exc:
-        # A port in use or unreadable certificates: one clear line, exit 1.
+        run_daemon(lambda: run_edge(cfg, config_path, handle_signals=True))
+    except StartupError as exc:  # a port in use, unreadable certificates
         log.error("event=edge_failed reason=%r", str(exc))
-        return 1
+        raise
     return 0

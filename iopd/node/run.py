@@ -120,24 +120,28 @@ async def run_node(
 
 
 def node_main(config_path: str, *, log_level: str | None) -> int:
-    """``iopd node --config PATH``: load the config, run until drained; the exit status."""
-    from iopd.config.load import ConfigError, load_node_config
+    """``iopd node --config PATH``: load the config, run until drained; the exit status.
+
+    A start-up failure (unreadable config or certificates) raises ``StartupError``.
+    """
+    from iopd.config.load import ConfigError, ConfigUnreadable, load_node_config
     from iopd.logs import setup_logging
+    from iopd.startup import StartupError, run_daemon
 
     try:
         cfg = load_node_config(config_path)
+    except ConfigUnreadable as exc:
+        raise StartupError("cannot read config", exc.path, exc.reason) from None
     except ConfigError as exc:
         for line in exc.errors:
             print(line, file=sys.stderr)
         return 1
     setup_logging(cfg.node.log_format, log_level or cfg.node.log_level)
-    from iopd.transport.tls import TLSConfigError
-
     try:
-        trio.run(lambda: run_node(cfg, handle_signals=True))
-    except TLSConfigError as exc:
+        run_daemon(lambda: run_node(cfg, handle_signals=True))
+    except StartupError as exc:
         log.error("event=node_failed reason=%r", str(exc))
-        return 1
+        raise
     except KeyboardInterrupt:  # pragma: no cover - a signal before the handler was installed
         return 130
     return 0
