@@ -49,6 +49,7 @@ import trio
 
 from iopd.config.schema import NodeEntry
 from iopd.errors import NodeDispatchError
+from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
 from wire.connection import Connection, Role, StreamState
 from wire.errors import FrameTooLarge, LocalProtocolError, MalformedFrame, RemoteProtocolError
@@ -149,14 +150,25 @@ def safe_node_reason(
     reason: str, pushed: NodeConfig, *, known_secrets: Iterable[str] = (), limit: int = 200
 ) -> str:
     """A node-supplied reason (e.g. a ``NodeConfigAck.error``) fit for a log line or a
-    report: without the secrets the edge knows (``pushed``'s API keys, ``known_secrets``,
-    credentials in URLs) should the node have echoed one, on one line, at most
+    report: without the secrets the edge knows (any 8+ character piece of ``pushed``'s
+    API keys or ``known_secrets``, credentials in URLs) should the node have echoed
+    one, on one line, at most
     ``limit`` characters."""
-    for secret in [p.api_key for p in pushed.providers if p.api_key] + list(known_secrets):
-        if secret:
-            reason = reason.replace(secret, "<redacted>")
+    scrubber = Scrubber([*(p.api_key for p in pushed.providers), *known_secrets])
+    reason = scrubber.scrub(reason, "<redacted>")
     flat = " ".join(_URL_USERINFO.sub(r"\1<redacted>@", reason).split()) or "no reason given"
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _scrubbed(msg: Reply, scrub: Callable[[str], str]) -> Reply:
+    """``msg`` with its error text (a provider may have echoed a key) scrubbed.
+
+    The node scrubs what it knows; this is the edge's own pass with every key
+    of its config, at the one place node text enters the edge.
+    """
+    message: str = getattr(msg, "message", "")
+    clean = scrub(message)
+    return msg if clean is message else msgspec.structs.replace(msg, message=clean)
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -348,6 +360,8 @@ class NodeSession:
                 if not is_terminal(msg):
                     self._post(Credit(stream_id=msg.stream_id, frames=1))
                 return
+            if self._hub.scrub is not None and getattr(msg, "message", None):
+                msg = _scrubbed(msg, self._hub.scrub)
             try:
                 stream.deliver(msg)
             except _WindowExceeded:
@@ -462,8 +476,11 @@ class NodeHub:
         on_protocol_error: Callable[[str], None] | None = None,
         on_frames: FramesHook | None = None,
         on_wire_error: Callable[[str], None] | None = None,
+        scrub: Callable[[str], str] | None = None,
     ) -> None:
         self.edge_id = edge_id
+        #: Removes the edge's secrets from a node's error text before anyone reads it.
+        self.scrub = scrub
         self._get_nodes = get_nodes
         self._get_node_config = get_node_config
         self.heartbeat_interval = heartbeat_interval

@@ -25,7 +25,7 @@ from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.errors import render_error
 from iopd.edge.runtime import EdgeRuntime
 from iopd.http.server import HttpLimits, HttpServer
-from iopd.logs import setup_logging
+from iopd.logs import LOG_SECRETS, setup_logging
 from iopd.transport.listen import serve_wire
 from iopd.transport.tls import TLSConfigError, server_ssl_context
 
@@ -102,6 +102,7 @@ async def run_edge(
     )
     ssl_ctx = server_ssl_context(cfg.edge.tls)
     async with trio.open_nursery() as nursery:
+        await nursery.start(_scrub_secrets_from_logs, rt)
         wire_host, wire_port = split_hostport(cfg.edge.node_listen)
         wire_addr = await nursery.start(
             lambda task_status: serve_wire(
@@ -145,6 +146,17 @@ async def run_edge(
         await rt.hub.aclose("edge shutting down")
         nursery.cancel_scope.cancel()
     log.info("event=edge_stopped edge=%s", cfg.edge.id)
+
+
+async def _scrub_secrets_from_logs(rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]) -> None:
+    """For as long as the edge runs, no piece of its config's secrets reaches a log line."""
+    owner = f"edge:{id(rt)}"
+    LOG_SECRETS.add(owner, lambda: rt.snapshot.secrets)
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        LOG_SECRETS.forget(owner)
 
 
 async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> None:
