@@ -58,6 +58,8 @@ class EdgeSection(_Section):
     id: str
     node_listen: str
     admin_listen: str
+    #: SHA-256 (hex) of the admin API's bearer token; None: no token asked.
+    admin_token_hash_sha256: str | None = None
     drain_timeout: float = 30.0
     log_format: LogFormat = "keyvalue"
     log_level: LogLevel = "info"

@@ -194,6 +194,8 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
             "edge.admin_listen",
             f"must be a loopback address (127.0.0.0/8, ::1 or localhost), got {e.admin_listen!r}",
         )
+    if e.admin_token_hash_sha256 is not None:
+        err.hash64("edge.admin_token_hash_sha256", e.admin_token_hash_sha256)
     err.positive("edge.drain_timeout", e.drain_timeout)
     err.positive("edge.heartbeat_interval", e.heartbeat_interval)
     err.positive("edge.heartbeat_timeout", e.heartbeat_timeout)
