@@ -171,3 +171,175 @@ async def test_an_error_body_cut_inside_the_key_leaks_no_piece_of_it(
     assert "event=provider_error" in caplog.text
     assert pieces_of(LONG_KEY, caplog.text) == []
     assert pieces_of(LONG_KEY, json.dumps([repr(rec.args) for rec in caplog.records])) == []
+
+
+# ------------------------------------------------- finding 8, end to end
+
+HEADERS_YAML = """
+edge:
+  id: edge-headers
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+  forward_headers: [{forward}]
+provider_pool: {{max_queue: 8, queue_timeout: 5}}
+models:
+  - id: pt
+    providers: {{oa-1: mock-model}}
+nodes:
+  - id: node-a
+    token_hash_sha256: {node_hash}
+    providers:
+      - id: oa-1
+        type: openai
+        base_url: {base}
+        api_key: {key}
+        models: [mock-model]
+        capacity: 4
+"""
+
+#: What a hostile or careless caller sends along with a passthrough request.
+CALLER_HEADERS = [
+    ("Accept", "application/json"),
+    ("OpenAI-Beta", "assistants=v2"),
+    ("OpenAI-Organization", "org-1"),
+    ("OpenAI-Project", "proj-1"),
+    ("X-Request-Id", "caller-req-1"),
+    ("Idempotency-Key", "idem-1"),
+    ("User-Agent", "caller-agent/1.0"),
+    ("X-Trace", "trace-1"),
+    ("X-Nominated", "hop"),
+    ("Connection", "close, x-nominated, user-agent"),
+    ("Cookie", "session=caller-cookie"),
+    ("Forwarded", "for=203.0.113.9"),
+    ("X-Forwarded-For", "203.0.113.9"),
+    ("X-Forwarded-Host", "internal.example"),
+    ("X-Forwarded-Proto", "https"),
+    ("X-Real-IP", "203.0.113.9"),
+    ("X-Original-URL", "/admin"),
+    ("Via", "1.1 caller-proxy"),
+    ("Accept-Encoding", "gzip"),
+    ("Content-Encoding", "gzip"),
+    ("Proxy-Authorization", "Basic Y2FsbGVy"),
+    ("Expect", "100-continue"),
+    ("Authorization", "Bearer caller-token"),
+    ("X-Provider-Authorization", "Bearer caller-provider-key"),
+]
+
+
+async def test_only_allow_listed_caller_headers_reach_the_provider() -> None:
+    """Through a real edge + node: exactly which headers the provider receives."""
+    received: list[RecordedRequest] = []
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            from tests.mock_providers import MockOpenAIServer
+
+            mock = await nursery.start(MockOpenAIServer().serve)
+
+            def record(req: RecordedRequest) -> MockReply | None:
+                if req.method == "POST":
+                    received.append(req)
+                return None
+
+            mock.handler = record
+            yaml_text = HEADERS_YAML.format(
+                forward="X-Trace",
+                node_hash=token_hash(node_token("node-a")),
+                base=mock.base_url,
+                key="sk-node-provider-key-77aa",
+            )
+            async with running_gateway(yaml_text) as gw:
+                body = json.dumps(
+                    {"model": "pt", "messages": [{"role": "user", "content": "hi"}]}
+                ).encode()
+                head = "POST /v1/chat/completions HTTP/1.1\r\n" + "".join(
+                    f"{k}: {v}\r\n" for k, v in CALLER_HEADERS
+                )
+                head += f"Host: edge.example\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n\r\n"
+                stream = await trio.open_tcp_stream(*gw.host_port)
+                async with stream:
+                    await stream.send_all(head.encode() + body)
+                    reply = b""
+                    while chunk := await stream.receive_some(65536):
+                        reply += chunk
+                # (After the 100 Continue that the caller's Expect asked for.)
+                assert b"\r\n\r\nHTTP/1.1 200 " in reply, reply[:200]
+            nursery.cancel_scope.cancel()
+    [sent] = received
+    names = sorted(k for k, _ in sent.headers)
+    assert names == sorted(
+        [
+            "host",
+            "content-length",
+            "content-type",
+            "authorization",
+            "accept",
+            "openai-beta",
+            "openai-organization",
+            "openai-project",
+            "x-request-id",
+            "idempotency-key",
+            "x-trace",
+        ]
+    ), names
+    assert sent.header("content-type") == "application/json"
+    assert sent.header("authorization") == "Bearer caller-provider-key"  # provider_auth mapping
+    assert sent.header("x-request-id") == "caller-req-1"
+    assert sent.header("x-trace") == "trace-1"
+    assert sent.header("host") != "edge.example"
+    assert json.loads(sent.body)["model"] == "mock-model"  # plain JSON, not gzip
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("Cookie", "credentials"),
+        ("authorization", "credentials"),
+        ("Host", "host"),
+        ("X-Forwarded-For", "forwarding"),
+        ("Forwarded", "forwarding"),
+        ("X-Original-URL", "forwarding"),
+        ("Proxy-Authorization", "forwarding"),
+        ("Connection", "hop-by-hop"),
+        ("Transfer-Encoding", "hop-by-hop"),
+        ("Content-Encoding", "framing"),
+        ("Content-Length", "framing"),
+        ("Accept-Encoding", "framing"),
+        ("X-Provider-Authorization", "provider_auth.header"),
+        ("bad header", "valid HTTP header name"),
+        ("", "valid HTTP header name"),
+    ],
+)
+def test_forward_headers_refuses_unsafe_names(name: str, reason: str) -> None:
+    from iopd.config.load import ConfigError, parse_edge_config
+
+    text = HEADERS_YAML.format(
+        forward=f'"ok-header", "{name}"',
+        node_hash=token_hash(node_token("node-a")),
+        base="http://127.0.0.1:9",
+        key="k",
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_edge_config(text, env={})
+    [line] = info.value.errors
+    assert line.startswith("openai.forward_headers[1]: ") and reason in line, line
+
+
+def test_forward_headers_is_live_on_refresh() -> None:
+    from iopd.config.load import parse_edge_config
+    from iopd.config.refresh_classify import classify
+
+    def cfg(forward: str) -> object:
+        return parse_edge_config(
+            HEADERS_YAML.format(
+                forward=forward,
+                node_hash=token_hash(node_token("node-a")),
+                base="http://127.0.0.1:9",
+                key="k",
+            ),
+            env={},
+        )
+
+    diff = classify(cfg(""), cfg("X-Trace"))  # type: ignore[arg-type]
+    assert diff.restart_required == []

@@ -28,7 +28,12 @@ LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
 LIVE_EDGE_KEYS: frozenset[str] = frozenset({"admin_token_hash_sha256"})
 #: ``openai.*`` keys a refresh applies without a restart.
 LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
-    {"long_context_threshold_tokens", "strict_output", "strict_output_instruction"}
+    {
+        "long_context_threshold_tokens",
+        "strict_output",
+        "strict_output_instruction",
+        "forward_headers",
+    }
 )
 #: ``openai.*`` keys reported as a whole rather than field by field.
 _OPENAI_WHOLE = frozenset({"principal_tokens", "model_routes"})

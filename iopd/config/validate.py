@@ -23,6 +23,7 @@ from iopd.config.schema import (
     NodeTLS,
     ProviderConfig,
 )
+from iopd.edge.openai.upstream_headers import forbidden_reason
 
 __all__ = [
     "is_loopback_host",
@@ -283,6 +284,19 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
+
+    for i, name in enumerate(o.forward_headers):
+        hpath = f"openai.forward_headers[{i}]"
+        reason = forbidden_reason(name)
+        if not _HEADER_NAME.match(name):
+            err.add(hpath, f"must be a valid HTTP header name (got {name[:80]!r})")
+        elif reason is not None:
+            err.add(hpath, f"{name!r} is never forwarded to a provider: {reason}")
+        elif name.lower() == o.provider_auth.header.lower():
+            err.add(
+                hpath,
+                f"{name!r} is openai.provider_auth.header: its value is never forwarded as is",
+            )
 
     ref_at: dict[str, str] = {}
     hash_at: dict[str, str] = {}
