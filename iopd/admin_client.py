@@ -1,13 +1,15 @@
 """``iopd status`` and ``iopd refresh``: small clients of the edge's admin API.
 
 Plain ``http.client`` (stdlib, blocking) — a CLI talking to loopback needs no
-event loop.
+event loop.  When ``IOP_ADMIN_TOKEN`` is set, its value is sent as the bearer
+token (an edge with ``edge.admin_token_hash_sha256`` asks for it).
 """
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import sys
 from typing import Any
 from urllib.parse import urlsplit
@@ -15,6 +17,22 @@ from urllib.parse import urlsplit
 
 class AdminError(Exception):
     """The admin API could not be reached or answered badly."""
+
+
+#: The environment variable holding the admin API's bearer token.
+TOKEN_ENV = "IOP_ADMIN_TOKEN"
+
+#: What to do about an answer that is not the admin API's fault.
+_HINTS = {
+    401: (
+        f"the edge wants the admin token (edge.admin_token_hash_sha256): set {TOKEN_ENV} "
+        "to the token whose SHA-256 is configured there"
+    ),
+    421: (
+        "the edge refused the Host of this request: the admin API answers only "
+        "localhost, 127.0.0.1 or [::1]; use --admin http://127.0.0.1:PORT"
+    ),
+}
 
 
 def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -30,6 +48,9 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"content-type": "application/json"} if data is not None else {}
+        token = os.environ.get(TOKEN_ENV, "").strip()
+        if token:
+            headers["authorization"] = f"Bearer {token}"
         conn.request(method, path, body=data, headers=headers)
         resp = conn.getresponse()
         raw = resp.read()
@@ -41,6 +62,9 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
         ) from None
     finally:
         conn.close()
+    if resp.status in _HINTS:
+        detail = " (a wrong token)" if resp.status == 401 and os.environ.get(TOKEN_ENV) else ""
+        raise AdminError(f"admin API answered {resp.status}{detail}: {_HINTS[resp.status]}")
     try:
         doc = json.loads(raw)
     except ValueError:

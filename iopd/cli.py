@@ -148,14 +148,26 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("path", metavar="PATH", help="config YAML (edge or node, detected)")
     c.set_defaults(func=_cmd_config_check)
 
-    p = sub.add_parser("status", help="show the provider catalog of a running edge")
+    admin_token_note = (
+        "When the environment variable IOP_ADMIN_TOKEN is set, its value is sent as the "
+        "admin API's bearer token (needed when the edge sets edge.admin_token_hash_sha256)."
+    )
+    p = sub.add_parser(
+        "status",
+        help="show the provider catalog of a running edge",
+        description="Show the provider catalog of a running edge. " + admin_token_note,
+    )
     p.add_argument(
         "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
     )
     p.add_argument("--json", action="store_true", help="print the raw /status JSON")
     p.set_defaults(func=_cmd_status)
 
-    p = sub.add_parser("refresh", help="dry-run or apply the running edge's config file")
+    p = sub.add_parser(
+        "refresh",
+        help="dry-run or apply the running edge's config file",
+        description="Dry-run or apply the running edge's config file. " + admin_token_note,
+    )
     p.add_argument(
         "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
     )

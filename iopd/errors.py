@@ -93,3 +93,14 @@ class ShuttingDown(GatewayError):
     """The edge is draining and its deadline passed before this request finished."""
 
     status, type, code, metric_status = 503, "server_error", "shutting_down", "cancelled"
+
+
+class MisdirectedRequest(GatewayError):
+    """A request whose ``Host`` this listener does not serve (the admin API: loopback names only)."""
+
+    status, type, code, metric_status = (
+        421,
+        "invalid_request_error",
+        "misdirected_request",
+        "client_error",
+    )

@@ -288,7 +288,7 @@ async def get_json(addr: tuple[str, int], path: str) -> Any:
     stream = await trio.open_tcp_stream(*addr)
     async with stream:
         await stream.send_all(
-            f"GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".encode()
+            f"GET {path} HTTP/1.1\r\nhost: localhost\r\nconnection: close\r\n\r\n".encode()
         )
         raw = b""
         while piece := await stream.receive_some(65536):

@@ -10,6 +10,7 @@ fails here before it breaks ``iopd status`` or an operator's script.
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import pytest
@@ -336,3 +337,181 @@ async def test_refresh_without_config_file_reports_an_error() -> None:
                 for key in REPORT_KEYS - {"mode", "applied", "errors"}:
                     assert doc[key] == []
             assert gw.runtime.snapshot.version == 1
+
+
+# ------------------------------------------------ Host and token (finding 6)
+
+ADMIN_TOKEN = "iop_admin-canary-5f3a9c1e7b"
+
+
+async def raw_admin(
+    addr: tuple[str, int], head: str, *, body: bytes = b""
+) -> tuple[int, dict[str, object] | None]:
+    """Send ``head`` (request line and headers, no blank line) as is; (status, JSON body)."""
+    stream = await trio.open_tcp_stream(*addr)
+    async with stream:
+        await stream.send_all(head.encode("latin-1") + b"\r\nconnection: close\r\n\r\n" + body)
+        data = b""
+        while chunk := await stream.receive_some(65536):
+            data += chunk
+    status_line, _, rest = data.partition(b"\r\n")
+    payload = rest.partition(b"\r\n\r\n")[2]
+    return int(status_line.split()[1]), json.loads(payload) if payload else None
+
+
+@pytest.mark.parametrize(
+    ("host", "allowed"),
+    [
+        ("localhost", True),
+        ("LocalHost", True),
+        ("localhost:7071", True),
+        ("127.0.0.1", True),
+        ("127.0.0.1:7071", True),
+        ("[::1]", True),
+        ("[::1]:7071", True),
+        (None, False),
+        ("", False),
+        ("evil.example", False),
+        ("evil.example:7071", False),
+        ("127.0.0.1.evil", False),
+        ("127.0.0.1.evil:7071", False),
+        ("localhost.evil.example", False),
+        ("evil.localhost", False),
+        ("127.0.0.2:7071", False),
+        ("[::1]:7071x", False),
+        ("localhost:", False),
+        ("localhost:7071:1", False),
+        ("::1", False),
+        ("127.0.0.1 ", False),
+    ],
+)
+def test_is_loopback_host_header(host: str | None, allowed: bool) -> None:
+    assert admin.is_loopback_host_header(host) is allowed
+
+
+@pytest.mark.parametrize(
+    "host", ["evil.example", "127.0.0.1.evil", "evil.example:7071", "localhost.evil.example"]
+)
+async def test_a_foreign_host_gets_421_on_every_route(host: str) -> None:
+    """DNS rebinding: the browser is a loopback peer, but ``Host`` names the page's site."""
+    with trio.fail_after(30):
+        async with running_gateway(two_node_yaml(), nodes=[]) as gw:
+            version = gw.runtime.snapshot.version
+            for method, path in [
+                ("GET", "/status"),
+                ("GET", "/metrics"),
+                ("POST", "/refresh"),
+                ("GET", "/healthz"),
+                ("GET", "/nope"),
+            ]:
+                status, doc = await raw_admin(
+                    gw.handle.admin,
+                    f"{method} {path} HTTP/1.1\r\nhost: {host}\r\ncontent-length: 0",
+                )
+                assert status == 421, (method, path)
+                assert doc is not None
+                err = doc["error"]
+                assert isinstance(err, dict)
+                assert err["type"] == "invalid_request_error"
+                assert err["code"] == "misdirected_request"
+            assert gw.runtime.snapshot.version == version
+
+
+@pytest.mark.parametrize("host", ["localhost:{port}", "[::1]:{port}", "127.0.0.1", "LOCALHOST"])
+async def test_loopback_host_names_are_served(host: str) -> None:
+    with trio.fail_after(30):
+        async with running_gateway(two_node_yaml(), nodes=[]) as gw:
+            port = gw.handle.admin[1]
+            status, doc = await raw_admin(
+                gw.handle.admin, f"GET /status HTTP/1.1\r\nhost: {host.format(port=port)}"
+            )
+            assert status == 200 and doc is not None and "edge_id" in doc
+
+
+async def test_http10_without_host_gets_421() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(two_node_yaml(), nodes=[]) as gw:
+            status, doc = await raw_admin(gw.handle.admin, "GET /status HTTP/1.0")
+            assert status == 421 and doc is not None
+            status, _ = await raw_admin(gw.handle.admin, "GET /status HTTP/1.0\r\nhost: localhost")
+            assert status == 200
+
+
+def token_yaml(tmp_path: Path, token: str | None) -> Path:
+    text = two_node_yaml()
+    if token is not None:
+        text = text.replace(
+            "  admin_listen: 127.0.0.1:0\n",
+            f"  admin_listen: 127.0.0.1:0\n  admin_token_hash_sha256: {token_hash(token)}\n",
+        )
+    path = tmp_path / "edge.yaml"
+    path.write_text(text)
+    return path
+
+
+async def test_admin_token_is_required_accepted_and_live_on_refresh(tmp_path: Path) -> None:
+    path = token_yaml(tmp_path, ADMIN_TOKEN)
+    good = [("authorization", f"Bearer {ADMIN_TOKEN}")]
+    with trio.fail_after(30):
+        async with running_gateway(path.read_text(), nodes=[], config_path=str(path)) as gw:
+            adm = gw.handle.admin
+            # /healthz stays open (GET and HEAD), with or without a token.
+            for method in ("GET", "HEAD"):
+                assert (await http_request(adm, method, "/healthz")).status == 200
+            assert (await http_request(adm, "GET", "/healthz", headers=good)).status == 200
+            wrong_tokens = [
+                [],
+                [("authorization", "Bearer wrong-token")],
+                [("authorization", f"Basic {ADMIN_TOKEN}")],
+                [("authorization", f"Bearer {ADMIN_TOKEN}x")],
+                [("authorization", f"Bearer {ADMIN_TOKEN.upper()}")],
+                [("authorization", "Bearer")],
+            ]
+            for method, path_ in [
+                ("GET", "/status"),
+                ("HEAD", "/status"),
+                ("GET", "/metrics"),
+                ("POST", "/refresh"),
+                ("GET", "/nope"),
+            ]:
+                for hdrs in wrong_tokens:
+                    r = await http_request(adm, method, path_, headers=hdrs)
+                    assert r.status == 401, (method, path_, hdrs)
+                    assert r.header("www-authenticate") == "Bearer"
+                    if method != "HEAD":
+                        err = r.json()["error"]
+                        assert err["type"] == "authentication_error"
+                        assert ADMIN_TOKEN not in r.body.decode()
+            assert (await http_request(adm, "GET", "/status", headers=good)).status == 200
+            assert (await http_request(adm, "GET", "/metrics", headers=good)).status == 200
+            assert (await http_request(adm, "GET", "/nope", headers=good)).status == 404
+            # A foreign Host is refused even with the token.
+            status, _ = await raw_admin(
+                adm,
+                f"GET /status HTTP/1.1\r\nhost: evil.example\r\nauthorization: Bearer {ADMIN_TOKEN}",
+            )
+            assert status == 421
+
+            # Live on refresh: removing the hash opens the routes, adding it closes them.
+            token_yaml(tmp_path, None)
+            r = await http_request(adm, "POST", "/refresh", body={"mode": "apply"}, headers=good)
+            assert r.status == 200 and r.json()["applied"] is True
+            assert r.json()["restart_required"] == []
+            assert (await http_request(adm, "GET", "/status")).status == 200
+            token_yaml(tmp_path, "another-admin-token")
+            r = await http_request(adm, "POST", "/refresh", body={"mode": "apply"})
+            assert r.status == 200 and r.json()["applied"] is True
+            assert (await http_request(adm, "GET", "/status", headers=good)).status == 401
+            other = [("authorization", "Bearer another-admin-token")]
+            assert (await http_request(adm, "GET", "/status", headers=other)).status == 200
+
+
+@pytest.mark.parametrize("value", ["abc", "A" * 64, "g" * 64, ""])
+def test_admin_token_hash_must_be_64_hex(value: str) -> None:
+    text = two_node_yaml().replace(
+        "  admin_listen: 127.0.0.1:0\n",
+        f'  admin_listen: 127.0.0.1:0\n  admin_token_hash_sha256: "{value}"\n',
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_edge_config(text, env={})
+    assert any(e.startswith("edge.admin_token_hash_sha256: ") for e in info.value.errors)

@@ -15,7 +15,7 @@ import msgspec
 import msgspec.inspect as mi
 import pytest
 
-from iopd.config.refresh_classify import LIVE_OPENAI_KEYS, LIVE_PROVIDER_KEYS
+from iopd.config.refresh_classify import LIVE_EDGE_KEYS, LIVE_OPENAI_KEYS, LIVE_PROVIDER_KEYS
 from iopd.config.schema import EdgeConfig, NodeConfigFile
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
@@ -125,6 +125,8 @@ def expected_refresh(key: str) -> str:
     if key == "models" or key.startswith("models[]"):
         return "live"
     if key == "provider_pool" or key.startswith("provider_pool."):
+        return "live"
+    if key.startswith("edge.") and key.split(".", 1)[1] in LIVE_EDGE_KEYS:
         return "live"
     if key.startswith("openai.") and key.split(".", 1)[1] in LIVE_OPENAI_KEYS:
         return "live"

@@ -979,7 +979,7 @@ async def test_refresh_completes_when_the_admin_caller_goes_away(
             stream = await trio.open_tcp_stream(*edge.gw.handle.admin)
             body = b'{"mode": "apply"}'
             await stream.send_all(
-                b"POST /refresh HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"POST /refresh HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\n"
                 b"content-length: %d\r\n\r\n%s" % (len(body), body)
             )
             await wait_until(lambda: got_config(fake, 2))

@@ -324,6 +324,47 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             assert relayed_by_design  # (checked above: only the provider's own body)
 
 
+def _pieces(secret: str, text: str, run: int = 8) -> list[str]:
+    """Every ``run``-character piece of ``secret`` with a digit in it (the canaries'
+    random part: ``provider`` alone is a word of every /status) found in ``text``."""
+    pieces = (secret[i : i + run] for i in range(len(secret) - run + 1))
+    return [p for p in pieces if any(c.isdigit() for c in p) and p in text]
+
+
+async def test_a_cut_canary_key_reaches_no_log_status_or_error_body(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Finding 7: a provider quoting the key in a body the node cuts at 512 bytes
+    (12 characters into the key); and a log line quoting a piece of each secret
+    the daemons hold (the provider key, the node token, the legacy bearer)."""
+    caplog.set_level(logging.DEBUG)
+
+    def cut_echo(req: RecordedRequest) -> MockReply | None:
+        if req.path == "/api/tags":
+            return None  # the health probe passes
+        key = (req.header("authorization") or "").removeprefix("Bearer ")
+        return MockReply(status=500, body=b"x" * (512 - 12) + key.encode())
+
+    with trio.fail_after(60):
+        async with security_env() as env:
+            env.ol.handler = cut_echo
+            for body in (_chat("ol"), _chat("ol", stream=True)):
+                r = await env.call("/v1/chat/completions", body)
+                assert r.status in (200, 502) and b'x***","type":"server_error"' in r.body
+            status = (await http_request(env.gw.handle.admin, "GET", "/status")).body.decode()
+            for secret in (API_KEY, NODE, LEGACY):
+                logging.getLogger("iopd.test").warning("event=echo text=%s", secret[-12:])
+            surfaces = {
+                "logs": _log_text(caplog),
+                "status": status,
+                "edge_output": "\n".join(env.edge_output),
+            }
+    for secret in (API_KEY, NODE, LEGACY):
+        for where, text in surfaces.items():
+            assert _pieces(secret, text) == [], f"a piece of {secret!r} leaked into {where}"
+    assert "event=echo text=***" in caplog.text
+
+
 async def _run_until(cfg: NodeConfigFile, scope: trio.CancelScope) -> None:
     from iopd.node.run import run_node
 

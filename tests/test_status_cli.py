@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -91,13 +92,18 @@ async def edge_from_file(tmp_path: Path, **kw: Any) -> AsyncIterator[tuple[Gatew
         yield gw, path
 
 
-async def iopd(*args: str) -> tuple[int, str, str]:
-    """Run ``python -m iopd ARGS``; return (exit code, stdout, stderr)."""
+async def iopd(*args: str, admin_token: str | None = None) -> tuple[int, str, str]:
+    """Run ``python -m iopd ARGS`` (``IOP_ADMIN_TOKEN`` = ``admin_token``, unset if None);
+    return (exit code, stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k != "IOP_ADMIN_TOKEN"}
+    if admin_token is not None:
+        env["IOP_ADMIN_TOKEN"] = admin_token
     proc = await trio.run_process(
         [sys.executable, "-m", "iopd", *args],
         capture_stdout=True,
         capture_stderr=True,
         check=False,
+        env=env,
     )
     return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
 
@@ -437,4 +443,61 @@ async def test_json_that_is_not_the_admin_document_exits_1(answer: bytes) -> Non
                 code, out, err = await iopd(command, "--admin", url)
                 assert code == 1, (command, out)
                 assert err == f"iopd {command}: {url} did not answer like the admin API\n"
+            n.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------ admin token
+
+
+async def test_status_and_refresh_send_the_admin_token_from_the_environment(
+    tmp_path: Path,
+) -> None:
+    token = "iop_cli-admin-token-2d8e"
+    path = tmp_path / "edge.yaml"
+    path.write_text(
+        edge_yaml().replace(
+            "  admin_listen: 127.0.0.1:0\n",
+            f"  admin_listen: 127.0.0.1:0\n  admin_token_hash_sha256: {token_hash(token)}\n",
+        )
+    )
+    with trio.fail_after(60):
+        async with running_gateway(path.read_text(), nodes=[], config_path=str(path)) as gw:
+            admin = ("--admin", gw.admin_url)
+            for command in ("status", "refresh"):
+                code, out, err = await iopd(command, *admin)
+                assert (code, out) == (1, "")
+                assert err.startswith(f"iopd {command}: admin API answered 401: ")
+                assert "IOP_ADMIN_TOKEN" in err and "Traceback" not in err
+                code, _, err = await iopd(command, *admin, admin_token="wrong")
+                assert code == 1 and "answered 401 (a wrong token)" in err
+            code, out, err = await iopd("status", *admin, admin_token=token)
+            assert (code, err) == (0, "") and "echo-1" in out
+            code, out, err = await iopd("refresh", *admin, admin_token=token)
+            assert (code, err) == (0, "") and "applied: yes" in out
+
+
+async def test_a_421_says_which_host_names_the_admin_api_answers() -> None:
+    """An admin port behind something that rewrites Host; the bearer is sent as is."""
+    seen: list[bytes] = []
+
+    async def misdirected(stream: trio.SocketStream) -> None:
+        async with stream:
+            seen.append(await stream.receive_some(4096))
+            body = b'{"error": {"message": "no", "type": "invalid_request_error"}}'
+            await stream.send_all(
+                b"HTTP/1.1 421 Misdirected Request\r\ncontent-type: application/json\r\n"
+                b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+            )
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            [listener] = await n.start(
+                functools.partial(trio.serve_tcp, misdirected, 0, host="127.0.0.1")
+            )
+            url = f"http://127.0.0.1:{listener.socket.getsockname()[1]}"
+            code, out, err = await iopd("status", "--admin", url, admin_token="tok-123")
+            assert (code, out) == (1, "")
+            assert err.startswith("iopd status: admin API answered 421: ")
+            assert "localhost, 127.0.0.1 or [::1]" in err
+            assert b"\r\nauthorization: bearer tok-123\r\n" in seen[0].lower()
             n.cancel_scope.cancel()

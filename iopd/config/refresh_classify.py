@@ -18,15 +18,22 @@ import msgspec
 
 from iopd.config.schema import EdgeConfig, NodeEntry, ProviderConfig
 
-__all__ = ["LIVE_OPENAI_KEYS", "LIVE_PROVIDER_KEYS", "RefreshDiff", "classify"]
+__all__ = ["LIVE_EDGE_KEYS", "LIVE_OPENAI_KEYS", "LIVE_PROVIDER_KEYS", "RefreshDiff", "classify"]
 
 #: Provider keys a refresh applies without a restart.
 LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
     {"capacity", "long_context_capacity", "priority", "enabled"}
 )
+#: ``edge.*`` keys a refresh applies without a restart (read per request).
+LIVE_EDGE_KEYS: frozenset[str] = frozenset({"admin_token_hash_sha256"})
 #: ``openai.*`` keys a refresh applies without a restart.
 LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
-    {"long_context_threshold_tokens", "strict_output", "strict_output_instruction"}
+    {
+        "long_context_threshold_tokens",
+        "strict_output",
+        "strict_output_instruction",
+        "forward_headers",
+    }
 )
 #: ``openai.*`` keys reported as a whole rather than field by field.
 _OPENAI_WHOLE = frozenset({"principal_tokens", "model_routes"})
@@ -116,7 +123,9 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
     """Compare the running config ``old`` with the reloaded ``new``."""
     restart: list[str] = []
 
-    _struct_diff(old.edge, new.edge, "edge", restart)
+    edge_changes: list[str] = []
+    _struct_diff(old.edge, new.edge, "edge", edge_changes)
+    restart += [p for p in edge_changes if p.split(".")[1] not in LIVE_EDGE_KEYS]
 
     for name in new.openai.__struct_fields__:
         if name in LIVE_OPENAI_KEYS:

@@ -58,6 +58,8 @@ class EdgeSection(_Section):
     id: str
     node_listen: str
     admin_listen: str
+    #: SHA-256 (hex) of the admin API's bearer token; None: no token asked.
+    admin_token_hash_sha256: str | None = None
     drain_timeout: float = 30.0
     log_format: LogFormat = "keyvalue"
     log_level: LogLevel = "info"
@@ -98,6 +100,8 @@ class OpenAISection(_Section):
     bearer_token: str | None = None
     principal_tokens: list[PrincipalToken] = msgspec.field(default_factory=list)
     provider_auth: ProviderAuth = msgspec.field(default_factory=ProviderAuth)
+    #: Caller headers forwarded to passthrough providers beyond the built-in allow-list.
+    forward_headers: list[str] = msgspec.field(default_factory=list)
     long_context_threshold_tokens: int = 100000
     strict_output: bool = False
     strict_output_instruction: str = DEFAULT_STRICT_OUTPUT_INSTRUCTION

@@ -34,6 +34,7 @@ from iopd.config.schema import (
     ProviderConfig,
     ProviderPoolSection,
 )
+from iopd.edge.openai.upstream_headers import forbidden_reason
 
 __all__ = [
     "is_loopback_host",
@@ -237,6 +238,8 @@ def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
             "edge.admin_listen",
             f"must be a loopback address (127.0.0.0/8, ::1 or localhost), got {e.admin_listen!r}",
         )
+    if e.admin_token_hash_sha256 is not None:
+        err.hash64("edge.admin_token_hash_sha256", e.admin_token_hash_sha256)
     err.positive("edge.drain_timeout", e.drain_timeout)
     err.positive("edge.heartbeat_interval", e.heartbeat_interval)
     err.positive("edge.heartbeat_timeout", e.heartbeat_timeout)
@@ -333,6 +336,19 @@ def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
+
+    for i, name in enumerate(o.forward_headers):
+        hpath = f"openai.forward_headers[{i}]"
+        reason = forbidden_reason(name)
+        if not _HEADER_NAME.match(name):
+            err.add(hpath, f"must be a valid HTTP header name (got {name[:80]!r})")
+        elif reason is not None:
+            err.add(hpath, f"{name!r} is never forwarded to a provider: {reason}")
+        elif name.lower() == o.provider_auth.header.lower():
+            err.add(
+                hpath,
+                f"{name!r} is openai.provider_auth.header: its value is never forwarded as is",
+            )
 
 
 def _check_principal_tokens(err: _Errors, tokens: list[PrincipalToken]) -> None:

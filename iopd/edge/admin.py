@@ -3,12 +3,24 @@
 Served by the same HTTP server (iopd.http.server) as the OpenAI API, on its own listener, and only
 to loopback peers (``allow_peer``) — a non-loopback ``admin_listen`` is already
 a config error.  The public listener has no route to any of this.
+
+A loopback peer is not enough: a web page open in a browser on the edge's
+host can make that browser a loopback peer, and by DNS rebinding (a name of
+the page's that now resolves to 127.0.0.1) read ``/status`` or POST
+``/refresh``.  Such a request still names the page's host in ``Host``, so
+only the loopback names are served (``localhost``, ``127.0.0.1``, ``[::1]``,
+with or without a port); anything else is 421.  With
+``edge.admin_token_hash_sha256`` every route but ``GET /healthz`` also wants
+the matching bearer token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ipaddress
 import logging
+import re
 
 import msgspec
 
@@ -27,6 +39,29 @@ _ROUTES = {
     "/refresh": "POST",
     "/metrics": "GET",
 }
+
+
+#: ``Host`` values served: a loopback name and an optional port.
+_LOOPBACK_HOST = re.compile(r"(?:(?i:localhost)|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?")
+#: The one route served without the admin token (load balancers, systemd checks).
+_OPEN_ROUTE = "/healthz"
+
+
+def is_loopback_host_header(value: str | None) -> bool:
+    """True for ``localhost``, ``127.0.0.1`` or ``[::1]``, with or without ``:port``."""
+    return value is not None and _LOOPBACK_HOST.fullmatch(value) is not None
+
+
+def bearer_matches(authorization: str | None, token_hash_sha256: str) -> bool:
+    """True when ``Authorization: Bearer <token>`` hashes to ``token_hash_sha256``.
+
+    The digests are compared in constant time, as the OpenAI listener does.
+    """
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    digest = hashlib.sha256(token.strip().encode("utf-8", "surrogatepass")).digest()
+    return hmac.compare_digest(digest, bytes.fromhex(token_hash_sha256))
 
 
 class _RefreshBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -57,7 +92,25 @@ class AdminApp:
             status, headers, body = render_error(exc)
             await responder.send(status, headers, body)
 
+    def _check_caller(self, request: Request) -> None:
+        """The ``Host`` must be a loopback name (421), then the admin token (401) if set."""
+        if not is_loopback_host_header(request.header("host")):
+            raise errors.MisdirectedRequest(
+                "the admin API answers only requests addressed to localhost, 127.0.0.1 or [::1]"
+            )
+        expected = self.rt.snapshot.config.edge.admin_token_hash_sha256
+        if expected is None or (request.path == _OPEN_ROUTE and request.method in ("GET", "HEAD")):
+            return
+        if not bearer_matches(request.header("authorization"), expected):
+            exc = errors.AuthenticationError(
+                "the admin API needs 'Authorization: Bearer <admin token>' "
+                "(the token whose SHA-256 is edge.admin_token_hash_sha256)"
+            )
+            exc.headers = [("WWW-Authenticate", "Bearer")]
+            raise exc
+
     async def _route(self, request: Request, responder: Responder) -> None:
+        self._check_caller(request)
         path, method = request.path, request.method
         want = _ROUTES.get(path)
         if want is None:

@@ -39,11 +39,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import msgspec
 import trio
 
 from iopd.config.schema import EdgeSection, NodeEntry
-from iopd.edge.node_session import NodeSession
+from iopd.edge.node_session import NodeSession, Reply
 from iopd.errors import NodeDispatchError
+from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
 from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
@@ -104,6 +106,10 @@ class HubOwner(Protocol):
 
     def wire_error(self, reason: WireErrorReason, detail: str) -> None:
         """A connection closed for a wire problem; ``detail`` says what, for a log."""
+        ...
+
+    def scrub(self, text: str) -> str:
+        """``text`` without any piece of the edge's secrets (a node's error text)."""
         ...
 
 
@@ -205,14 +211,25 @@ def safe_node_reason(
     reason: str, pushed: NodeConfig, *, known_secrets: Iterable[str] = (), limit: int = 200
 ) -> str:
     """A node-supplied reason (e.g. a ``NodeConfigAck.error``) fit for a log line or a
-    report: without the secrets the edge knows (``pushed``'s API keys, ``known_secrets``,
-    credentials in URLs) should the node have echoed one, on one line, at most
+    report: without the secrets the edge knows (any 8+ character piece of ``pushed``'s
+    API keys or ``known_secrets``, credentials in URLs) should the node have echoed
+    one, on one line, at most
     ``limit`` characters."""
-    for secret in [p.api_key for p in pushed.providers if p.api_key] + list(known_secrets):
-        if secret:
-            reason = reason.replace(secret, "<redacted>")
+    scrubber = Scrubber([*(p.api_key for p in pushed.providers), *known_secrets])
+    reason = scrubber.scrub(reason, "<redacted>")
     flat = " ".join(_URL_USERINFO.sub(r"\1<redacted>@", reason).split()) or "no reason given"
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def _scrubbed(msg: Reply, scrub: Callable[[str], str]) -> Reply:
+    """``msg`` with its error text (a provider may have echoed a key) scrubbed.
+
+    The node scrubs what it knows; this is the edge's own pass with every key
+    of its config, at the one place node text enters the edge.
+    """
+    message: str = getattr(msg, "message", "")
+    clean = scrub(message)
+    return msg if clean is message else msgspec.structs.replace(msg, message=clean)
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -328,6 +345,8 @@ class NodeHub:
 
         def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
             if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
+                if getattr(msg, "message", None):
+                    msg = _scrubbed(msg, owner.scrub)
                 session.deliver(msg)
             elif isinstance(msg, ProviderStatus):
                 self._call("provider_status", owner.provider_status, session.node_id, msg)

@@ -27,7 +27,7 @@ from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.errors import render_error
 from iopd.edge.runtime import EdgeRuntime
 from iopd.http.server import HttpLimits, HttpServer
-from iopd.logs import setup_logging
+from iopd.logs import LOG_SECRETS, setup_logging
 from iopd.startup import StartupError, listen_failed, run_daemon
 from iopd.transport.listen import serve_wire
 from iopd.transport.tls import server_ssl_context
@@ -105,6 +105,7 @@ async def run_edge(
     )
     ssl_ctx = server_ssl_context(cfg.edge.tls)
     async with trio.open_nursery() as nursery:
+        await nursery.start(_scrub_secrets_from_logs, rt)
         wire_addr = await _listen(
             nursery,
             cfg.edge.node_listen,
@@ -154,6 +155,17 @@ async def _listen(
     except OSError as exc:  # in use, not an address of this machine, unresolvable
         raise listen_failed(address, exc) from None
     return bound
+
+
+async def _scrub_secrets_from_logs(rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]) -> None:
+    """For as long as the edge runs, no piece of its config's secrets reaches a log line."""
+    owner = f"edge:{id(rt)}"
+    LOG_SECRETS.add(owner, lambda: rt.snapshot.secrets)
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        LOG_SECRETS.forget(owner)
 
 
 async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> None:

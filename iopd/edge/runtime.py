@@ -35,6 +35,7 @@ from iopd.edge.nodes import (
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.redact import Scrubber
 from wire.messages import NodeConfig, ProviderStatus
 
 log = logging.getLogger("iopd.edge")
@@ -51,6 +52,14 @@ class Snapshot:
     auth: Authenticator
     version: int
     nodes: Mapping[str, NodeEntry]
+    #: Scrubs every secret of ``config`` (provider keys, the legacy bearer) from text.
+    secrets: Scrubber
+
+
+def config_secrets(cfg: EdgeConfig) -> list[str]:
+    """The secrets an edge config holds in clear: provider API keys, the legacy bearer."""
+    keys = [p.api_key for n in cfg.nodes for p in n.providers if p.api_key]
+    return keys + ([cfg.openai.bearer_token] if cfg.openai.bearer_token else [])
 
 
 def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
@@ -86,6 +95,7 @@ def _make_snapshot(cfg: EdgeConfig, version: int) -> Snapshot:
         auth=Authenticator(cfg.openai),
         version=version,
         nodes={n.id: n for n in cfg.nodes},
+        secrets=Scrubber(config_secrets(cfg)),
     )
 
 
@@ -155,6 +165,9 @@ class EdgeRuntime:
     def wire_error(self, reason: WireErrorReason, detail: str) -> None:
         self.metrics.count_wire_error(reason)  # the hub logged the detail
 
+    def scrub(self, text: str) -> str:
+        return self.snapshot.secrets.scrub(text)
+
     def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
         for p in msg.providers:
             ref = self.snapshot.catalog.providers.get(p.provider_id)
@@ -166,16 +179,18 @@ class EdgeRuntime:
                 )
                 continue
             state = self.health.setdefault(p.provider_id, ProviderHealthState())
+            # A probe's last error may quote the provider's answer: never a key in /status.
+            last_error = self.snapshot.secrets.scrub(p.last_error)
             if state.health != p.health:
                 log.info(
                     "event=provider_health node=%s provider=%s health=%s last_error=%r",
                     node_id,
                     p.provider_id,
                     p.health,
-                    p.last_error[:200],
+                    last_error[:200],
                 )
             state.health = p.health
-            state.last_error = p.last_error
+            state.last_error = last_error
             self.pool.set_provider_health(p.provider_id, p.health)
 
     # ---------------------------------------------------------------- status
@@ -328,6 +343,7 @@ class EdgeRuntime:
         new = _make_snapshot(cfg, version=version)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
+
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
 
     async def _push_configs(self, changed_nodes: list[str]) -> list[str]:

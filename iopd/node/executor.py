@@ -24,7 +24,7 @@ own scope and ends it quietly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -35,6 +35,7 @@ from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutp
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
+from iopd.redact import Scrubber
 from wire.messages import (
     NodeConfig,
     NodeConfigAck,
@@ -193,8 +194,13 @@ class _WireTunnelOutput(TunnelOutput):
 class NodeExecutor:
     """Runs streams on the current adapter registry (``NodeHandler``)."""
 
-    def __init__(self, *, health: HealthMonitor | None = None) -> None:
+    def __init__(self, *, health: HealthMonitor | None = None, secrets: Iterable[str] = ()) -> None:
+        """``secrets``: the node's own (its token), scrubbed with every provider key."""
         self.registry: AdapterRegistry | None = None
+        self._own_secrets = tuple(secrets)
+        self._secrets = Scrubber(())
+        self._secrets_of: AdapterRegistry | None = None
+        self._scrub_secrets_of(None)
         self.health = health if health is not None else HealthMonitor()
         self.draining = False
         self._streams: dict[int, _Stream] = {}
@@ -227,6 +233,7 @@ class NodeExecutor:
                     stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
                 )
             self.registry = new
+            self._scrub_secrets_of(new)
             self.health.set_registry(new)
             log.info(
                 "event=node_config_applied version=%d providers=%s",
@@ -236,6 +243,18 @@ class NodeExecutor:
             if current is not None:
                 await current.retire()
             return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+
+    @property
+    def secrets(self) -> Scrubber:
+        """Scrubs the node's token and the current providers' keys from text."""
+        if self._secrets_of is not self.registry:
+            self._scrub_secrets_of(self.registry)
+        return self._secrets
+
+    def _scrub_secrets_of(self, registry: AdapterRegistry | None) -> None:
+        self._secrets_of = registry
+        keys = (s.api_key for s in registry.specs) if registry is not None else ()
+        self._secrets = Scrubber([*self._own_secrets, *keys])
 
     def current_status(self) -> ProviderStatus:
         """Health of every provider (``unknown`` before its first probe)."""
@@ -372,8 +391,9 @@ class NodeExecutor:
     async def _execute(self, stream: _Stream, work: Any, adapter: Adapter) -> AdapterError | None:
         """Run ``work()`` in the stream's scope; the failure to report, if any.
 
-        The provider's own credential is scrubbed from the message here, the
-        one boundary every adapter error passes (a provider may echo it back).
+        Every piece (8+ characters) of every secret the node holds is scrubbed
+        from the message here, the one boundary every adapter error passes (a
+        provider may echo its key back, and a quote of its body may cut it).
         """
         provider_id = adapter.spec.id
         error: AdapterError | None = None
@@ -389,9 +409,10 @@ class NodeExecutor:
                         type(exc).__name__,
                     )
                     error = AdapterError("provider_error", "internal error in the node adapter")
-        secret = adapter.spec.api_key
-        if error is not None and secret and secret in error.message:
-            error = AdapterError(error.code, error.message.replace(secret, "***"))
+        if error is not None:
+            clean = self.secrets.scrub(error.message)
+            if clean is not error.message:
+                error = AdapterError(error.code, clean)
         if error is not None and error.code != "bad_request":
             log.info(
                 "event=provider_error provider=%s code=%s message=%r",

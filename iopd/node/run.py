@@ -23,6 +23,7 @@ import trio
 
 from iopd import __version__
 from iopd.config.schema import NodeConfigFile
+from iopd.logs import LOG_SECRETS
 from iopd.node.executor import CANCEL_TERMINAL_TIMEOUT, NodeExecutor
 from iopd.node.link import NodeLink
 
@@ -87,7 +88,9 @@ async def run_node(
     """Run the node until cancelled or drained; reports a ``NodeHandle`` when started."""
     from iopd import sdnotify
 
-    executor = NodeExecutor()
+    executor = NodeExecutor(secrets=[cfg.node.token])
+    log_owner = f"node:{id(executor)}"
+    LOG_SECRETS.add(log_owner, lambda: executor.secrets)
     link = NodeLink(cfg.node, executor, software_version=__version__)
     handle = NodeHandle(executor, link)
     try:
@@ -113,6 +116,7 @@ async def run_node(
                 await link.shutdown()
                 nursery.cancel_scope.cancel()
     finally:
+        LOG_SECRETS.forget(log_owner)
         registry = executor.registry
         if registry is not None:
             await registry.aclose()  # shielded inside

@@ -38,6 +38,7 @@ from iopd.edge.openai.responses import build_response, responses_input_to_messag
 from iopd.edge.openai.sse import SSE_HEADERS
 from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
 from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
+from iopd.edge.openai.upstream_headers import upstream_headers
 from iopd.edge.pool.pool import Lease
 from iopd.edge.runtime import EdgeRuntime, Snapshot
 from iopd.edge.usage import run_event_usage, tunnel_usage
@@ -77,17 +78,6 @@ HOP_BY_HOP = frozenset(
         "proxy-authorization",
     }
 )
-# Request headers the edge owns: framing, the caller's credentials, the host.
-_REQUEST_DROP = HOP_BY_HOP | {
-    "host",
-    "content-length",
-    "authorization",
-    "expect",
-    "accept-encoding",  # usage is extracted from the body on the node: keep it plain
-    "content-type",  # the relayed body is always the re-encoded JSON
-    "x-request-id",
-}
-
 #: How long an SSE stream that already started gets to take its error event.
 ERROR_EVENT_GRACE = 2.0
 
@@ -386,11 +376,14 @@ class OpenAIApp:
     def _tunnel_headers(
         self, snap: Snapshot, request: Request, provider_auth: str | None
     ) -> list[tuple[str, str]]:
+        """The allow-listed caller headers (``upstream_headers``), the provider's
+        credentials under ``provider_auth.target_header``, and the JSON type."""
         pa = snap.config.openai.provider_auth
-        source = pa.header.lower()
-        headers = [
-            (k, v) for k, v in request.headers if k not in _REQUEST_DROP and k != source
-        ]
+        headers = upstream_headers(
+            request.headers,
+            extra=snap.config.openai.forward_headers,
+            provider_auth_header=pa.header,
+        )
         if provider_auth:
             headers.append((pa.target_header, provider_auth))
         headers.append(("content-type", JSON))

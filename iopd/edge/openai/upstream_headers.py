@@ -1,0 +1,95 @@
+"""Which caller headers reach a passthrough provider: an allow-list.
+
+Why an allow-list: the edge is a proxy in front of someone else's API, and
+every header a caller can slip through is one the provider (or a proxy in
+front of it) may trust — cookies, ``Forwarded``/``X-Forwarded-*`` client
+addresses, ``X-Original-URL`` routing overrides, a ``Content-Encoding: gzip``
+over a body the edge already re-encoded as plain JSON.  A deny-list misses the
+next such header; an allow-list names the few the OpenAI API uses.
+
+Pure: config and header lists in, header list out.  The config check uses
+``forbidden_reason`` so ``openai.forward_headers`` cannot add a header this
+module would refuse to forward anyway.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = ["DEFAULT_FORWARDED", "forbidden_reason", "upstream_headers"]
+
+#: Caller headers forwarded by default (lower-case).  ``content-type`` is set
+#: by the edge itself: the relayed body is always the re-encoded JSON.
+DEFAULT_FORWARDED: frozenset[str] = frozenset(
+    {
+        "accept",
+        "openai-beta",
+        "openai-organization",
+        "openai-project",
+        "x-request-id",
+        "idempotency-key",
+        "user-agent",
+    }
+)
+
+# Headers openai.forward_headers may never add, by what they are.
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
+)
+_FRAMING = frozenset(
+    {"content-length", "content-encoding", "content-type", "expect", "accept-encoding"}
+)
+_CREDENTIALS = frozenset({"authorization", "cookie", "cookie2", "set-cookie", "host"})
+_FORWARDING = frozenset(
+    {
+        "forwarded",
+        "via",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "x-original-url",
+        "x-rewrite-url",
+    }
+)
+_FORWARDING_PREFIXES = ("x-forwarded-", "x-original-", "proxy-")
+
+
+def forbidden_reason(name: str) -> str | None:
+    """Why header ``name`` may never be forwarded to a provider, or None if it may."""
+    lname = name.lower()
+    if lname in _HOP_BY_HOP:
+        return "a hop-by-hop header"
+    if lname in _FRAMING:
+        return "a framing or encoding header of the body the edge re-encodes"
+    if lname in _CREDENTIALS:
+        return "the caller's credentials or the edge's own host"
+    if lname in _FORWARDING or lname.startswith(_FORWARDING_PREFIXES):
+        return "a forwarding or routing header"
+    return None
+
+
+def _connection_nominated(headers: Iterable[tuple[str, str]]) -> set[str]:
+    """Names the caller's ``Connection:`` lists: hop-by-hop by its own word (RFC 9110 §7.6.1)."""
+    names: set[str] = set()
+    for name, value in headers:
+        if name == "connection":
+            names.update(t.strip().lower() for t in value.split(",") if t.strip())
+    return names
+
+
+def upstream_headers(
+    headers: list[tuple[str, str]],
+    *,
+    extra: Iterable[str] = (),
+    provider_auth_header: str,
+) -> list[tuple[str, str]]:
+    """The caller's ``headers`` (names lower-case) that may reach the provider.
+
+    Allowed: ``DEFAULT_FORWARDED`` plus ``extra`` (``openai.forward_headers``);
+    never a header the caller's ``Connection:`` names, nor the provider-auth
+    source header (its value travels under the target header instead).
+    """
+    allowed = DEFAULT_FORWARDED | {h.lower() for h in extra} if extra else DEFAULT_FORWARDED
+    blocked = _connection_nominated(headers)
+    blocked.add(provider_auth_header.lower())
+    return [(k, v) for k, v in headers if k in allowed and k not in blocked]
