@@ -755,7 +755,9 @@ async def test_normalized_provider_error_and_timeout() -> None:
                         "ollama",
                         mock.base_url,
                         models="['mock:latest']",
-                        extra="        read_timeout: 0.3\n",
+                        # No probe while the mock fails on purpose: a probe in
+                        # "hang" mode would mark the provider unhealthy.
+                        extra="        read_timeout: 0.3\n        health_interval: 3600\n",
                     ),
                 ),
             )
