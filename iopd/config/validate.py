@@ -344,6 +344,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[str]:
 
     # ---- pool
     err.non_negative("provider_pool.max_queue", cfg.provider_pool.max_queue)
+    err.non_negative("provider_pool.max_queued_bytes", cfg.provider_pool.max_queued_bytes)
     err.positive("provider_pool.queue_timeout", cfg.provider_pool.queue_timeout)
     return err.lines
 
