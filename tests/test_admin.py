@@ -178,7 +178,12 @@ async def test_status_shape_lists_every_configured_node_and_provider() -> None:
             doc = r.json()
             assert set(doc) == STATUS_KEYS | STATUS_EXTRA_KEYS
             assert doc["edge_id"] == "edge-admin"
-            assert doc["queue"] == {"depth": 0, "max_queue": 7}
+            assert doc["queue"] == {
+                "depth": 0,
+                "max_queue": 7,
+                "queued_bytes": 0,
+                "max_queued_bytes": 256 << 20,
+            }
 
             nodes = {n["id"]: n for n in doc["nodes"]}
             assert list(nodes) == ["node-a", "node-b"]
@@ -259,7 +264,8 @@ async def test_status_reports_in_flight_and_load_ratio() -> None:
                 assert provs["echo-1"]["in_flight"] == 3 and provs["echo-1"]["load_ratio"] == 1
                 assert provs["echo-1"]["queued"] == 1
                 assert provs["echo-2"]["queued"] == 0  # not a live candidate
-                assert doc["queue"] == {"depth": 1, "max_queue": 7}
+                assert doc["queue"]["depth"] == 1 and doc["queue"]["max_queue"] == 7
+                assert doc["queue"]["queued_bytes"] == len(json.dumps(body).encode())
                 n.cancel_scope.cancel()
 
 

@@ -169,6 +169,11 @@ CASES: list[tuple[str, Mutation, str]] = [
         "provider_pool.max_queue: must be >= 0 (got -1)",
     ),
     (
+        "max_queued_bytes >= 0",
+        set_in(["provider_pool", "max_queued_bytes"], -1),
+        "provider_pool.max_queued_bytes: must be >= 0 (got -1)",
+    ),
+    (
         "queue_timeout > 0",
         set_in(["provider_pool", "queue_timeout"], 0),
         "provider_pool.queue_timeout: must be > 0 (got 0.0)",

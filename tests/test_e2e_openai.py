@@ -456,7 +456,12 @@ async def test_status_shows_node_and_provider() -> None:
             assert doc["nodes"][0]["connected"] is True
             p = doc["providers"][0]
             assert p["id"] == "echo-1" and p["in_flight"] == 0 and p["load_ratio"] == 0
-            assert doc["queue"] == {"depth": 0, "max_queue": 256}
+            assert doc["queue"] == {
+                "depth": 0,
+                "max_queue": 256,
+                "queued_bytes": 0,
+                "max_queued_bytes": 256 << 20,
+            }
 
 
 def _record_early_starts(executor: NodeExecutor) -> list[EarlyStart]:

@@ -364,6 +364,7 @@ def test_status_gauges_are_read_at_scrape_time(m: GatewayMetrics) -> None:
         return GatewayStatus(
             queue_depth=2,
             max_queue=256,
+            queued_bytes=4096,
             connected_nodes=1,
             providers=[
                 ProviderGaugeRow(
@@ -387,6 +388,7 @@ def test_status_gauges_are_read_at_scrape_time(m: GatewayMetrics) -> None:
     idle = {"edge_id": EDGE, "node_id": "node-a", "provider_id": "idle"}
     assert value(m, "iop_queue_depth") == 2
     assert value(m, "iop_queue_max") == 256
+    assert value(m, "iop_queue_bytes") == 4096
     assert value(m, "iop_connected_nodes") == 1
     assert value(m, "iop_provider_in_flight", **a) == 1
     assert value(m, "iop_provider_capacity", **a) == 4

@@ -36,6 +36,7 @@ def snap(
     max_queue: int = 100,
     queue_timeout: float = 30.0,
     overrides: dict[str, float] | None = None,
+    max_queued_bytes: int = 1 << 30,
 ) -> PoolSnapshot:
     overrides = overrides or {}
     return PoolSnapshot(
@@ -46,6 +47,7 @@ def snap(
         },
         max_queue=max_queue,
         queue_timeout=queue_timeout,
+        max_queued_bytes=max_queued_bytes,
     )
 
 
@@ -288,6 +290,95 @@ def test_max_queue_zero_never_waits() -> None:
         s.request("m")
     assert info.value.status == 429
     assert s.queue_depth == 0
+
+
+def test_max_queued_bytes_bounds_the_bodies_held_by_waiters() -> None:
+    s = scheduler(snap([slot("a")], {"m": ["a"]}, max_queued_bytes=100))
+    grant(s, "m")
+    wait(s, "m", body_bytes=60)
+    wait(s, "m", body_bytes=40)  # exactly at the bound: still room
+    assert s.queued_bytes == 100
+    with pytest.raises(QueueFull) as info:
+        s.request("m", body_bytes=1)
+    assert info.value.status == 429 and "100 of 100 body bytes" in info.value.message
+    assert s.queue_depth == 2 and s.queued_bytes == 100
+
+
+def test_one_body_larger_than_max_queued_bytes_never_waits() -> None:
+    s = scheduler(snap([slot("a")], {"m": ["a"]}, max_queued_bytes=100))
+    g = grant(s, "m")
+    with pytest.raises(QueueFull):
+        s.request("m", body_bytes=101)
+    assert s.queued_bytes == 0
+    s.release(g)
+    assert isinstance(s.request("m", body_bytes=10_000), Grant)  # a free slot: not affected
+
+
+def test_max_queued_bytes_does_not_touch_requests_admitted_at_once() -> None:
+    s = scheduler(snap([slot("a", capacity=3)], {"m": ["a"]}, max_queued_bytes=10))
+    for _ in range(3):
+        assert isinstance(s.request("m", body_bytes=1_000), Grant)
+    assert s.queued_bytes == 0
+
+
+def test_max_queued_bytes_zero_never_waits() -> None:
+    s = scheduler(snap([slot("a")], {"m": ["a"]}, max_queued_bytes=0))
+    grant(s, "m")
+    for size in (0, 1):
+        with pytest.raises(QueueFull):
+            s.request("m", body_bytes=size)
+    assert s.queue_depth == 0 and s.queued_bytes == 0
+
+
+def test_negative_body_bytes_is_a_programming_error() -> None:
+    s = scheduler(snap([slot("a")], {"m": ["a"]}))
+    with pytest.raises(ValueError):
+        s.request("m", body_bytes=-1)
+
+
+def test_queued_bytes_return_to_zero_on_every_exit_path() -> None:
+    """Admission, cancel, failure on node loss, refresh and shutdown each give bytes back."""
+    s = scheduler(snap([slot("a", "n1"), slot("b", "n2")], {"m": ["a"], "o": ["b"]}))
+    ga = grant(s, "m")
+    grant(s, "o")
+    admitted = wait(s, "m", body_bytes=10)
+    cancelled = wait(s, "m", body_bytes=20)
+    lost = wait(s, "o", body_bytes=40)
+    assert s.queued_bytes == 70
+    assert s.release(ga) == [admitted]
+    assert s.queued_bytes == 60
+    s.cancel(cancelled)
+    s.cancel(cancelled)  # idempotent: bytes are given back once
+    assert s.queued_bytes == 40
+    assert s.set_node_connected("n2", False) == [lost]
+    assert s.queued_bytes == 0 and s.queue_depth == 0
+    # A refresh that removes the group fails its waiters and frees their bytes.
+    s.set_node_connected("n2", True)
+    refreshed = wait(s, "o", body_bytes=5)
+    assert s.apply_snapshot(snap([slot("a", "n1"), slot("b", "n2")], {"m": ["a"]})) == [refreshed]
+    assert s.queued_bytes == 0
+    # A refresh that adds capacity admits waiters and frees their bytes.
+    assert admitted.grant is not None
+    w = wait(s, "m", body_bytes=7)
+    assert s.queued_bytes == 7
+    assert s.apply_snapshot(snap([slot("a", "n1", capacity=2)], {"m": ["a"]})) == [w]
+    assert s.queued_bytes == 0
+    # Shutdown empties the queue.
+    wait(s, "m", body_bytes=3)
+    s.fail_all_waiters(NodeDispatchError("shutting down"))
+    assert s.queued_bytes == 0 and s.queue_depth == 0
+
+
+def test_lowering_max_queued_bytes_keeps_the_waiters_already_queued() -> None:
+    s = scheduler(snap([slot("a")], {"m": ["a"]}, max_queued_bytes=100))
+    g = grant(s, "m")
+    w = wait(s, "m", body_bytes=80)
+    assert s.apply_snapshot(snap([slot("a")], {"m": ["a"]}, max_queued_bytes=50)) == []
+    assert s.pending_waiters() == [w] and s.queued_bytes == 80
+    with pytest.raises(QueueFull):
+        s.request("m", body_bytes=1)
+    assert s.release(g) == [w] and s.queued_bytes == 0
+    assert s.max_queued_bytes == 50
 
 
 def test_no_head_of_line_blocking() -> None:

@@ -7,7 +7,8 @@ rewired).  After every step it is compared with a deliberately naive reference
 that walks the whole queue in enqueue order on every change, and the
 invariants are checked directly: counters equal the grants held, capacity in
 force was respected at each admission, no waiter waits while it could fit or
-while its group has no live candidate.  A randomized test drives the same
+while its group has no live candidate, and the queued body bytes equal the sum
+over the waiters (bounded by ``max_queued_bytes`` when they were enqueued).  A randomized test drives the same
 kinds of events through the trio layer.
 """
 
@@ -76,8 +77,16 @@ def snapshots(draw: st.DrawFn) -> PoolSnapshot:
         members = draw(st.lists(st.sampled_from(PIDS), unique=True, min_size=1, max_size=3))
         groups[gid] = GroupPolicy(gid, tuple((p, f"{p}@{gid}") for p in members))
     return PoolSnapshot(
-        providers, groups, max_queue=draw(st.sampled_from([0, 3, 8])), queue_timeout=5.0
+        providers,
+        groups,
+        max_queue=draw(st.sampled_from([0, 3, 8])),
+        queue_timeout=5.0,
+        max_queued_bytes=draw(st.sampled_from([0, 10, 25, 1 << 20])),
     )
+
+
+#: Request-body sizes: small against the byte caps above, so both caps bind.
+BODY_SIZES = st.integers(0, 12)
 
 
 # ------------------------------------------------------------------ reference
@@ -89,6 +98,7 @@ class RefWaiter:
     group: str
     long: bool
     requires: frozenset[str]
+    body_bytes: int
 
 
 @dataclass
@@ -109,6 +119,15 @@ class Reference:
     long_in_flight: dict[str, int] = field(default_factory=dict)
     cursor: dict[str, int] = field(default_factory=dict)
     queue: list[RefWaiter] = field(default_factory=list)
+
+    def queue_has_room(self, body_bytes: int) -> bool:
+        """Both queue bounds, written out: count, and body bytes (0 = never wait)."""
+        held = sum(w.body_bytes for w in self.queue)
+        return (
+            len(self.queue) < self.snapshot.max_queue
+            and self.snapshot.max_queued_bytes > 0
+            and held + body_bytes <= self.snapshot.max_queued_bytes
+        )
 
     def candidates(
         self, group: str, long: bool, requires: frozenset[str]
@@ -271,18 +290,21 @@ class SchedulerMachine(RuleBasedStateMachine):
         group=st.sampled_from([*GROUPS, "nope"]),
         long=st.booleans(),
         requires=st.sampled_from(REQUIRES),
+        body_bytes=BODY_SIZES,
     )
-    def acquire(self, group: str, long: bool, requires: frozenset[str]) -> None:
+    def acquire(self, group: str, long: bool, requires: frozenset[str], body_bytes: int) -> None:
         ref = self.r()
         cands, _ = ref.candidates(group, long, requires)
         try:
-            out = self.s().request(group, long=long, requires=requires)
+            out = self.s().request(group, long=long, requires=requires, body_bytes=body_bytes)
         except NodeDispatchError:
             assert not cands
             return
         except QueueFull:
-            assert cands and len(ref.queue) >= ref.snapshot.max_queue
+            assert cands and not ref.queue_has_room(body_bytes)
             assert ref.pick(group, long, requires) is None
+            if len(ref.queue) < ref.snapshot.max_queue:
+                event("queue full by bytes")
             return
         assert cands
         if isinstance(out, Grant):
@@ -294,21 +316,22 @@ class SchedulerMachine(RuleBasedStateMachine):
             )
         else:
             assert ref.pick(group, long, requires) is None
-            assert len(ref.queue) < ref.snapshot.max_queue
+            assert ref.queue_has_room(body_bytes)
+            assert out.body_bytes == body_bytes
             ident = self.next_ident
             self.next_ident += 1
-            ref.queue.append(RefWaiter(ident, group, long, requires))
+            ref.queue.append(RefWaiter(ident, group, long, requires, body_bytes))
             self.waiting[ident] = out
 
     @rule(
         group=st.sampled_from(GROUPS),
         long=st.booleans(),
-        count=st.integers(1, 4),
+        sizes=st.lists(BODY_SIZES, min_size=1, max_size=4),
     )
-    def acquire_burst(self, group: str, long: bool, count: int) -> None:
+    def acquire_burst(self, group: str, long: bool, sizes: list[int]) -> None:
         """Requests are the common event: a burst of them fills slots and the queue."""
-        for _ in range(count):
-            self.acquire(group, long, frozenset())
+        for body_bytes in sizes:
+            self.acquire(group, long, frozenset(), body_bytes)
 
     @precondition(lambda self: self.held)
     @rule(data=st.data())
@@ -380,7 +403,13 @@ class SchedulerMachine(RuleBasedStateMachine):
             **current.providers,
             pid: ProviderSlot(pid, old.node_id, old.type, capacity, long, old.priority, True),
         }
-        snapshot = PoolSnapshot(providers, current.groups, current.max_queue, current.queue_timeout)
+        snapshot = PoolSnapshot(
+            providers,
+            current.groups,
+            current.max_queue,
+            current.queue_timeout,
+            current.max_queued_bytes,
+        )
         self._swap(snapshot)
 
     # -- invariants
@@ -409,6 +438,15 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert all(w.state is WaiterState.PENDING for w in pending)
 
     @invariant()
+    def queued_bytes_are_the_waiters_bodies(self) -> None:
+        if self.sched is None:
+            return
+        held = sum(w.body_bytes for w in self.s().pending_waiters())
+        assert self.s().queued_bytes == held == sum(w.body_bytes for w in self.r().queue)
+        if self.s().queue_depth == 0:
+            assert self.s().queued_bytes == 0
+
+    @invariant()
     def no_waiter_waits_while_it_fits(self) -> None:
         if self.sched is None:
             return
@@ -434,7 +472,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         while self.held:
             grant, _ = self.held.pop()
             assert self.s().release(grant) == []
-        assert self.s().queue_depth == 0
+        assert self.s().queue_depth == 0 and self.s().queued_bytes == 0
         assert all(self.s().in_flight(pid) == (0, 0) for pid in PIDS)
         assert not self.s().active_grants
 
@@ -465,7 +503,9 @@ async def test_randomized_trio_workload_leaks_nothing(
         "g1": GroupPolicy("g1", (("p2", "c"), ("p3", "d"))),
         "g2": GroupPolicy("g2", (("p4", "e"), ("p5", "f")), queue_timeout=2.0),
     }
-    pool = ProviderPool(PoolSnapshot(base, groups, max_queue=8, queue_timeout=4.0))
+    pool = ProviderPool(
+        PoolSnapshot(base, groups, max_queue=8, queue_timeout=4.0, max_queued_bytes=5_000)
+    )
     for node in NODES:
         pool.set_node_connected(node, True)
     outcomes: dict[str, int] = {}
@@ -475,14 +515,20 @@ async def test_randomized_trio_workload_leaks_nothing(
         for pid, load in pool.provider_loads().items():
             if load.in_flight < 0 or load.long_in_flight < 0:
                 violations.append(f"{pid} negative")
+        held = sum(w.body_bytes for w in pool.scheduler.pending_waiters())
+        if pool.queued_bytes != held:
+            violations.append(f"queued bytes {pool.queued_bytes} != {held} held by waiters")
 
     async def client(i: int) -> None:
         group = rng.choice(list(groups))
         long = rng.random() < 0.3
         hold_for = rng.uniform(0.1, 3.0)
+        body_bytes = rng.randint(0, 2_000)
         try:
             with trio.move_on_after(rng.uniform(0.5, 8.0)):  # caller gives up
-                async with pool.lease(group, context_class="long" if long else "normal") as lease:
+                async with pool.lease(
+                    group, context_class="long" if long else "normal", body_bytes=body_bytes
+                ) as lease:
                     # Capacity may have shrunk since admission; 3 is the most ever configured.
                     in_flight, long_in_flight = pool.scheduler.in_flight(lease.provider_id)
                     if in_flight > 3 or long_in_flight > 1 or (lease.long and not long_in_flight):
@@ -528,7 +574,11 @@ async def test_randomized_trio_workload_leaks_nothing(
                     for pid, s in base.items()
                     if rng.random() < 0.9
                 }
-                pool.apply_snapshot(PoolSnapshot(providers, groups, rng.randint(0, 8), 4.0))
+                pool.apply_snapshot(
+                    PoolSnapshot(
+                        providers, groups, rng.randint(0, 8), 4.0, rng.choice([0, 3_000, 6_000])
+                    )
+                )
             check()
         for node in NODES:
             pool.set_node_connected(node, True)
@@ -541,6 +591,6 @@ async def test_randomized_trio_workload_leaks_nothing(
                 await trio.sleep(rng.uniform(0.0, 0.3))
     assert not violations
     assert sum(outcomes.values()) == 60
-    assert pool.queue_depth == 0
+    assert pool.queue_depth == 0 and pool.queued_bytes == 0
     assert all(s.in_flight(pid) == (0, 0) for s in [pool.scheduler] for pid in PIDS)
     assert not pool.scheduler.active_grants

@@ -120,6 +120,11 @@ LIVE: list[tuple[str, Mutation, RefreshDiff]] = [
     ),
     ("max_queue", lambda d: section(d, "provider_pool").update(max_queue=1), RefreshDiff([], [], [], [])),
     (
+        "max_queued_bytes",
+        lambda d: section(d, "provider_pool").update(max_queued_bytes=1),
+        RefreshDiff([], [], [], []),
+    ),
+    (
         "pool queue_timeout",
         lambda d: section(d, "provider_pool").update(queue_timeout=3),
         RefreshDiff([], [], [], []),

@@ -122,6 +122,7 @@ class OpenAISection(_Section):
 class ProviderPoolSection(_Section):
     max_queue: int = 256
     queue_timeout: float = 30.0
+    max_queued_bytes: int = 256 * 1024 * 1024  # body bytes held by waiters; 0 = never wait
 
 
 class Generation(_Section):

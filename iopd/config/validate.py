@@ -414,6 +414,7 @@ def _check_single_target_route(err: _Errors, o: OpenAISection, defined: _Defined
 def _check_provider_pool(err: _Errors, pool: ProviderPoolSection) -> None:
     """``provider_pool``: queue bounds."""
     err.non_negative("provider_pool.max_queue", pool.max_queue)
+    err.non_negative("provider_pool.max_queued_bytes", pool.max_queued_bytes)
     err.positive("provider_pool.queue_timeout", pool.queue_timeout)
 
 

@@ -291,6 +291,7 @@ class GatewayStatus:
 
     queue_depth: int = 0
     max_queue: int = 0
+    queued_bytes: int = 0
     connected_nodes: int = 0
     providers: Sequence[ProviderGaugeRow] = field(default_factory=tuple)
 
@@ -326,6 +327,11 @@ class _StatusCollector(Collector):
                 status.queue_depth,
             ),
             ("iop_queue_max", "provider_pool.max_queue (0 = never wait).", status.max_queue),
+            (
+                "iop_queue_bytes",
+                "Request-body bytes held by the requests in the global provider queue.",
+                status.queued_bytes,
+            ),
             ("iop_connected_nodes", "Nodes with a live wire session.", status.connected_nodes),
         ):
             g = GaugeMetricFamily(name, doc, labels=["edge_id"])

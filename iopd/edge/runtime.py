@@ -85,6 +85,7 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         groups=groups,
         max_queue=cfg.provider_pool.max_queue,
         queue_timeout=cfg.provider_pool.queue_timeout,
+        max_queued_bytes=cfg.provider_pool.max_queued_bytes,
     )
 
 
@@ -202,6 +203,7 @@ class EdgeRuntime:
         return GatewayStatus(
             queue_depth=self.pool.queue_depth,
             max_queue=self.pool.max_queue,
+            queued_bytes=self.pool.queued_bytes,
             connected_nodes=self._connected_count(),
             providers=self._gauge_rows(),
         )
@@ -271,7 +273,12 @@ class EdgeRuntime:
             "config_version": snap.version,
             "nodes": nodes,
             "providers": providers,
-            "queue": {"depth": self.pool.queue_depth, "max_queue": self.pool.max_queue},
+            "queue": {
+                "depth": self.pool.queue_depth,
+                "max_queue": self.pool.max_queue,
+                "queued_bytes": self.pool.queued_bytes,
+                "max_queued_bytes": self.pool.max_queued_bytes,
+            },
         }
 
     # --------------------------------------------------------------- refresh

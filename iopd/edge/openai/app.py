@@ -425,6 +425,7 @@ class OpenAIApp:
             context_class=cclass,
             requires=frozenset(),
             queue_timeout=self._queue_bound(group, out),
+            body_bytes=len(request.body),
         ) as lease:
             session = self._leased(lease, out)
             if lease.provider_type in PASSTHROUGH_TYPES:
@@ -674,6 +675,7 @@ class OpenAIApp:
             context_class=cclass,
             requires=requires,
             queue_timeout=self._queue_bound(group, out),
+            body_bytes=len(request.body),
         ) as lease:
             session = self._leased(lease, out)
             if lease.provider_type in PASSTHROUGH_TYPES:
@@ -735,7 +737,10 @@ class OpenAIApp:
             )
         self._check_passthrough_limits(group, req, out)
         async with self.rt.pool.lease(
-            group.id, requires=frozenset({"ollama"}), queue_timeout=self._queue_bound(group, out)
+            group.id,
+            requires=frozenset({"ollama"}),
+            queue_timeout=self._queue_bound(group, out),
+            body_bytes=len(request.body),
         ) as lease:
             session = self._leased(lease, out)
             await self._passthrough(

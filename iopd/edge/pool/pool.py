@@ -77,15 +77,23 @@ class ProviderPool:
         context_class: Literal["normal", "long"] = "normal",
         requires: frozenset[str] = frozenset(),
         queue_timeout: float | None = None,
+        body_bytes: int = 0,
     ) -> AsyncIterator[Lease]:
         """Hold one slot of a provider of ``group_id`` for the body of the block.
 
+        ``body_bytes`` (the request body's size) counts against
+        ``max_queued_bytes`` while the request waits, never once it holds a slot.
         Raises ``NodeDispatchError`` (no live candidate, also while waiting),
-        ``QueueFull`` (would wait, queue full) or ``QueueTimeout`` (waited
-        ``queue_timeout``, else the group's, else the pool default).
+        ``QueueFull`` (would wait, queue full by count or bytes) or
+        ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else the
+        pool default).
         """
         grant, waited = await self._acquire(
-            group_id, long=context_class == "long", requires=requires, queue_timeout=queue_timeout
+            group_id,
+            long=context_class == "long",
+            requires=requires,
+            queue_timeout=queue_timeout,
+            body_bytes=body_bytes,
         )
         try:
             yield Lease(
@@ -106,10 +114,15 @@ class ProviderPool:
         long: bool,
         requires: frozenset[str],
         queue_timeout: float | None,
+        body_bytes: int,
     ) -> tuple[Grant, float]:
         try:
             outcome = self._scheduler.request(
-                group_id, long=long, requires=requires, queue_timeout=queue_timeout
+                group_id,
+                long=long,
+                requires=requires,
+                queue_timeout=queue_timeout,
+                body_bytes=body_bytes,
             )
         except QueueFull:
             self._observe(group_id, 0.0, "queue_full")
@@ -221,6 +234,15 @@ class ProviderPool:
     @property
     def max_queue(self) -> int:
         return self._scheduler.max_queue
+
+    @property
+    def queued_bytes(self) -> int:
+        """Request-body bytes held by the requests waiting in the global queue."""
+        return self._scheduler.queued_bytes
+
+    @property
+    def max_queued_bytes(self) -> int:
+        return self._scheduler.max_queued_bytes
 
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Per-provider in_flight, long_in_flight, queued, capacities and load ratio."""

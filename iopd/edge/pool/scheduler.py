@@ -23,6 +23,12 @@ Data structures, chosen for large queues (see ``scripts/bench_pool.py``):
   provider: every other waiter did not fit before and still does not.
 * Live candidate sets per key are cached and dropped on any liveness change
   (node connect/disconnect, health, snapshot).
+
+The queue is bounded twice: by count (``max_queue``) and by the request-body
+bytes its waiters hold (``max_queued_bytes``), because a queued request keeps
+its body (and what was decoded from it) in memory for up to ``queue_timeout``:
+256 waiters of 8 MiB each are 2 GiB.  Both are checked only when a request
+would have to wait, so a request admitted at once is never refused by them.
 """
 
 from __future__ import annotations
@@ -90,6 +96,8 @@ class PoolSnapshot:
     groups: Mapping[str, GroupPolicy]
     max_queue: int = 256
     queue_timeout: float = 30.0
+    #: Most request-body bytes held by waiters at once; 0 = never wait (as ``max_queue``).
+    max_queued_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,7 @@ class Waiter:
     seq: int
     key: WaitKey
     queue_timeout: float
+    body_bytes: int = 0  # counted in the scheduler's queued bytes while pending
     state: WaiterState = WaiterState.PENDING
     grant: Grant | None = None
     error: BaseException | None = None
@@ -207,6 +216,7 @@ class Scheduler:
         self._cursor: dict[str, int] = {}
         self._queues: dict[WaitKey, dict[int, Waiter]] = {}
         self._queue_depth = 0
+        self._queued_bytes = 0
         self._active: set[Grant] = set()
         self._seq = itertools.count()
         self._index_snapshot()
@@ -221,6 +231,15 @@ class Scheduler:
     @property
     def max_queue(self) -> int:
         return self.snapshot.max_queue
+
+    @property
+    def queued_bytes(self) -> int:
+        """Request-body bytes held by the waiters in the global queue."""
+        return self._queued_bytes
+
+    @property
+    def max_queued_bytes(self) -> int:
+        return self.snapshot.max_queued_bytes
 
     @property
     def active_grants(self) -> frozenset[Grant]:
@@ -282,12 +301,18 @@ class Scheduler:
         long: bool = False,
         requires: frozenset[str] = frozenset(),
         queue_timeout: float | None = None,
+        body_bytes: int = 0,
     ) -> Grant | Waiter:
         """Admit at once (a ``Grant``) or enqueue (a pending ``Waiter``).
 
-        Raises ``NodeDispatchError`` when the group is unknown or has no live
-        candidate, ``QueueFull`` when it would have to wait and the queue is full.
+        ``body_bytes`` is the size of the request body the caller keeps while
+        it waits.  Raises ``NodeDispatchError`` when the group is unknown or
+        has no live candidate, ``QueueFull`` when it would have to wait and the
+        queue is full (``max_queue`` waiters, or no room for ``body_bytes``
+        under ``max_queued_bytes``).
         """
+        if body_bytes < 0:
+            raise ValueError(f"body_bytes must be >= 0 (got {body_bytes})")
         key = WaitKey(group_id, long, frozenset(requires))
         cands = self._candidates(key)
         if cands is None:
@@ -297,18 +322,16 @@ class Scheduler:
         grant = self._try_admit(key, cands)
         if grant is not None:
             return grant
-        if self._queue_depth >= self.snapshot.max_queue:
-            raise QueueFull(
-                f"all providers of model group '{group_id}' are busy and the request "
-                f"queue is full ({self.snapshot.max_queue} waiting); retry later"
-            )
+        self._check_queue_room(group_id, body_bytes)
         waiter = Waiter(
             seq=next(self._seq),
             key=key,
             queue_timeout=self.queue_timeout_for(group_id, queue_timeout),
+            body_bytes=body_bytes,
         )
         self._queues.setdefault(key, {})[waiter.seq] = waiter
         self._queue_depth += 1
+        self._queued_bytes += body_bytes
         return waiter
 
     def release(self, grant: Grant) -> list[Waiter]:
@@ -342,6 +365,7 @@ class Scheduler:
         q = self._queues.get(waiter.key)
         if q is not None and q.pop(waiter.seq, None) is not None:
             self._queue_depth -= 1
+            self._queued_bytes -= waiter.body_bytes
             if not q:
                 del self._queues[waiter.key]
         waiter.state = WaiterState.CANCELLED
@@ -377,9 +401,9 @@ class Scheduler:
         """Swap the static config and re-examine every waiter.
 
         Leases taken before keep counting against their provider and release
-        normally; a lower capacity or ``max_queue`` only affects new admissions
-        (nobody already waiting is evicted).  Waiters keep the timeout they
-        were enqueued with.
+        normally; a lower capacity, ``max_queue`` or ``max_queued_bytes`` only
+        affects new admissions (nobody already waiting is evicted).  Waiters
+        keep the timeout they were enqueued with.
         """
         self.snapshot = snapshot
         for pid in [
@@ -396,12 +420,28 @@ class Scheduler:
         waiters = self.pending_waiters()
         self._queues.clear()
         self._queue_depth = 0
+        self._queued_bytes = 0
         for w in waiters:
             w.state = WaiterState.FAILED
             w.error = error
         return waiters
 
     # ------------------------------------------------------------ internals
+
+    def _check_queue_room(self, group_id: str, body_bytes: int) -> None:
+        """Raise ``QueueFull`` unless one more waiter of ``body_bytes`` fits both bounds."""
+        snap = self.snapshot
+        if self._queue_depth >= snap.max_queue:
+            raise QueueFull(
+                f"all providers of model group '{group_id}' are busy and the request "
+                f"queue is full ({snap.max_queue} waiting); retry later"
+            )
+        if snap.max_queued_bytes == 0 or self._queued_bytes + body_bytes > snap.max_queued_bytes:
+            raise QueueFull(
+                f"all providers of model group '{group_id}' are busy and the request "
+                f"queue is full ({self._queued_bytes} of {snap.max_queued_bytes} body "
+                f"bytes held by waiting requests; this one has {body_bytes}); retry later"
+            )
 
     def _liveness_changed(self, provider_ids: Iterable[str]) -> list[Waiter]:
         """Some providers became (un)available: recheck only the groups that list them.
@@ -546,6 +586,7 @@ class Scheduler:
                 del self._queues[key]
                 self._queue_depth -= len(q)
                 for w in q.values():
+                    self._queued_bytes -= w.body_bytes
                     w.state = WaiterState.FAILED
                     w.error = (
                         _no_candidate_error(key)
@@ -566,6 +607,7 @@ class Scheduler:
             q = self._queues[key]
             waiter = q.pop(seq)
             self._queue_depth -= 1
+            self._queued_bytes -= waiter.body_bytes
             waiter.state = WaiterState.ADMITTED
             waiter.grant = grant
             resolved.append(waiter)
