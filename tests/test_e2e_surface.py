@@ -755,13 +755,16 @@ async def test_normalized_provider_error_and_timeout() -> None:
                         "ollama",
                         mock.base_url,
                         models="['mock:latest']",
-                        # No probe while the mock fails on purpose: a probe in
-                        # "hang" mode would mark the provider unhealthy.
+                        # One probe only, before the mock fails on purpose: a
+                        # probe in "error500" or "hang" mode marks it unhealthy.
                         extra="        read_timeout: 0.3\n        health_interval: 3600\n",
                     ),
                 ),
             )
             async with running_gateway(yaml_text) as gw:
+                await wait_until(
+                    lambda: getattr(gw.runtime.health.get("ol-1"), "health", "") == "healthy"
+                )
                 mock.mode = "error500"
                 r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
                 assert_error(r, 502, "provider_error")
