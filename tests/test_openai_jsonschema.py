@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from iopd.edge.openai.jsonschema import validate
+from iopd.edge.openai.jsonschema import ValidationBudget, validate
 
 OBJ = {
     "type": "object",
@@ -163,3 +163,87 @@ def test_type_error_stops_further_keywords() -> None:
     assert validate("x", {"type": "object", "required": ["a"]}) == [
         "/: expected object, got string"
     ]
+
+
+# ------------------------------------------------------------ bounded work
+# Schema and arguments both come from the caller: every validation has a
+# budget, and the known blow-ups are cut long before it.
+
+
+def test_self_referring_allof_is_reported_not_expanded() -> None:
+    # 3^depth checks before: the edge froze at 100 % CPU with growing memory.
+    budget = ValidationBudget()
+    schema = {"type": "object", "allOf": [{"$ref": "#"}, {"$ref": "#"}, {"$ref": "#"}]}
+    errors = validate({}, schema, budget)
+    assert errors and "recursive $ref" in errors[0]
+    assert budget.steps < 100
+
+
+def test_ref_results_are_memoised() -> None:
+    # a0 -> 3 x a1 -> 3 x a2 ... : 3^20 checks without memoisation.
+    defs: dict[str, Any] = {
+        f"a{i}": {"allOf": [{"$ref": f"#/$defs/a{i + 1}"}] * 3} for i in range(20)
+    }
+    defs["a20"] = {"type": "object", "required": ["x"]}
+    budget = ValidationBudget()
+    errors = validate({}, {"$defs": defs, "$ref": "#/$defs/a0"}, budget)
+    assert errors and all("missing required property 'x'" in e for e in errors)
+    assert budget.steps < 1_000
+
+
+def test_pattern_is_matched_in_linear_time() -> None:
+    # Catastrophic backtracking in Python's re: hours for 40 characters.
+    schema = {"properties": {"a": {"type": "string", "pattern": "^(a+)+$"}}}
+    assert validate({"a": "a" * 40}, schema) == []
+    errors = validate({"a": "a" * 40 + "!"}, schema)
+    assert len(errors) == 1
+    assert errors[0].startswith("/a: 'aaaa") and errors[0].endswith("does not match '^(a+)+$'")
+
+
+@pytest.mark.parametrize("pattern", [r"^(?=a)", r"(a)\1", "a{2000}", "x" * 5000])
+def test_pattern_re2_cannot_run_is_ignored(pattern: str) -> None:
+    # Lookaround, backreferences, huge repeats, very long patterns: not checked,
+    # like an unknown keyword (a valid call is never refused for them).
+    assert validate("b", {"pattern": pattern}) == []
+    assert validate({"b": 1}, {"patternProperties": {pattern: False}}) == []
+
+
+def test_over_the_step_budget_is_one_error() -> None:
+    budget = ValidationBudget(max_steps=1_000)
+    errors = validate(list(range(5_000)), {"uniqueItems": True}, budget)
+    assert len(errors) == 1 and "validation stopped" in errors[0]
+
+
+def test_over_budget_inside_not_does_not_pass() -> None:
+    # A budget error inside "not"/"anyOf" must not turn into "the subschema failed".
+    budget = ValidationBudget(max_steps=1_000)
+    errors = validate(list(range(5_000)), {"not": {"uniqueItems": True}}, budget)
+    assert len(errors) == 1 and "validation stopped" in errors[0]
+
+
+def test_over_the_time_budget_is_one_error() -> None:
+    budget = ValidationBudget(max_steps=10**9, max_seconds=-1.0)  # deadline already past
+    errors = validate(list(range(5_000)), {"items": {"type": "integer"}}, budget)
+    assert len(errors) == 1 and "validation stopped" in errors[0]
+
+
+def test_budget_is_shared_by_validations() -> None:
+    budget = ValidationBudget(max_steps=3_000)
+    schema = {"items": {"type": "integer"}}
+    assert validate(list(range(2_000)), schema, budget) == []
+    assert "validation stopped" in validate(list(range(2_000)), schema, budget)[0]
+
+
+def test_messages_show_bounded_previews() -> None:
+    big = [list(range(1_000))] * 1_000
+    key = "k" * 100_000
+    errors = validate(
+        {"v": big, key: 1},
+        {"properties": {"v": {"const": 1}}, "additionalProperties": False},
+    )
+    assert len(errors) == 2
+    assert all(len(e) < 200 for e in errors), [len(e) for e in errors]
+
+
+def test_huge_integer_multiple_of_is_refused_not_raised() -> None:
+    assert "not a multiple" in validate(10**400, {"multipleOf": 3})[0]

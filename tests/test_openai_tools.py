@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
+from iopd.edge.openai.jsonschema import ValidationBudget
 from iopd.edge.openai.tools import (
     new_call_id,
     parse_text_tool_calls,
@@ -197,3 +198,65 @@ def test_restore_without_a_name_is_a_provider_error() -> None:
 
 def test_call_ids_are_unique() -> None:
     assert len({new_call_id() for _ in range(100)}) == 100
+
+
+# ------------------------------------------------------------ bounded work
+
+
+def test_unclosed_tags_are_scanned_once() -> None:
+    # Quadratic before: 88 KB of unclosed tags took 5 s.
+    text = "<tool_call>" * 100_000
+    result = parse_text_tool_calls(text, TOOLS)
+    assert (result.calls, result.content, result.fallback) == (None, text, True)
+    assert "not closed" in result.problem
+
+
+def test_many_blocks_and_the_text_between_them() -> None:
+    text = ("x " + block({"name": "now", "arguments": {}})) * 1_000 + " end"
+    result = parse_text_tool_calls(text, TOOLS)
+    assert result.calls is not None and len(result.calls) == 1_000
+    assert result.content == ("x " * 1_000 + " end").strip()
+
+
+def test_fence_with_long_whitespace_runs() -> None:
+    # The fence regex backtracked cubically: 1,000 "\n " pairs took 10 s.
+    text = "<tool_call>```" + "\n " * 100_000 + "x```</tool_call>"
+    result = parse_text_tool_calls(text, TOOLS)
+    assert result.fallback and "not valid JSON" in result.problem
+
+
+def test_deeply_nested_block_is_invalid_json_not_a_crash() -> None:
+    result = parse_text_tool_calls(block("[" * 100_000), TOOLS)
+    assert result.fallback and "not valid JSON" in result.problem
+
+
+def test_costly_arguments_fall_back_to_text() -> None:
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "allOf": [{"$ref": "#"}] * 3}},
+    }
+    text = block({"name": "f", "arguments": {}})
+    result = parse_text_tool_calls(text, [tool])
+    assert (result.calls, result.content, result.fallback) == (None, text, True)
+
+
+def test_blocks_of_one_answer_share_one_budget() -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"properties": {"v": {"items": {"type": "integer"}}}},
+        },
+    }
+    one = block({"name": "f", "arguments": {"v": list(range(600))}})
+    assert parse_text_tool_calls(one, [tool], ValidationBudget(max_steps=1_000)).calls
+    result = parse_text_tool_calls(one * 2, [tool], ValidationBudget(max_steps=1_000))
+    assert result.fallback and "validation stopped" in result.problem
+
+
+def test_instruction_survives_a_schema_too_deep_to_encode() -> None:
+    deep: Any = {}
+    for _ in range(5_000):
+        deep = {"not": deep}
+    tool = {"type": "function", "function": {"name": "f", "parameters": deep}}
+    assert "nested too deeply" in tool_instruction([tool])

@@ -56,37 +56,61 @@ def _partial_tag_len(text: str, tag: str) -> int:
 
 
 class StrictStreamFilter:
-    """Streams only the inside of ``<completion>``; see the module docstring."""
+    """Streams only the inside of ``<completion>``; see the module docstring.
+
+    Each delta costs time proportional to its own length, never to the text
+    so far (the stream is the model's answer, an echo of the caller's text for
+    an ``echo`` model): nothing is rescanned, and held-back text is kept as a
+    list of pieces joined only when released.
+    """
 
     def __init__(self) -> None:
         self._state = "search"  # search -> inside -> done
-        self._buffer = ""  # search: all text so far; inside: text not yet released
+        self._seen: list[str] = []  # search: all text so far (released at flush without a tag)
+        self._tail = ""  # search: the end of the text so far that may begin the open tag
+        self._space: list[str] = []  # inside: held-back whitespace (it may precede the close tag)
+        self._partial = ""  # inside: a held-back possible start of the close tag
         self._emitted_any = False
-        self._searched = 0  # search: the open tag cannot start before this offset
 
     def feed(self, delta: str) -> str:
         """Take the next delta; return the text that can be released now."""
         if self._state == "done" or not delta:
             return ""
-        self._buffer += delta
         if self._state == "search":
-            start = self._buffer.find(OPEN_TAG, self._searched)
+            window = self._tail + delta
+            start = window.find(OPEN_TAG)
             if start < 0:
-                self._searched = max(0, len(self._buffer) - len(OPEN_TAG) + 1)
+                self._seen.append(delta)
+                self._tail = window[-(len(OPEN_TAG) - 1) :]
                 return ""
-            self._buffer = self._buffer[start + len(OPEN_TAG) :]
+            self._seen, self._tail = [], ""
             self._state = "inside"
-        end = self._buffer.find(CLOSE_TAG)
+            delta = window[start + len(OPEN_TAG) :]
+        return self._feed_inside(delta)
+
+    def _feed_inside(self, delta: str) -> str:
+        # Held back so far: whitespace (self._space), then a possible tag start
+        # (self._partial).  The close tag holds no whitespace, so it can only
+        # occur in ``self._partial + delta``.
+        text = self._partial + delta
+        end = text.find(CLOSE_TAG)
         if end >= 0:
-            ready = self._buffer[:end].rstrip()
-            self._buffer = ""
+            ready = text[:end].rstrip()
+            held = "".join(self._space) if ready else ""
+            self._space, self._partial = [], ""
             self._state = "done"
-            return self._release(ready)
-        keep = _partial_tag_len(self._buffer, CLOSE_TAG)
-        ready = self._buffer[: len(self._buffer) - keep]
-        stripped = ready.rstrip()  # trailing whitespace waits: it may precede the close tag
-        self._buffer = self._buffer[len(stripped) :]
-        return self._release(stripped)
+            return self._release(held + ready)
+        keep = _partial_tag_len(text, CLOSE_TAG)
+        body = text[: len(text) - keep]
+        self._partial = text[len(text) - keep :]
+        stripped = body.rstrip()  # trailing whitespace waits: it may precede the close tag
+        if not stripped:
+            if body:
+                self._space.append(body)
+            return ""
+        held = "".join(self._space)
+        self._space = [body[len(stripped) :]] if len(stripped) < len(body) else []
+        return self._release(held + stripped)
 
     def _release(self, text: str) -> str:
         if not self._emitted_any:
@@ -99,11 +123,13 @@ class StrictStreamFilter:
     def flush(self) -> str:
         """End of stream: release what is left (the whole text if no element appeared)."""
         if self._state == "search":
-            rest, self._buffer = self._buffer, ""
+            rest = "".join(self._seen)
+            self._seen, self._tail = [], ""
             self._state = "done"
             return rest
         if self._state == "inside":
-            rest, self._buffer = self._buffer.rstrip(), ""
+            rest = ("".join(self._space) + self._partial).rstrip()
+            self._space, self._partial = [], ""
             self._state = "done"
             return self._release(rest)
         return ""

@@ -15,19 +15,25 @@ explicit block whose name is a declared tool and whose arguments validate
 against that tool's ``parameters`` schema.  If any block is unusable the whole
 answer is returned as plain text (``fallback=True``; the edge records
 ``openai_text_tool_fallback``) — never a call guessed from prose.
+
+The text is the model's answer, and with an ``echo`` model it is the caller's
+own message, so parsing is bounded like any caller-controlled work: blocks are
+found by one left-to-right scan with ``str.find`` (linear, however many
+unclosed tags), and all the blocks of one answer share one
+:class:`~iopd.edge.openai.jsonschema.ValidationBudget`; a block over it is an
+invalid block.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from iopd.edge.openai.jsonschema import validate
+from iopd.edge.openai.jsonschema import ValidationBudget, validate
 from iopd.errors import ProviderError
 
 __all__ = [
@@ -38,9 +44,10 @@ __all__ = [
     "tool_instruction",
 ]
 
-_BLOCK = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OPEN_TAG = "<tool_call>"
-_FENCE = re.compile(r"^```[A-Za-z0-9_-]*\s*\n?(.*?)\n?\s*```$", re.DOTALL)
+_CLOSE_TAG = "</tool_call>"
+_FENCE = "```"
+_FENCE_INFO = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 
 
 def _reject_constant(name: str) -> Any:
@@ -48,8 +55,48 @@ def _reject_constant(name: str) -> Any:
 
 
 def _loads(text: str) -> Any:
-    """Strict JSON: NaN/Infinity are rejected like any other invalid JSON."""
-    return json.loads(text, parse_constant=_reject_constant)
+    """Strict JSON: NaN/Infinity are rejected like any other invalid JSON (and so
+    is nesting deeper than the interpreter's recursion limit)."""
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+
+
+def _unfence(body: str) -> str:
+    """The inside of a Markdown code fence (```json ... ```), or ``body`` as is.
+
+    Written without a regular expression: the lazy pattern this replaces
+    backtracked polynomially on long runs of whitespace.  ``body`` is already
+    stripped; the info string (``json``) is dropped.
+    """
+    if len(body) < 2 * len(_FENCE) or not (body.startswith(_FENCE) and body.endswith(_FENCE)):
+        return body
+    return body[len(_FENCE) : -len(_FENCE)].lstrip(_FENCE_INFO).strip()
+
+
+def _split_blocks(text: str) -> tuple[list[str], list[str]] | None:
+    """The contents of the ``<tool_call>`` blocks and the text between them.
+
+    None when an opening tag is never closed.  One left-to-right pass: each
+    search starts where the previous one ended, so the cost is linear in
+    ``text`` (a regular expression with a lazy ``.*?`` rescans the rest of the
+    text from every unclosed tag: quadratic).
+    """
+    blocks: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    while True:
+        start = text.find(_OPEN_TAG, pos)
+        if start < 0:
+            outside.append(text[pos:])
+            return blocks, outside
+        end = text.find(_CLOSE_TAG, start + len(_OPEN_TAG))
+        if end < 0:
+            return None
+        outside.append(text[pos:start])
+        blocks.append(text[start + len(_OPEN_TAG) : end])
+        pos = end + len(_CLOSE_TAG)
 
 
 def new_call_id() -> str:
@@ -101,7 +148,7 @@ def tool_instruction(tools: list[dict[str, Any]]) -> str:
         parameters = fn.get("parameters")
         if parameters is None:
             parameters = {"type": "object", "properties": {}}
-        lines.append("Arguments JSON schema: " + json.dumps(parameters, ensure_ascii=False))
+        lines.append("Arguments JSON schema: " + _schema_text(parameters))
         lines.append("")
     lines += [
         "To call a tool, answer with one or more blocks of exactly this form and "
@@ -113,6 +160,15 @@ def tool_instruction(tools: list[dict[str, Any]]) -> str:
         "<tool_call> block.",
     ]
     return "\n".join(lines)
+
+
+def _schema_text(parameters: Any) -> str:
+    """``parameters`` as JSON for the instruction (a schema nested deeper than the
+    encoder can go is described, not shown: it could not validate anything either)."""
+    try:
+        return json.dumps(parameters, ensure_ascii=False)
+    except RecursionError:
+        return '{"type": "object"} (the declared schema is nested too deeply to show)'
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +188,11 @@ class TextToolResult:
     problem: str = ""
 
 
-def _block_call(raw: str, functions: dict[str, dict[str, Any]]) -> dict[str, Any] | str:
+def _block_call(
+    raw: str, functions: dict[str, dict[str, Any]], budget: ValidationBudget
+) -> dict[str, Any] | str:
     """One block → an OpenAI tool call, or a string saying why it is unusable."""
-    body = raw.strip()
-    fenced = _FENCE.match(body)
-    if fenced:
-        body = fenced.group(1).strip()
+    body = _unfence(raw.strip())
     try:
         payload = _loads(body)
     except ValueError:
@@ -157,7 +212,7 @@ def _block_call(raw: str, functions: dict[str, dict[str, Any]]) -> dict[str, Any
         return f"the arguments of {name!r} are not a JSON object"
     schema = functions[name].get("parameters")
     if schema is not None:
-        errors = validate(arguments, schema)
+        errors = validate(arguments, schema, budget)
         if errors:
             return f"the arguments of {name!r} do not match its schema: {errors[0]}"
     return {
@@ -167,33 +222,38 @@ def _block_call(raw: str, functions: dict[str, dict[str, Any]]) -> dict[str, Any
     }
 
 
-def parse_text_tool_calls(text: str, tools: list[dict[str, Any]]) -> TextToolResult:
+def parse_text_tool_calls(
+    text: str, tools: list[dict[str, Any]], budget: ValidationBudget | None = None
+) -> TextToolResult:
     """Turn ``<tool_call>`` blocks in a text answer into OpenAI tool calls.
 
     - no block at all → ``calls=None, content=text, fallback=False``;
     - every block valid (declared tool name, arguments an object — or a JSON
       string of one — valid against the tool's ``parameters``) → the calls,
       and the text outside the blocks as content (None when only whitespace);
-    - any block invalid, or an opening tag never closed → ``calls=None``,
-      ``content=text`` unchanged, ``fallback=True``.
+    - any block invalid (validation over ``budget`` included), or an opening
+      tag never closed → ``calls=None``, ``content=text`` unchanged,
+      ``fallback=True``.
+
+    ``budget`` bounds the schema validation of all blocks together (a fresh
+    default :class:`~iopd.edge.openai.jsonschema.ValidationBudget` when omitted).
     """
-    blocks = list(_BLOCK.finditer(text))
+    split = _split_blocks(text)
+    if split is None:
+        return TextToolResult(None, text, True, "a <tool_call> block is not closed")
+    blocks, outside = split
     if not blocks:
-        if _OPEN_TAG in text:
-            return TextToolResult(None, text, True, "a <tool_call> block is not closed")
         return TextToolResult(None, text, False)
     functions = _functions(tools)
+    budget = budget if budget is not None else ValidationBudget()
     calls: list[dict[str, Any]] = []
     for block in blocks:
-        call = _block_call(block.group(1), functions)
+        call = _block_call(block, functions, budget)
         if isinstance(call, str):
             return TextToolResult(None, text, True, call)
         calls.append(call)
-    outside = _BLOCK.sub("", text)
-    if _OPEN_TAG in outside:
-        return TextToolResult(None, text, True, "a <tool_call> block is not closed")
-    outside = outside.strip()
-    return TextToolResult(calls, outside or None, False)
+    rest = "".join(outside).strip()
+    return TextToolResult(calls, rest or None, False)
 
 
 def restore_native_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
