@@ -214,7 +214,7 @@ async def test_a_caller_that_never_reads_frees_its_provider_slot() -> None:
     """All the provider's slots held by callers that stopped reading: each is cut
     after ``send_timeout`` (not ``request_timeout``, 600 s), the node's streams
     end (Cancel), and the next caller is served while they stay connected."""
-    capacity = 2
+    capacity = 4  # as in the finding: 4 callers held all 4 slots
     yaml = hostile_yaml(capacity=capacity, openai_extra="  send_timeout: 0.5\n")
     # ~6 MB of output per request: more than the socket buffers absorb.
     words = " ".join("a" * 60_000 for _ in range(100))
@@ -228,8 +228,11 @@ async def test_a_caller_that_never_reads_frees_its_provider_slot() -> None:
             stalled = [await _stalled_caller(gw, body) for _ in range(capacity)]
             try:
                 await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == capacity)
+                held = trio.current_time()
                 await wait_until(lambda: pool.provider_loads()["echo-1"].in_flight == 0)
+                freed = trio.current_time() - held
                 await wait_until(lambda: executor.active_streams == 0)
+                print(f"MEASURED stalled readers: {capacity} slots freed {freed:.2f} s after all were held")
                 reply = await http_request(
                     gw.host_port,
                     "POST",
