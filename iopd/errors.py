@@ -104,3 +104,17 @@ class MisdirectedRequest(GatewayError):
         "misdirected_request",
         "client_error",
     )
+
+
+class Overloaded(GatewayError):
+    """The listener is receiving as many request bodies as it may hold at once.
+
+    A refusal before the body is read (``openai.max_inflight_body_bytes``): the
+    caller retries after ``Retry-After`` seconds.
+    """
+
+    status, type, code, metric_status = 503, "server_error", "overloaded", "overloaded"
+
+    def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None) -> None:
+        super().__init__(message, param=param)
+        self.headers = [("Retry-After", str(max(1, retry_after)))]

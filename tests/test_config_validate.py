@@ -244,6 +244,21 @@ CASES: list[tuple[str, Mutation, str]] = [
         "openai.header_timeout: must be > 0 (got 0.0)",
     ),
     (
+        "send_timeout > 0",
+        set_in(["openai", "send_timeout"], 0),
+        "openai.send_timeout: must be > 0 (got 0.0)",
+    ),
+    (
+        "max_connections > 0",
+        set_in(["openai", "max_connections"], 0),
+        "openai.max_connections: must be > 0 (got 0)",
+    ),
+    (
+        "max_inflight_body_bytes >= max_body_bytes",
+        set_in(["openai", "max_inflight_body_bytes"], 1024),
+        "openai.max_inflight_body_bytes: must be >= openai.max_body_bytes (8388608)",
+    ),
+    (
         "threshold > 0",
         set_in(["openai", "long_context_threshold_tokens"], 0),
         "openai.long_context_threshold_tokens: must be > 0 (got 0)",

@@ -13,7 +13,7 @@ import trio
 import trio.testing
 
 from iopd.edge.openai.errors import render_error
-from iopd.errors import QueueTimeout
+from iopd.errors import AuthenticationError, MethodNotAllowed, QueueTimeout, RouteNotFound
 from iopd.http.server import (
     AbortResponse,
     ClientDisconnected,
@@ -739,3 +739,295 @@ async def test_a_client_that_closes_inside_its_request_gets_a_400(raw: bytes) ->
                 data += chunk
             assert data.startswith(b"HTTP/1.1 400 ")
             assert b'"invalid_request_error"' in data
+
+
+# ------------------------------------------------------- decide from the head
+
+
+def _token_check(method: str, path: str, headers: list[tuple[str, str]]) -> object:
+    """A head hook like the OpenAI listener's: one route, one method, one token."""
+    if path != "/in":
+        raise RouteNotFound(f"no route for {method} {path}")
+    if method != "POST":
+        raise MethodNotAllowed(f"{method} is not allowed on {path}")
+    if ("authorization", "Bearer good") not in headers:
+        raise AuthenticationError("invalid token")
+    return ("admitted", path)
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"POST /in HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n", 401),
+        (b"POST /in HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer bad\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\n", 401),
+        (b"POST /nope HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good\r\n"
+         b"Content-Length: 1000\r\n\r\n", 404),
+        (b"PUT /in HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good\r\n"
+         b"Content-Length: 1000\r\n\r\n", 405),
+    ],
+)
+async def test_a_head_the_hook_refuses_is_answered_without_its_body(head: bytes, status: int) -> None:
+    """No body byte is waited for: the answer comes from the head, then the close.
+    Counted by the hook, so ``on_reject`` is not called for it."""
+    reached: list[Request] = []
+    rejected: list[int] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        reached.append(request)
+
+    with trio.fail_after(10):
+        async with (
+            running(
+                handler,
+                head_check=_token_check,
+                on_reject=lambda status, exc, ctx: rejected.append(status),
+            ) as (port, server),
+            connect(port) as client,
+        ):
+            await client.send(head)  # and never the body it announces
+            got, headers, body = await client.response(b"POST")
+            assert got == status
+            assert headers["connection"] == "close"
+            assert envelope(body)["code"]
+            assert await client.at_eof()
+            assert server.inflight_body_bytes == 0
+    assert reached == [] and rejected == []
+
+
+async def test_expect_100_continue_only_after_the_head_passed() -> None:
+    """A refused caller gets its 401, never ``100 Continue``; an admitted one gets
+    ``100 Continue``, and the handler sees what the hook decided."""
+    contexts: list[object] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        contexts.append(request.context)
+        await responder.send(200, [], request.body)
+
+    expect = "Content-Length: 4\r\nExpect: 100-continue\r\n"
+    with trio.fail_after(10):
+        async with running(handler, head_check=_token_check) as (port, _):
+            async with connect(port) as client:
+                await client.send(f"POST /in HTTP/1.1\r\nHost: x\r\n{expect}\r\n".encode())
+                first = await client.stream.receive_some(65536)
+                assert first.startswith(b"HTTP/1.1 401 ")
+                assert b" 100 " not in first
+            async with connect(port) as client:
+                auth = "Authorization: Bearer good\r\n"
+                await client.send(f"POST /in HTTP/1.1\r\nHost: x\r\n{auth}{expect}\r\n".encode())
+                interim = await client.stream.receive_some(65536)
+                assert interim.startswith(b"HTTP/1.1 100 ")
+                client.parser.receive_data(interim)
+                await client.send(b"ping")
+                status, _, body = await client.response(b"POST")
+                assert status == 200 and body == b"ping"
+    assert contexts == [("admitted", "/in")]
+
+
+async def test_a_head_hook_that_crashes_is_a_500_not_a_dead_server() -> None:
+    def broken(method: str, path: str, headers: list[tuple[str, str]]) -> object:
+        raise RuntimeError("bug")
+
+    with trio.fail_after(10):
+        async with running(head_check=broken) as (port, _):
+            for _ in range(2):
+                async with connect(port) as client:
+                    await client.send(get())
+                    status, _, body = await client.response()
+                    assert status == 500 and b"bug" not in body
+
+
+# ------------------------------------------------------------- connections
+
+
+async def test_past_max_connections_new_ones_wait_to_be_accepted() -> None:
+    """At the limit the server stops accepting: a third connection is answered
+    only once one of the first two has closed."""
+    limits = HttpLimits(max_connections=2, idle_timeout=60)
+    with trio.fail_after(10):
+        async with running(limits=limits) as (port, server):
+            async with connect(port) as first, connect(port) as second:
+                for client in (first, second):
+                    await client.send(get())
+                    assert (await client.response())[0] == 200
+                assert server.open_connections == 2
+                async with connect(port) as third:  # the kernel completes the handshake
+                    await third.send(get("/third"))
+                    with trio.move_on_after(0.5):
+                        await third.stream.receive_some(65536)
+                        raise AssertionError("a connection past max_connections was served")
+                    assert server.open_connections == 2
+                    await first.stream.aclose()
+                    status, _, body = await third.response()
+                    assert status == 200 and json.loads(body)["path"] == "/third"
+
+
+# ----------------------------------------------------- in-flight body bytes
+
+BUDGET = HttpLimits(max_body_bytes=1024, max_inflight_body_bytes=1500, body_timeout=5.0)
+
+
+async def test_a_body_past_the_inflight_budget_gets_503_overloaded_then_the_budget_returns() -> None:
+    rejected: list[tuple[int, str]] = []
+
+    with trio.fail_after(10):
+        async with running(
+            limits=BUDGET, on_reject=lambda status, exc, ctx: rejected.append((status, exc.code))
+        ) as (port, server):
+            async with connect(port) as slow, connect(port) as late:
+                await slow.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
+                await wait_for(lambda: server.inflight_body_bytes == 1000)
+                # A second 1000-byte body would hold 2000 > 1500 bytes: refused from its head.
+                await late.send(
+                    b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n"
+                    b"Expect: 100-continue\r\n\r\n"
+                )
+                status, headers, body = await late.response(b"POST")
+                assert status == 503
+                assert headers["retry-after"] == "1"
+                error = envelope(body)
+                assert error["code"] == "overloaded" and error["type"] == "server_error"
+                assert await late.at_eof()
+                # A small one still fits.
+                async with connect(port) as small:
+                    await small.send(post(b"x" * 400))
+                    assert (await small.response(b"POST"))[0] == 200
+                await slow.send(b"c" * 998)
+                status, _, body = await slow.response(b"POST")
+                assert status == 200 and len(json.loads(body)["body"]) == 1000
+            assert server.inflight_body_bytes == 0
+    assert rejected == [(503, "overloaded")]
+
+
+async def test_chunked_bodies_are_counted_as_they_arrive() -> None:
+    with trio.fail_after(10):
+        async with running(limits=BUDGET) as (port, server):
+            async with connect(port) as one, connect(port) as two:
+                head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                await one.send(head + b"3e8\r\n" + b"a" * 1000 + b"\r\n")
+                await wait_for(lambda: server.inflight_body_bytes == 1000)
+                await two.send(head + b"258\r\n" + b"b" * 600 + b"\r\n")
+                status, _, body = await two.response(b"POST")
+                assert status == 503 and envelope(body)["code"] == "overloaded"
+                await one.send(b"0\r\n\r\n")
+                assert (await one.response(b"POST"))[0] == 200
+            assert server.inflight_body_bytes == 0
+
+
+async def _body_then(port: int, server: HttpServer, end: Callable[[Client], Awaitable[None]]) -> None:
+    """Start a 1000-byte body, check it is reserved, finish the scenario with ``end``."""
+    async with connect(port) as client:
+        await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\nab")
+        await wait_for(lambda: server.inflight_body_bytes == 1000)
+        await end(client)
+    await wait_for(lambda: server.inflight_body_bytes == 0)
+
+
+async def test_the_inflight_budget_returns_to_zero_on_every_path(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """Success, a handler error, a client gone mid-body, a body timeout, a body
+    over the size limit, a cancelled server: each gives its reservation back."""
+
+    async def handler(request: Request, responder: Responder) -> None:
+        if request.body.startswith(b"boom"):
+            raise RuntimeError("handler bug")
+        await responder.send(200, [], b"ok")
+
+    async def finish_ok(client: Client) -> None:
+        await client.send(b"c" * 998)
+        assert (await client.response(b"POST"))[0] == 200
+
+    async def go_away(client: Client) -> None:
+        await client.stream.aclose()
+
+    async def stay_silent(client: Client) -> None:
+        assert (await client.response(b"POST"))[0] == 408
+
+    with trio.fail_after(60):
+        async with running(handler, limits=BUDGET) as (port, server):
+            for end in (finish_ok, go_away, stay_silent):
+                await _body_then(port, server, end)
+            async with connect(port) as client:  # boom: a 500 after the body is in
+                await client.send(post(b"boom" + b"x" * 600))
+                assert (await client.response(b"POST"))[0] == 500
+            assert server.inflight_body_bytes == 0
+            async with connect(port) as client:  # chunked past max_body_bytes: 413
+                head = b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                await client.send(head + b"3e8\r\n" + b"a" * 1000 + b"\r\n")
+                await wait_for(lambda: server.inflight_body_bytes == 1000)
+                await client.send(b"64\r\n" + b"a" * 100 + b"\r\n")
+                assert (await client.response(b"POST"))[0] == 413
+            assert server.inflight_body_bytes == 0
+        # The server cancelled while a body was arriving.
+        async with trio.open_nursery() as nursery:
+            server = HttpServer(echo_handler, limits=BUDGET, render_error=render_error)
+            _, port = await nursery.start(server.serve, "127.0.0.1", 0)
+            async with connect(port) as client:
+                await client.send(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
+                await wait_for(lambda: server.inflight_body_bytes == 1000)
+                nursery.cancel_scope.cancel()
+        assert server.inflight_body_bytes == 0
+
+
+async def wait_for(predicate: Callable[[], bool]) -> None:
+    """Poll server state until ``predicate`` holds (callers bound it with ``fail_after``)."""
+    while not predicate():  # noqa: ASYNC110 - polling state owned by other tasks
+        await trio.sleep(0.001)
+
+
+# ------------------------------------------------------------- send timeout
+
+
+async def test_a_reader_that_stops_reading_is_cut_after_send_timeout() -> None:
+    """No byte taken for ``send_timeout``: the connection is cut and the handler
+    cancelled (whatever it holds, it lets go)."""
+    outcome: list[str] = []
+    limits = HttpLimits(send_timeout=0.3)
+
+    async def handler(request: Request, responder: Responder) -> None:
+        try:
+            await responder.start(200, [("content-type", "text/event-stream")])
+            while True:
+                await responder.write(b"x" * 65536)
+        except trio.Cancelled:
+            outcome.append("cancelled")
+            raise
+        except ClientDisconnected:
+            outcome.append("disconnected")
+            raise
+
+    with trio.fail_after(20):
+        async with running(handler, limits=limits) as (port, server):
+            async with connect(port) as client:
+                client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                await client.send(get())
+                await wait_for(lambda: server.in_flight == 1)
+                await wait_for(lambda: server.in_flight == 0)  # never read, and yet it ends
+    assert outcome == ["disconnected"]
+
+
+async def test_a_slow_reader_that_keeps_reading_is_never_cut() -> None:
+    """The timer restarts whenever the caller's TCP takes bytes: a response whose
+    write waits on the reader far longer than ``send_timeout`` in all, but keeps
+    moving, is complete.  (Real time: the kernel's window updates are.)"""
+    size = 4 * 1024 * 1024
+    limits = HttpLimits(send_timeout=1.0)
+    took: list[float] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        started = trio.current_time()
+        await responder.send(200, [], b"y" * size)
+        took.append(trio.current_time() - started)
+
+    with trio.fail_after(60):
+        async with running(handler, limits=limits) as (port, _):
+            async with connect(port) as client:
+                client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 18)
+                await client.send(get("/", "Connection: close\r\n"))
+                received = 0
+                while chunk := await client.stream.receive_some(65536):
+                    received += len(chunk)
+                    await trio.sleep(0.05)  # ~1.3 MB/s
+                assert received > size
+    assert took and took[0] > 2 * limits.send_timeout

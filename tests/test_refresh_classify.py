@@ -204,6 +204,13 @@ RESTART: list[tuple[str, Mutation, list[str]]] = [
     ),
     ("max_body", lambda d: d["openai"].update(max_body_bytes=10), ["openai.max_body_bytes"]),
     ("request_timeout", lambda d: d["openai"].update(request_timeout=1), ["openai.request_timeout"]),
+    ("max_connections", lambda d: d["openai"].update(max_connections=8), ["openai.max_connections"]),
+    (
+        "max_inflight_body_bytes",
+        lambda d: d["openai"].update(max_inflight_body_bytes=1 << 30),
+        ["openai.max_inflight_body_bytes"],
+    ),
+    ("send_timeout", lambda d: d["openai"].update(send_timeout=5), ["openai.send_timeout"]),
     ("node added", add_node, ["nodes[node-c]"]),
     (
         "node removed",

@@ -111,6 +111,9 @@ class OpenAISection(_Section):
     idle_timeout: float = 30.0
     header_timeout: float = 10.0
     body_timeout: float = 60.0
+    max_connections: int = 4096
+    max_inflight_body_bytes: int = 256 * 1024 * 1024
+    send_timeout: float = 30.0
     model_routes: list[ModelRoute] = msgspec.field(default_factory=list)
     # Legacy single-target form: every request whose model is not otherwise
     # resolved goes to provider ``adapter`` (on ``node``) with served ``target``.

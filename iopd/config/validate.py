@@ -332,6 +332,14 @@ def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
     err.positive("openai.idle_timeout", o.idle_timeout)
     err.positive("openai.header_timeout", o.header_timeout)
     err.positive("openai.body_timeout", o.body_timeout)
+    err.positive("openai.max_connections", o.max_connections)
+    err.positive("openai.send_timeout", o.send_timeout)
+    if not o.max_inflight_body_bytes >= o.max_body_bytes:
+        # Below it, a body of the largest allowed size could never be received.
+        err.add(
+            "openai.max_inflight_body_bytes",
+            f"must be >= openai.max_body_bytes ({o.max_body_bytes})",
+        )
     for name in ("header", "target_header"):
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):

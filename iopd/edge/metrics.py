@@ -97,6 +97,7 @@ Status = Literal[
     "dispatch_error",
     "provider_error",
     "cancelled",
+    "overloaded",
 ]
 UsageSource = Literal["provider_body", "tunnel_frame", "run_event"]
 TokenType = Literal["input", "output", "reasoning", "cached_input"]
@@ -120,6 +121,7 @@ STATUSES: Final = frozenset(
         "dispatch_error",
         "provider_error",
         "cancelled",
+        "overloaded",
     }
 )
 USAGE_SOURCES: Final = frozenset({"provider_body", "tunnel_frame", "run_event"})

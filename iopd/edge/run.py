@@ -93,9 +93,13 @@ async def run_edge(
             header_timeout=oa.header_timeout,
             body_timeout=oa.body_timeout,
             idle_timeout=oa.idle_timeout,
+            max_connections=oa.max_connections,
+            max_inflight_body_bytes=oa.max_inflight_body_bytes,
+            send_timeout=oa.send_timeout,
         ),
         render_error=render_error,
-        on_reject=rt.metrics.count_http_rejected,
+        on_reject=app.layer_refused,
+        head_check=app.check_head,
     )
     admin_srv = HttpServer(
         AdminApp(rt),

@@ -15,15 +15,28 @@ What this module guarantees:
 * headers must arrive within ``header_timeout`` and the body within
   ``body_timeout`` (else 408); oversized headers -> 431, oversized bodies -> 413
   (``Content-Length`` checked before reading, chunked bodies counted as they
-  come); malformed HTTP -> 400; ``Expect: 100-continue`` is answered;
+  come); malformed HTTP -> 400;
+* decide from the head: an optional ``head_check`` hook (the OpenAI listener's
+  route, method and token) runs once the head is parsed, before any body byte
+  is read; a refusal is answered from the head and the connection closes.
+  ``Expect: 100-continue`` is answered only once the head passed every check;
+* bounded by what an operator states: at most ``max_connections`` connections
+  are served (past it new ones wait in the kernel's listen backlog: the server
+  stops accepting until one closes), and at most ``max_inflight_body_bytes``
+  of request bodies are being received at once across all connections
+  (``Content-Length`` reserved from the head, chunked bodies counted as they
+  come; past it 503 ``overloaded`` with ``Retry-After``);
+* a write to the client that makes no progress for ``send_timeout`` (the
+  kernel takes no byte: a caller that stopped reading) cuts the connection and
+  cancels the handler, which frees whatever it held (a provider slot);
 * the handler gets the whole body and runs in a cancel scope that is cancelled
   when the client goes away: one reader task per connection keeps a receive
   outstanding on the socket (pipelined bytes are buffered up to a cap), so EOF
   or a reset is seen at once and cancels the handler.  A client that
   half-closes its side after sending counts as gone.  (A reader per connection
   instead of a watcher task per request saved ~50 µs of CPU per request);
-* nothing here ever cuts a streaming response: ``start``/``write``/``end`` may
-  take as long as the handler wants;
+* nothing here ever cuts a streaming response that keeps moving:
+  ``start``/``write``/``end`` may take as long as the handler wants;
 * an exception escaping the handler becomes a generic 500 (traceback logged
   here, never sent) or, once the response has started, a closed connection;
   ``trio.Cancelled`` is never swallowed; one bad client never takes the server
@@ -61,10 +74,11 @@ from iopd.errors import (
     GatewayError,
     HeadersTooLarge,
     InvalidRequest,
+    Overloaded,
     RequestTimeout,
     RequestTooLarge,
 )
-from iopd.http.h1 import H1ProtocolError, RequestReader, render_response_head
+from iopd.http.h1 import H1ProtocolError, RequestHead, RequestReader, render_response_head
 from iopd.transport import fastsend
 
 log = logging.getLogger("iopd.http.server")
@@ -92,6 +106,12 @@ class HttpLimits:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     idle_timeout: float = 30.0
+    #: Connections served at once; past it new ones wait in the listen backlog.
+    max_connections: int = 4096
+    #: Request-body bytes being received at once, all connections together.
+    max_inflight_body_bytes: int = 256 * 1024 * 1024
+    #: A response write that makes no progress this long cuts the connection.
+    send_timeout: float = 30.0
 
 
 @dataclass(slots=True)
@@ -106,6 +126,8 @@ class Request:
     body: bytes
     client: tuple[str, int] | None
     http_version: str
+    #: What the server's ``head_check`` returned for this request (None without one).
+    context: object = None
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -114,6 +136,10 @@ class Request:
             if key == name:
                 return value
         return None
+
+
+class _SendStalled(Exception):
+    """No byte of a write was taken by the kernel for ``send_timeout`` seconds."""
 
 
 class ClientDisconnected(Exception):
@@ -134,6 +160,17 @@ class AbortResponse(Exception):
 
 Handler = Callable[[Request, "Responder"], Awaitable[None]]
 ErrorRenderer = Callable[[GatewayError], tuple[int, list[tuple[str, str]], bytes]]
+#: The head hook: ``(method, path, headers) -> context``, called once a request
+#: head is parsed and before any body byte is read or ``100 Continue`` sent.
+#: It raises a ``GatewayError`` to refuse the request, having logged and
+#: counted the refusal itself (the server answers it, without ``on_reject``,
+#: and closes the connection); what it returns is ``Request.context``.
+#: Synchronous: it decides from what is in hand, it never waits.
+HeadCheck = Callable[[str, str, list[tuple[str, str]]], object]
+#: Called for every request this layer refuses itself: the status answered,
+#: the error, and the head hook's context when the hook had admitted the
+#: request (None when there is no hook or the head was not read).
+RejectHook = Callable[[int, GatewayError, object], None]
 
 _date_second = -1
 _date_value = ""
@@ -142,6 +179,7 @@ _date_value = ""
 _FRAMING_HEADERS = frozenset({"content-length", "transfer-encoding", "connection"})
 _CHUNKED_END = b"0\r\n\r\n"
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_OVERLOADED = "the server is receiving too many request bodies at once; retry later"
 
 
 def _http_date() -> str:
@@ -296,17 +334,22 @@ class HttpServer:
         render_error: ErrorRenderer,
         allow_peer: Callable[[str], bool] | None = None,
         server_header: str = "iopd",
-        on_reject: Callable[[int], None] | None = None,
+        on_reject: RejectHook | None = None,
+        head_check: HeadCheck | None = None,
     ) -> None:
         self.handler = handler
         self.limits = limits
         self.render_error = render_error
         self.allow_peer = allow_peer
         self.server_header = server_header
-        #: Called with the status of every request this layer refuses itself.
+        #: See :data:`RejectHook`.
         self.on_reject = on_reject
+        #: See :data:`HeadCheck`.
+        self.head_check = head_check
         self.closing = False
         self._in_flight = 0
+        self._body_bytes = 0  # reserved by the bodies being received now
+        self._connection_slots = trio.Semaphore(limits.max_connections)
         self._idle = trio.Event()
         self._idle.set()
         self._accept_scope: trio.CancelScope | None = None
@@ -321,6 +364,19 @@ class HttpServer:
     def open_connections(self) -> int:
         """Connections currently served."""
         return len(self._connections)
+
+    @property
+    def inflight_body_bytes(self) -> int:
+        """Request-body bytes reserved by the bodies being received now (0 when none is)."""
+        return self._body_bytes
+
+    def _reserve_body(self, size: int) -> bool:
+        """Count ``size`` more body bytes as being received; False past the limit."""
+        total = self._body_bytes + size
+        if total > self.limits.max_inflight_body_bytes:
+            return False
+        self._body_bytes = total
+        return True
 
     async def wait_idle(self) -> None:
         """Return once no request is in flight (see :attr:`in_flight`)."""
@@ -372,14 +428,23 @@ class HttpServer:
                 await trio.aclose_forcefully(listener)
 
     async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        # At ``max_connections`` the loop stops accepting: new connections wait
+        # in the kernel's listen backlog (backpressure that costs nothing here)
+        # until one closes and ``_handle_connection`` gives its slot back.
+        slots = self._connection_slots
         while True:
+            await slots.acquire()
             try:
                 stream = await listener.accept()
             except OSError as exc:
+                slots.release()
                 if exc.errno in _ACCEPT_RETRY_ERRNOS:
                     log.error("event=accept_failed error=%r retry_s=0.1", str(exc))
                     await trio.sleep(0.1)
                     continue
+                raise
+            except BaseException:
+                slots.release()
                 raise
             connections.start_soon(self._handle_connection, stream)
 
@@ -404,6 +469,7 @@ class HttpServer:
         finally:
             if conn is not None:
                 self._connections.discard(conn)
+            self._connection_slots.release()
             await trio.aclose_forcefully(stream)
 
 
@@ -438,6 +504,9 @@ class _Connection:
         "active",
         "keep_alive",
         "torn",
+        "context",
+        "refused_at_head",
+        "reserved",
         "_loop_waiter",
         "_space",
         "_reader_waiter",
@@ -457,6 +526,9 @@ class _Connection:
         self.active = False  # a request is being read or answered
         self.keep_alive = False  # the request now served allows another after it
         self.torn = False  # a write was cut halfway: the connection must close
+        self.context: object = None  # the head hook's answer for the request now read
+        self.refused_at_head = False  # the head hook refused it (and accounted for that)
+        self.reserved = 0  # body bytes this request holds of the server's in-flight budget
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
         self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
@@ -571,13 +643,52 @@ class _Connection:
             written = fastsend.write_now(self.stream, data)
             if written < len(data):
                 self.torn = True  # until the rest is out
-                await self.stream.send_all(memoryview(data)[written:] if written else data)
+                await self._send_rest(data, written)
                 self.torn = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.eof = True
             if scope is not None:
                 scope.cancel()
             raise ClientDisconnected("client disconnected") from None
+        except _SendStalled:
+            log.info(
+                "event=send_timeout client=%s timeout_s=%s",
+                self.client[0],
+                self.server.limits.send_timeout,
+            )
+            self.eof = True  # given up on: the connection closes
+            if scope is not None:
+                scope.cancel()
+            raise ClientDisconnected("client stopped reading") from None
+
+    async def _send_rest(self, data: bytes, written: int) -> None:
+        """Write ``data[written:]`` as the socket takes it; raise :class:`_SendStalled`
+        when it takes nothing for ``send_timeout`` seconds.
+
+        The timer restarts whenever the kernel takes bytes: a slow reader that
+        keeps reading is never cut, one that stopped is, whatever the size.
+        (trio sets ``TCP_NOTSENT_LOWAT`` on its sockets, so the kernel holds
+        little unsent data and has room again as soon as the caller's TCP
+        acknowledges some: room is progress of the caller, not of a buffer.)
+        """
+        timeout = self.server.limits.send_timeout
+        view = memoryview(data)[written:]
+        stream = self.stream
+        if type(stream) is not trio.SocketStream:  # not a plain socket: no progress to see
+            with trio.move_on_after(timeout):
+                await stream.send_all(view)
+                return
+            raise _SendStalled
+        sock = stream.socket
+        while view:
+            with trio.move_on_after(timeout):
+                try:
+                    sent = await sock.send(view)  # waits for room, then takes what fits
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+                view = view[sent:]
+                continue
+            raise _SendStalled
 
     # ------------------------------------------------------------- requests
 
@@ -597,6 +708,8 @@ class _Connection:
 
     async def _serve_request(self) -> bool:
         result: Request | GatewayError | None = None
+        self.context = None
+        self.refused_at_head = False
         # One scope per request whose deadline moves with the phase (idle ->
         # head -> body): cheaper than a scope per phase on the hot path.
         with trio.CancelScope() as deadline:
@@ -606,6 +719,10 @@ class _Connection:
                 result = _protocol_error(exc)
             except ClientDisconnected:
                 result = None
+            finally:
+                if self.reserved:  # the body is in (or given up on): no longer arriving
+                    self.server._body_bytes -= self.reserved
+                    self.reserved = 0
         if deadline.cancelled_caught:
             if self.idle_scope is not None:  # idle timeout or shutdown: close quietly
                 self.idle_scope = None
@@ -654,20 +771,28 @@ class _Connection:
                     head = reader.read_head()
         if not self.active:
             self._begin_request()
-        if head.content_length is not None and head.content_length > limits.max_body_bytes:
-            return RequestTooLarge("request body too large")
+        target = head.target
+        path, _, query = target.partition("?")
+        refusal = self._admit(head, path)
+        if refusal is not None:
+            return refusal
 
         if head.expect_continue and not reader.complete:
             await self.send_bytes(_CONTINUE, None)
         body_parts: list[bytes] = []
         size = 0
         waited = False
+        counted = head.content_length is None  # chunked: reserve each piece as it comes
         while True:
             part = reader.read_body()
             if part:
                 size += len(part)
                 if size > limits.max_body_bytes:
                     return RequestTooLarge("request body too large")
+                if counted:
+                    if not self.server._reserve_body(len(part)):
+                        return Overloaded(_OVERLOADED)
+                    self.reserved += len(part)
                 body_parts.append(part)
             if reader.complete:
                 break
@@ -680,8 +805,6 @@ class _Connection:
                 reader.receive_eof()  # read_body raises: closed inside the body, a 400
             reader.receive_data(data)
 
-        target = head.target
-        path, _, query = target.partition("?")
         self.keep_alive = head.keep_alive
         return Request(
             method=head.method,
@@ -692,7 +815,30 @@ class _Connection:
             body=body_parts[0] if len(body_parts) == 1 else b"".join(body_parts),
             client=self.client,
             http_version=head.http_version,
+            context=self.context,
         )
+
+    def _admit(self, head: RequestHead, path: str) -> GatewayError | None:
+        """Everything decided from the head, before a body byte is read: the head
+        hook (route, method, caller), the declared size, the in-flight body budget."""
+        server = self.server
+        if server.head_check is not None:
+            try:
+                self.context = server.head_check(head.method, path, head.headers)
+            except GatewayError as exc:
+                self.refused_at_head = True
+                return exc
+            except Exception:
+                log.exception("event=callback_failed component=http callback=head_check")
+                return GatewayError("Internal server error")
+        length = head.content_length
+        if length:
+            if length > server.limits.max_body_bytes:
+                return RequestTooLarge("request body too large")
+            if not server._reserve_body(length):
+                return Overloaded(_OVERLOADED)
+            self.reserved = length
+        return None
 
     async def _run_handler(self, request: Request) -> bool:
         server = self.server
@@ -768,19 +914,24 @@ class _Connection:
         await responder.send(status, headers, body)
 
     async def _fail(self, error: GatewayError) -> None:
-        """Answer a request this layer refuses, then close gracefully."""
+        """Answer a request this layer refuses, then close gracefully.
+
+        A refusal by the head hook was logged and counted by the hook; every
+        other one is logged here and reported to ``on_reject``.
+        """
         status, headers, body = self._render(error)
-        log.info(
-            "event=request_rejected status=%d code=%s client=%s",
-            status,
-            error.code,
-            self.client[0] if self.client else "-",
-        )
-        if self.server.on_reject is not None:
-            try:
-                self.server.on_reject(status)
-            except Exception:
-                log.exception("event=callback_failed component=http callback=on_reject")
+        if not self.refused_at_head:
+            log.info(
+                "event=request_rejected status=%d code=%s client=%s",
+                status,
+                error.code,
+                self.client[0] if self.client else "-",
+            )
+            if self.server.on_reject is not None:
+                try:
+                    self.server.on_reject(status, error, self.context)
+                except Exception:
+                    log.exception("event=callback_failed component=http callback=on_reject")
         head = [("server", self.server.server_header), ("date", _http_date())]
         head += headers
         head += [("content-length", str(len(body))), ("connection", "close")]
@@ -789,9 +940,9 @@ class _Connection:
         except H1ProtocolError:
             return
         try:
-            await self.stream.send_all(data)
+            await self._send_rest(data, 0)
             await self.stream.send_eof()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+        except (trio.BrokenResourceError, trio.ClosedResourceError, _SendStalled):
             return
         # Keep draining what the client still sends until it closes, so that
         # closing does not reset the connection before it read the response.

@@ -2,7 +2,9 @@
 
 One request, start to end:
 
-    authenticate → parse → resolve model group → estimate tokens / context
+    from the head, before any body byte is read (``check_head``, the HTTP
+    server's head hook): route, method, authenticate → then, with the body:
+    parse → resolve model group → estimate tokens / context
     class → lease a provider from the pool (may queue) → by the provider's
     type: normalized RunRequest or raw ProviderTunnelRequest on the node's
     session → write JSON or SSE → metrics + one log line.
@@ -119,8 +121,25 @@ class Outcome:
     deadline: float = math.inf
 
 
+@dataclass(slots=True)
+class Admission:
+    """What :meth:`OpenAIApp.check_head` decided from a request's head.
+
+    The request carries it to the handler (``Request.context``): the snapshot
+    it was authenticated against and its outcome so far (id, endpoint,
+    principal), so the handler neither routes nor authenticates twice.
+    """
+
+    snap: Snapshot
+    out: Outcome
+
+
 class OpenAIApp:
-    """The request handler of the OpenAI listener (an ``iopd.http.server.Handler``)."""
+    """The request handler of the OpenAI listener (an ``iopd.http.server.Handler``).
+
+    ``check_head`` is the server's head hook and ``layer_refused`` its
+    ``on_reject``: the three together account for every request once.
+    """
 
     def __init__(self, runtime: EdgeRuntime) -> None:
         self.rt = runtime
@@ -145,9 +164,54 @@ class OpenAIApp:
 
     # ---------------------------------------------------------------- entry
 
-    async def __call__(self, request: Request, responder: Responder) -> None:
+    def check_head(self, method: str, path: str, headers: list[tuple[str, str]]) -> Admission:
+        """The head hook: route, method and caller decided before any body byte.
+
+        A caller without a valid token, or on an unknown route or method,
+        never gets its body buffered or a ``100 Continue``.  A refusal is
+        counted and logged here, as it was when the handler decided it (401
+        with its endpoint in ``iop_openai_requests_total``, 404/405 by status),
+        then raised for the server to answer from the head and close.
+        """
         out = Outcome(request_id=self._new_id("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
+        try:
+            self._admit(snap, method, path, headers, out)
+        except errors.GatewayError as exc:
+            out.status = exc.metric_status
+            out.http_status = exc.status
+            exc.headers.append(("x-request-id", out.request_id))
+            self._finish(out)
+            raise
+        return Admission(snap, out)
+
+    def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
+        """The HTTP layer answered ``status`` itself (its ``on_reject``).
+
+        A 503 ``overloaded`` of an admitted request counts like a queue refusal:
+        with its endpoint and principal.  Everything else the layer refuses
+        (malformed HTTP, size and time limits) is counted by status, as before
+        there was a head hook.
+        """
+        if isinstance(exc, errors.Overloaded) and isinstance(context, Admission):
+            out = context.out
+            out.status = exc.metric_status
+            out.http_status = status
+            self._finish(out)
+        else:
+            self.rt.metrics.count_http_rejected(status)
+
+    async def __call__(self, request: Request, responder: Responder) -> None:
+        admission = request.context
+        if not isinstance(admission, Admission):  # served without the head hook
+            try:
+                admission = self.check_head(request.method, request.path, request.headers)
+            except errors.GatewayError as refused:
+                status, headers, body = render_error(refused)
+                await responder.send(status, headers, body)
+                return
+        snap, out = admission.snap, admission.out
+        out.started = time.perf_counter()  # the request's duration starts with its handler
         try:
             timeout = snap.config.openai.request_timeout
             with trio.move_on_after(timeout) as scope:
@@ -241,33 +305,41 @@ class OpenAIApp:
 
     # --------------------------------------------------------------- routing
 
-    async def _route(
-        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    @staticmethod
+    def _admit(
+        snap: Snapshot, method: str, path: str, headers: list[tuple[str, str]], out: Outcome
     ) -> None:
-        path = request.path
-        method = request.method
+        """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
+
+        (A CORS preflight, answered before authentication, belongs here too.)
+        """
         allowed = _KNOWN_ROUTES.get(path)
         if path.startswith("/api/"):
             out.endpoint = "api"
             out.mode = "passthrough"  # the metrics convention: /api/* is a raw relay
         else:
             out.endpoint = _ENDPOINTS.get(path)
+        if allowed is None:
+            raise errors.RouteNotFound(f"no route for {method} {path}")
+        if method not in allowed:
+            raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
         if path == "/healthz":
-            if method not in allowed:  # type: ignore[operator]
-                raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
-            out.quiet = True
+            out.quiet = True  # load balancers poll it: no request line per probe
+            return
+        authorization = next((v for k, v in headers if k == "authorization"), None)
+        out.principal = snap.auth.authenticate(authorization)
+
+    async def _route(
+        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
+    ) -> None:
+        """Serve a request :meth:`check_head` admitted (route, method and caller known)."""
+        path = request.path
+        if path == "/healthz":
             if self._draining:  # take this instance out of the load balancer
                 raise errors.ShuttingDown("the edge is shutting down")
             out.status = "ok"
             await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
             return
-        if allowed is None:
-            raise errors.RouteNotFound(f"no route for {method} {path}")
-        if method not in allowed:
-            raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
-
-        out.principal = snap.auth.authenticate(request.header("authorization"))
-
         if path == "/v1/models":
             await self._list_models(snap, responder, out)
         elif path == "/api/tags":
