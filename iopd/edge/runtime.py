@@ -95,6 +95,11 @@ class ProviderHealthState:
     last_error: str = ""
 
 
+#: What ``/status`` and the health gauge show for a provider whose node has no
+#: live session: its last probe result is history, not the provider's state.
+DISCONNECTED = "disconnected"
+
+
 @dataclass
 class EdgeRuntime:
     """Owns the snapshot, the pool, the node hub and the metrics of one edge."""
@@ -191,6 +196,16 @@ class EdgeRuntime:
             providers=self._gauge_rows(),
         )
 
+    def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
+        """The last probe the node reported, or ``disconnected`` while the node is away.
+
+        The probe result is kept (not reset) on a disconnect: the node reports
+        its current status right after its next handshake, which replaces it.
+        """
+        if self.hub.connected_since(node_id) is None:
+            return ProviderHealthState(health=DISCONNECTED)
+        return self.health.get(provider_id, ProviderHealthState())
+
     def _gauge_rows(self) -> list[ProviderGaugeRow]:
         loads = self.pool.provider_loads()
         rows = []
@@ -204,7 +219,7 @@ class EdgeRuntime:
                     capacity=ref.config.capacity,
                     long_in_flight=load.long_in_flight if load else 0,
                     long_capacity=ref.config.long_context_capacity,
-                    health=self.health.get(pid, ProviderHealthState()).health,
+                    health=self._shown_health(ref.node_id, pid).health,
                     enabled=ref.config.enabled,
                 )
             )
@@ -230,7 +245,7 @@ class EdgeRuntime:
         for node in snap.config.nodes:
             for p in node.providers:
                 load = loads.get(p.id)
-                hs = self.health.get(p.id, ProviderHealthState())
+                hs = self._shown_health(node.id, p.id)
                 in_flight = load.in_flight if load else 0
                 providers.append(
                     {
