@@ -1,10 +1,12 @@
 """``iopd demo``: an edge, one node and the built-in ``echo`` provider in one process.
 
-The node talks to the edge over the real wire on loopback, exactly as two
-daemons would; only the process is shared.  The config is ``iopd/demo.yaml``
-(the same file as ``configs/demo.yaml``), with the OpenAI port from ``--port``,
-the admin port from ``--admin-port`` (0 = any free port, so a second demo can
-run) and the wire on a free port.
+The node is an embedded node (``nodes[].embedded``, ``iopd.edge.embedded``):
+it talks to the edge over the real wire on loopback, exactly as two daemons
+would; only the process is shared.  The config is ``iopd/demo.yaml`` (the
+same file as ``configs/demo.yaml``, which also runs as two daemons), with its
+node made embedded, the OpenAI port from ``--port``, the admin port from
+``--admin-port`` (0 = any free port, so a second demo can run) and the wire
+on a free port.
 """
 
 from __future__ import annotations
@@ -17,13 +19,11 @@ import msgspec
 import trio
 
 from iopd.config.load import ConfigError, parse_edge_config
-from iopd.config.schema import EdgeConfig, NodeConfigFile, NodeSection
+from iopd.config.schema import EdgeConfig
 from iopd.logs import setup_logging
 from iopd.startup import StartupError, run_daemon
 
 DEMO_NODE_ID = "demo-node"
-#: Demo only: its SHA-256 is in demo.yaml.  Never reuse it for a real node.
-DEMO_NODE_TOKEN = "demo-node-token"
 
 
 DEFAULT_PORT = 8080
@@ -38,34 +38,32 @@ def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
     edge = msgspec.structs.replace(
         cfg.edge, node_listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{admin_port}"
     )
-    return msgspec.structs.replace(cfg, edge=edge, openai=openai)
-
-
-def demo_node_config(wire_port: int) -> NodeConfigFile:
-    return NodeConfigFile(
-        node=NodeSection(id=DEMO_NODE_ID, edge=f"127.0.0.1:{wire_port}", token=DEMO_NODE_TOKEN)
-    )
+    # The demo's node runs inside the edge with a token minted in memory: the
+    # file's well-known demo token is for the two-daemon form only.
+    nodes = [
+        msgspec.structs.replace(n, embedded=True, token_hash_sha256="")
+        if n.id == DEMO_NODE_ID
+        else n
+        for n in cfg.nodes
+    ]
+    return msgspec.structs.replace(cfg, edge=edge, openai=openai, nodes=nodes)
 
 
 async def run_demo(  # type: ignore[no-untyped-def]
     port: int, admin_port: int = DEFAULT_ADMIN_PORT, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
     from iopd.edge.run import run_edge
-    from iopd.node.run import run_node
 
     cfg = demo_config(port, admin_port)
     async with trio.open_nursery() as nursery:
-
-        async def edge_then_stop(task_status=trio.TASK_STATUS_IGNORED):  # type: ignore[no-untyped-def]
-            await run_edge(cfg, None, handle_signals=True, task_status=task_status)
-            nursery.cancel_scope.cancel()  # the edge drained: stop the node too
-
-        handle = await nursery.start(edge_then_stop)
-        node_cfg = demo_node_config(handle.wire[1])
-        await nursery.start(functools.partial(run_node, node_cfg))
+        handle = await nursery.start(functools.partial(run_edge, cfg, None, handle_signals=True))
         base = handle.base_url
         admin = f"http://127.0.0.1:{handle.admin[1]}"
-        status = "iopd status" if handle.admin[1] == DEFAULT_ADMIN_PORT else f"iopd status --admin {admin}"
+        status = (
+            "iopd status"
+            if handle.admin[1] == DEFAULT_ADMIN_PORT
+            else f"iopd status --admin {admin}"
+        )
         print(
             f"""
 iopd demo is serving (edge + node '{DEMO_NODE_ID}' + echo provider).

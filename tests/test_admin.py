@@ -221,8 +221,8 @@ async def test_status_shape_lists_every_configured_node_and_provider() -> None:
             assert provs["echo-2"]["node_id"] == "node-b"
             assert provs["echo-2"]["category"] == "local_inference"
             assert provs["echo-2"]["long_context_capacity"] == 1
-            # node-b never connected: its provider was never probed.
-            assert provs["echo-2"]["health"] == "unknown"
+            # node-b never connected: its provider shows its node's state, not a probe.
+            assert provs["echo-2"]["health"] == "disconnected"
 
             # node-a's node probes its echo provider: health arrives from the node.
             await wait_until(

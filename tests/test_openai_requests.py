@@ -296,6 +296,7 @@ def test_valid_chat_request_view_and_params() -> None:
         "seed": 7,
         "stop": ["a", "b", "c", "d"],
         "max_tokens": 50,
+        "response_format": {"type": "json_object"},  # for the normalized adapters to map
     }
     assert req.params() is not req.params()
 

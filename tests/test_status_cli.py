@@ -178,7 +178,7 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
             assert f"remote-model  ! {last_error[:30]}" in remote_line
 
             echo2 = row_of(out, "echo-2")
-            assert echo2[:6] == ["node-b", "echo-2", "echo", "local_inference", "yes", "unknown"]
+            assert echo2[:6] == ["node-b", "echo-2", "echo", "local_inference", "yes", "disconnected"]
             assert echo2[6:11] == ["0/4", "0.00", "0", "0/1", "echo"]
             assert len(echo2) == 11  # no last error
 

@@ -167,8 +167,12 @@ class ProviderConfig(_Section):
 
 class NodeEntry(_Section):
     id: str
-    token_hash_sha256: str
+    #: Required unless ``embedded``; validated in ``validate.py``.
+    token_hash_sha256: str = ""
     alias: str = ""
+    #: Run this node inside the edge process (one daemon for one machine); it
+    #: dials the edge over loopback with a token minted in memory at start.
+    embedded: bool = False
     providers: list[ProviderConfig] = msgspec.field(default_factory=list)
 
 

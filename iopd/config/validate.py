@@ -269,7 +269,7 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
             first = _first_at(node_index, node.id, npath)
             if first is not None:
                 err.add(f"{npath}.id", f"duplicate node id {node.id!r} (first defined at {first})")
-        err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
+        _check_node_token(err, npath, node)
         for j, p in enumerate(node.providers):
             ppath = f"{npath}.providers[{j}]"
             if err.not_empty(f"{ppath}.id", p.id):
@@ -283,6 +283,29 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
                     provider_node[p.id] = node.id
             _check_provider(err, ppath, p)
     return _Defined(node_index, providers, provider_node)
+
+
+def _check_node_token(err: _Errors, npath: str, node: NodeEntry) -> None:
+    """A dialling node needs ``token_hash_sha256``; an embedded one has none and its providers."""
+    if node.embedded:
+        if node.token_hash_sha256:
+            err.add(
+                f"{npath}.token_hash_sha256",
+                "must not be set for an embedded node (the edge gives it a token kept in memory)",
+            )
+        if not node.providers:
+            err.add(
+                f"{npath}.providers",
+                "an embedded node must define at least one provider (it serves nothing else)",
+            )
+    elif not node.token_hash_sha256:
+        err.add(
+            f"{npath}.token_hash_sha256",
+            "required for a node that dials in (the SHA-256 of its token; see 'iopd token'),"
+            " or set embedded: true to run the node inside the edge",
+        )
+    else:
+        err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
 
 
 def _check_model_groups(err: _Errors, models: list[ModelGroup], defined: _Defined) -> None:

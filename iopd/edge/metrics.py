@@ -107,7 +107,7 @@ Direction = Literal["in", "out"]
 WireErrorReason = Literal[
     "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
 ]
-Health = Literal["unhealthy", "unknown", "healthy"]
+Health = Literal["disconnected", "unhealthy", "unknown", "healthy"]
 
 ENDPOINTS: Final = frozenset({"chat_completions", "responses", "api"})
 RESPONSE_MODES: Final = frozenset({"passthrough", "normalized"})
@@ -137,8 +137,13 @@ WIRE_ERROR_REASONS: Final = frozenset(
 #: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
 #: before there is an endpoint (any other status is counted as ``other``).
 REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431"})
-HEALTH_VALUES: Final = {"unhealthy": 0, "unknown": 1, "healthy": 2}
-"""``iop_provider_health`` gauge value per health state (higher is better)."""
+HEALTH_VALUES: Final = {"disconnected": -1, "unhealthy": 0, "unknown": 1, "healthy": 2}
+"""``iop_provider_health`` gauge value per health state (higher is better).
+
+``disconnected`` (the provider's node has no live session) is below
+``unhealthy`` rather than folded into it, so a dashboard tells a node that
+went away from a provider its node probes as failing, and the values that
+existed before it (0, 1, 2) keep their meaning in saved queries and alerts."""
 
 _MAX_ID_LEN: Final = 128
 # Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
@@ -362,7 +367,8 @@ class _StatusCollector(Collector):
             ),
             "health": GaugeMetricFamily(
                 "iop_provider_health",
-                "Provider health: 0 unhealthy, 1 unknown (not probed yet), 2 healthy.",
+                "Provider health: -1 node disconnected, 0 unhealthy, 1 unknown (not probed yet),"
+                " 2 healthy.",
                 labels=labels,
             ),
             "enabled": GaugeMetricFamily(

@@ -292,8 +292,14 @@ class NodeHub:
             await channel.aclose(reason)
         await self._no_handlers.wait()
 
-    async def handle_connection(self, stream: trio.abc.Stream) -> None:
-        """Serve one node connection until it ends; never raises (but Cancelled)."""
+    async def handle_connection(
+        self, stream: trio.abc.Stream, *, admits: Callable[[str], bool] | None = None
+    ) -> None:
+        """Serve one node connection until it ends; never raises (but Cancelled).
+
+        ``admits`` (a listener's own rule, e.g. the embedded nodes' loopback
+        listener) refuses every other node id as ``unknown_node``.
+        """
         peer = _peer_name(stream)
         conn = _MeteredConnection(
             Role.EDGE, max_frame_bytes=self.settings.max_frame_bytes, on_frames=self._count_frames
@@ -302,7 +308,7 @@ class NodeHub:
         session: NodeSession | None = None
         self._enter(channel)
         try:
-            hello = await self._handshake(channel, peer)
+            hello = await self._handshake(channel, peer, admits)
             if hello is None:
                 return
             session = NodeSession(hello.node_id, channel, peer)
@@ -473,17 +479,25 @@ class NodeHub:
         if self._handlers == 0:
             self._no_handlers.set()
 
-    async def _handshake(self, channel: WireChannel, peer: str) -> Hello | None:
+    async def _handshake(
+        self, channel: WireChannel, peer: str, admits: Callable[[str], bool] | None
+    ) -> Hello | None:
         timeout = self.settings.handshake_timeout
         with trio.move_on_after(timeout):
             msg = await channel.receive_message()
             assert isinstance(msg, Hello)  # the connection table allows nothing else
-            return await self._authenticate(channel, peer, msg)
+            return await self._authenticate(channel, peer, msg, admits)
         log.warning("event=wire_handshake_timeout peer=%s after_s=%g", peer, timeout)
         self._wire_error("handshake", "handshake_timeout")
         return None
 
-    async def _authenticate(self, channel: WireChannel, peer: str, hello: Hello) -> Hello | None:
+    async def _authenticate(
+        self,
+        channel: WireChannel,
+        peer: str,
+        hello: Hello,
+        admits: Callable[[str], bool] | None = None,
+    ) -> Hello | None:
         node_id = hello.node_id
         if self._closing is not None:
             await self._refuse(channel, peer, node_id, "edge is shutting down", "bad_handshake")
@@ -499,7 +513,7 @@ class NodeHub:
             )
             return None
         entry = self._owner.known_nodes().get(node_id)
-        if entry is None:
+        if entry is None or (admits is not None and not admits(node_id)):
             await self._refuse(channel, peer, node_id, "unknown node id", "unknown_node")
             return None
         presented = hashlib.sha256(hello.token.encode("utf-8", "surrogatepass")).hexdigest()

@@ -23,6 +23,7 @@ from iopd import __version__, errors, sdnotify
 from iopd.config.load import ConfigError, ConfigUnreadable, load_edge_config
 from iopd.config.schema import EdgeConfig
 from iopd.edge.admin import AdminApp, is_loopback_peer
+from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_nodes
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.errors import render_error
 from iopd.edge.runtime import EdgeRuntime
@@ -119,6 +120,9 @@ async def run_edge(
         openai_addr = None
         if oa.enabled:
             openai_addr = await _listen(nursery, oa.listen, openai_srv.serve)
+        embedded: EmbeddedNodes | None = None
+        if embedded_node_ids(cfg):  # nodes[].embedded: run them here, over loopback
+            embedded = await nursery.start(serve_embedded_nodes, rt, cfg)
         handle = EdgeHandle(
             runtime=rt,
             wire=(wire_addr[0], wire_addr[1]),
@@ -145,6 +149,8 @@ async def run_edge(
         with trio.CancelScope() as hard:
             nursery.start_soon(_stop_at_second_signal, handle, hard)
             await _drain(rt, app, openai_srv, admin_srv, cfg.edge.drain_timeout)
+        if embedded is not None:
+            embedded.stop()
         await rt.hub.aclose("edge shutting down")
         nursery.cancel_scope.cancel()
     log.info("event=edge_stopped edge=%s", cfg.edge.id)

@@ -12,12 +12,15 @@ swapped), but it is reported in the refresh report's ``errors``.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 
 from iopd.config.catalog import Catalog, build_catalog, node_config_for
@@ -89,21 +92,41 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
     )
 
 
-def _make_snapshot(cfg: EdgeConfig, version: int) -> Snapshot:
+def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -> Snapshot:
+    """``embedded``: the in-memory token of each embedded node, whose hash its entry gets."""
     return Snapshot(
         config=cfg,
         catalog=build_catalog(cfg),
         auth=Authenticator(cfg.openai),
         version=version,
-        nodes={n.id: n for n in cfg.nodes},
+        nodes={n.id: _with_embedded_token(n, embedded) for n in cfg.nodes},
         secrets=Scrubber(config_secrets(cfg)),
     )
+
+
+def _with_embedded_token(node: NodeEntry, embedded: Mapping[str, str]) -> NodeEntry:
+    """An embedded node's entry as the hub checks it: with the hash of its minted token."""
+    token = embedded.get(node.id) if node.embedded else None
+    if token is None:
+        return node
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return msgspec.structs.replace(node, token_hash_sha256=digest)
+
+
+def mint_embedded_tokens(cfg: EdgeConfig) -> dict[str, str]:
+    """A fresh random token per embedded node: it lives in this process only."""
+    return {n.id: secrets.token_urlsafe(32) for n in cfg.nodes if n.embedded}
 
 
 @dataclass
 class ProviderHealthState:
     health: str = "unknown"
     last_error: str = ""
+
+
+#: What ``/status`` and the health gauge show for a provider whose node has no
+#: live session: its last probe result is history, not the provider's state.
+DISCONNECTED = "disconnected"
 
 
 @dataclass
@@ -118,15 +141,25 @@ class EdgeRuntime:
     health: dict[str, ProviderHealthState] = field(default_factory=dict)
     _refresh_lock: trio.Lock = field(default_factory=trio.Lock)
     started_at: float = field(default_factory=time.time)
+    #: node id -> the token of each embedded node (``iopd.edge.embedded``).  Fixed
+    #: at start: making a node embedded, or adding one, needs a restart.
+    embedded_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
-        snap = _make_snapshot(cfg, version=1)
+        embedded = mint_embedded_tokens(cfg)
+        snap = _make_snapshot(cfg, version=1, embedded=embedded)
         metrics = GatewayMetrics(cfg.edge.id)
         pool = ProviderPool(
             pool_snapshot(cfg, snap.catalog), on_wait_done=metrics.observe_dispatch_wait
         )
-        rt = cls(config_path=config_path, snapshot=snap, pool=pool, metrics=metrics)
+        rt = cls(
+            config_path=config_path,
+            snapshot=snap,
+            pool=pool,
+            metrics=metrics,
+            embedded_tokens=embedded,
+        )
         rt._allow_metric_ids(cfg)
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
         metrics.set_status_source(rt._gateway_status)
@@ -208,6 +241,16 @@ class EdgeRuntime:
             providers=self._gauge_rows(),
         )
 
+    def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
+        """The last probe the node reported, or ``disconnected`` while the node is away.
+
+        The probe result is kept (not reset) on a disconnect: the node reports
+        its current status right after its next handshake, which replaces it.
+        """
+        if self.hub.connected_since(node_id) is None:
+            return ProviderHealthState(health=DISCONNECTED)
+        return self.health.get(provider_id, ProviderHealthState())
+
     def _gauge_rows(self) -> list[ProviderGaugeRow]:
         loads = self.pool.provider_loads()
         rows = []
@@ -221,7 +264,7 @@ class EdgeRuntime:
                     capacity=ref.config.capacity,
                     long_in_flight=load.long_in_flight if load else 0,
                     long_capacity=ref.config.long_context_capacity,
-                    health=self.health.get(pid, ProviderHealthState()).health,
+                    health=self._shown_health(ref.node_id, pid).health,
                     enabled=ref.config.enabled,
                 )
             )
@@ -247,7 +290,7 @@ class EdgeRuntime:
         for node in snap.config.nodes:
             for p in node.providers:
                 load = loads.get(p.id)
-                hs = self.health.get(p.id, ProviderHealthState())
+                hs = self._shown_health(node.id, p.id)
                 in_flight = load.in_flight if load else 0
                 providers.append(
                     {
@@ -347,7 +390,7 @@ class EdgeRuntime:
         no-change apply is invisible.
         """
         version = self.snapshot.version + (1 if changed else 0)
-        new = _make_snapshot(cfg, version=version)
+        new = _make_snapshot(cfg, version=version, embedded=self.embedded_tokens)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
 

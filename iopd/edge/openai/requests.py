@@ -503,9 +503,13 @@ class ChatRequest(_OpenAIBody):
         if n is not None and (not _is_int(n) or int(n) != 1):
             raise InvalidRequest("only n=1 is supported", param="n")
         _opt_str(raw, "user")
-        _opt_object(raw, "response_format")
+        response_format = _opt_object(raw, "response_format")
         _opt_bool(raw, "parallel_tool_calls", True)
         params: dict[str, Any] = {}
+        if response_format is not None:
+            # To the normalized run as sent: each adapter maps it to its
+            # provider's form (ollama: ``format``) or says clearly it cannot.
+            params["response_format"] = response_format
         for key, value in (
             ("temperature", _opt_number(raw, "temperature", 0, 2)),
             ("top_p", _opt_number(raw, "top_p", 0, 1)),

@@ -6,13 +6,20 @@
   as a JSON string).  The final object (``done: true``) gives usage
   (``prompt_eval_count`` / ``eval_count``) and ``done_reason``.
   Generation params map into ``options``: temperature, top_p, seed, stop,
-  and ``max_tokens`` -> ``num_predict``.
+  and ``max_tokens`` -> ``num_predict``.  ``response_format`` maps to
+  ``format`` (``json_object`` -> ``"json"``, ``json_schema`` -> the schema
+  object).  Image parts (``image_url`` / ``input_image`` with a ``data:``
+  URL, base64) go to the message's ``images``; a remote image URL is a
+  ``bad_request``, because the node never fetches a URL a caller chose, and
+  so is any other part without text that Ollama cannot take: nothing a
+  caller sent is dropped silently.
 * ``tunnel()`` — raw relay for the edge's ``/api/chat`` and ``/api/generate``
   routes; usage from the ``done: true`` object.
 """
 
 from __future__ import annotations
 
+import binascii
 import json
 import secrets
 from typing import Any
@@ -40,16 +47,99 @@ _OPTION_NAMES = {
 }
 
 
+#: Content part types whose image goes to Ollama's ``images`` (chat; responses).
+_IMAGE_PARTS = frozenset({"image_url", "input_image"})
+
+
+def _image_url(part: dict[str, Any]) -> Any:
+    """The URL of an image part: ``image_url.url`` (chat) or ``image_url`` (responses)."""
+    ref = part.get("image_url")
+    return ref.get("url") if isinstance(ref, dict) else ref
+
+
+def image_base64(part: dict[str, Any], where: str) -> str:
+    """The base64 payload of an image part with a ``data:`` URL; ``bad_request`` otherwise."""
+    url = _image_url(part)
+    if not isinstance(url, str) or not url:
+        raise AdapterError("bad_request", f"{where}: an image part needs a URL")
+    if url[:5].lower() != "data:":
+        raise AdapterError(
+            "bad_request",
+            f"{where}: ollama providers take images as data: URLs with base64 content"
+            " (data:image/png;base64,...); the node does not fetch image URLs",
+        )
+    header, comma, payload = url.partition(",")
+    if not comma or not header.lower().endswith(";base64"):
+        raise AdapterError("bad_request", f"{where}: the data: URL must be base64 (;base64,)")
+    # Line breaks (``base64`` wraps at 76 columns) are ignored, as Ollama does;
+    # anything else outside the alphabet is an error here, not a 502 there.
+    payload = payload.replace("\r", "").replace("\n", "")
+    try:
+        binascii.a2b_base64(payload, strict_mode=True)
+    except (binascii.Error, ValueError):
+        raise AdapterError("bad_request", f"{where}: the image is not valid base64") from None
+    return payload
+
+
+def _content_and_images(content: Any, where: str) -> tuple[str, list[str]]:
+    """A message's text and its images (base64); ``bad_request`` for a part Ollama cannot take."""
+    if not isinstance(content, list):
+        return content_text(content), []
+    images = []
+    for j, part in enumerate(content):
+        if not isinstance(part, dict) or isinstance(part.get("text"), str):
+            continue
+        here = f"{where}.content[{j}]"
+        kind = part.get("type")
+        if kind in _IMAGE_PARTS:
+            images.append(image_base64(part, here))
+        else:
+            shown = str(kind)[:40]
+            raise AdapterError(
+                "bad_request", f"{here}: content part type {shown!r} is not supported by ollama"
+            )
+    return content_text(content), images
+
+
+def to_ollama_format(response_format: Any) -> str | dict[str, Any] | None:
+    """OpenAI ``response_format`` -> Ollama ``format`` (None: free text)."""
+    if response_format is None:
+        return None
+    if not isinstance(response_format, dict):
+        raise AdapterError("bad_request", "response_format must be an object")
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json"
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise AdapterError(
+                "bad_request", "response_format.json_schema.schema must be a JSON Schema object"
+            )
+        return schema
+    raise AdapterError(
+        "bad_request",
+        f"response_format.type {str(kind)[:40]!r} is not supported by ollama"
+        " (text, json_object or json_schema)",
+    )
+
+
 def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """OpenAI chat messages -> Ollama ``/api/chat`` messages."""
+    """OpenAI chat messages -> Ollama ``/api/chat`` messages (images as base64 ``images``)."""
     out: list[dict[str, Any]] = []
-    for msg in messages:
+    for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             continue
         role = msg.get("role", "user")
         if role == "developer":
             role = "system"
-        converted: dict[str, Any] = {"role": role, "content": content_text(msg.get("content"))}
+        text, images = _content_and_images(msg.get("content"), f"messages[{i}]")
+        converted: dict[str, Any] = {"role": role, "content": text}
+        if images:
+            converted["images"] = images
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             converted_calls = []
@@ -107,6 +197,9 @@ class OllamaAdapter(HTTPAdapter):
         }
         if options:
             body["options"] = options
+        fmt = to_ollama_format(req.params.get("response_format"))
+        if fmt is not None:
+            body["format"] = fmt
         if req.tools:
             body["tools"] = req.tools
         return body

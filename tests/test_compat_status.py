@@ -1,0 +1,112 @@
+"""Truthful status (issue 18, item 9): a provider whose node is gone shows ``disconnected``.
+
+A real edge and node over loopback (tests/gateway.py) front a mock OpenAI
+server whose health route fails, so the node's last probe says
+``unhealthy``.  When the node stops, ``/status``, ``iopd status`` and the
+``iop_provider_health`` gauge must say ``disconnected`` (-1), not repeat that
+stale probe; when it reconnects, the probe is shown again.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import trio
+
+from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.mock_providers import MockOpenAIServer
+
+YAML = """
+edge:
+  id: edge-status
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+models:
+  - id: m
+    providers: {{vllm-a: served}}
+nodes:
+  - id: node-a
+    token_hash_sha256: {hash}
+    providers:
+      - id: vllm-a
+        type: openai
+        base_url: {base}
+        models: [served]
+        health_interval: 0.05
+"""
+
+
+async def _provider(gw: Gateway) -> dict[str, Any]:
+    doc = (await http_request(gw.handle.admin, "GET", "/status")).json()
+    provider: dict[str, Any] = doc["providers"][0]
+    return provider
+
+
+async def _wait_health(gw: Gateway, want: str) -> dict[str, Any]:
+    while (p := await _provider(gw))["health"] != want:  # noqa: ASYNC110 - polling the edge
+        await trio.sleep(0.02)
+    return p
+
+
+async def _gauge(gw: Gateway) -> float:
+    text = (await http_request(gw.handle.admin, "GET", "/metrics")).body.decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("iop_provider_health{"))
+    return float(line.rsplit(" ", 1)[1])
+
+
+async def _iopd_status(gw: Gateway) -> str:
+    proc = await trio.run_process(
+        [sys.executable, "-m", "iopd", "status", "--admin", gw.admin_url],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    return str(proc.stdout.decode())
+
+
+def _row(table: str, provider: str) -> list[str]:
+    return next(ln.split() for ln in table.splitlines() if f" {provider} " in ln)
+
+
+async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnect() -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = MockOpenAIServer()
+            mock.healthy = False
+            await n.start(mock.serve)
+            yaml_text = YAML.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+            async with running_gateway(yaml_text) as gw:
+                probed = await _wait_health(gw, "unhealthy")
+                assert probed["last_error"]
+                assert await _gauge(gw) == 0
+
+                gw.kill_node("node-a")
+                gone = await _wait_health(gw, "disconnected")
+                # The stale probe error is not shown as if it were current.
+                assert gone["last_error"] == ""
+                assert await _gauge(gw) == -1
+                row = _row(await _iopd_status(gw), "vllm-a")
+                assert row[:6] == [
+                    "node-a",
+                    "vllm-a",
+                    "openai",
+                    "local_inference",
+                    "yes",
+                    "disconnected",
+                ]
+                assert "!" not in row  # no last error on the row
+
+                await gw.start_node("node-a")
+                back = await _wait_health(gw, "unhealthy")
+                assert back["last_error"]
+                assert await _gauge(gw) == 0
+                assert _row(await _iopd_status(gw), "vllm-a")[5] == "unhealthy"
+
+                mock.healthy = True
+                await _wait_health(gw, "healthy")
+                assert await _gauge(gw) == 2
+            n.cancel_scope.cancel()
