@@ -93,3 +93,9 @@ class ShuttingDown(GatewayError):
     """The edge is draining and its deadline passed before this request finished."""
 
     status, type, code, metric_status = 503, "server_error", "shutting_down", "cancelled"
+
+
+class NotImplementedByEdge(GatewayError):
+    """A request method or transfer-coding iopd does not implement (RFC 9110 §15.6.2)."""
+
+    status, type, code, metric_status = 501, "invalid_request_error", "not_implemented", "client_error"
