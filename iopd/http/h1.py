@@ -515,7 +515,7 @@ class RequestReader(_BodyReader):
             raise H1ProtocolError("a request needs exactly one Host header")
         content_length: int | None = None
         if codings:
-            _check_request_codings(codings, lines)
+            _check_request_codings(codings, raw, lines)
             if lengths:
                 raise H1ProtocolError("both Content-Length and Transfer-Encoding")
             self._framing = "chunked"
@@ -563,7 +563,7 @@ def _check_method_and_target(method: str, target: bytes) -> None:
         raise H1ProtocolError(f"invalid request target {target[:64]!r}")
 
 
-def _check_request_codings(values: list[str], lines: list[bytes]) -> None:
+def _check_request_codings(values: list[str], raw: bytes, lines: list[bytes]) -> None:
     """A request's ``Transfer-Encoding`` must be exactly ``chunked`` (any case).
 
     400 for an empty or non-token element, for chunked applied twice, or when
@@ -573,9 +573,13 @@ def _check_request_codings(values: list[str], lines: list[bytes]) -> None:
     An HTAB anywhere in the field is a 400 too: llhttp refuses ``chunked``
     followed by one, and no client sends it.
     """
-    codings = [c.strip(" \t").lower() for value in values for c in value.split(",")]
-    if any(b"\t" in line for line in lines if line[:18].lower() == b"transfer-encoding:"):
+    if b"\t" in raw and any(
+        b"\t" in line for line in lines if line[:18].lower() == b"transfer-encoding:"
+    ):
         raise H1ProtocolError("HTAB in Transfer-Encoding")
+    if len(values) == 1 and values[0].lower() == "chunked":  # the usual request
+        return
+    codings = [c.strip(" \t").lower() for value in values for c in value.split(",")]
     if codings == ["chunked"]:
         return
     if not all(_TOKEN_STR_RE.fullmatch(c) for c in codings):
