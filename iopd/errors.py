@@ -118,3 +118,9 @@ class Overloaded(GatewayError):
     def __init__(self, message: str, *, retry_after: int = 1, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.headers = [("Retry-After", str(max(1, retry_after)))]
+
+
+class NotImplementedByEdge(GatewayError):
+    """A request method or transfer-coding iopd does not implement (RFC 9110 §15.6.2)."""
+
+    status, type, code, metric_status = 501, "invalid_request_error", "not_implemented", "client_error"

@@ -12,12 +12,18 @@ is closed, and everything the edge sends back is read until it closes.
 
 Case families: random bytes; valid requests with 1-4 byte mutations; broken
 chunked bodies; absurd headers (huge, many, invalid, conflicting lengths);
-odd request lines and targets; valid HTTP carrying hostile JSON.
+odd request lines and targets; valid HTTP carrying hostile JSON; framings
+h11 and llhttp both refuse, most with a second request hidden behind them
+(issue #14, finding 5); parser limits: trailer floods, CONNECT and odd
+targets, empty-line floods, long runs of spaces in a value (finding 9).
 
 The contract checked (SPEC §4): every response is HTTP with a status below
-500; a 4xx carries the OpenAI error envelope; no body contains a traceback;
-no log record carries one either; no case hangs.  Bytes that are not HTTP
-may simply get the connection closed.  Exit status 1 on any violation.
+500, or 501 for a method or transfer-coding the edge does not implement; a
+4xx carries the OpenAI error envelope; no body contains a traceback; no log
+record carries one either; no case hangs.  Bytes that are not HTTP may
+simply get the connection closed.  A "framing" case must be refused with
+exactly one response (400, 405 or 501): a second one would mean the hidden
+request was served.  Exit status 1 on any violation.
 """
 
 from __future__ import annotations
@@ -264,10 +270,67 @@ def _hostile_json(rng: random.Random) -> bytes:
     return _req("POST", target, body)
 
 
+_HIDDEN = b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n"
+_NOT_SP = [b"\xa0", b"\x85", b"\x0b", b"\x0c", b"\r", b"\x00"]
+
+
+def _refused_framing(rng: random.Random) -> bytes:
+    """A framing llhttp refuses (h11 too, but for CL+TE and twice the same CL), usually
+    with a request hidden after it."""
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nContent-Type: application/json\r\n"
+    te = head + b"Transfer-Encoding: chunked\r\n\r\n"
+    ws = rng.choice(_NOT_SP)
+    eol = rng.choice([b"\n", b"\r\r\n", b"\r"])
+    variants = [
+        head + b"Transfer-Encoding: chunked" + ws + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        head + b"Transfer-Encoding: " + ws + b"chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        head + b"Content-Length: 2" + ws + b"\r\n\r\n{}",
+        head + b"Content-Length: " + ws + b"2\r\n\r\n{}",
+        te + rng.choice([b" ", b"\t"]) + b"2\r\n{}\r\n0\r\n\r\n",
+        te + b"2" + rng.choice([b" ", b"\t"]) + b";a\r\n{}\r\n0\r\n\r\n",
+        te + b"2" + eol + b"{}\r\n0\r\n\r\n",
+        te + b"2\r\n{}\r\n0" + eol + b"\r\n",
+        te + b"2;a" + eol + b"{}\r\n0\r\n\r\n",
+        te + b"2\r\n{}" + eol + b"0\r\n\r\n",
+        te + b"2\r\n{}\r\n0\r\nX: 1" + eol + b"\r\n",
+        head + b"X-A: 1" + eol + b"Content-Length: 2\r\n\r\n{}",
+        head.replace(b"HTTP/1.1\r\n", b"HTTP/1.1" + eol, 1) + b"Content-Length: 2\r\n\r\n{}",
+        head + b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        head + b"Content-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+        head + b"Transfer-Encoding: chunked\r\n folded\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    ]
+    return rng.choice(variants) + (_HIDDEN if rng.random() < 0.8 else b"")
+
+
+def _parser_limits(rng: random.Random) -> bytes:
+    """Trailer floods, CONNECT and odd targets, empty-line floods, runs of spaces."""
+    te = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\n"
+          b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
+    variants = [
+        te + b"X-T: v\r\n" * rng.randint(1000, 200000) + b"\r\n",
+        te + b"X-T: " + b"v" * rng.randint(8000, 20000) + b"\r\n\r\n",
+        rng.choice([b"CONNECT edge:443", b"CONNECT /v1/models", b"GET *", b"GET edge:443",
+                    b"OPTIONS *", b"GET v1/models", b"BREW /v1/models", b"get /v1/models"])
+        + b" HTTP/1.1\r\nHost: edge\r\n\r\n",
+        b"\r\n" * rng.randint(1, 40) + b"GET /v1/models HTTP/1.1\r\nHost: edge\r\n\r\n",
+        b"GET /v1/models HTTP/1.1\r\nHost: edge\r\nX-S: a" + b" " * rng.randint(1000, 8000)
+        + b"b\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nTransfer-Encoding: "
+        + rng.choice([b"gzip, chunked", b"gzip", b"chunked, gzip", b"identity, chunked"])
+        + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    ]
+    return rng.choice(variants)
+
+
+#: Families whose every case must be refused, with one response and a close.
+REFUSED_FAMILIES = frozenset({"framing"})
+
+
 def make_case(rng: random.Random) -> tuple[str, bytes]:
     """One fuzz case: ``(family, bytes to send)``."""
     family = rng.choice(
-        ["random", "mutated", "mutated", "mutated", "chunked", "headers", "line", "json"]
+        ["random", "mutated", "mutated", "mutated", "chunked", "headers", "line", "json",
+         "framing", "limits"]
     )
     if family == "random":
         return family, rng.randbytes(rng.randint(1, 2048))
@@ -279,6 +342,10 @@ def make_case(rng: random.Random) -> tuple[str, bytes]:
         return family, _absurd_headers(rng)
     if family == "line":
         return family, _odd_request_line(rng)
+    if family == "framing":
+        return family, _refused_framing(rng)
+    if family == "limits":
+        return family, _parser_limits(rng)
     return family, _hostile_json(rng)
 
 
@@ -356,11 +423,22 @@ def check_response(raw: bytes, head_request: bool) -> tuple[str, str | None]:
     if not final:
         return "closed_after_1xx", None
     for status, body in responses:
-        if status >= 500:
+        if status >= 500 and status != 501:
             return str(status), f"a 5xx status: {[s for s, _ in responses]}"
         if 400 <= status < 500 and not head_request and not _is_envelope(body):
             return str(status), f"a {status} without the OpenAI envelope: {body[:120]!r}"
     return str(final[0][0]), None
+
+
+def check_refused(raw: bytes) -> str | None:
+    """For a case that must be refused: None when exactly one refusal came back."""
+    try:
+        statuses = [status for status, _ in parse_responses(raw, "GET")]
+    except h11.RemoteProtocolError:
+        return "a reply that is not HTTP"
+    if statuses[:1] not in ([400], [405], [501]) or len(statuses) != 1:
+        return f"not refused with exactly one response: {statuses}"
+    return None
 
 
 class _TracebackCatcher(logging.Handler):
@@ -436,6 +514,8 @@ async def fuzz_edge(
                 return
             head = payload.startswith(b"HEAD ")
             outcome, problem = check_response(raw, head)
+            if problem is None and family in REFUSED_FAMILIES:
+                problem = check_refused(raw)
             report.outcomes[outcome] += 1
             if problem is not None:
                 report.violations.append(f"case {index} ({family}): {problem}; {payload[:80]!r}")

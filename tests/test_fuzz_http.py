@@ -48,6 +48,17 @@ def test_checker_accepts_envelopes_and_closed_connections() -> None:
     assert fuzz_http.check_response(_response(200, b"{}"), False) == ("200", None)
 
 
+def test_checker_allows_501_and_checks_refusals() -> None:
+    envelope = json.dumps(
+        {"error": {"message": "m", "type": "invalid_request_error", "code": "x", "param": None}}
+    ).encode()
+    assert fuzz_http.check_response(_response(501, envelope), False) == ("501", None)
+    assert fuzz_http.check_refused(_response(400, envelope)) is None
+    # a smuggled request answered, or no refusal at all
+    assert fuzz_http.check_refused(_response(400, envelope) + _response(200, b"{}")) is not None
+    assert fuzz_http.check_refused(_response(200, b"{}")) is not None
+
+
 def test_checker_flags_5xx_bare_4xx_tracebacks_and_non_http() -> None:
     assert fuzz_http.check_response(_response(500, b"{}"), False)[1] is not None
     assert fuzz_http.check_response(_response(400, b"bad request"), False)[1] is not None
@@ -66,7 +77,9 @@ def test_cases_are_deterministic_and_cover_every_family() -> None:
     assert a == b
     rng = random.Random(SEED)
     families = {fuzz_http.make_case(rng)[0] for _ in range(200)}
-    assert families == {"random", "mutated", "chunked", "headers", "line", "json"}
+    assert families == {
+        "random", "mutated", "chunked", "headers", "line", "json", "framing", "limits"
+    }
 
 
 async def test_deeply_nested_json_is_a_400_envelope_not_a_500(
@@ -100,3 +113,4 @@ async def test_200_fuzzed_requests_get_4xx_envelopes_or_a_close_never_5xx() -> N
     assert report.logged_errors == []
     # The run exercised more than one kind of answer.
     assert report.outcomes["400"] > 0 and report.outcomes["404"] > 0
+    assert report.families["framing"] > 0 and report.families["limits"] > 0

@@ -956,8 +956,15 @@ class _Connection:
 
 
 def _protocol_error(exc: H1ProtocolError) -> GatewayError:
+    """The answer to a request the parser refused, by its ``status_hint``."""
+    from iopd.errors import MethodNotAllowed, NotImplementedByEdge
+
     if exc.status_hint == 431:
         return HeadersTooLarge("request headers too large")
+    if exc.status_hint == 405:
+        return MethodNotAllowed(str(exc))
+    if exc.status_hint == 501:
+        return NotImplementedByEdge(str(exc))
     return InvalidRequest(f"malformed HTTP request: {exc}")
 
 
