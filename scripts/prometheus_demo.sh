@@ -98,8 +98,9 @@ def traffic() -> None:
     m.record_request(tun, status="ok", duration=2.5, usage=tunnel_usage(
         Usage(input_tokens=300, output_tokens=120, reasoning_tokens=80),
         Usage(cached_input_tokens=128)), reasoning_chars=320)
-    m.record_request(RequestLabels.unauthenticated("chat_completions"), status="auth_error",
-                     duration=0.001)
+    failed_auth = RequestLabels.build(None, model_group="unknown", endpoint="chat_completions",
+                                      response_mode="normalized")
+    m.record_request(failed_auth, status="auth_error", duration=0.001)
     m.observe_dispatch_wait("echo", 0.002, "admitted")
     m.observe_dispatch_wait("qwen3.6:35b", 0.8, "admitted")
     m.count_wire_frames("in", 20)

@@ -12,8 +12,6 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from iopd.edge.metrics import (
-    UNKNOWN_GROUP,
-    UNMAPPED,
     GatewayMetrics,
     GatewayStatus,
     PrincipalLabels,
@@ -21,8 +19,10 @@ from iopd.edge.metrics import (
     RequestLabels,
     expected_response_mode,
 )
+from iopd.edge.openai.auth import LEGACY_BEARER, OPEN, Principal
 from iopd.edge.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
 from iopd.tokens import estimate_input_tokens
+from iopd.vocabulary import UNKNOWN_GROUP, UNMAPPED
 from wire.messages import ProviderTunnelFrame, Usage
 
 EDGE = "edge-1"
@@ -59,6 +59,13 @@ def req_labels(**over: str) -> RequestLabels:
     }
     base.update(over)
     return RequestLabels.build(ALICE, **base)
+
+
+def unauthenticated(endpoint: str) -> RequestLabels:
+    """Labels of a request rejected before auth succeeded (unmapped, model unknown)."""
+    return RequestLabels.build(
+        None, model_group=UNKNOWN_GROUP, endpoint=endpoint, response_mode="normalized"
+    )
 
 
 def full(labels: RequestLabels, status: str) -> dict[str, str]:
@@ -218,8 +225,24 @@ def test_cancelled_request_with_partial_usage_counted_once(m: GatewayMetrics) ->
     assert value(m, "iop_openai_usage_tokens_total", status="ok") == 0
 
 
+def test_labels_built_from_an_authenticated_caller() -> None:
+    """``build`` takes the caller as auth found it: a principal token's ids, else unmapped."""
+    kw: dict[str, str] = {
+        "model_group": "echo",
+        "endpoint": "responses",
+        "response_mode": "normalized",
+    }
+    mapped = Principal("user-1", "alice", "app-1", "principal_token")
+    assert RequestLabels.build(mapped, **kw) == RequestLabels.build(ALICE, **kw)
+    no_alias = Principal("user-1", "", "app-1", "principal_token")
+    assert RequestLabels.build(no_alias, **kw).principal_alias == "user-1"
+    for caller in (LEGACY_BEARER, OPEN, None):
+        labels = RequestLabels.build(caller, **kw)
+        assert labels.principal == PrincipalLabels(UNMAPPED, UNMAPPED, UNMAPPED)
+
+
 def test_auth_failure_is_unmapped_with_unknown_group(m: GatewayMetrics) -> None:
-    labels = RequestLabels.unauthenticated("chat_completions")
+    labels = unauthenticated("chat_completions")
     m.record_request(labels, status="auth_error", duration=0.001)
     want = {
         "edge_id": EDGE,
@@ -415,10 +438,10 @@ def test_failing_status_source_does_not_break_the_scrape(m: GatewayMetrics) -> N
     assert series(m, "iop_queue_depth") == {}
 
 
-def test_count_queue_timeout_alone(m: GatewayMetrics) -> None:
+def test_queue_timeouts_counted_once_each(m: GatewayMetrics) -> None:
     m.observe_dispatch_wait("echo", 0.5, "admitted")
-    m.count_queue_timeout()
-    m.count_queue_timeout()
+    m.observe_dispatch_wait("echo", 30.0, "queue_timeout")
+    m.observe_dispatch_wait("echo", 30.0, "queue_timeout")
     assert value(m, "iop_queue_waiters_timed_out_total") == 2
 
 
@@ -521,7 +544,7 @@ def test_canary_secrets_never_reach_the_exposition(m: GatewayMetrics) -> None:
         usage=run_event_usage(Usage(input_tokens=len(prompt) // 4, output_tokens=5)),
         reasoning_chars=len(response),
     )
-    m.record_request(RequestLabels.unauthenticated("responses"), status="auth_error", duration=0.0)
+    m.record_request(unauthenticated("responses"), status="auth_error", duration=0.0)
     m.set_status_source(
         lambda: GatewayStatus(providers=[ProviderGaugeRow("node-a", "echo-1", 0, 1)])
     )
@@ -566,7 +589,10 @@ def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) ->
 
 
 def test_http_rejected_statuses_are_a_fixed_label_set(m: GatewayMetrics) -> None:
-    for status in (400, 404, 405, 408, 413, 431, 418, 502):
+    for status in (400, 404, 405, 408, 413, 431, 501, 503, 418, 502):
         m.count_http_rejected(status)
     got = {dict(lbl)["status"]: v for lbl, v in series(m, "iop_http_requests_rejected_total").items()}
-    assert got == {"400": 1, "404": 1, "405": 1, "408": 1, "413": 1, "431": 1, "other": 2}
+    assert got == {
+        **{s: 1 for s in ("400", "404", "405", "408", "413", "431", "501", "503")},
+        "other": 2,
+    }

@@ -31,8 +31,9 @@ from hypothesis.stateful import (
 )
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
-from iopd.edge.pool.scheduler import REQUIREMENT_TYPES, Grant, Scheduler, Waiter, WaiterState
+from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
+from iopd.vocabulary import REQUIREMENT_TYPES
 
 PIDS = [f"p{i}" for i in range(6)]
 NODES = ["n0", "n1", "n2"]

@@ -15,7 +15,8 @@ from typing import Literal
 
 import msgspec
 
-ProviderType = Literal["openai", "ollama", "cli", "echo"]
+from iopd.vocabulary import ProviderType
+
 ProviderCategory = Literal["api", "cli", "local_inference"]
 LogFormat = Literal["keyvalue", "json"]
 LogLevel = Literal["debug", "info", "warning", "error"]

@@ -6,138 +6,85 @@ Why this module looks the way it does:
   default), so two edges in one process -- or two tests -- never share state.
 * Label cardinality must stay low and no caller-controlled string may ever
   become a label value.  Labels with a fixed vocabulary (``endpoint``,
-  ``status``, ...) are checked against frozensets and a wrong value raises
-  ``ValueError`` -- that is a programming error in the caller, caught by tests.
-  Identity labels (``model_group``, ``principal_ref``, ...) come from config
-  ids; once the edge registered them with :meth:`GatewayMetrics.allow_ids`, an
-  id that is not registered raises ``ValueError`` too.  There is no parameter
-  through which a request id, a session id, a token, a prompt or a response
-  could reach ``/metrics``.
+  ``status``, ...) are checked against the sets of :mod:`iopd.vocabulary` and a
+  wrong value raises ``ValueError`` -- that is a programming error in the
+  caller, caught by tests.  Identity labels (``model_group``,
+  ``principal_ref``, ...) come from config ids; once the edge registered them
+  with :meth:`GatewayMetrics.allow_ids`, an id that is not registered raises
+  ``ValueError`` too.  There is no parameter through which a request id, a
+  session id, a token, a prompt or a response could reach ``/metrics``.
 * A request is counted by exactly one call, :meth:`GatewayMetrics.record_request`,
-  made when the request is finished (ok, failed or cancelled).  Requests,
-  tokens, reasoning and the duration histogram all come from that call, so they
-  can never disagree.
+  made when the request is finished (ok, failed or cancelled), with the
+  :class:`RequestLabels` built by :meth:`RequestLabels.build` (conventions in
+  :mod:`iopd.edge.metric_labels`).  Requests, tokens, reasoning and the
+  duration histogram all come from that call, so they can never disagree.
 * Provider gauges (in-flight, capacity, load ratio, health) are read from a
   status callable at scrape time by a custom collector: the values are always
   current and nothing has to remember to update a gauge.
 
-Label conventions (also in ``docs/openai-usage-grafana.md``):
-
-* ``principal_ref``/``principal_alias``/``token_ref`` are ``unmapped`` for
-  legacy-bearer and open callers and for requests that failed authentication.
-* ``model_group`` is the catalog id the request resolved to, or ``unknown``
-  (unknown model, failed before the body was parsed, failed auth).
-* ``response_mode`` names the execution path actually used: ``passthrough``
-  (raw tunnel to a ``type: openai`` provider, and the raw ``/api/*`` relay) or
-  ``normalized`` (``RunRequest``).  A request that failed before a provider was
-  chosen uses :func:`expected_response_mode`: ``passthrough`` for ``/api/*`` or
-  when every provider of the group is passthrough, else ``normalized``.
-* ``iop_openai_usage_tokens_total`` carries the full label set of
-  ``iop_openai_requests_total`` (``status`` included) plus ``usage_source`` and
-  ``token_type``, so usage of failed or cancelled requests stays visible.
+``iop_openai_usage_tokens_total`` carries the full label set of
+``iop_openai_requests_total`` (``status`` included) plus ``usage_source`` and
+``token_type``, so usage of failed or cancelled requests stays visible.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Final, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from iopd.edge.metric_labels import (
+    UNMAPPED_PRINCIPAL,
+    PrincipalLabels,
+    RequestLabels,
+    check_id_shape,
+    check_member,
+    expected_response_mode,
+)
 from iopd.edge.usage import UsageItem
 from iopd.tokens import estimate_tokens_from_chars
+from iopd.vocabulary import (
+    DISPATCH_OUTCOMES,
+    FRAME_DIRECTIONS,
+    REFRESH_OUTCOMES,
+    STATUSES,
+    TOKEN_TYPES,
+    UNKNOWN_GROUP,
+    USAGE_SOURCES,
+    WIRE_ERROR_REASONS,
+    ShownHealth,
+    load_ratio,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "DIRECTIONS",
-    "DISPATCH_OUTCOMES",
-    "ENDPOINTS",
-    "ESTIMATION_METHOD",
-    "HEALTH_VALUES",
-    "REFRESH_OUTCOMES",
-    "RESPONSE_MODES",
-    "STATUSES",
-    "TOKEN_TYPES",
-    "UNKNOWN_GROUP",
-    "UNMAPPED",
-    "USAGE_SOURCES",
-    "WIRE_ERROR_REASONS",
+    "HEALTH_GAUGE",
     "REJECTED_STATUSES",
     "GatewayMetrics",
     "GatewayStatus",
     "PrincipalLabels",
     "ProviderGaugeRow",
     "RequestLabels",
-    "UsageItem",
     "expected_response_mode",
 ]
 
-# ------------------------------------------------------------ vocabularies
-
-UNMAPPED: Final = "unmapped"
-"""principal_ref/principal_alias/token_ref of legacy-bearer, open and unauthenticated callers."""
-UNKNOWN_GROUP: Final = "unknown"
-"""model_group of a request that did not resolve to a catalog id."""
 ESTIMATION_METHOD: Final = "chars_div_4"
-
-Endpoint = Literal["chat_completions", "responses", "api"]
-ResponseMode = Literal["passthrough", "normalized"]
-Status = Literal[
-    "ok",
-    "client_error",
-    "auth_error",
-    "queue_full",
-    "queue_timeout",
-    "dispatch_error",
-    "provider_error",
-    "cancelled",
-    "overloaded",
-]
-UsageSource = Literal["provider_body", "tunnel_frame", "run_event"]
-TokenType = Literal["input", "output", "reasoning", "cached_input"]
-DispatchOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]
-RefreshOutcome = Literal["applied", "refused", "failed", "dry_run"]
-Direction = Literal["in", "out"]
-WireErrorReason = Literal[
-    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
-]
-Health = Literal["disconnected", "unhealthy", "unknown", "healthy"]
-
-ENDPOINTS: Final = frozenset({"chat_completions", "responses", "api"})
-RESPONSE_MODES: Final = frozenset({"passthrough", "normalized"})
-STATUSES: Final = frozenset(
-    {
-        "ok",
-        "client_error",
-        "auth_error",
-        "queue_full",
-        "queue_timeout",
-        "dispatch_error",
-        "provider_error",
-        "cancelled",
-        "overloaded",
-    }
-)
-USAGE_SOURCES: Final = frozenset({"provider_body", "tunnel_frame", "run_event"})
-TOKEN_TYPES: Final = frozenset({"input", "output", "reasoning", "cached_input"})
-DISPATCH_OUTCOMES: Final = frozenset(
-    {"admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"}
-)
-REFRESH_OUTCOMES: Final = frozenset({"applied", "refused", "failed", "dry_run"})
-DIRECTIONS: Final = frozenset({"in", "out"})
-WIRE_ERROR_REASONS: Final = frozenset(
-    {"frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"}
-)
 #: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
 #: before there is an endpoint (any other status is counted as ``other``).
-REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431"})
-HEALTH_VALUES: Final = {"disconnected": -1, "unhealthy": 0, "unknown": 1, "healthy": 2}
+REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431", "501", "503"})
+HEALTH_GAUGE: Final[Mapping[ShownHealth, int]] = {
+    "disconnected": -1,
+    "unhealthy": 0,
+    "unknown": 1,
+    "healthy": 2,
+}
 """``iop_provider_health`` gauge value per health state (higher is better).
 
 ``disconnected`` (the provider's node has no live session) is below
@@ -145,129 +92,9 @@ HEALTH_VALUES: Final = {"disconnected": -1, "unhealthy": 0, "unknown": 1, "healt
 went away from a provider its node probes as failing, and the values that
 existed before it (0, 1, 2) keep their meaning in saved queries and alerts."""
 
-_MAX_ID_LEN: Final = 128
 # Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
 _REQUEST_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-def _check_member(kind: str, value: str, allowed: frozenset[str]) -> None:
-    if value not in allowed:
-        # The value itself is left out of the message: it may be anything.
-        raise ValueError(f"{kind} must be one of {sorted(allowed)}")
-
-
-def _check_id_shape(kind: str, value: str) -> None:
-    """A config id: a non-empty printable string without whitespace breaks, bounded."""
-    if not isinstance(value, str) or not value or len(value) > _MAX_ID_LEN:
-        raise ValueError(f"{kind} must be a non-empty string of at most {_MAX_ID_LEN} chars")
-    if not value.isprintable():
-        raise ValueError(f"{kind} must be printable")
-
-
-def expected_response_mode(endpoint: str, provider_types: Iterable[str]) -> ResponseMode:
-    """The ``response_mode`` label for a request that failed before a provider was chosen.
-
-    ``provider_types`` are the ``type`` values of the resolved group's providers
-    (empty when the group is unknown).  ``/api/*`` is a raw relay, so
-    ``passthrough``; a group made only of ``type: openai`` providers always
-    tunnels, so ``passthrough``; anything else (mixed, normalized-only, unknown
-    group) is ``normalized``.
-    """
-    _check_member("endpoint", endpoint, ENDPOINTS)
-    if endpoint == "api":
-        return "passthrough"
-    types = set(provider_types)
-    if types and types == {"openai"}:
-        return "passthrough"
-    return "normalized"
-
-
-# ------------------------------------------------------------ label records
-
-
-@dataclass(frozen=True)
-class PrincipalLabels:
-    """The identity labels of a matched ``openai.principal_tokens[]`` entry."""
-
-    principal_ref: str
-    principal_alias: str
-    token_ref: str
-
-    def __post_init__(self) -> None:
-        _check_id_shape("principal_ref", self.principal_ref)
-        _check_id_shape("principal_alias", self.principal_alias)
-        _check_id_shape("token_ref", self.token_ref)
-
-    @classmethod
-    def from_config(cls, principal_ref: str, alias: str, token_ref: str) -> PrincipalLabels:
-        """Labels of a configured principal token; an empty alias shows the principal_ref."""
-        return cls(
-            principal_ref=principal_ref, principal_alias=alias or principal_ref, token_ref=token_ref
-        )
-
-
-UNMAPPED_PRINCIPAL: Final = PrincipalLabels(UNMAPPED, UNMAPPED, UNMAPPED)
-
-
-@dataclass(frozen=True)
-class RequestLabels:
-    """Everything that labels one finished OpenAI-surface request except ``status``.
-
-    Fixed-vocabulary fields are checked on construction (``ValueError``).
-    Use :meth:`build` rather than spelling out the identity fields.
-    """
-
-    principal_ref: str
-    principal_alias: str
-    token_ref: str
-    model_group: str
-    endpoint: str
-    response_mode: str
-
-    def __post_init__(self) -> None:
-        _check_member("endpoint", self.endpoint, ENDPOINTS)
-        _check_member("response_mode", self.response_mode, RESPONSE_MODES)
-        _check_id_shape("principal_ref", self.principal_ref)
-        _check_id_shape("principal_alias", self.principal_alias)
-        _check_id_shape("token_ref", self.token_ref)
-        _check_id_shape("model_group", self.model_group)
-
-    @classmethod
-    def build(
-        cls,
-        principal: PrincipalLabels | None,
-        *,
-        model_group: str,
-        endpoint: str,
-        response_mode: str,
-    ) -> RequestLabels:
-        """Labels for a request; ``principal=None`` means an unmapped caller.
-
-        ``model_group`` must be the resolved catalog id or :data:`UNKNOWN_GROUP`
-        -- never the caller's ``model`` string.
-        """
-        p = principal or UNMAPPED_PRINCIPAL
-        return cls(
-            principal_ref=p.principal_ref,
-            principal_alias=p.principal_alias,
-            token_ref=p.token_ref,
-            model_group=model_group,
-            endpoint=endpoint,
-            response_mode=response_mode,
-        )
-
-    @classmethod
-    def unauthenticated(cls, endpoint: str, response_mode: str = "normalized") -> RequestLabels:
-        """Labels for a request rejected before auth succeeded (unmapped, model unknown)."""
-        return cls.build(
-            None, model_group=UNKNOWN_GROUP, endpoint=endpoint, response_mode=response_mode
-        )
-
-    @property
-    def principal(self) -> PrincipalLabels:
-        """The identity part of these labels."""
-        return PrincipalLabels(self.principal_ref, self.principal_alias, self.token_ref)
 
 
 # ------------------------------------------------------------ status rows
@@ -283,13 +110,8 @@ class ProviderGaugeRow:
     capacity: int
     long_in_flight: int = 0
     long_capacity: int = 0
-    health: str = "unknown"  # one of HEALTH_VALUES
+    health: ShownHealth = "unknown"
     enabled: bool = True
-
-    @property
-    def load_ratio(self) -> float:
-        """``in_flight / capacity``; 0 when capacity is 0 (kept as 0, never dropped)."""
-        return self.in_flight / self.capacity if self.capacity > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -379,16 +201,18 @@ class _StatusCollector(Collector):
             key = [self._edge_id, row.node_id, row.provider_id]
             fams["in_flight"].add_metric(key, float(row.in_flight))
             fams["capacity"].add_metric(key, float(row.capacity))
-            fams["load_ratio"].add_metric(key, row.load_ratio)
+            fams["load_ratio"].add_metric(key, load_ratio(row.in_flight, row.capacity))
             fams["long_in_flight"].add_metric(key, float(row.long_in_flight))
             fams["long_capacity"].add_metric(key, float(row.long_capacity))
-            fams["health"].add_metric(key, float(HEALTH_VALUES.get(row.health, 1)))
+            fams["health"].add_metric(key, float(HEALTH_GAUGE.get(row.health, 1)))
             fams["enabled"].add_metric(key, 1.0 if row.enabled else 0.0)
         yield from fams.values()
 
 
 # ------------------------------------------------------------ the metrics
 
+
+_Metric = TypeVar("_Metric", Counter, Histogram)
 
 _REQ_LABELS: Final = (
     "edge_id",
@@ -417,10 +241,10 @@ class GatewayMetrics:
     """
 
     def __init__(self, edge_id: str, registry: CollectorRegistry | None = None) -> None:
-        _check_id_shape("edge_id", edge_id)
+        check_id_shape("edge_id", edge_id)
         self.edge_id = edge_id
         self.registry = registry if registry is not None else CollectorRegistry()
-        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
         self._groups: set[str] = set()
         self._principals: set[PrincipalLabels] = set()
         self._strict_groups = False
@@ -523,7 +347,7 @@ class GatewayMetrics:
         always allowed.
         """
         for g in model_groups:
-            _check_id_shape("model_group", g)
+            check_id_shape("model_group", g)
             self._groups.add(g)
             self._strict_groups = True
         for p in principals:
@@ -531,7 +355,7 @@ class GatewayMetrics:
             self._strict_principals = True
 
     def _check_group(self, group: str) -> None:
-        _check_id_shape("model_group", group)
+        check_id_shape("model_group", group)
         if self._strict_groups and group != UNKNOWN_GROUP and group not in self._groups:
             raise ValueError("model_group is not a registered catalog id")
 
@@ -566,7 +390,7 @@ class GatewayMetrics:
         Everything is validated before anything is counted, so a ``ValueError``
         leaves the counters untouched.
         """
-        _check_member("status", status, STATUSES)
+        check_member("status", status, STATUSES)
         self._check_group(labels.model_group)
         self._check_principal(labels.principal)
         if duration < 0:
@@ -576,8 +400,8 @@ class GatewayMetrics:
         items: list[UsageItem] = []
         seen_types: set[str] = set()
         for source, token_type, count in usage:
-            _check_member("usage_source", source, USAGE_SOURCES)
-            _check_member("token_type", token_type, TOKEN_TYPES)
+            check_member("usage_source", source, USAGE_SOURCES)
+            check_member("token_type", token_type, TOKEN_TYPES)
             if count < 0:
                 raise ValueError("token counts must be >= 0")
             if token_type in seen_types:
@@ -619,13 +443,13 @@ class GatewayMetrics:
             duration
         )
 
-    def _child(self, metric: Any, key: tuple[str, ...]) -> Any:
+    def _child(self, metric: _Metric, key: tuple[str, ...]) -> _Metric:
         """``metric.labels(*key)``, cached: label sets are bounded (config ids x fixed sets)."""
         ck = (id(metric), key)
         found = self._children.get(ck)
         if found is None:
             found = self._children[ck] = metric.labels(*key)
-        return found
+        return cast(_Metric, found)
 
     # -------------------------------------------------- gateway health
 
@@ -641,10 +465,9 @@ class GatewayMetrics:
         """Time spent getting a lease for ``group``; ``outcome`` in :data:`DISPATCH_OUTCOMES`.
 
         Call once per lease attempt (the pool's ``on_wait_done`` hook).  An
-        ``outcome="queue_timeout"`` also counts ``iop_queue_waiters_timed_out_total``,
-        so do not call :meth:`count_queue_timeout` for the same waiter.
+        ``outcome="queue_timeout"`` also counts ``iop_queue_waiters_timed_out_total``.
         """
-        _check_member("outcome", outcome, DISPATCH_OUTCOMES)
+        check_member("outcome", outcome, DISPATCH_OUTCOMES)
         self._check_group(group)
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
@@ -652,22 +475,14 @@ class GatewayMetrics:
         if outcome == "queue_timeout":
             self._queue_timeouts.labels(self.edge_id).inc()
 
-    def count_queue_timeout(self) -> None:
-        """One queue waiter reached its ``queue_timeout``.
-
-        Only for a timeout that is *not* reported through
-        :meth:`observe_dispatch_wait` (which counts it already).
-        """
-        self._queue_timeouts.labels(self.edge_id).inc()
-
     def count_refresh(self, outcome: str) -> None:
         """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""
-        _check_member("outcome", outcome, REFRESH_OUTCOMES)
+        check_member("outcome", outcome, REFRESH_OUTCOMES)
         self._refresh.labels(self.edge_id, outcome).inc()
 
     def count_wire_frames(self, direction: str, n: int = 1) -> None:
         """``n`` wire frames sent (``out``) or received (``in``)."""
-        _check_member("direction", direction, DIRECTIONS)
+        check_member("direction", direction, FRAME_DIRECTIONS)
         if n < 0:
             raise ValueError("n must be >= 0")
         self._child(self._wire_frames, (self.edge_id, direction)).inc(n)
@@ -681,7 +496,7 @@ class GatewayMetrics:
 
     def count_wire_error(self, reason: str) -> None:
         """A wire connection closed for ``reason`` in :data:`WIRE_ERROR_REASONS`."""
-        _check_member("reason", reason, WIRE_ERROR_REASONS)
+        check_member("reason", reason, WIRE_ERROR_REASONS)
         self._wire_errors.labels(self.edge_id, reason).inc()
 
     # -------------------------------------------------- exposition

@@ -47,6 +47,7 @@ from iopd.edge.node_session import NodeSession, Reply
 from iopd.errors import NodeDispatchError
 from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
+from iopd.vocabulary import FrameDirection, WireErrorReason
 from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
@@ -65,10 +66,6 @@ from wire.messages import (
 log = logging.getLogger("iopd.edge.nodes")
 
 RefuseCode = Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"]
-FrameDirection = Literal["in", "out"]
-WireErrorReason = Literal[
-    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
-]
 
 
 class HubOwner(Protocol):

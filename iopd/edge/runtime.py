@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Final, TypedDict
 
 import msgspec
 import trio
@@ -28,17 +28,12 @@ from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
-from iopd.edge.nodes import (
-    FrameDirection,
-    HubSettings,
-    NodeHub,
-    WireErrorReason,
-    safe_node_reason,
-)
+from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
 from iopd.redact import Scrubber
+from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
 
 log = logging.getLogger("iopd.edge")
@@ -120,13 +115,74 @@ def mint_embedded_tokens(cfg: EdgeConfig) -> dict[str, str]:
 
 @dataclass
 class ProviderHealthState:
-    health: str = "unknown"
+    health: ShownHealth = "unknown"
     last_error: str = ""
 
 
 #: What ``/status`` and the health gauge show for a provider whose node has no
 #: live session: its last probe result is history, not the provider's state.
-DISCONNECTED = "disconnected"
+DISCONNECTED: Final = "disconnected"
+
+
+class NodeRow(TypedDict):
+    """One node of ``GET /status``."""
+
+    id: str
+    alias: str
+    connected: bool
+    connected_since: float | None
+    providers: list[str]
+
+
+class ProviderRow(TypedDict):
+    """One provider of ``GET /status``."""
+
+    node_id: str
+    id: str
+    type: str
+    category: str
+    models: list[str]
+    enabled: bool
+    health: str
+    capacity: int
+    in_flight: int
+    queued: int
+    load_ratio: float
+    long_context_capacity: int
+    long_in_flight: int
+    lifecycle_capabilities: list[str]
+    last_error: str
+
+
+class QueueRow(TypedDict):
+    """The global queue in ``GET /status``."""
+
+    depth: int
+    max_queue: int
+    queued_bytes: int
+    max_queued_bytes: int
+
+
+class StatusDocument(TypedDict):
+    """The admin ``GET /status`` document (SPEC §10)."""
+
+    edge_id: str
+    config_version: int
+    nodes: list[NodeRow]
+    providers: list[ProviderRow]
+    queue: QueueRow
+
+
+class RefreshReport(TypedDict):
+    """The admin ``POST /refresh`` answer (SPEC §6)."""
+
+    mode: str
+    applied: bool
+    changed_nodes: list[str]
+    changed_providers: list[str]
+    changed_models: list[str]
+    restart_required: list[str]
+    errors: list[str]
 
 
 @dataclass
@@ -270,11 +326,11 @@ class EdgeRuntime:
             )
         return rows
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> StatusDocument:
         """The admin ``GET /status`` document (SPEC §10)."""
         snap = self.snapshot
         loads = self.pool.provider_loads()
-        nodes = []
+        nodes: list[NodeRow] = []
         for node in snap.config.nodes:
             since = self.hub.connected_since(node.id)
             nodes.append(
@@ -286,7 +342,7 @@ class EdgeRuntime:
                     "providers": [p.id for p in node.providers],
                 }
             )
-        providers = []
+        providers: list[ProviderRow] = []
         for node in snap.config.nodes:
             for p in node.providers:
                 load = loads.get(p.id)
@@ -304,7 +360,7 @@ class EdgeRuntime:
                         "capacity": p.capacity,
                         "in_flight": in_flight,
                         "queued": load.queued if load else 0,
-                        "load_ratio": (in_flight / p.capacity) if p.capacity else 0.0,
+                        "load_ratio": load_ratio(in_flight, p.capacity),
                         "long_context_capacity": p.long_context_capacity,
                         "long_in_flight": load.long_in_flight if load else 0,
                         "lifecycle_capabilities": list(p.lifecycle_capabilities),
@@ -326,9 +382,9 @@ class EdgeRuntime:
 
     # --------------------------------------------------------------- refresh
 
-    async def refresh(self, mode: str) -> dict[str, Any]:
+    async def refresh(self, mode: str) -> RefreshReport:
         """Dry-run or apply the config file the edge was started with (SPEC §6)."""
-        report: dict[str, Any] = {
+        report: RefreshReport = {
             "mode": mode,
             "applied": False,
             "changed_nodes": [],

@@ -17,9 +17,7 @@ from typing import Literal
 
 from iopd.config.schema import OpenAISection, ProviderAuth
 from iopd.errors import AuthenticationError
-
-#: Label value for callers without a principal (legacy bearer, open API).
-UNMAPPED = "unmapped"
+from iopd.vocabulary import UNMAPPED
 
 PrincipalSource = Literal["principal_token", "bearer_token", "open"]
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from iopd.vocabulary import HOP_BY_HOP
+
 __all__ = ["DEFAULT_FORWARDED", "forbidden_reason", "upstream_headers"]
 
 #: Caller headers forwarded by default (lower-case).  ``content-type`` is set
@@ -32,10 +34,7 @@ DEFAULT_FORWARDED: frozenset[str] = frozenset(
     }
 )
 
-# Headers openai.forward_headers may never add, by what they are.
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "te", "trailer", "trailers", "transfer-encoding", "upgrade"}
-)
+# Headers openai.forward_headers may never add, by what they are (and HOP_BY_HOP).
 _FRAMING = frozenset(
     {"content-length", "content-encoding", "content-type", "expect", "accept-encoding"}
 )
@@ -57,14 +56,15 @@ _FORWARDING_PREFIXES = ("x-forwarded-", "x-original-", "proxy-")
 def forbidden_reason(name: str) -> str | None:
     """Why header ``name`` may never be forwarded to a provider, or None if it may."""
     lname = name.lower()
-    if lname in _HOP_BY_HOP:
+    # Forwarding first: a ``Proxy-*`` header is named for what it routes.
+    if lname in _FORWARDING or lname.startswith(_FORWARDING_PREFIXES):
+        return "a forwarding or routing header"
+    if lname in HOP_BY_HOP:
         return "a hop-by-hop header"
     if lname in _FRAMING:
         return "a framing or encoding header of the body the edge re-encodes"
     if lname in _CREDENTIALS:
         return "the caller's credentials or the edge's own host"
-    if lname in _FORWARDING or lname.startswith(_FORWARDING_PREFIXES):
-        return "a forwarding or routing header"
     return None
 
 

@@ -4,10 +4,9 @@
 request handlers use (``async with pool.lease(group_id) as lease``).
 """
 
-from .pool import Lease, ProviderPool, WaitObserver, WaitOutcome
+from .pool import Lease, ProviderPool, WaitObserver
 from .scheduler import (
     GroupPolicy,
-    Health,
     PoolSnapshot,
     ProviderLoad,
     ProviderSlot,
@@ -16,7 +15,6 @@ from .scheduler import (
 
 __all__ = [
     "GroupPolicy",
-    "Health",
     "Lease",
     "PoolSnapshot",
     "ProviderLoad",
@@ -24,5 +22,4 @@ __all__ = [
     "ProviderSlot",
     "Scheduler",
     "WaitObserver",
-    "WaitOutcome",
 ]

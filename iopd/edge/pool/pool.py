@@ -14,15 +14,14 @@ import math
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Literal
 
 import trio
 
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
+from iopd.vocabulary import ContextClass, DispatchOutcome, Health
 
 from .scheduler import (
     Grant,
-    Health,
     PoolSnapshot,
     ProviderLoad,
     Scheduler,
@@ -30,11 +29,10 @@ from .scheduler import (
     WaiterState,
 )
 
-__all__ = ["Lease", "ProviderPool", "WaitObserver", "WaitOutcome"]
+__all__ = ["Lease", "ProviderPool", "WaitObserver"]
 
-WaitOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]
 #: ``on_wait_done(group_id, waited_seconds, outcome)``: called once per ``lease()`` attempt.
-WaitObserver = Callable[[str, float, WaitOutcome], None]
+WaitObserver = Callable[[str, float, DispatchOutcome], None]
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +72,7 @@ class ProviderPool:
         self,
         group_id: str,
         *,
-        context_class: Literal["normal", "long"] = "normal",
+        context_class: ContextClass = "normal",
         requires: frozenset[str] = frozenset(),
         queue_timeout: float | None = None,
         body_bytes: int = 0,
@@ -183,7 +181,7 @@ class ProviderPool:
             if event is not None:
                 event.set()
 
-    def _observe(self, group_id: str, waited: float, outcome: WaitOutcome) -> None:
+    def _observe(self, group_id: str, waited: float, outcome: DispatchOutcome) -> None:
         # A failing metrics hook must never cost a lease (or leak one).
         if self._on_wait_done is not None:
             try:

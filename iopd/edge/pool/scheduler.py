@@ -38,14 +38,13 @@ import heapq
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 from iopd.errors import GatewayError, NodeDispatchError, QueueFull
+from iopd.vocabulary import HEALTH_STATES, Health, ProviderType, load_ratio, types_meeting
 
 __all__ = [
-    "REQUIREMENT_TYPES",
     "GroupPolicy",
-    "Health",
     "Grant",
     "PoolSnapshot",
     "ProviderLoad",
@@ -56,15 +55,6 @@ __all__ = [
     "WaiterState",
 ]
 
-Health = Literal["unknown", "healthy", "unhealthy"]
-
-#: What each ``requires`` token demands of a provider's ``type``.
-REQUIREMENT_TYPES: Mapping[str, frozenset[str]] = {
-    "passthrough": frozenset({"openai"}),
-    "ollama": frozenset({"ollama"}),
-    "normalized": frozenset({"ollama", "cli", "echo"}),
-}
-
 
 @dataclass(frozen=True)
 class ProviderSlot:
@@ -72,7 +62,7 @@ class ProviderSlot:
 
     provider_id: str
     node_id: str
-    type: str  # "openai" | "ollama" | "cli" | "echo"
+    type: ProviderType
     capacity: int
     long_context_capacity: int = 0
     priority: int = 0
@@ -109,7 +99,7 @@ class ProviderLoad:
     queued: int  # waiters whose live candidates include this provider
     capacity: int
     long_context_capacity: int
-    load_ratio: float  # in_flight / capacity
+    load_ratio: float  # ``iopd.vocabulary.load_ratio``
 
 
 @dataclass(frozen=True, eq=False)
@@ -264,9 +254,6 @@ class Scheduler:
         c = self._counters.get(provider_id)
         return (c.in_flight, c.long_in_flight) if c is not None else (0, 0)
 
-    def is_connected(self, node_id: str) -> bool:
-        return node_id in self._connected
-
     def health(self, provider_id: str) -> Health:
         return self._health.get(provider_id, "unknown")
 
@@ -288,7 +275,7 @@ class Scheduler:
                 queued=queued.get(pid, 0),
                 capacity=slot.capacity,
                 long_context_capacity=slot.long_context_capacity,
-                load_ratio=in_flight / slot.capacity if slot.capacity > 0 else 0.0,
+                load_ratio=load_ratio(in_flight, slot.capacity),
             )
         return loads
 
@@ -386,7 +373,7 @@ class Scheduler:
 
     def set_provider_health(self, provider_id: str, health: Health) -> list[Waiter]:
         """The node's probe reported a provider's health."""
-        if health not in ("unknown", "healthy", "unhealthy"):
+        if health not in HEALTH_STATES:
             raise ValueError(f"unknown health value {health!r}")
         if self._health.get(provider_id, "unknown") == health:
             return []
@@ -483,14 +470,9 @@ class Scheduler:
             return self._candidate_cache[key]
         except KeyError:
             pass
-        try:
-            allowed = self._allowed_types[key.requires]
-        except KeyError:
-            allowed = None
-            for need in key.requires:
-                types = REQUIREMENT_TYPES.get(need, frozenset())
-                allowed = types if allowed is None else allowed & types
-            self._allowed_types[key.requires] = allowed
+        if key.requires not in self._allowed_types:
+            self._allowed_types[key.requires] = types_meeting(key.requires)
+        allowed = self._allowed_types[key.requires]
         connected, unhealthy = self._connected, self._unhealthy
         live = [
             e
@@ -529,8 +511,6 @@ class Scheduler:
             if idx >= cursor:
                 start = i
                 break
-        else:
-            start = 0
         best: _Entry | None = None
         best_ratio = 0.0
         best_priority = 0

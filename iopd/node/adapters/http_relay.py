@@ -27,22 +27,9 @@ from iopd.http.client import (
 )
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.usage_extract import scanner_for
+from iopd.vocabulary import HOP_BY_HOP
 from wire.messages import Health, ProviderSpec, ProviderTunnelRequest
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "trailers",
-        "upgrade",
-        "proxy-authorization",
-        "proxy-authenticate",
-        "proxy-connection",
-    }
-)
 # Dropped from requests: framing/routing owned by the client, and encodings we
 # could not scan for usage.
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding"}

@@ -1,0 +1,196 @@
+"""The words edge and node share, each defined once (SPEC §2, §5).
+
+Why one module: the same small vocabularies -- which provider types tunnel
+the OpenAI API raw, what a finished request's metric status may be, what a
+provider's health may be, which headers never cross a hop -- were spelled out
+in the request handlers, the pool, the metrics and the node's relay, and a
+word added in one place was missing in the next.  Here every closed set is a
+``Literal`` (for the type checker) and the matching ``frozenset`` is derived
+from it with ``typing.get_args`` (for the runtime check), never written twice.
+
+It imports nothing of ``iopd`` (so any module may import it without a cycle);
+``Health`` comes from ``wire/``, which never imports ``iopd``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final, Literal, get_args
+
+from wire.messages import Health
+
+__all__ = [
+    "SHOWN_HEALTH_STATES",
+    "ShownHealth",
+    "DISPATCH_OUTCOMES",
+    "ENDPOINTS",
+    "FRAMING_HEADERS",
+    "FRAME_DIRECTIONS",
+    "HEALTH_STATES",
+    "HOP_BY_HOP",
+    "OLLAMA_TYPES",
+    "PASSTHROUGH_TYPES",
+    "PROVIDER_TYPES",
+    "REFRESH_OUTCOMES",
+    "REQUIREMENT_TYPES",
+    "RESPONSE_MODES",
+    "STATUSES",
+    "TEXT_TOOL_TYPES",
+    "TOKEN_TYPES",
+    "UNKNOWN_GROUP",
+    "UNMAPPED",
+    "USAGE_SOURCES",
+    "WIRE_ERROR_REASONS",
+    "ContextClass",
+    "DispatchOutcome",
+    "Endpoint",
+    "FrameDirection",
+    "Health",
+    "ProviderType",
+    "RefreshOutcome",
+    "Requirement",
+    "ResponseMode",
+    "Status",
+    "TokenType",
+    "UsageSource",
+    "WireErrorReason",
+    "all_passthrough",
+    "load_ratio",
+    "types_meeting",
+]
+
+# ------------------------------------------------------------ provider types
+
+ProviderType = Literal["openai", "ollama", "cli", "echo"]
+PROVIDER_TYPES: Final = frozenset(get_args(ProviderType))
+
+#: Speak the OpenAI HTTP API natively: requests to them are tunnelled raw.
+PASSTHROUGH_TYPES: Final[frozenset[ProviderType]] = frozenset({"openai"})
+#: Speak the Ollama API natively: ``/api/*`` is relayed raw to them.
+OLLAMA_TYPES: Final[frozenset[ProviderType]] = frozenset({"ollama"})
+#: Text-only providers: tools go through the ``<tool_call>`` text protocol.
+TEXT_TOOL_TYPES: Final[frozenset[ProviderType]] = frozenset({"cli", "echo"})
+
+#: What a request may require of the provider it leases (``pool.lease(requires=...)``).
+Requirement = Literal["passthrough", "ollama", "normalized"]
+#: The provider types that satisfy each ``Requirement`` (an unknown one: none).
+REQUIREMENT_TYPES: Final[Mapping[str, frozenset[ProviderType]]] = {
+    "passthrough": PASSTHROUGH_TYPES,
+    "ollama": OLLAMA_TYPES,
+    "normalized": PROVIDER_TYPES - PASSTHROUGH_TYPES,
+}
+
+
+def types_meeting(requires: Iterable[str]) -> frozenset[str] | None:
+    """The provider types that meet every requirement; None when there is none to meet."""
+    allowed: frozenset[str] | None = None
+    for need in requires:
+        types = REQUIREMENT_TYPES.get(need, frozenset())
+        allowed = types if allowed is None else allowed & types
+    return allowed
+
+
+def all_passthrough(provider_types: Iterable[str]) -> bool:
+    """True when there is at least one type and every one tunnels raw.
+
+    A model group made only of such providers always runs as ``passthrough``.
+    """
+    types = set(provider_types)
+    return bool(types) and types <= PASSTHROUGH_TYPES
+
+
+#: Which slots a request needs: ``long`` when its input estimate reaches
+#: ``openai.long_context_threshold_tokens`` (it takes a long-context slot where there is one).
+ContextClass = Literal["normal", "long"]
+
+# ------------------------------------------------------------ health and load
+
+#: A provider's health as its node's probe reports it (``wire.messages.Health``).
+HEALTH_STATES: Final = frozenset(get_args(Health))
+#: What ``/status`` and the health gauge show for a provider: its probe's
+#: health, or ``disconnected`` while its node has no live session (the last
+#: probe result is history then, not the provider's state).
+ShownHealth = Literal["disconnected", Health]
+SHOWN_HEALTH_STATES: Final = frozenset(get_args(ShownHealth))
+
+
+def load_ratio(in_flight: int, capacity: int) -> float:
+    """``in_flight / capacity``; 0 when capacity is 0 (a disabled-by-size provider)."""
+    return in_flight / capacity if capacity > 0 else 0.0
+
+
+# ------------------------------------------------------------ request outcomes
+
+#: ``principal_ref``/``principal_alias``/``token_ref`` of legacy-bearer, open
+#: and unauthenticated callers.
+UNMAPPED: Final = "unmapped"
+#: ``model_group`` of a request that did not resolve to a catalog id.
+UNKNOWN_GROUP: Final = "unknown"
+
+#: The metric ``endpoint`` of a request (every ``/api/*`` path is ``api``).
+Endpoint = Literal["chat_completions", "responses", "api"]
+ENDPOINTS: Final = frozenset(get_args(Endpoint))
+
+#: The execution path a request took: the raw tunnel or ``RunRequest``.
+ResponseMode = Literal["passthrough", "normalized"]
+RESPONSE_MODES: Final = frozenset(get_args(ResponseMode))
+
+#: The metric ``status`` of a finished request (``GatewayError.metric_status``).
+Status = Literal[
+    "ok",
+    "client_error",
+    "auth_error",
+    "queue_full",
+    "queue_timeout",
+    "dispatch_error",
+    "provider_error",
+    "cancelled",
+    "overloaded",
+]
+STATUSES: Final = frozenset(get_args(Status))
+
+#: How one ``pool.lease()`` attempt ended.
+DispatchOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]
+DISPATCH_OUTCOMES: Final = frozenset(get_args(DispatchOutcome))
+
+#: Where a token count came from, and what it counts.
+UsageSource = Literal["provider_body", "tunnel_frame", "run_event"]
+USAGE_SOURCES: Final = frozenset(get_args(UsageSource))
+TokenType = Literal["input", "output", "reasoning", "cached_input"]
+TOKEN_TYPES: Final = frozenset(get_args(TokenType))
+
+#: How one config refresh request ended.
+RefreshOutcome = Literal["applied", "refused", "failed", "dry_run"]
+REFRESH_OUTCOMES: Final = frozenset(get_args(RefreshOutcome))
+
+#: Wire frames: ``in`` = node to edge.
+FrameDirection = Literal["in", "out"]
+FRAME_DIRECTIONS: Final = frozenset(get_args(FrameDirection))
+#: Why a wire connection was closed for a protocol problem.
+WireErrorReason = Literal[
+    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
+]
+WIRE_ERROR_REASONS: Final = frozenset(get_args(WireErrorReason))
+
+# ------------------------------------------------------------ header sets
+
+#: Headers that belong to one connection and are never relayed in either
+#: direction (RFC 9110 §7.6.1 and the proxy-era ones); the names a
+#: ``Connection:`` header lists are hop-by-hop too (the relays check that).
+HOP_BY_HOP: Final = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "te",
+        "trailer",
+        "trailers",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
+#: The headers that frame a message on its connection: the HTTP server writes
+#: its own and drops a handler's.
+FRAMING_HEADERS: Final = frozenset({"content-length", "transfer-encoding", "connection"})
