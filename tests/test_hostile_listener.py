@@ -215,7 +215,9 @@ async def test_a_caller_that_never_reads_frees_its_provider_slot() -> None:
     after ``send_timeout`` (not ``request_timeout``, 600 s), the node's streams
     end (Cancel), and the next caller is served while they stay connected."""
     capacity = 4  # as in the finding: 4 callers held all 4 slots
-    yaml = hostile_yaml(capacity=capacity, openai_extra="  send_timeout: 0.5\n")
+    # 2 s, not less: all four must be holding their slots at once before the
+    # first is cut, and sending four 6 MB requests takes a while on a busy machine.
+    yaml = hostile_yaml(capacity=capacity, openai_extra="  send_timeout: 2\n")
     # ~6 MB of output per request: more than the socket buffers absorb.
     words = " ".join("a" * 60_000 for _ in range(100))
     body = json.dumps(
