@@ -120,6 +120,8 @@ def test_mutations_of_a_valid_config(mutations: list[tuple[tuple[Any, ...], str,
             current = parent[last]
         except (KeyError, IndexError, TypeError):
             continue
+        if not isinstance(parent, dict | list):
+            continue  # an earlier mutation turned a container on the path into a scalar
         if op == "replace":
             parent[last] = value
         elif op == "delete":
