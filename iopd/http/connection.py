@@ -255,6 +255,7 @@ class HttpConnection:
         "_listener",
         "client",
         "state",
+        "_moves",
         "_reader",
         "_eof",
         "_incoming",
@@ -266,6 +267,7 @@ class HttpConnection:
         self._listener = listener
         self.client = client
         self.state = ConnState.IDLE
+        self._moves = TRANSITIONS[ConnState.IDLE]  # the legal moves from ``state``
         self._reader = RequestReader(listener.limits.max_header_bytes)
         self._eof = False  # the client closed its side
         self._incoming: _Incoming | None = None
@@ -436,13 +438,14 @@ class HttpConnection:
     def _apply(self, event: ConnEvent) -> None:
         """The one place where state changes; leaving BODY (or HEAD, where a
         declared length is reserved) gives the body reservation back."""
-        next_state = TRANSITIONS[self.state].get(event)
+        next_state = self._moves.get(event)
         if next_state is None:
             raise RuntimeError(f"{event.value} is not legal in connection state {self.state.value}")
         if self._reserved and next_state is not ConnState.BODY:
             self._listener.body_bytes -= self._reserved
             self._reserved = 0
         self.state = next_state
+        self._moves = TRANSITIONS[next_state]
 
 
 __all__ = [
