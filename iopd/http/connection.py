@@ -13,13 +13,13 @@ this machine names, runs the handler and writes what it is told to.
 The life of a connection::
 
     IDLE --first byte--> HEAD --head admitted--> BODY --body in--> HANDLER
-      ^                    |                       |                  |
-      |                    +------ refused --------+--> REFUSING      |
-      |                                                  | sent       |
-      |                                                  v            |
-      +------------- response done, reusable ----------- LINGER ------+
-                                                         |  (close)
-    any state --eof, idle timeout, shutdown, broken--> CLOSED
+     ^                     |                       |                  |
+     |                     +------- refused -------+                  |
+     |                                 v                              |
+     |                  REFUSING --sent--> LINGER --> CLOSED          |
+     +------------- response done, connection reusable --------------+
+
+    any state --EOF, idle timeout, shutdown, a broken write--> CLOSED
 
 * IDLE waits ``idle_timeout`` for the next request; a timeout or a shutdown
   closes quietly.  HEAD waits ``header_timeout`` from the request's first

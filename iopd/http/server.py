@@ -1,11 +1,10 @@
 """A small HTTP/1.1 server on trio: the edge's OpenAI listener and the admin API.
 
-Why no framework: a request costs several times more CPU on the frameworks
-measured (quart-trio on hypercorn's trio worker, or plain ASGI on it), and
-they had connection pitfalls a public listener cannot have (``Connection:
-close`` not honoured, idle keep-alive connections never closed); the figures
-and the script that reproduces them are in ``docs/performance.md``
-(``scripts/bench_http.py --frameworks``).  The gateway's budget is <= 0.8 ms
+Why no framework: measured by ``scripts/bench_http.py --frameworks`` (the
+figures are in ``docs/performance.md``), quart-trio on hypercorn's trio
+worker costs several times this server's CPU per request (a plain ASGI app
+on the same worker too) and left a ``Connection: close`` socket open, and
+Quart cuts responses at its 60 s response timeout unless told otherwise.  The gateway's budget is <= 0.8 ms
 of CPU per request for edge and node together, so the HTTP layer is written
 here and kept lean: it is the hot path.
 
