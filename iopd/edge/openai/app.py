@@ -36,6 +36,7 @@ from iopd.edge.openai import requests as rq
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.errors import error_sse_event, render_error
 from iopd.edge.openai.generation import apply_generation
+from iopd.edge.openai.json_body import parse_json_object
 from iopd.edge.openai.responses import build_response, responses_input_to_messages
 from iopd.edge.openai.sse import SSE_HEADERS
 from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
@@ -384,7 +385,7 @@ class OpenAIApp:
     @staticmethod
     def _parse(snap: Snapshot, request: Request, kind: type[_Req], out: Outcome) -> _Req:
         """Decode and validate the body; a 400 is labelled with the group when one resolves."""
-        body = rq.parse_json_object(request.body)
+        body = parse_json_object(request.body)
         model = body.get("model")
         if isinstance(model, str):
             group = snap.catalog.resolve(model)
