@@ -195,7 +195,7 @@ def _chat_run(leased: LeasedRequest[rq.ChatRequest], text_tools: bool) -> RunReq
         prefix.append({"role": "system", "content": tool_instruction(req.tools or [])})
     return _run_request(
         leased,
-        messages=prefix + list(leased.messages),
+        messages=prefix + leased.messages,
         tools=None if text_tools else req.tools,
         stream=req.stream,
     )
