@@ -16,10 +16,10 @@ provider reported reasoning or cached tokens.
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 import msgspec
 
+from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.sse import SSE_DONE, sse_data
 from iopd.edge.openai.tools import restore_native_tool_call
 from iopd.errors import ProviderError
@@ -74,7 +74,7 @@ def _pick(new: int | None, old: int | None) -> int | None:
     return old if new is None else new
 
 
-def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
+def usage_dict(usage: Usage | None) -> JSONObject | None:
     """The OpenAI ``usage`` object for a wire ``Usage`` (None when nothing was reported).
 
     Unreported input/output count as 0; ``total_tokens`` = prompt + completion;
@@ -85,7 +85,7 @@ def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
         return None
     prompt = usage.input_tokens or 0
     completion = usage.output_tokens or 0
-    out: dict[str, Any] = {
+    out: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
@@ -97,7 +97,7 @@ def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     return out
 
 
-def _metadata_tool_calls(event: RunEvent) -> list[dict[str, Any]]:
+def _metadata_tool_calls(event: RunEvent) -> list[JSONObject]:
     """Tool calls a node put in event metadata (``openai_tool_calls``, a JSON list)."""
     raw = event.metadata.get(TOOL_CALLS_METADATA_KEY)
     if not raw:
@@ -133,7 +133,7 @@ class CompletionAssembler:
         self.created = created
         self._text: list[str] = []
         self._reasoning: list[str] = []
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[JSONObject] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.metadata: dict[str, str] = {}
@@ -154,7 +154,7 @@ class CompletionAssembler:
         """True when any non-empty reasoning delta arrived."""
         return any(self._reasoning)
 
-    def _add_tool_call(self, call: dict[str, Any]) -> None:
+    def _add_tool_call(self, call: JSONObject) -> None:
         restored = restore_native_tool_call(call, len(self.tool_calls))
         if any(known["id"] == restored["id"] for known in self.tool_calls):
             return  # the same call reported both as an event and in metadata
@@ -198,8 +198,8 @@ class CompletionAssembler:
     def result(
         self,
         text_override: str | None = None,
-        tool_calls_override: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+        tool_calls_override: list[JSONObject] | None = None,
+    ) -> JSONObject:
         """The ``chat.completion`` dict.
 
         ``text_override`` replaces the accumulated text (strict output, text
@@ -217,14 +217,14 @@ class CompletionAssembler:
             content = None
         else:
             content = self.text
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: JSONObject = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
             if not content:
                 message["content"] = None
         if self.saw_reasoning:
             message["reasoning_content"] = self.reasoning_text
-        out: dict[str, Any] = {
+        out: JSONObject = {
             "id": self.completion_id,
             "object": "chat.completion",
             "created": self.created,
@@ -265,8 +265,8 @@ class ChunkStream:
         self.include_usage = include_usage
         self.tool_calls_sent = 0
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk: dict[str, Any] = {
+    def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> bytes:
+        chunk: JSONObject = {
             "id": self.completion_id,
             "object": "chat.completion.chunk",
             "created": self.created,
@@ -291,7 +291,7 @@ class ChunkStream:
         """A reasoning delta (``delta.reasoning_content``)."""
         return self._chunk({"reasoning_content": delta})
 
-    def tool_call(self, index: int, call: dict[str, Any]) -> bytes:
+    def tool_call(self, index: int, call: JSONObject) -> bytes:
         """One whole tool call (OpenAI shape, or native: it is restored) at ``index``."""
         restored = restore_native_tool_call(call, index)
         self.tool_calls_sent += 1

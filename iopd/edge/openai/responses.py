@@ -11,8 +11,8 @@ The reply is a ``response`` object the official SDK parses
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
+from iopd.edge.openai.jsonschema import JSONObject, JSONValue
 from iopd.errors import InvalidRequest
 from wire.messages import Usage
 
@@ -29,7 +29,7 @@ def new_response_id() -> str:
     return "resp_" + secrets.token_hex(24)
 
 
-def responses_input_to_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
+def responses_input_to_messages(req: JSONObject) -> list[JSONObject]:
     """Chat messages for a normalized ``/v1/responses`` request.
 
     ``instructions`` (a string) becomes a system message, string ``input`` a
@@ -53,14 +53,14 @@ def responses_input_to_messages(req: dict[str, Any]) -> list[dict[str, Any]]:
             _UNSUPPORTED.format(detail=f"`instructions` is a {_json_kind(instructions)}"),
             param="instructions",
         )
-    messages: list[dict[str, Any]] = []
+    messages: list[JSONObject] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
     messages.append({"role": "user", "content": text})
     return messages
 
 
-def _json_kind(value: Any) -> str:
+def _json_kind(value: JSONValue) -> str:
     if isinstance(value, list):
         return "list"
     if isinstance(value, dict):
@@ -72,7 +72,7 @@ def _json_kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _usage(usage: Usage) -> dict[str, Any]:
+def _usage(usage: Usage) -> JSONObject:
     input_tokens = usage.input_tokens or 0
     output_tokens = usage.output_tokens or 0
     return {
@@ -97,7 +97,7 @@ def build_response(
     usage: Usage | None,
     metadata: dict[str, str] | None = None,
     finish_reason: str | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """A ``response`` object for a finished normalized run.
 
     ``output`` holds a ``reasoning`` item (when reasoning text was seen) and
@@ -109,7 +109,7 @@ def build_response(
     """
     incomplete = finish_reason == "length"
     status = "incomplete" if incomplete else "completed"
-    output: list[dict[str, Any]] = []
+    output: list[JSONObject] = []
     if reasoning_text:
         output.append(
             {
