@@ -145,3 +145,34 @@ async def test_passthrough_relays_n_as_sent() -> None:
                     assert resp.choices[0].message.content == mock.reply_text
                     assert mock.requests[-1].json()["n"] == n
             nursery.cancel_scope.cancel()
+
+
+async def test_a_mixed_group_relays_what_only_passthrough_serves() -> None:
+    """n over the normalized cap, and Responses' built-in tools, go to the passthrough provider."""
+    providers = (
+        "      - id: echo-1\n        type: echo\n        models: [echo]\n        capacity: 4\n"
+        + http_provider("oa-1", "openai", "{base}", models="[mock-model]")
+    )
+    yaml_text = gateway_yaml(
+        models="  - id: mix\n    providers: {echo-1: echo, oa-1: mock-model}\n",
+        nodes=node_entry("node-a", providers),
+    )
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            mock = await nursery.start(MockOpenAIServer().serve)
+            async with running_gateway(yaml_text.replace("{base}", mock.base_url)) as gw:
+                client = gw.sdk()
+                for _ in range(3):
+                    resp = await in_thread(
+                        lambda: client.chat.completions.create(model="mix", messages=MSGS, n=9)
+                    )
+                    assert resp.choices[0].message.content == mock.reply_text
+                    assert mock.requests[-1].json()["n"] == 9
+                    web = await in_thread(
+                        lambda: client.responses.create(
+                            model="mix", input="q", tools=[{"type": "web_search"}]
+                        )
+                    )
+                    assert web.output_text == mock.reply_text
+                    assert mock.requests[-1].json()["tools"] == [{"type": "web_search"}]
+            nursery.cancel_scope.cancel()
