@@ -180,10 +180,10 @@ async def test_responses_normalized_string_input() -> None:
             )
             assert resp.output_text == "respond with this"
             assert resp.usage is not None and resp.usage.output_tokens == 3
-            with pytest.raises(openai.BadRequestError):
+            with pytest.raises(openai.BadRequestError):  # the edge keeps no responses
                 await in_thread(
                     lambda: client.responses.create(
-                        model="echo", input=[{"role": "user", "content": "list input"}]
+                        model="echo", input="more", previous_response_id=resp.id
                     )
                 )
 

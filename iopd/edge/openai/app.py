@@ -29,7 +29,12 @@ from iopd import errors
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.errors import render_error
 from iopd.edge.openai.lifecycle import ENDPOINTS, Call, Outcome, RequestIds, fail, finish
-from iopd.edge.openai.normalized import chat_once, chat_stream, responses_once
+from iopd.edge.openai.normalized import (
+    chat_once,
+    chat_stream,
+    responses_once,
+    responses_stream,
+)
 from iopd.edge.openai.prepare import prepare
 from iopd.edge.openai.relay import relay
 from iopd.edge.runtime import EdgeRuntime, Snapshot
@@ -181,6 +186,8 @@ class OpenAIApp:
             async with prepare(self.rt, call, request, rq.ResponsesRequest) as leased_r:
                 if leased_r.relay:
                     await relay(leased_r, responder, out)
+                elif leased_r.body.stream:
+                    await responses_stream(leased_r, responder, call, self._ids)
                 else:
                     await responses_once(leased_r, responder, out, self._ids)
         elif path in ("/api/chat", "/api/generate"):

@@ -27,6 +27,7 @@ from wire.messages import RunEvent, Usage
 
 __all__ = [
     "ChunkStream",
+    "add_usage",
     "CompletionAssembler",
     "merge_usage",
     "new_completion_id",
@@ -72,6 +73,27 @@ def merge_usage(current: Usage | None, update: Usage | None) -> Usage | None:
 
 def _pick(new: int | None, old: int | None) -> int | None:
     return old if new is None else new
+
+
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """The usage of two runs together (``n > 1``): each field summed, None where
+    neither run reported it."""
+    if more is None:
+        return total
+    if total is None:
+        return more
+    return Usage(
+        input_tokens=_add(total.input_tokens, more.input_tokens),
+        output_tokens=_add(total.output_tokens, more.output_tokens),
+        reasoning_tokens=_add(total.reasoning_tokens, more.reasoning_tokens),
+        cached_input_tokens=_add(total.cached_input_tokens, more.cached_input_tokens),
+    )
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 def usage_dict(usage: Usage | None) -> JSONObject | None:
@@ -199,6 +221,7 @@ class CompletionAssembler:
         self,
         text_override: str | None = None,
         tool_calls_override: list[JSONObject] | None = None,
+        index: int = 0,
     ) -> JSONObject:
         """The ``chat.completion`` dict.
 
@@ -209,6 +232,7 @@ class CompletionAssembler:
         also give None content: the raw text holds the ``<tool_call>`` blocks,
         so ``result(res.content, res.calls)`` is right for a
         :class:`~iopd.edge.openai.tools.TextToolResult` ``res`` either way.
+        ``index`` is the choice's (``n > 1``: one assembler per choice).
         """
         calls = self.tool_calls if tool_calls_override is None else tool_calls_override
         if text_override is not None:
@@ -231,7 +255,7 @@ class CompletionAssembler:
             "model": self.model,
             "choices": [
                 {
-                    "index": 0,
+                    "index": index,
                     "message": message,
                     "logprobs": None,
                     "finish_reason": openai_finish_reason(
@@ -254,6 +278,10 @@ class ChunkStream:
     usage chunk (when ``include_usage``) and ``data: [DONE]``.  With
     ``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's
     do.
+
+    With ``n > 1`` choices one after the other: :meth:`first` with each
+    choice's index, its deltas, :meth:`finish_choice`, and after the last one
+    :meth:`end` (usage and ``[DONE]``).  Every chunk carries its choice index.
     """
 
     def __init__(
@@ -264,6 +292,8 @@ class ChunkStream:
         self.created = created
         self.include_usage = include_usage
         self.tool_calls_sent = 0
+        #: The choice the chunks belong to (set by :meth:`first`).
+        self.index = 0
 
     def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> bytes:
         chunk: JSONObject = {
@@ -272,15 +302,22 @@ class ChunkStream:
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
             ],
         }
         if self.include_usage:
             chunk["usage"] = None
         return sse_data(chunk)
 
-    def first(self) -> bytes:
-        """The opening chunk: ``delta: {role: assistant, content: ""}``."""
+    def first(self, index: int = 0) -> bytes:
+        """The opening chunk of choice ``index``: ``delta: {role: assistant, content: ""}``."""
+        self.index = index
+        self.tool_calls_sent = 0
         return self._chunk({"role": "assistant", "content": ""})
 
     def text(self, delta: str) -> bytes:
@@ -303,8 +340,16 @@ class ChunkStream:
         ``finish_reason`` is normalised like the non-streaming one: with tool
         calls sent it becomes ``tool_calls`` unless it is ``length``.
         """
+        return self.finish_choice(finish_reason) + self.end(usage)
+
+    def finish_choice(self, finish_reason: str | None) -> bytes:
+        """The finishing chunk of the current choice (its reason normalised)."""
         reason = openai_finish_reason(finish_reason, has_tool_calls=self.tool_calls_sent > 0)
-        out = self._chunk({}, reason)
+        return self._chunk({}, reason)
+
+    def end(self, usage: Usage | None) -> bytes:
+        """After the last choice: the usage chunk (if asked for) and ``[DONE]``."""
+        out = b""
         if self.include_usage:
             out += sse_data(
                 {

@@ -120,7 +120,7 @@ class Leasing(Generic[Body]):
         if isinstance(body, rq.OllamaRequest):
             needs = _ollama_needs(snap, group, body, request.path)
         else:
-            needs = _openai_needs(snap, request, group, body)
+            needs = _openai_needs(snap, request, group, body, relay_only)
         if relay_only:
             generation_params(body, group, relay=True)  # over a limit: 400 before queueing
         self._rt = rt
@@ -216,20 +216,32 @@ def _openai_needs(
     request: Request,
     group: GroupSpec,
     body: rq.ChatRequest | rq.ResponsesRequest,
+    relay_only: bool,
 ) -> _Needs:
-    """Provider credentials, the Responses subset, workspace, then the estimate."""
+    """Provider credentials, what only a passthrough provider serves, workspace,
+    then the estimate."""
     provider_auth = _provider_auth(snap, request, group.id)
     requires = _NO_REQUIREMENT
+    _check_workspace(snap, group, body.workspace)
     if isinstance(body, rq.ResponsesRequest):
-        simple = not body.stream and isinstance(body.raw.get("input"), str)
-        if not simple:
-            _require_passthrough(snap, group, body)
-            requires = _NEEDS_PASSTHROUGH
-        _check_workspace(snap, group, body.workspace)
-        messages = responses_input_to_messages(body.raw) if simple else []
-        estimate = estimate_input_tokens(messages) if simple else _estimate_raw_input(body.raw)
+        messages: list[JSONObject] = []
+        if not relay_only:
+            try:  # the normalized path's chat form, or why it has none
+                messages = responses_input_to_messages(body.raw)
+            except errors.InvalidRequest as exc:
+                requires = _passthrough_or_refuse(snap, group, exc)
+        estimate = estimate_input_tokens(messages) if messages else _estimate_raw_input(body.raw)
     else:
-        _check_workspace(snap, group, body.workspace)
+        if body.n > rq.MAX_NORMALIZED_CHOICES and not relay_only:
+            requires = _passthrough_or_refuse(
+                snap,
+                group,
+                errors.InvalidRequest(
+                    f"'n' may be at most {rq.MAX_NORMALIZED_CHOICES} on this model's "
+                    "providers (each choice is one more run)",
+                    param="n",
+                ),
+            )
         messages = body.messages
         estimate = estimate_input_tokens(messages)
     return _Needs(requires, provider_auth, messages, estimate, _context_class(snap, estimate))
@@ -273,14 +285,14 @@ def _provider_auth(snap: Snapshot, request: Request, group_id: str) -> str | Non
     return value
 
 
-def _require_passthrough(snap: Snapshot, group: GroupSpec, body: rq.ResponsesRequest) -> None:
-    """Streaming or non-string ``input`` on ``/v1/responses`` needs a passthrough provider."""
+def _passthrough_or_refuse(
+    snap: Snapshot, group: GroupSpec, refusal: errors.InvalidRequest
+) -> frozenset[str]:
+    """A request only a passthrough provider serves: it requires one, or, in a
+    group without any, is refused (``refusal`` says why)."""
     if not snap.catalog.has_type(group.id, "openai"):
-        raise errors.InvalidRequest(
-            "this model's providers support only non-streaming /v1/responses with a "
-            "string 'input'",
-            param="input" if not isinstance(body.raw.get("input"), str) else "stream",
-        )
+        raise refusal
+    return _NEEDS_PASSTHROUGH
 
 
 def _check_workspace(snap: Snapshot, group: GroupSpec, workspace: str | None) -> None:

@@ -7,6 +7,15 @@ caller's provider credentials travel under ``provider_auth.target_header``.
 The response keeps its status, end-to-end headers and body bytes; only usage
 is read on the way (from the node's ``usage`` frames).  Once the head went
 out, a failure can only cut the connection (``lifecycle.fail``).
+
+Two header rules make a relayed response read like one HTTP response, not
+two stacked: the provider's ``Date`` and ``Server`` are dropped (the edge's
+server writes its own on every response, so a caller used to see both,
+merged by its client into ``"Mon..., Mon..."``; the edge is the origin the
+caller talks to, and the backend's software stays private), and
+``X-Iopd-Upstream-Status`` carries the provider's status, so a provider's
+own error is told from the edge's (whose responses never carry it) while
+the body stays byte-exact.
 """
 
 from __future__ import annotations
@@ -22,10 +31,15 @@ from iopd.edge.usage import tunnel_usage
 from iopd.http.server import Request, Responder
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, Usage
 
-__all__ = ["relay"]
+__all__ = ["UPSTREAM_STATUS_HEADER", "relay"]
 
 JSON = "application/json"
 _STREAMING_TYPES = ("text/event-stream", "application/x-ndjson")
+#: Provider headers not relayed: hop-by-hop ones, and those the edge's server
+#: writes on every response itself (a second copy would be merged by clients).
+_NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
+#: On every relayed response: the provider's status (absent on the edge's own).
+UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
 
 
 async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome) -> None:
@@ -74,7 +88,8 @@ async def _relay(
                     if fr.data:
                         await responder.write(fr.data, hold=frames.buffered() > 0)
                 elif kind == "head":
-                    headers = [(k, v) for k, v in fr.headers if k.lower() not in HOP_BY_HOP]
+                    headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
+                    headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
                     ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
                     if ctype.startswith(_STREAMING_TYPES):
                         headers.append(("X-Accel-Buffering", "no"))

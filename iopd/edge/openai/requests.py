@@ -40,6 +40,9 @@ MAX_METADATA_VALUE_CHARS = 512
 WORKSPACE_KEY = "workspace"
 MAX_WORKSPACE_CHARS = 4096
 MAX_STOP_SEQUENCES = 4
+#: ``n`` on the normalized path: each choice is one more run on the provider,
+#: one after the other under the same lease and ``request_timeout``.
+MAX_NORMALIZED_CHOICES = 8
 
 
 # ------------------------------------------------------------------ helpers
@@ -149,6 +152,16 @@ def _stop(raw: JSONObject) -> str | list[str] | None:
         if not isinstance(item, str):
             raise _wrong_type("stop", "a string or an array of strings", item)
     return value
+
+
+def _choices(raw: JSONObject) -> int:
+    """``n``: an integer of at least 1 (absent: 1)."""
+    n = raw.get("n")
+    if n is None:
+        return 1
+    if not _is_int(n) or n < 1:
+        raise InvalidRequest("'n' must be an integer of at least 1", param="n")
+    return int(n)
 
 
 def _metadata(raw: JSONObject) -> dict[str, str]:
@@ -297,6 +310,63 @@ def _chat_tools(raw: JSONObject) -> list[JSONObject] | None:
     return tools
 
 
+def _opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
+    """An optional array of objects."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _wrong_type(key, "an array", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise _wrong_type(f"{key}[{i}]", "an object", item)
+    return value
+
+
+def _responses_function_tools(tools: list[JSONObject] | None) -> list[JSONObject] | None:
+    """Responses' flat function tools (``{"type": "function", "name", "parameters"}``)
+    validated like chat's and reshaped to chat's ``{"type", "function": {...}}``."""
+    if tools is None:
+        return None
+    out: list[JSONObject] = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            continue  # a built-in tool: only a passthrough provider runs it
+        here = f"tools[{i}]"
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise InvalidRequest(
+                f"'{here}.name' must be 1-64 characters of a-z, A-Z, 0-9, _ or -",
+                param=f"{here}.name",
+            )
+        function: JSONObject = {"name": name}
+        for key, check in (("description", _opt_str), ("parameters", _opt_object)):
+            value = check(tool, key, f"{here}.{key}")
+            if value is not None:
+                function[key] = value
+        if _opt_bool(tool, "strict", False, f"{here}.strict"):
+            function["strict"] = True
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _text_format(raw: JSONObject) -> JSONObject | None:
+    """``text.format`` of a Responses body as chat's ``response_format`` (None: plain text).
+
+    ``{"type": "json_schema", "name", "schema", "strict"}`` is chat's
+    ``{"type": "json_schema", "json_schema": {...}}``; other types go as they
+    are (each adapter says clearly what it cannot do).
+    """
+    text = _opt_object(raw, "text")
+    fmt = _opt_object(text, "format", "text.format") if text is not None else None
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    return fmt
+
+
 def _tool_choice(raw: JSONObject) -> str | JSONObject | None:
     choice = raw.get("tool_choice")
     if choice is None:
@@ -371,6 +441,7 @@ class ChatRequest(_OpenAIBody):
         "include_usage",
         "tools",
         "tool_choice",
+        "n",
         "metadata",
         "field_names",
         "_params",
@@ -392,9 +463,9 @@ class ChatRequest(_OpenAIBody):
         #: Caller metadata, ``workspace`` included (see :attr:`workspace`).
         self.metadata: dict[str, str] = _metadata(raw)
 
-        n = raw.get("n")
-        if n is not None and (not _is_int(n) or int(n) != 1):
-            raise InvalidRequest("only n=1 is supported", param="n")
+        #: How many choices (``n``): relayed as sent; the normalized path runs
+        #: the request once per choice (at most ``MAX_NORMALIZED_CHOICES``).
+        self.n: int = _choices(raw)
         _opt_str(raw, "user")
         response_format = _opt_object(raw, "response_format")
         _opt_bool(raw, "parallel_tool_calls", True)
@@ -436,6 +507,7 @@ class ResponsesRequest(_OpenAIBody):
         "instructions",
         "stream",
         "tools",
+        "function_tools",
         "metadata",
         "field_names",
         "_params",
@@ -450,16 +522,15 @@ class ResponsesRequest(_OpenAIBody):
         self.input: str | JSONArray | None = value
         self.instructions: str | None = _opt_str(raw, "instructions")
         self.stream: bool = _opt_bool(raw, "stream", False)
-        tools = raw.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise _wrong_type("tools", "an array", tools)
-            for i, tool in enumerate(tools):
-                if not isinstance(tool, dict):
-                    raise _wrong_type(f"tools[{i}]", "an object", tool)
-        self.tools: list[JSONObject] | None = tools
+        self.tools: list[JSONObject] | None = _opt_array(raw, "tools")
+        #: The function tools in the chat shape, for the normalized path
+        #: (built-in tools are the passthrough's: see ``responses.py``).
+        self.function_tools: list[JSONObject] | None = _responses_function_tools(self.tools)
         self.metadata: dict[str, str] = _metadata(raw)
         params: JSONObject = {}
+        response_format = _text_format(raw)
+        if response_format is not None:
+            params["response_format"] = response_format
         for key, param_value in (
             ("temperature", _opt_number(raw, "temperature", 0, 2)),
             ("top_p", _opt_number(raw, "top_p", 0, 1)),
