@@ -154,6 +154,22 @@ class ProviderRow(TypedDict):
     last_error: str
 
 
+class ModelProviderRow(TypedDict):
+    """One provider of a model group in ``GET /status``."""
+
+    provider: str
+    served: str  # the model name the provider is asked for
+    type: str
+
+
+class ModelRow(TypedDict):
+    """One model group of ``GET /status``: the id callers send, and where it goes."""
+
+    id: str
+    source: str  # models (``models[]``), route (legacy route), fallback
+    providers: list[ModelProviderRow]
+
+
 class QueueRow(TypedDict):
     """The global queue in ``GET /status``."""
 
@@ -170,6 +186,7 @@ class StatusDocument(TypedDict):
     config_version: int
     nodes: list[NodeRow]
     providers: list[ProviderRow]
+    models: list[ModelRow]
     queue: QueueRow
 
 
@@ -372,6 +389,7 @@ class EdgeRuntime:
             "config_version": snap.version,
             "nodes": nodes,
             "providers": providers,
+            "models": self._model_rows(),
             "queue": {
                 "depth": self.pool.queue_depth,
                 "max_queue": self.pool.max_queue,
@@ -379,6 +397,19 @@ class EdgeRuntime:
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
         }
+
+    def _model_rows(self) -> list[ModelRow]:
+        """The model groups as ``/v1/models`` lists them, each with its providers."""
+        catalog = self.snapshot.catalog
+        rows: list[ModelRow] = []
+        for group in catalog.listed():
+            providers: list[ModelProviderRow] = []
+            for pid, served in group.providers:
+                ref = catalog.providers.get(pid)
+                ptype = ref.config.type if ref is not None else "-"
+                providers.append({"provider": pid, "served": served, "type": ptype})
+            rows.append({"id": group.id, "source": group.source, "providers": providers})
+        return rows
 
     # --------------------------------------------------------------- refresh
 

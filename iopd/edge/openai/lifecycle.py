@@ -25,7 +25,6 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Final
 
 import trio
 
@@ -47,7 +46,6 @@ from iopd.vocabulary import (
 )
 
 __all__ = [
-    "ENDPOINTS",
     "ERROR_EVENT_GRACE",
     "HOP_BY_HOP",
     "PASSTHROUGH_TYPES",
@@ -65,12 +63,6 @@ log = logging.getLogger("iopd.edge.request")
 # ------------------------------------------------------------- vocabulary
 # Provider-type capabilities and header sets are the shared vocabulary's
 # (``iopd.vocabulary``), re-exported for the surface's modules.
-
-#: The metric ``endpoint`` of the OpenAI routes (every ``/api/*`` path is ``api``).
-ENDPOINTS: Final[dict[str, Endpoint]] = {
-    "/v1/chat/completions": "chat_completions",
-    "/v1/responses": "responses",
-}
 
 # ------------------------------------------------------------------ record
 
