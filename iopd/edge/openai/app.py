@@ -30,13 +30,13 @@ import trio
 from iopd import __version__, errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.openai import requests as rq
-from iopd.edge.openai.errors import render_error
+from iopd.edge.openai.errors import ShapedRefusal, render_error
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
 from iopd.edge.openai.normalized import chat_once, chat_stream, responses_once
 from iopd.edge.openai.prepare import model_not_found, prepare
 from iopd.edge.openai.relay import relay
 from iopd.edge.runtime import EdgeRuntime, Snapshot
-from iopd.http.server import Request, Responder
+from iopd.http.server import HeadContext, Request, Responder
 from iopd.vocabulary import RELAY_ONLY_ENDPOINTS, Endpoint
 
 __all__ = ["Admission", "OpenAIApp"]
@@ -81,30 +81,47 @@ _MODEL_ROUTE = Route(_GET, None)
 _UNKNOWN_OLLAMA = Route(frozenset(), "api", ollama=True)
 
 
+def _model_id_path(path: str) -> bool:
+    """``/v1/models/{id}`` with an id whose ``/``-separated parts are names
+    (``org/model``), not empty or dot segments (``/v1/models/../../status``)."""
+    return all(part not in ("", ".", "..") for part in path[len(MODEL_PREFIX) :].split("/"))
+
+
 def route_for(path: str) -> Route | None:
     """The route of ``path``: a dict lookup, then the model-retrieve prefix."""
     route = _ROUTES.get(path)
     if route is None:
         if path.startswith(MODEL_PREFIX):
-            return _MODEL_ROUTE
+            return _MODEL_ROUTE if _model_id_path(path) else None
         if path.startswith("/api/"):
             return _UNKNOWN_OLLAMA
     return route
 
 
-class Admission:
+class Admission(HeadContext):
     """What :meth:`OpenAIApp.check_head` decided from a request's head.
 
     The request carries it to the handler (``Request.context``): the snapshot
     it was authenticated against and its outcome so far (id, endpoint,
-    principal), so the handler neither routes nor authenticates twice.
+    principal), so the handler neither routes nor authenticates twice; the
+    error shape of its route (``ollama_errors``, see ``errors.render_error``)
+    and the headers every response to it carries (CORS, ``response_headers``).
     """
 
-    __slots__ = ("snap", "out")
+    __slots__ = ("snap", "out", "ollama_errors")
 
-    def __init__(self, snap: Snapshot, out: Outcome) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        out: Outcome,
+        *,
+        ollama_errors: bool = False,
+        response_headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        super().__init__(response_headers)
         self.snap = snap
         self.out = out
+        self.ollama_errors = ollama_errors
 
 
 class OpenAIApp:
@@ -144,15 +161,18 @@ class OpenAIApp:
         """
         out = Outcome(request_id=self._ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
+        route = route_for(path)
         try:
-            _admit(snap, method, path, headers, out)
+            _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
             out.status = exc.metric_status
             out.http_status = exc.status
             exc.headers.append(("x-request-id", out.request_id))
             finish(self.rt.metrics, out)
+            if route is not None and route.ollama:
+                raise ShapedRefusal(exc) from None
             raise
-        return Admission(snap, out)
+        return Admission(snap, out, ollama_errors=route is not None and route.ollama)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -175,7 +195,7 @@ class OpenAIApp:
         if not isinstance(admission, Admission):  # served without the head hook
             try:
                 admission = self.check_head(request.method, request.path, request.headers)
-            except errors.GatewayError as refused:
+            except (errors.GatewayError, ShapedRefusal) as refused:
                 status, headers, body = render_error(refused)
                 await responder.send(status, headers, body)
                 return
@@ -198,9 +218,17 @@ class OpenAIApp:
                     if self._cut
                     else errors.ProviderTimeout("the request exceeded its time limit")
                 )
-                await fail(responder, out, exc, sse_open=call is not None and call.sse_open)
+                await fail(
+                    responder,
+                    out,
+                    exc,
+                    sse_open=call is not None and call.sse_open,
+                    context=admission,
+                )
         except errors.GatewayError as exc:
-            await fail(responder, out, exc, sse_open=call is not None and call.sse_open)
+            await fail(
+                responder, out, exc, sse_open=call is not None and call.sse_open, context=admission
+            )
         finally:
             finish(self.rt.metrics, out)
 
@@ -313,13 +341,17 @@ def _ollama_model(name: str) -> dict[str, object]:
 
 
 def _admit(
-    snap: Snapshot, method: str, path: str, headers: list[tuple[str, str]], out: Outcome
+    snap: Snapshot,
+    route: Route | None,
+    method: str,
+    path: str,
+    headers: list[tuple[str, str]],
+    out: Outcome,
 ) -> None:
     """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
 
     (A CORS preflight, answered before authentication, belongs here too.)
     """
-    route = route_for(path)
     if route is None:
         raise errors.RouteNotFound(f"no route for {method} {path}")
     out.endpoint = route.endpoint

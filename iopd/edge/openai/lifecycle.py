@@ -154,12 +154,21 @@ class AbortConnection(AbortResponse):
 
 
 async def fail(
-    responder: Responder, out: Outcome, exc: errors.GatewayError, *, sse_open: bool
+    responder: Responder,
+    out: Outcome,
+    exc: errors.GatewayError,
+    *,
+    sse_open: bool,
+    context: object = None,
 ) -> None:
-    """End a request with ``exc``: an error response, an SSE error event, or a cut."""
+    """End a request with ``exc``: an error response, an SSE error event, or a cut.
+
+    ``context`` is the request's head-hook context: it decides the error's
+    shape (Ollama's on ``/api/*``, see ``errors.render_error``).
+    """
     out.status = exc.metric_status
     if not responder.started:
-        status, headers, body = render_error(exc)
+        status, headers, body = render_error(exc, context)
         out.http_status = status
         headers.append(("x-request-id", out.request_id))
         await responder.send(status, headers, body)
