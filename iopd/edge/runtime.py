@@ -52,6 +52,8 @@ class Snapshot:
     nodes: Mapping[str, NodeEntry]
     #: Scrubs every secret of ``config`` (provider keys, the legacy bearer) from text.
     secrets: Scrubber
+    #: ``openai.cors_allow_origins`` as a set (empty: CORS is off).
+    cors_origins: frozenset[str] = frozenset()
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
@@ -96,6 +98,7 @@ def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -
         version=version,
         nodes={n.id: _with_embedded_token(n, embedded) for n in cfg.nodes},
         secrets=Scrubber(config_secrets(cfg)),
+        cors_origins=frozenset(cfg.openai.cors_allow_origins),
     )
 
 

@@ -29,6 +29,7 @@ import trio
 
 from iopd import __version__, errors
 from iopd.config.catalog import GroupSpec
+from iopd.edge.openai import cors
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.errors import ShapedRefusal, render_error
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
@@ -162,17 +163,31 @@ class OpenAIApp:
         out = Outcome(request_id=self._ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
         route = route_for(path)
+        ollama = route is not None and route.ollama
+        cors_headers: list[tuple[str, str]] | None = None
+        if snap.cors_origins:  # CORS on: only then is the Origin looked at
+            origin = cors.allowed_origin(snap.cors_origins, headers)
+            if origin is not None:
+                if method == "OPTIONS" and route is not None:
+                    # A preflight carries no credentials: answered before authentication.
+                    answer = cors.preflight_headers(origin, route.methods, headers)
+                    if answer is not None:
+                        # Answered 204 by the handler; the Responder adds ``answer``.
+                        return Admission(snap, out, response_headers=answer)
+                cors_headers = cors.response_headers(origin)
         try:
             _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
             out.status = exc.metric_status
             out.http_status = exc.status
             exc.headers.append(("x-request-id", out.request_id))
+            if cors_headers:
+                exc.headers += cors_headers
             finish(self.rt.metrics, out)
-            if route is not None and route.ollama:
+            if ollama:
                 raise ShapedRefusal(exc) from None
             raise
-        return Admission(snap, out, ollama_errors=route is not None and route.ollama)
+        return Admission(snap, out, ollama_errors=ollama, response_headers=cors_headers)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -237,7 +252,10 @@ class OpenAIApp:
     async def _route(self, call: Call, request: Request, responder: Responder) -> None:
         """Serve a request :meth:`check_head` admitted (route, method and caller known)."""
         path, out = request.path, call.out
-        if path == "/v1/chat/completions":
+        if request.method == "OPTIONS":  # only a CORS preflight passes check_head
+            out.status = "ok"
+            await responder.send(204, [], b"")
+        elif path == "/v1/chat/completions":
             async with prepare(self.rt, call, request, rq.ChatRequest) as leased:
                 if leased.relay:
                     await relay(leased, responder, out)
@@ -350,7 +368,8 @@ def _admit(
 ) -> None:
     """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
 
-    (A CORS preflight, answered before authentication, belongs here too.)
+    (A CORS preflight from an allowed origin never gets here: ``check_head``
+    answers it before authentication.)
     """
     if route is None:
         raise errors.RouteNotFound(f"no route for {method} {path}")
