@@ -119,7 +119,8 @@ class Admission(HeadContext):
         ollama_errors: bool = False,
         response_headers: list[tuple[str, str]] | None = None,
     ) -> None:
-        super().__init__(response_headers)
+        # (HeadContext's field set here: no super() call on the per-request path)
+        self.response_headers = response_headers or []
         self.snap = snap
         self.out = out
         self.ollama_errors = ollama_errors
@@ -162,7 +163,7 @@ class OpenAIApp:
         """
         out = Outcome(request_id=self._ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
-        route = route_for(path)
+        route = _ROUTES.get(path) or route_for(path)
         ollama = route is not None and route.ollama
         cors_headers: list[tuple[str, str]] | None = None
         if snap.cors_origins:  # CORS on: only then is the Origin looked at
