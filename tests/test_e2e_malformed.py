@@ -415,17 +415,26 @@ def cases() -> list[Case]:
         c("method: GET api generate", http(b"GET", b"/api/generate"), NOT_ALLOWED),
         c("method: POST healthz", post(b"/healthz", {}), NOT_ALLOWED),
         c("method: made-up method", http(b"BREW", CHAT), NOT_IMPLEMENTED),
+        # ---- relay-only routes on a group with no passthrough provider
+        c(
+            "route: /v1/completions on echo",
+            post(b"/v1/completions", {"model": "echo", "prompt": "x"}),
+            BAD_REQUEST,
+            param="model",
+        ),
+        c(
+            "route: /v1/embeddings on echo",
+            post(b"/v1/embeddings", {"model": "echo", "input": "x"}),
+            BAD_REQUEST,
+            param="model",
+        ),
         # ---- unknown routes
         c(
-            "route: /v1/completions",
-            post(b"/v1/completions", {"model": "echo", "prompt": "x"}),
+            "route: /v1/images/generations",
+            post(b"/v1/images/generations", {"model": "echo", "prompt": "x"}),
             NOT_FOUND,
         ),
-        c(
-            "route: /v1/embeddings",
-            post(b"/v1/embeddings", {"model": "echo", "input": "x"}),
-            NOT_FOUND,
-        ),
+        c("route: empty model id", http(b"GET", b"/v1/models/"), NOT_FOUND),
         c("route: root", http(b"GET", b"/"), NOT_FOUND),
         c("route: trailing slash", post(CHAT + b"/", {}), NOT_FOUND),
         c("route: wrong case", http(b"GET", b"/V1/MODELS"), NOT_FOUND),
@@ -522,6 +531,11 @@ def problems(case: Case, reply: Reply) -> list[str]:
     except ValueError:
         return [*out, f"not JSON: {reply.body[:200]!r}"]
     err = doc.get("error") if isinstance(doc, dict) else None
+    if b" /api/" in case.data.split(b"\r\n", 1)[0]:
+        # Ollama's routes answer in Ollama's shape: {"error": "<message>"}.
+        if not isinstance(err, str) or not err or set(doc) != {"error"}:
+            out.append(f"not Ollama's error shape: {doc!r}")
+        return out
     if not isinstance(err, dict) or set(err) != {"message", "type", "code", "param"}:
         return [*out, f"not an envelope: {doc!r}"]
     if not isinstance(err["message"], str) or not err["message"]:

@@ -257,7 +257,9 @@ async def test_auth_branches() -> None:
 async def test_error_envelopes_for_routes_and_methods() -> None:
     with trio.fail_after(30):
         async with running_gateway(echo_yaml()) as gw:
-            r = await http_request(gw.host_port, "POST", "/v1/completions", body={"model": "echo"})
+            r = await http_request(
+                gw.host_port, "POST", "/v1/images/generations", body={"model": "echo"}
+            )
             assert r.status == 404 and r.json()["error"]["code"] == "not_found"
             r = await http_request(gw.host_port, "GET", "/v1/chat/completions")
             assert r.status == 405 and r.json()["error"]["code"] == "method_not_allowed"

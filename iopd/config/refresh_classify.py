@@ -33,6 +33,7 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "strict_output",
         "strict_output_instruction",
         "forward_headers",
+        "cors_allow_origins",
     }
 )
 #: ``openai.*`` keys reported as a whole rather than field by field.

@@ -80,6 +80,23 @@ Headers = list[tuple[str, str]]
 HeadCheck = Callable[[str, str, Headers], object]
 
 
+class HeadContext:
+    """A base for what a head hook returns: headers every response to the
+    request carries (the OpenAI listener's CORS headers), the handler's and
+    this layer's refusals alike.  They replace a handler's headers of the
+    same name (a relayed provider's own ``Access-Control-*``)."""
+
+    __slots__ = ("response_headers",)
+
+    def __init__(self, response_headers: Headers | None = None) -> None:
+        self.response_headers: Headers = response_headers or []
+
+
+def context_headers(context: object) -> Headers:
+    """The headers a head hook's context adds to every response ([] for none)."""
+    return context.response_headers if isinstance(context, HeadContext) else []
+
+
 @dataclass(frozen=True, slots=True)
 class HttpLimits:
     """Size limits (bytes) and timeouts (seconds) of one listener."""
@@ -463,6 +480,7 @@ __all__ = [
     "ConnEvent",
     "ConnState",
     "HeadCheck",
+    "HeadContext",
     "HttpConnection",
     "HttpError",
     "HttpLimits",
@@ -470,4 +488,5 @@ __all__ = [
     "Refuse",
     "Request",
     "Signal",
+    "context_headers",
 ]

@@ -98,6 +98,7 @@ class Responder:
         "_scope",
         "_held",
         "_chunked",
+        "_extra",
         "keep_alive",
         "started",
         "finished",
@@ -111,6 +112,7 @@ class Responder:
         *,
         keep_alive: bool = True,
         chunked: bool = True,
+        extra_headers: list[tuple[str, str]] | None = None,
     ) -> None:
         self._conn = conn
         self._head_only = head_only
@@ -120,6 +122,9 @@ class Responder:
         self._held = b""
         # Streamed bodies: chunked (HTTP/1.1) or delimited by the close (HTTP/1.0).
         self._chunked = chunked
+        # Added to the head, replacing the handler's headers of the same names
+        # (``HeadContext.response_headers``).
+        self._extra = extra_headers
         #: False when the connection closes after this response.
         self.keep_alive = keep_alive
         #: True once the status line has been produced.
@@ -135,7 +140,13 @@ class Responder:
         conn = self._conn
         server = conn.server
         out = [("server", server.server_header), ("date", _http_date())]
-        out += headers
+        extra = self._extra
+        if extra:
+            replaced = {name.lower() for name, _ in extra}
+            out += [(k, v) for k, v in headers if k.lower() not in replaced]
+            out += extra
+        else:
+            out += headers
         out += framing
         if server.closing:
             self.keep_alive = False

@@ -62,7 +62,7 @@ from collections.abc import Callable
 
 import trio
 
-from iopd.http.connection import HeadCheck, HttpLimits, ListenerState, Request
+from iopd.http.connection import HeadCheck, HeadContext, HttpLimits, ListenerState, Request
 from iopd.http.responder import AbortResponse, ClientDisconnected, Responder
 from iopd.http.transport import ErrorRenderer, Handler, RejectHook, ServedConnection
 
@@ -268,6 +268,7 @@ __all__ = [
     "ErrorRenderer",
     "Handler",
     "HeadCheck",
+    "HeadContext",
     "HttpLimits",
     "HttpServer",
     "RejectHook",

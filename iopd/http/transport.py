@@ -33,6 +33,7 @@ from iopd.http.connection import (
     Refuse,
     Request,
     Signal,
+    context_headers,
 )
 from iopd.http.errors import Refusal, Rendered, internal_error
 from iopd.http.h1 import H1ProtocolError
@@ -60,8 +61,10 @@ class _SendStalled(Exception):
 
 Handler = Callable[[Request, Responder], Awaitable[None]]
 #: Renders a refusal (this layer's ``HttpError`` or the owner's own error) as
-#: ``(status, headers, body)``.
-ErrorRenderer = Callable[[Refusal], Rendered]
+#: ``(status, headers, body)``; the second argument is the head hook's context
+#: of the refused request (None when the hook did not admit it), so the owner
+#: can shape the error by route.
+ErrorRenderer = Callable[[Refusal, object], Rendered]
 #: Called for every request this layer refuses itself: the status answered,
 #: the error (an ``iopd.http.errors.HttpError``), and the head hook's context
 #: when the hook had admitted the request (None when there is no hook or the
@@ -364,6 +367,7 @@ class ServedConnection:
             handler_scope,
             keep_alive=http.keep_alive,
             chunked=request.http_version == "1.1",
+            extra_headers=context_headers(request.context),
         )
         crashed: BaseException | None = None
         refusal: Refusal | None = None  # the owner's error, for the owner to render
@@ -399,7 +403,7 @@ class ServedConnection:
                         "event=handler_no_response method=%s path=%s", request.method, request.path
                     )
                 error = refusal if refusal is not None else internal_error()
-                status, headers, body = self._render(error)
+                status, headers, body = self._render(error, request.context)
                 await responder.send(status, headers, body)
             elif crashed is not None:
                 await responder.flush()  # what was held back, as if written at once
@@ -412,9 +416,9 @@ class ServedConnection:
 
     # --------------------------------------------------------------- errors
 
-    def _render(self, error: Refusal) -> Rendered:
+    def _render(self, error: Refusal, context: object) -> Rendered:
         try:
-            return self.server.render_error(error)
+            return self.server.render_error(error, context)
         except Exception:
             log.exception("event=render_error_failed")
             return 500, [("content-type", "text/plain")], b"internal server error\n"
@@ -426,7 +430,7 @@ class ServedConnection:
         other one is logged here and reported to ``on_reject``.
         """
         error = refusal.error
-        status, headers, body = self._render(error)
+        status, headers, body = self._render(error, refusal.context)
         if not refusal.by_head_check:
             log.info(
                 "event=request_rejected status=%d code=%s client=%s",
@@ -440,7 +444,9 @@ class ServedConnection:
                     on_reject(status, error, refusal.context)
                 except Exception:
                     log.exception("event=callback_failed component=http callback=on_reject")
-        responder = Responder(self, False, None, keep_alive=False)
+        responder = Responder(
+            self, False, None, keep_alive=False, extra_headers=context_headers(refusal.context)
+        )
         try:
             await responder.send(status, headers, body)
             await self.stream.send_eof()

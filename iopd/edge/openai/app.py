@@ -21,55 +21,114 @@ handler (the HTTP server does that); leaving ``open_stream`` then sends
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
+from urllib.parse import unquote
 
 import msgspec
 import trio
 
-from iopd import errors
+from iopd import __version__, errors
+from iopd.config.catalog import GroupSpec
+from iopd.edge.openai import cors
 from iopd.edge.openai import requests as rq
-from iopd.edge.openai.errors import render_error
-from iopd.edge.openai.lifecycle import ENDPOINTS, Call, Outcome, RequestIds, fail, finish
+from iopd.edge.openai.errors import ShapedRefusal, render_error
+from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
 from iopd.edge.openai.normalized import (
     chat_once,
     chat_stream,
     responses_once,
     responses_stream,
 )
-from iopd.edge.openai.prepare import prepare
+from iopd.edge.openai.prepare import model_not_found, prepare
 from iopd.edge.openai.relay import relay
 from iopd.edge.runtime import EdgeRuntime, Snapshot
-from iopd.http.server import Request, Responder
+from iopd.http.server import HeadContext, Request, Responder
+from iopd.vocabulary import RELAY_ONLY_ENDPOINTS, Endpoint
 
 __all__ = ["Admission", "OpenAIApp"]
 
 JSON = "application/json"
 _json_encode = msgspec.json.Encoder().encode
 
-#: Every route of the listener and the methods it takes.
-_KNOWN_ROUTES: dict[str, frozenset[str]] = {
-    "/healthz": frozenset({"GET", "HEAD"}),
-    "/v1/models": frozenset({"GET"}),
-    "/v1/chat/completions": frozenset({"POST"}),
-    "/v1/responses": frozenset({"POST"}),
-    "/api/chat": frozenset({"POST"}),
-    "/api/generate": frozenset({"POST"}),
-    "/api/tags": frozenset({"GET"}),
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+
+
+class Route(NamedTuple):
+    """One route of the listener: its methods and how its requests are counted."""
+
+    methods: frozenset[str]
+    #: The metric ``endpoint`` (None: not an API request, e.g. the model list).
+    endpoint: Endpoint | None
+    #: An Ollama route: errors in Ollama's shape.
+    ollama: bool = False
+
+
+#: Every route of the listener by path: one dict lookup per request.
+_ROUTES: dict[str, Route] = {
+    "/healthz": Route(frozenset({"GET", "HEAD"}), None),
+    "/v1/models": Route(_GET, None),
+    "/v1/chat/completions": Route(_POST, "chat_completions"),
+    "/v1/responses": Route(_POST, "responses"),
+    "/v1/embeddings": Route(_POST, "embeddings"),
+    "/v1/completions": Route(_POST, "completions"),
+    "/api/chat": Route(_POST, "api", ollama=True),
+    "/api/generate": Route(_POST, "api", ollama=True),
+    "/api/embed": Route(_POST, "api", ollama=True),
+    "/api/show": Route(_POST, "api", ollama=True),
+    "/api/tags": Route(_GET, "api", ollama=True),
+    "/api/ps": Route(_GET, "api", ollama=True),
+    "/api/version": Route(_GET, "api", ollama=True),
 }
+#: ``GET /v1/models/{id}``: the one route with a parameter (the id may hold ``/``).
+MODEL_PREFIX = "/v1/models/"
+_MODEL_ROUTE = Route(_GET, None)
+#: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
+_UNKNOWN_OLLAMA = Route(frozenset(), "api", ollama=True)
 
 
-class Admission:
+def _model_id_path(path: str) -> bool:
+    """``/v1/models/{id}`` with an id whose ``/``-separated parts are names
+    (``org/model``), not empty or dot segments (``/v1/models/../../status``)."""
+    return all(part not in ("", ".", "..") for part in path[len(MODEL_PREFIX) :].split("/"))
+
+
+def route_for(path: str) -> Route | None:
+    """The route of ``path``: a dict lookup, then the model-retrieve prefix."""
+    route = _ROUTES.get(path)
+    if route is None:
+        if path.startswith(MODEL_PREFIX):
+            return _MODEL_ROUTE if _model_id_path(path) else None
+        if path.startswith("/api/"):
+            return _UNKNOWN_OLLAMA
+    return route
+
+
+class Admission(HeadContext):
     """What :meth:`OpenAIApp.check_head` decided from a request's head.
 
     The request carries it to the handler (``Request.context``): the snapshot
     it was authenticated against and its outcome so far (id, endpoint,
-    principal), so the handler neither routes nor authenticates twice.
+    principal), so the handler neither routes nor authenticates twice; the
+    error shape of its route (``ollama_errors``, see ``errors.render_error``)
+    and the headers every response to it carries (CORS, ``response_headers``).
     """
 
-    __slots__ = ("snap", "out")
+    __slots__ = ("snap", "out", "ollama_errors")
 
-    def __init__(self, snap: Snapshot, out: Outcome) -> None:
+    def __init__(
+        self,
+        snap: Snapshot,
+        out: Outcome,
+        *,
+        ollama_errors: bool = False,
+        response_headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        # (HeadContext's field set here: no super() call on the per-request path)
+        self.response_headers = response_headers or []
         self.snap = snap
         self.out = out
+        self.ollama_errors = ollama_errors
 
 
 class OpenAIApp:
@@ -109,15 +168,32 @@ class OpenAIApp:
         """
         out = Outcome(request_id=self._ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
+        route = _ROUTES.get(path) or route_for(path)
+        ollama = route is not None and route.ollama
+        cors_headers: list[tuple[str, str]] | None = None
+        if snap.cors_origins:  # CORS on: only then is the Origin looked at
+            origin = cors.allowed_origin(snap.cors_origins, headers)
+            if origin is not None:
+                if method == "OPTIONS" and route is not None:
+                    # A preflight carries no credentials: answered before authentication.
+                    answer = cors.preflight_headers(origin, route.methods, headers)
+                    if answer is not None:
+                        # Answered 204 by the handler; the Responder adds ``answer``.
+                        return Admission(snap, out, response_headers=answer)
+                cors_headers = cors.response_headers(origin)
         try:
-            _admit(snap, method, path, headers, out)
+            _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
             out.status = exc.metric_status
             out.http_status = exc.status
             exc.headers.append(("x-request-id", out.request_id))
+            if cors_headers:
+                exc.headers += cors_headers
             finish(self.rt.metrics, out)
+            if ollama:
+                raise ShapedRefusal(exc) from None
             raise
-        return Admission(snap, out)
+        return Admission(snap, out, ollama_errors=ollama, response_headers=cors_headers)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -140,7 +216,7 @@ class OpenAIApp:
         if not isinstance(admission, Admission):  # served without the head hook
             try:
                 admission = self.check_head(request.method, request.path, request.headers)
-            except errors.GatewayError as refused:
+            except (errors.GatewayError, ShapedRefusal) as refused:
                 status, headers, body = render_error(refused)
                 await responder.send(status, headers, body)
                 return
@@ -163,9 +239,17 @@ class OpenAIApp:
                     if self._cut
                     else errors.ProviderTimeout("the request exceeded its time limit")
                 )
-                await fail(responder, out, exc, sse_open=call is not None and call.sse_open)
+                await fail(
+                    responder,
+                    out,
+                    exc,
+                    sse_open=call is not None and call.sse_open,
+                    context=admission,
+                )
         except errors.GatewayError as exc:
-            await fail(responder, out, exc, sse_open=call is not None and call.sse_open)
+            await fail(
+                responder, out, exc, sse_open=call is not None and call.sse_open, context=admission
+            )
         finally:
             finish(self.rt.metrics, out)
 
@@ -174,7 +258,10 @@ class OpenAIApp:
     async def _route(self, call: Call, request: Request, responder: Responder) -> None:
         """Serve a request :meth:`check_head` admitted (route, method and caller known)."""
         path, out = request.path, call.out
-        if path == "/v1/chat/completions":
+        if request.method == "OPTIONS":  # only a CORS preflight passes check_head
+            out.status = "ok"
+            await responder.send(204, [], b"")
+        elif path == "/v1/chat/completions":
             async with prepare(self.rt, call, request, rq.ChatRequest) as leased:
                 if leased.relay:
                     await relay(leased, responder, out)
@@ -190,66 +277,116 @@ class OpenAIApp:
                     await responses_stream(leased_r, responder, call, self._ids)
                 else:
                     await responses_once(leased_r, responder, out, self._ids)
-        elif path in ("/api/chat", "/api/generate"):
+        elif path in _RELAYED_OLLAMA:  # only an ollama provider serves these
             async with prepare(self.rt, call, request, rq.OllamaRequest) as leased_o:
                 await relay(leased_o, responder, out)
+        elif path in _RELAYED_OPENAI:  # only a passthrough provider serves these
+            async with prepare(self.rt, call, request, rq.RelayedRequest) as leased_x:
+                await relay(leased_x, responder, out)
         elif path == "/healthz":
             if self._draining:  # take this instance out of the load balancer
                 raise errors.ShuttingDown("the edge is shutting down")
             out.status = "ok"
             await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
-        elif path == "/v1/models":
-            await self._list_models(call.snap, responder, out)
-        else:  # /api/tags
-            await self._ollama_tags(call.snap, responder, out)
+        else:  # answered from the catalog, no provider involved
+            body = _catalog_answer(self.rt, path)
+            out.status = "ok"
+            await responder.send(200, [("content-type", JSON)], body)
 
-    # ---------------------------------------------------------------- models
 
-    @staticmethod
-    async def _list_models(snap: Snapshot, responder: Responder, out: Outcome) -> None:
-        data = [
-            {"id": g.id, "object": "model", "created": 0, "owned_by": "iopd"}
-            for g in snap.catalog.listed()
-        ]
-        out.status = "ok"
-        await responder.send(
-            200, [("content-type", JSON)], _json_encode({"object": "list", "data": data})
-        )
+#: The routes relayed raw to a provider speaking the caller's API, whatever
+#: the group's other providers are.
+_RELAYED_OLLAMA = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/show"})
+_RELAYED_OPENAI = frozenset({"/v1/embeddings", "/v1/completions"})
 
-    @staticmethod
-    async def _ollama_tags(snap: Snapshot, responder: Responder, out: Outcome) -> None:
-        models = [
-            {
-                "name": g.id,
-                "model": g.id,
-                "modified_at": "1970-01-01T00:00:00Z",
-                "size": 0,
-                "digest": "",
-                "details": {},
-            }
-            for g in snap.catalog.listed()
-            if snap.catalog.has_type(g.id, "ollama")
-        ]
-        out.status = "ok"
-        await responder.send(200, [("content-type", JSON)], _json_encode({"models": models}))
+
+# ------------------------------------------------------------------ catalog answers
+
+
+def _catalog_answer(rt: EdgeRuntime, path: str) -> bytes:
+    """The body of a route the edge answers itself, from the snapshot and the pool."""
+    snap = rt.snapshot
+    if path == "/v1/models":
+        data = [_model_object(g.id) for g in snap.catalog.listed()]
+        return _json_encode({"object": "list", "data": data})
+    if path.startswith(MODEL_PREFIX):
+        return _json_encode(_retrieve_model(snap, path))
+    if path == "/api/tags":
+        return _json_encode({"models": [_ollama_model(g.id) for g in _ollama_groups(snap)]})
+    if path == "/api/ps":
+        return _json_encode({"models": [_ollama_model(g) for g in _running_ollama_groups(rt)]})
+    # /api/version: the edge's own (no single provider speaks for the gateway).
+    return _json_encode({"version": __version__})
+
+
+def _model_object(group_id: str) -> dict[str, str | int]:
+    return {"id": group_id, "object": "model", "created": 0, "owned_by": "iopd"}
+
+
+def _retrieve_model(snap: Snapshot, path: str) -> dict[str, str | int]:
+    """``GET /v1/models/{id}`` (the SDK's ``models.retrieve``): exactly a listed id.
+
+    The id is percent-decoded (an SDK quotes ``/`` in ``org/model``); the
+    fallback group answers for its own id only, not for every unknown name.
+    """
+    model = unquote(path[len(MODEL_PREFIX) :])
+    group = snap.catalog.group(model)
+    if group is None:
+        raise model_not_found(snap, model)
+    return _model_object(group.id)
+
+
+def _ollama_groups(snap: Snapshot) -> list[GroupSpec]:
+    """The groups ``/api/*`` serves: those with an ``ollama`` provider."""
+    return [g for g in snap.catalog.listed() if snap.catalog.has_type(g.id, "ollama")]
+
+
+def _running_ollama_groups(rt: EdgeRuntime) -> list[str]:
+    """``/api/ps``: the Ollama groups with a request in flight on one of their ollama providers."""
+    snap, loads = rt.snapshot, rt.pool.provider_loads()
+    running = []
+    for group in _ollama_groups(snap):
+        for pid, _served in group.providers:
+            load = loads.get(pid)
+            ref = snap.catalog.providers.get(pid)
+            if load is not None and load.in_flight and ref is not None and ref.config.type == "ollama":
+                running.append(group.id)
+                break
+    return running
+
+
+def _ollama_model(name: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": "1970-01-01T00:00:00Z",
+        "size": 0,
+        "digest": "",
+        "details": {},
+    }
 
 
 def _admit(
-    snap: Snapshot, method: str, path: str, headers: list[tuple[str, str]], out: Outcome
+    snap: Snapshot,
+    route: Route | None,
+    method: str,
+    path: str,
+    headers: list[tuple[str, str]],
+    out: Outcome,
 ) -> None:
     """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
 
-    (A CORS preflight, answered before authentication, belongs here too.)
+    (A CORS preflight from an allowed origin never gets here: ``check_head``
+    answers it before authentication.)
     """
-    allowed = _KNOWN_ROUTES.get(path)
-    if path.startswith("/api/"):
-        out.endpoint = "api"
-        out.mode = "passthrough"  # the metrics convention: /api/* is a raw relay
-    else:
-        out.endpoint = ENDPOINTS.get(path)
-    if allowed is None:
+    if route is None:
         raise errors.RouteNotFound(f"no route for {method} {path}")
-    if method not in allowed:
+    out.endpoint = route.endpoint
+    if route.endpoint in RELAY_ONLY_ENDPOINTS:
+        out.mode = "passthrough"  # the metrics convention: only ever a raw relay
+    if method not in route.methods:
+        if not route.methods:
+            raise errors.RouteNotFound(f"no route for {method} {path}")
         raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
     if path == "/healthz":
         out.quiet = True  # load balancers poll it: no request line per probe

@@ -25,7 +25,6 @@ import math
 import secrets
 import time
 from dataclasses import dataclass, field
-from typing import Final
 
 import trio
 
@@ -47,7 +46,6 @@ from iopd.vocabulary import (
 )
 
 __all__ = [
-    "ENDPOINTS",
     "ERROR_EVENT_GRACE",
     "HOP_BY_HOP",
     "PASSTHROUGH_TYPES",
@@ -65,12 +63,6 @@ log = logging.getLogger("iopd.edge.request")
 # ------------------------------------------------------------- vocabulary
 # Provider-type capabilities and header sets are the shared vocabulary's
 # (``iopd.vocabulary``), re-exported for the surface's modules.
-
-#: The metric ``endpoint`` of the OpenAI routes (every ``/api/*`` path is ``api``).
-ENDPOINTS: Final[dict[str, Endpoint]] = {
-    "/v1/chat/completions": "chat_completions",
-    "/v1/responses": "responses",
-}
 
 # ------------------------------------------------------------------ record
 
@@ -162,12 +154,21 @@ class AbortConnection(AbortResponse):
 
 
 async def fail(
-    responder: Responder, out: Outcome, exc: errors.GatewayError, *, sse_open: bool
+    responder: Responder,
+    out: Outcome,
+    exc: errors.GatewayError,
+    *,
+    sse_open: bool,
+    context: object = None,
 ) -> None:
-    """End a request with ``exc``: an error response, an SSE error event, or a cut."""
+    """End a request with ``exc``: an error response, an SSE error event, or a cut.
+
+    ``context`` is the request's head-hook context: it decides the error's
+    shape (Ollama's on ``/api/*``, see ``errors.render_error``).
+    """
     out.status = exc.metric_status
     if not responder.started:
-        status, headers, body = render_error(exc)
+        status, headers, body = render_error(exc, context)
         out.http_status = status
         headers.append(("x-request-id", out.request_id))
         await responder.send(status, headers, body)

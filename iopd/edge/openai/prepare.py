@@ -41,12 +41,15 @@ from iopd.edge.runtime import EdgeRuntime, Snapshot
 from iopd.http.server import Request
 from iopd.tokens import estimate_input_tokens
 
-__all__ = ["Body", "ContextClass", "LeasedRequest", "Leasing", "prepare"]
+__all__ = ["Body", "ContextClass", "LeasedRequest", "Leasing", "model_not_found", "prepare"]
 
 ContextClass = Literal["normal", "long"]
 
 #: The validated body of an endpoint that reaches a provider.
-Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest)
+Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest, rq.RelayedRequest)
+
+#: At most this many model ids are named in a ``model_not_found`` message.
+MAX_NAMED_MODELS = 20
 
 _NO_REQUIREMENT: frozenset[str] = frozenset()
 _NEEDS_PASSTHROUGH = frozenset({"passthrough"})
@@ -109,16 +112,19 @@ class Leasing(Generic[Body]):
         body = _parse(snap, request, kind, out)
         group = snap.catalog.resolve(body.model)
         if group is None:
-            raise errors.ModelNotFound(
-                f"The model '{body.model[:200]}' does not exist", param="model"
-            )
+            raise model_not_found(snap, body.model)
         out.group = group.id
-        # /api/* is only ever relayed (to an ollama provider); otherwise the
-        # group's provider types say whether a normalized path exists.
-        relay_only = isinstance(body, rq.OllamaRequest) or _all_passthrough(snap, group)
+        # /api/*, /v1/embeddings and /v1/completions are only ever relayed (to
+        # a provider speaking that API); otherwise the group's provider types
+        # say whether a normalized path exists.
+        relay_only = isinstance(body, rq.OllamaRequest | rq.RelayedRequest) or _all_passthrough(
+            snap, group
+        )
         out.mode = "passthrough" if relay_only else "normalized"
         if isinstance(body, rq.OllamaRequest):
             needs = _ollama_needs(snap, group, body, request.path)
+        elif isinstance(body, rq.RelayedRequest):
+            needs = _relayed_needs(snap, request, group, body)
         else:
             needs = _openai_needs(snap, request, group, body, relay_only)
         if relay_only:
@@ -247,6 +253,24 @@ def _openai_needs(
     return _Needs(requires, provider_auth, messages, estimate, _context_class(snap, estimate))
 
 
+def _relayed_needs(
+    snap: Snapshot, request: Request, group: GroupSpec, body: rq.RelayedRequest
+) -> _Needs:
+    """``/v1/embeddings`` and ``/v1/completions`` need a passthrough provider
+    (a normalized provider has no such path); a 400 names the endpoint."""
+    if not snap.catalog.has_type(group.id, "openai"):
+        raise errors.InvalidRequest(
+            f"model '{body.model[:200]}' has no provider that serves {request.path}: "
+            "only type 'openai' (passthrough) providers do",
+            param="model",
+        )
+    provider_auth = _provider_auth(snap, request, group.id)
+    estimate = estimate_input_tokens(body.as_messages())
+    return _Needs(
+        _NEEDS_PASSTHROUGH, provider_auth, [], estimate, _context_class(snap, estimate)
+    )
+
+
 def _ollama_needs(
     snap: Snapshot, group: GroupSpec, body: rq.OllamaRequest, path: str
 ) -> _Needs:
@@ -256,6 +280,18 @@ def _ollama_needs(
             f"model '{body.model[:200]}' has no ollama provider for {path}", param="model"
         )
     return _Needs(_NEEDS_OLLAMA, None, [], 0, "normal")
+
+
+def model_not_found(snap: Snapshot, model: str) -> errors.ModelNotFound:
+    """The 404 for an unknown model: it names the ids the caller may send (bounded)."""
+    ids = [g.id for g in snap.catalog.listed()]
+    named = ", ".join(ids[:MAX_NAMED_MODELS])
+    if len(ids) > MAX_NAMED_MODELS:
+        named += f" and {len(ids) - MAX_NAMED_MODELS} more (GET /v1/models lists them)"
+    available = f"; available models: {named}" if ids else "; no model is configured"
+    return errors.ModelNotFound(
+        f"The model '{model[:200]}' does not exist{available}", param="model"
+    )
 
 
 def _parse(snap: Snapshot, request: Request, kind: type[Body], out: Outcome) -> Body:

@@ -578,3 +578,37 @@ class OllamaRequest(_Body):
             for key, name in self._OPTION_PARAMS
             if self.options.get(key) is not None
         }
+
+
+class RelayedRequest(_Body):
+    """A ``POST /v1/embeddings`` or ``/v1/completions`` body: relayed raw, so
+    only ``model`` is required (and ``stream``, if sent, a boolean); every
+    other field is the provider's to judge."""
+
+    __slots__ = ("raw", "model", "stream")
+
+    #: The generation parameters these endpoints share with chat (same names).
+    _PARAMS = ("max_tokens", "temperature", "top_p")
+    #: Generation parameter -> the field the caller sent it as (for 400s).
+    field_names: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, raw: JSONObject) -> None:
+        self.raw = raw
+        self.model: str = _model(raw)
+        self.stream: bool = _opt_bool(raw, "stream", False)
+
+    def params(self) -> JSONObject:
+        """The numeric generation parameters sent (checked against ``models[].generation.limits``)."""
+        return {key: raw for key in self._PARAMS if _is_number(raw := self.raw.get(key))}
+
+    def as_messages(self) -> list[JSONObject]:
+        """The text inputs (``input`` or ``prompt``: a string or strings) as
+        message-shaped items, for the token estimate; token arrays count nothing."""
+        texts: list[JSONObject] = []
+        for key in ("input", "prompt"):
+            value = self.raw.get(key)
+            if isinstance(value, str):
+                texts.append({"content": value})
+            elif isinstance(value, list):
+                texts.extend({"content": v} for v in value if isinstance(v, str))
+        return texts
