@@ -127,6 +127,14 @@ class ProviderPoolSection(_Section):
     max_queue: int = 256
     queue_timeout: float = 30.0
     max_queued_bytes: int = 256 * 1024 * 1024  # body bytes held by waiters; 0 = never wait
+    # Routing around a failing provider: retries before the first byte, and
+    # passive outlier ejection (iopd.edge.pool.retry_rules, .outliers).
+    retry_attempts: int = 2
+    retry_budget: float = 0.2
+    retry_budget_min: int = 10
+    retry_on_timeout: bool = False
+    eject_after_failures: int = 5
+    eject_seconds: float = 30.0
 
 
 class Generation(_Section):
@@ -138,6 +146,8 @@ class ModelGroup(_Section):
     id: str
     providers: dict[str, str]  # provider id -> served model name
     generation: Generation = msgspec.field(default_factory=Generation)
+    fallbacks: list[str] = msgspec.field(default_factory=list)  # group ids, tried in order
+    fallback_on_queue_timeout: bool = False
 
 
 class ProviderConfig(_Section):
