@@ -24,6 +24,7 @@ from iopd.config.schema import (
     EdgeConfig,
     EdgeSection,
     EdgeTLS,
+    LimitsSection,
     ModelGroup,
     ModelRoute,
     NodeConfigFile,
@@ -224,6 +225,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_model_routes(err, cfg.openai.model_routes, defined)
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
+    _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 
 
@@ -399,6 +401,39 @@ def _check_provider_pool(err: _Errors, pool: ProviderPoolSection) -> None:
     """``provider_pool``: queue bounds."""
     err.non_negative("provider_pool.max_queue", pool.max_queue)
     err.positive("provider_pool.queue_timeout", pool.queue_timeout)
+
+
+def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
+    """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
+
+    A principal is known when some ``openai.principal_tokens[]`` entry maps to
+    it; callers without a principal are limited by ``limits.default``.
+    """
+    known = {t.principal_ref for t in tokens}
+    ref_at: dict[str, str] = {}
+    entries = [("limits.default", limits.default, None)] + [
+        (f"limits.principals[{i}]", p, p.principal_ref) for i, p in enumerate(limits.principals)
+    ]
+    for path, entry, ref in entries:
+        if ref is not None and err.not_empty(f"{path}.principal_ref", ref):
+            first = _first_at(ref_at, ref, path)
+            if first is not None:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"duplicate principal_ref {ref[:80]!r} (first at {first})",
+                )
+            elif ref not in known:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"unknown principal {ref[:80]!r}: no openai.principal_tokens[] entry has "
+                    "this principal_ref (callers without a principal get limits.default)",
+                )
+        for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
+            value = getattr(entry, name)
+            if value is not None:
+                err.non_negative(f"{path}.{name}", value)
+        if entry.share is not None and entry.share < 1:
+            err.add(f"{path}.share", f"must be >= 1 (got {entry.share})")
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
