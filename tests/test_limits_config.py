@@ -12,6 +12,7 @@ from iopd.config import refresh_classify
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig
+from iopd.edge.principal_limits import Limits, limits_from_config
 from tests.test_config_validate import BASE
 
 
@@ -54,8 +55,29 @@ CONTRACT = {
 }
 
 
-def test_the_issue_example_is_valid() -> None:
-    assert load(with_limits(CONTRACT)).limits.principals[0].share == 2
+def test_the_issue_example_is_valid_and_resolves() -> None:
+    cfg = load(with_limits(CONTRACT))
+    default, principals = limits_from_config(cfg.limits)
+    assert default == Limits()
+    assert principals == {"user-1": Limits(8, 600, 200000, 5000000, 2)}
+
+
+def test_no_limits_section_means_unlimited() -> None:
+    default, principals = limits_from_config(load(copy.deepcopy(BASE)).limits)
+    assert default == Limits(0, 0, 0, 0, 1) and principals == {}
+
+
+def test_a_left_out_principal_key_takes_the_default() -> None:
+    cfg = load(
+        with_limits(
+            {
+                "default": {"requests_per_minute": 60, "tokens_per_day": 1000, "share": 3},
+                "principals": [{"principal_ref": "user-1", "tokens_per_day": 0}],
+            }
+        )
+    )
+    _, principals = limits_from_config(cfg.limits)
+    assert principals["user-1"] == Limits(0, 60, 0, 0, 3)
 
 
 CASES: list[tuple[str, Any, str]] = [
