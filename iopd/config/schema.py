@@ -137,6 +137,32 @@ class ProviderPoolSection(_Section):
     eject_seconds: float = 30.0
 
 
+class LimitDefaults(_Section):
+    """``limits.default``: the limits of every principal without its own entry (0 = unlimited)."""
+
+    max_concurrent: int = 0
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    share: int = 1
+
+
+class PrincipalLimit(_Section):
+    """``limits.principals[]``: one principal's limits; a key left out takes ``limits.default``'s."""
+
+    principal_ref: str
+    max_concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    share: int | None = None
+
+
+class LimitsSection(_Section):
+    default: LimitDefaults = msgspec.field(default_factory=LimitDefaults)
+    principals: list[PrincipalLimit] = msgspec.field(default_factory=list)
+
+
 class Generation(_Section):
     defaults: dict[str, float | int | str | bool] = msgspec.field(default_factory=dict)
     limits: dict[str, float | int] = msgspec.field(default_factory=dict)
@@ -191,6 +217,7 @@ class EdgeConfig(_Section):
     edge: EdgeSection
     openai: OpenAISection = msgspec.field(default_factory=OpenAISection)
     provider_pool: ProviderPoolSection = msgspec.field(default_factory=ProviderPoolSection)
+    limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
     models: list[ModelGroup] = msgspec.field(default_factory=list)
     nodes: list[NodeEntry] = msgspec.field(default_factory=list)
 

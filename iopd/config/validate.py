@@ -24,6 +24,7 @@ from iopd.config.schema import (
     EdgeConfig,
     EdgeSection,
     EdgeTLS,
+    LimitsSection,
     ModelGroup,
     ModelRoute,
     NodeConfigFile,
@@ -229,6 +230,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
     _check_retries_and_ejection(err, cfg.provider_pool)
+    _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 
 
@@ -535,6 +537,37 @@ def _check_retries_and_ejection(err: _Errors, pool: ProviderPoolSection) -> None
             "provider_pool.eject_seconds",
             f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (a day) (got {pool.eject_seconds})",
         )
+def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
+    """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
+
+    A principal is known when some ``openai.principal_tokens[]`` entry maps to
+    it; callers without a principal are limited by ``limits.default``.
+    """
+    known = {t.principal_ref for t in tokens}
+    ref_at: dict[str, str] = {}
+    entries = [("limits.default", limits.default, None)] + [
+        (f"limits.principals[{i}]", p, p.principal_ref) for i, p in enumerate(limits.principals)
+    ]
+    for path, entry, ref in entries:
+        if ref is not None and err.not_empty(f"{path}.principal_ref", ref):
+            first = _first_at(ref_at, ref, path)
+            if first is not None:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"duplicate principal_ref {ref[:80]!r} (first at {first})",
+                )
+            elif ref not in known:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"unknown principal {ref[:80]!r}: no openai.principal_tokens[] entry has "
+                    "this principal_ref (callers without a principal get limits.default)",
+                )
+        for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
+            value = getattr(entry, name)
+            if value is not None:
+                err.non_negative(f"{path}.{name}", value)
+        if entry.share is not None and entry.share < 1:
+            err.add(f"{path}.share", f"must be >= 1 (got {entry.share})")
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
