@@ -122,6 +122,7 @@ class _State:
         "last_non_connect",
         "probing",
         "saturated_until",
+        "ticket",
         "until",
         "until_reported",
     )
@@ -137,6 +138,7 @@ class _State:
         self.cause = FailureReason.CONNECT
         self.probing = False
         self.saturated_until: float | None = None
+        self.ticket: Attempt | None = None  # the epoch's shared non-probe ticket
 
     @property
     def ejected(self) -> bool:
@@ -254,7 +256,11 @@ class OutlierTracker:
             s.probing = True
             s.epoch = next(self._epochs)  # each probe its own epoch: an earlier one is stale
             return Attempt(provider_id, s.epoch, probe=True)
-        return Attempt(provider_id, s.epoch, probe=False)
+        # Non-probe tickets of one epoch are equal: share one (admission is hot).
+        ticket = s.ticket
+        if ticket is None or ticket.epoch != s.epoch:
+            ticket = s.ticket = Attempt(provider_id, s.epoch, probe=False)
+        return ticket
 
     def attempt_succeeded(self, attempt: Attempt, now: float) -> Transition | None:
         """The attempt worked (a caller's 4xx counts as working): the failure streak restarts."""
