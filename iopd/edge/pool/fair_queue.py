@@ -6,11 +6,13 @@ principal flooding the pool only lengthens its own line.  This is start-time
 weighted fair queuing with virtual time:
 
 * Each waiter gets a *tag* at enqueue: ``start = max(V, last[p])``,
-  ``tag = start + 1 / share[p]``, and ``last[p] = tag``, where ``V`` is the
-  queue's virtual time and ``last[p]`` the tag of principal ``p``'s previous
-  waiter while ``p`` has waiters (a principal whose line emptied starts again
-  from ``V``: waiting earlier earns no credit, and waiters that timed out
-  cost nothing later).
+  ``tag = start + 1 / share[p]``, where ``V`` is the queue's virtual time
+  and ``last[p]`` the tag of principal ``p``'s previous waiter while ``p``
+  has waiters, else of its last *admitted* one.  So waiting earlier earns
+  no credit, waiters that timed out or were cancelled cost nothing later,
+  and a principal that keeps one request waiting at a time still moves on
+  by ``1 / share`` per admission (without that, it could take every slot
+  ahead of a lower-share waiter forever).
 * Waiters are admitted in ``(tag, seq)`` order among those that fit; each
   admission moves ``V`` up to the admitted waiter's start.  Two principals
   that both keep waiters for the same slots are admitted ``share_a : share_b``
@@ -88,14 +90,20 @@ class FairQueue:
         self.bytes = 0
         self.vtime = 0.0
         self._seq = itertools.count()
-        self._last_tag: dict[str, float] = {}
+        self._last_tag: dict[str, float] = {}  # principals with waiters
+        self._last_admitted: dict[str, float] = {}  # only tags still ahead of vtime
         self._waiting: dict[str, int] = {}  # principal -> pending waiters
 
     def new_waiter(
         self, key: WaitKey, principal: str, share: int, queue_timeout: float, body_bytes: int
     ) -> Waiter:
         """Enqueue a waiter at the back of its lane, tagged for the fair order."""
-        start = max(self.vtime, self._last_tag.get(principal, self.vtime))
+        base = self._last_tag.get(principal)
+        if base is None:
+            base = self._last_admitted.pop(principal, self.vtime)
+            if base > self.vtime:  # still ahead of V: keep it (else it is a no-op)
+                self._last_admitted[principal] = base
+        start = max(self.vtime, base)
         tag = start + 1.0 / max(1, share)
         self._last_tag[principal] = tag
         self._waiting[principal] = self._waiting.get(principal, 0) + 1
@@ -138,6 +146,8 @@ class FairQueue:
         """A popped waiter got a slot: virtual time moves to its start."""
         if waiter.start > self.vtime:
             self.vtime = waiter.start
+        if waiter.tag > self._last_admitted.get(waiter.principal, self.vtime):
+            self._last_admitted[waiter.principal] = waiter.tag
 
     def drain_lane(self, lane: Lane) -> list[Waiter]:
         """Remove every waiter of a lane (its group lost its last candidate)."""

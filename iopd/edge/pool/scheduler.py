@@ -157,6 +157,11 @@ class Scheduler:
         """All waiting requests in enqueue order (O(n log n); for tests and status)."""
         return self._queue.pending()
 
+    @property
+    def virtual_time(self) -> float:
+        """The fair queue's virtual time (tests check tags against it)."""
+        return self._queue.vtime
+
     def running(self, principal: str) -> int:
         """Grants a principal holds now (what ``max_concurrent`` counts)."""
         return self._running.get(principal, 0)
