@@ -309,7 +309,8 @@ class Scheduler:
             return self._reexamine(self._lanes_of_principal(grant.principal), now)
         lanes = self._lanes_listing(grant.provider_id)
         if self.snapshot.principal(grant.principal).max_concurrent:
-            lanes.extend(lane for lane in self._queue.lanes_of(grant.principal))
+            listed = set(lanes)  # each lane once: a pass must not see a lane twice
+            lanes.extend(x for x in self._queue.lanes_of(grant.principal) if x not in listed)
         return self._reexamine(lanes, now)
 
     def cancel(self, waiter: Waiter) -> None:
@@ -374,10 +375,10 @@ class Scheduler:
     def outliers_due(self, now: float | None = None) -> list[Waiter]:
         """Re-examine the waiters of providers that became choosable by time."""
         now = self._clock(now)
-        lanes: list[Lane] = []
+        lanes: dict[Lane, None] = {}  # each lane once
         for pid in self.outliers.due(now):
             self._index.refresh_flag(pid, now)
-            lanes.extend(self._lanes_listing(pid))
+            lanes.update(dict.fromkeys(self._lanes_listing(pid)))
         return self._reexamine(lanes, now) if lanes else []
 
     # ------------------------------------------------------------ state changes
@@ -563,14 +564,12 @@ class Scheduler:
         """Admit every waiter that fits, in fair order; fail those with no candidate."""
         resolved: list[Waiter] = []
         heap: list[tuple[float, int, Lane, Candidates]] = []
-        seen: set[Lane] = set()
-        for lane in list(self._queue.lanes) if lanes is None else lanes:
-            if lane in seen:
+        by_lane = self._queue.lanes
+        pairs = list(by_lane.items()) if lanes is None else [(x, by_lane.get(x)) for x in lanes]
+        for lane, q in pairs:
+            if not q:
                 continue
-            seen.add(lane)
-            head = self._queue.head(lane)
-            if head is None:
-                continue
+            head = next(iter(q.values()))
             cands = self._index.candidates(lane[0])
             if cands is None:
                 resolved.extend(self._fail_lane(lane))
@@ -579,7 +578,10 @@ class Scheduler:
         heapq.heapify(heap)
         blocked: set[str] = set()  # principals at their max_concurrent in this pass
         while heap:
-            _, _, lane, cands = heapq.heappop(heap)
+            _, seq, lane, cands = heapq.heappop(heap)
+            q = by_lane.get(lane)
+            if not q or next(iter(q)) != seq:
+                continue  # a lane listed twice: its entry is stale
             principal = lane[1]
             if principal in blocked:
                 continue
@@ -589,15 +591,14 @@ class Scheduler:
             grant = self._take(lane[0], cands, principal, now)
             if grant is None:
                 continue  # admissions only take slots: this lane cannot fit again this pass
-            waiter = self._queue.head(lane)
-            assert waiter is not None
+            waiter = q[seq]
             self._queue.pop(waiter)
             self._queue.admitted(waiter)
             waiter.state = WaiterState.ADMITTED
             waiter.grant = grant
             resolved.append(waiter)
-            nxt = self._queue.head(lane)
-            if nxt is not None:
+            if q:
+                nxt = next(iter(q.values()))
                 heapq.heappush(heap, (nxt.tag, nxt.seq, lane, cands))
         # Failures were collected first; report everything in enqueue order.
         resolved.sort(key=lambda w: w.seq)
