@@ -42,7 +42,9 @@ import itertools
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from .candidates import Grant, WaitKey
+from iopd.errors import QueueFull
+
+from .candidates import Grant, PoolSnapshot, WaitKey
 
 __all__ = ["FairQueue", "Lane", "Waiter", "WaiterState"]
 
@@ -121,9 +123,20 @@ class FairQueue:
         self.bytes += body_bytes
         return waiter
 
-    def head(self, lane: Lane) -> Waiter | None:
-        q = self.lanes.get(lane)
-        return next(iter(q.values())) if q else None
+    def check_room(self, group_id: str, body_bytes: int, snap: PoolSnapshot) -> None:
+        """Raise ``QueueFull`` unless one more waiter of ``body_bytes`` fits both bounds."""
+        if self.depth >= snap.max_queue:
+            raise QueueFull(
+                f"all providers of model group '{group_id}' are busy and the request "
+                f"queue is full ({snap.max_queue} waiting); retry later"
+            )
+        held = self.bytes
+        if snap.max_queued_bytes == 0 or held + body_bytes > snap.max_queued_bytes:
+            raise QueueFull(
+                f"all providers of model group '{group_id}' are busy and the request "
+                f"queue is full ({held} of {snap.max_queued_bytes} body "
+                f"bytes held by waiting requests; this one has {body_bytes}); retry later"
+            )
 
     def pop(self, waiter: Waiter) -> bool:
         """Take a pending waiter out of its lane; False when it was not there."""

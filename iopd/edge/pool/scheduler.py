@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from iopd.errors import GatewayError, NodeDispatchError, QueueFull
+from iopd.errors import GatewayError, NodeDispatchError
 from iopd.vocabulary import HEALTH_STATES, Health, load_ratio
 
 from .candidates import (
@@ -254,7 +254,7 @@ class Scheduler:
             grant = self._take(key, cands, principal, now)
             if grant is not None:
                 return grant
-        self._check_queue_room(group_id, body_bytes)
+        self._queue.check_room(group_id, body_bytes, self.snapshot)
         return self._queue.new_waiter(
             key,
             principal,
@@ -306,7 +306,8 @@ class Scheduler:
             self._index.drop_counters_if_gone(grant.provider_id)
             return []
         if self._index.drop_counters_if_gone(grant.provider_id):
-            return self._reexamine(self._lanes_of_principal(grant.principal), now)
+            capped = self.snapshot.principal(grant.principal).max_concurrent
+            return self._reexamine(self._queue.lanes_of(grant.principal) if capped else [], now)
         lanes = self._lanes_listing(grant.provider_id)
         if self.snapshot.principal(grant.principal).max_concurrent:
             listed = set(lanes)  # each lane once: a pass must not see a lane twice
@@ -500,22 +501,6 @@ class Scheduler:
             return _NOTHING
         return AttemptOutcome(transition, self._reexamine(self._lanes_listing(provider_id), now))
 
-    def _check_queue_room(self, group_id: str, body_bytes: int) -> None:
-        """Raise ``QueueFull`` unless one more waiter of ``body_bytes`` fits both bounds."""
-        snap = self.snapshot
-        if self._queue.depth >= snap.max_queue:
-            raise QueueFull(
-                f"all providers of model group '{group_id}' are busy and the request "
-                f"queue is full ({snap.max_queue} waiting); retry later"
-            )
-        held = self._queue.bytes
-        if snap.max_queued_bytes == 0 or held + body_bytes > snap.max_queued_bytes:
-            raise QueueFull(
-                f"all providers of model group '{group_id}' are busy and the request "
-                f"queue is full ({held} of {snap.max_queued_bytes} body "
-                f"bytes held by waiting requests; this one has {body_bytes}); retry later"
-            )
-
     def _lanes_listing(self, provider_id: str) -> list[Lane]:
         """Lanes whose live candidates include ``provider_id``."""
         candidates = self._index.candidates
@@ -524,11 +509,6 @@ class Scheduler:
             for lane in self._queue.lanes
             if (c := candidates(lane[0])) is not None and provider_id in c.provider_ids
         ]
-
-    def _lanes_of_principal(self, principal: str) -> list[Lane]:
-        if not self.snapshot.principal(principal).max_concurrent:
-            return []
-        return list(self._queue.lanes_of(principal))
 
     def _liveness_changed(self, provider_ids: Sequence[str], now: float) -> list[Waiter]:
         """Some providers became (un)available: recheck only the groups that list them.
