@@ -196,8 +196,11 @@ class ProviderPool:
                         now=trio.current_time(),
                         **want._asdict(),
                     )
-                except (QueueFull, NodeDispatchError):
-                    self._observe(group_id, trio.current_time() - started, "dispatch_error")
+                except (QueueFull, NodeDispatchError) as e:
+                    outcome_name: DispatchOutcome = (
+                        "queue_full" if isinstance(e, QueueFull) else "dispatch_error"
+                    )
+                    self._observe(group_id, trio.current_time() - started, outcome_name)
                     raise
                 continue
             # Timed out.
