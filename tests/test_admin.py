@@ -41,6 +41,7 @@ PROVIDER_KEYS = {
     "long_in_flight",
     "lifecycle_capabilities",
     "last_error",
+    "ejected_until",
 }
 REPORT_KEYS = {
     "mode",

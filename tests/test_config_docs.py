@@ -15,7 +15,12 @@ import msgspec
 import msgspec.inspect as mi
 import pytest
 
-from iopd.config.refresh_classify import LIVE_EDGE_KEYS, LIVE_OPENAI_KEYS, LIVE_PROVIDER_KEYS
+from iopd.config.refresh_classify import (
+    LIVE_EDGE_KEYS,
+    LIVE_OPENAI_KEYS,
+    LIVE_PROVIDER_KEYS,
+    LIVE_SECTIONS,
+)
 from iopd.config.schema import EdgeConfig, NodeConfigFile
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
@@ -124,7 +129,7 @@ def test_documented_default_matches_schema(key: str, field: mi.Field) -> None:
 def expected_refresh(key: str) -> str:
     if key == "models" or key.startswith("models[]"):
         return "live"
-    if key == "provider_pool" or key.startswith("provider_pool."):
+    if key.split(".", 1)[0].split("[", 1)[0] in LIVE_SECTIONS:
         return "live"
     if key.startswith("edge.") and key.split(".", 1)[1] in LIVE_EDGE_KEYS:
         return "live"

@@ -3,17 +3,25 @@
 The synchronous scheduler is driven by hypothesis through random acquire,
 release (also twice), cancel/timeout, node disconnect/reconnect, health changes
 and snapshot swaps (capacity up and down, providers disabled or removed, groups
-rewired).  After every step it is compared with a deliberately naive reference
-that walks the whole queue in enqueue order on every change, and the
-invariants are checked directly: counters equal the grants held, capacity in
-force was respected at each admission, no waiter waits while it could fit or
-while its group has no live candidate, and the queued body bytes equal the sum
-over the waiters (bounded by ``max_queued_bytes`` when they were enqueued).  A randomized test drives the same
-kinds of events through the trio layer.
+rewired, principal shares and caps, ejection policy), requests of several
+principals with ``exclude`` sets and fallback groups, attempt verdicts
+(success, failure, 429, abandoned) and the passing of time.  After every step
+it is compared with a deliberately naive reference that walks the whole queue
+in fair order (tag, then enqueue order) on every change, asking its own
+outlier tracker (fed the same events) which providers are choosable, and the
+invariants are checked directly: counters equal the grants held, per
+principal too, capacity and ``max_concurrent`` in force were respected at
+each admission, no waiter waits while it could fit (ejection never leaves a
+request without a provider: the last resort serves) or while its group has
+no live candidate, and the queued body bytes equal the sum over the waiters
+(bounded by ``max_queued_bytes`` when they were enqueued).  Fairness bounds
+and starvation are checked in ``tests/test_pool_fair.py``.  A randomized test
+drives the same kinds of events through the trio layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 
@@ -31,6 +39,9 @@ from hypothesis.stateful import (
 )
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
+from iopd.edge.pool.candidates import PrincipalPolicy
+from iopd.edge.pool.outliers import Attempt, EjectionPolicy, OutlierTracker
+from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
 from iopd.vocabulary import REQUIREMENT_TYPES
@@ -39,6 +50,7 @@ PIDS = [f"p{i}" for i in range(6)]
 NODES = ["n0", "n1", "n2"]
 GROUPS = ["g0", "g1", "g2"]
 TYPES = ["openai", "ollama", "cli", "echo"]
+PRINCIPALS = ["", "a", "b"]
 REQUIRES = [
     frozenset(),
     frozenset({"passthrough"}),
@@ -77,12 +89,16 @@ def snapshots(draw: st.DrawFn) -> PoolSnapshot:
             continue
         members = draw(st.lists(st.sampled_from(PIDS), unique=True, min_size=1, max_size=3))
         groups[gid] = GroupPolicy(gid, tuple((p, f"{p}@{gid}") for p in members))
+    policies = st.builds(PrincipalPolicy, st.integers(1, 3), st.sampled_from([0, 0, 1, 2]))
     return PoolSnapshot(
         providers,
         groups,
         max_queue=draw(st.sampled_from([0, 3, 8])),
         queue_timeout=5.0,
         max_queued_bytes=draw(st.sampled_from([0, 10, 25, 1 << 20])),
+        principals=draw(st.dictionaries(st.sampled_from(PRINCIPALS), policies, max_size=3)),
+        default_principal=draw(policies),
+        ejection=EjectionPolicy(draw(st.sampled_from([0, 1, 2])), draw(st.sampled_from([1, 3]))),
     )
 
 
@@ -100,6 +116,10 @@ class RefWaiter:
     long: bool
     requires: frozenset[str]
     body_bytes: int
+    principal: str = ""
+    exclude: frozenset[str] = frozenset()
+    start: float = 0.0
+    tag: float = 0.0
 
 
 @dataclass
@@ -107,6 +127,9 @@ class RefGrant:
     provider_id: str
     target: str
     long: bool
+    principal: str = ""
+    group: str = ""
+    attempt: Attempt | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -120,6 +143,56 @@ class Reference:
     long_in_flight: dict[str, int] = field(default_factory=dict)
     cursor: dict[str, int] = field(default_factory=dict)
     queue: list[RefWaiter] = field(default_factory=list)
+    now: float = 0.0
+    tracker: OutlierTracker = field(default_factory=OutlierTracker)
+    running: dict[str, int] = field(default_factory=dict)
+    vtime: float = 0.0
+    last_tag: dict[str, float] = field(default_factory=dict)
+    last_admitted: dict[str, float] = field(default_factory=dict)
+
+    def may_start(self, principal: str) -> bool:
+        cap = self.snapshot.principal(principal).max_concurrent
+        return cap == 0 or self.running.get(principal, 0) < cap
+
+    def enqueue(self, w: RefWaiter) -> None:
+        """The fair-queue tag, written out (see iopd/edge/pool/fair_queue.py)."""
+        p = w.principal
+        if any(x.principal == p for x in self.queue):
+            base = self.last_tag[p]
+        else:
+            base = self.last_admitted.get(p, self.vtime)
+        w.start = max(self.vtime, base)
+        w.tag = w.start + 1.0 / self.snapshot.principal(p).share
+        self.last_tag[p] = w.tag
+        self.queue.append(w)
+
+    def route(
+        self,
+        group: str,
+        fallbacks: tuple[str, ...],
+        long: bool,
+        requires: frozenset[str],
+        exclude: frozenset[str],
+    ) -> str | None:
+        """The group that takes a request: first with a choosable candidate, else first live."""
+        first_live = None
+        for gid in (group, *fallbacks):
+            cands, _ = self.candidates(gid, long, requires, exclude)
+            if not cands:
+                continue
+            if any(self.tracker.is_choosable(s.provider_id, self.now) for _, s, _ in cands):
+                return gid
+            first_live = first_live or gid
+        return first_live
+
+    def eligible(
+        self, cands: list[tuple[int, ProviderSlot, str]]
+    ) -> list[tuple[int, ProviderSlot, str]]:
+        ok = [c for c in cands if self.tracker.is_choosable(c[1].provider_id, self.now)]
+        if ok:
+            return ok
+        pick = self.tracker.last_resort([c[1].provider_id for c in cands], self.now)
+        return [c for c in cands if c[1].provider_id == pick]
 
     def queue_has_room(self, body_bytes: int) -> bool:
         """Both queue bounds, written out: count, and body bytes (0 = never wait)."""
@@ -131,7 +204,11 @@ class Reference:
         )
 
     def candidates(
-        self, group: str, long: bool, requires: frozenset[str]
+        self,
+        group: str,
+        long: bool,
+        requires: frozenset[str],
+        exclude: frozenset[str] = frozenset(),
     ) -> tuple[list[tuple[int, ProviderSlot, str]], bool]:
         policy = self.snapshot.groups.get(group)
         if policy is None:
@@ -140,6 +217,8 @@ class Reference:
         for index, (pid, target) in enumerate(policy.providers):
             s = self.snapshot.providers.get(pid)
             if s is None or not s.enabled or s.node_id not in self.connected:
+                continue
+            if pid in exclude:
                 continue
             if self.health.get(pid, "unknown") == "unhealthy":
                 continue
@@ -150,11 +229,22 @@ class Reference:
             return [c for c in out if c[1].long_context_capacity > 0], True
         return out, False
 
-    def pick(self, group: str, long: bool, requires: frozenset[str]) -> RefGrant | None:
-        cands, use_long = self.candidates(group, long, requires)
+    def pick(
+        self,
+        group: str,
+        long: bool,
+        requires: frozenset[str],
+        exclude: frozenset[str] = frozenset(),
+        principal: str = "",
+    ) -> RefGrant | None:
+        if not self.may_start(principal):
+            return None
+        cands, use_long = self.candidates(group, long, requires, exclude)
+        if not cands:
+            return None
         free = [
             c
-            for c in cands
+            for c in self.eligible(cands)
             if self.in_flight.get(c[1].provider_id, 0) < c[1].capacity
             and (
                 not use_long
@@ -179,25 +269,40 @@ class Reference:
         self.in_flight[s.provider_id] = self.in_flight.get(s.provider_id, 0) + 1
         if use_long:
             self.long_in_flight[s.provider_id] = self.long_in_flight.get(s.provider_id, 0) + 1
-        return RefGrant(s.provider_id, target, use_long)
+        self.running[principal] = self.running.get(principal, 0) + 1
+        attempt = self.tracker.attempt_started(s.provider_id, self.now)
+        return RefGrant(s.provider_id, target, use_long, principal, group, attempt)
 
     def release(self, g: RefGrant) -> list[tuple[int, RefGrant | None]]:
+        if g.attempt is not None:  # no verdict: abandoned (only a probe's matters)
+            self.tracker.attempt_abandoned(g.attempt)
         self.in_flight[g.provider_id] -= 1
         if g.long:
             self.long_in_flight[g.provider_id] -= 1
+        self.running[g.principal] -= 1
         return self.reexamine()
+
+    def dequeue(self, w: RefWaiter) -> None:
+        self.queue.remove(w)
+        if not any(x.principal == w.principal for x in self.queue):
+            del self.last_tag[w.principal]
 
     def reexamine(self) -> list[tuple[int, RefGrant | None]]:
         resolved: list[tuple[int, RefGrant | None]] = []
         for w in list(self.queue):
-            if not self.candidates(w.group, w.long, w.requires)[0]:
-                self.queue.remove(w)
+            if not self.candidates(w.group, w.long, w.requires, w.exclude)[0]:
+                self.dequeue(w)
                 resolved.append((w.ident, None))
-                continue
-            g = self.pick(w.group, w.long, w.requires)
+        for w in sorted(self.queue, key=lambda w: (w.tag, w.ident)):
+            g = self.pick(w.group, w.long, w.requires, w.exclude, w.principal)
             if g is not None:
-                self.queue.remove(w)
+                self.dequeue(w)
+                self.vtime = max(self.vtime, w.start)
+                self.last_admitted[w.principal] = max(
+                    self.last_admitted.get(w.principal, 0.0), w.tag
+                )
                 resolved.append((w.ident, g))
+        resolved.sort()
         return resolved
 
 
@@ -205,7 +310,7 @@ class Reference:
 
 
 def view(g: Grant) -> RefGrant:
-    return RefGrant(g.provider_id, g.target, g.long)
+    return RefGrant(g.provider_id, g.target, g.long, g.principal, g.group_id)
 
 
 class SchedulerMachine(RuleBasedStateMachine):
@@ -216,6 +321,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.held: list[tuple[Grant, RefGrant]] = []
         self.released: list[Grant] = []
         self.waiting: dict[int, Waiter] = {}
+        self.verdict_open: set[Grant] = set()  # held grants whose verdict is open
         self.next_ident = 0
         self.step = ""
 
@@ -235,6 +341,7 @@ class SchedulerMachine(RuleBasedStateMachine):
         got: list[tuple[int, RefGrant | None]] = []
         admitted_to: set[str] = set()
         admitted_long: set[str] = set()
+        principals: set[str] = set()
         for w in real:
             ident = by_waiter[id(w)]
             del self.waiting[ident]
@@ -242,6 +349,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 assert w.grant is not None
                 got.append((ident, view(w.grant)))
                 (admitted_long if w.grant.long else admitted_to).add(w.grant.provider_id)
+                principals.add(w.grant.principal)
             else:
                 assert w.state is WaiterState.FAILED
                 assert isinstance(w.error, NodeDispatchError)
@@ -263,10 +371,16 @@ class SchedulerMachine(RuleBasedStateMachine):
                 rg = ref_by_ident[by_waiter[id(w)]]
                 assert rg is not None
                 self.held.append((w.grant, rg))
-        self.check_capacity_at_admission(admitted_to, admitted_long)
+                self.verdict_open.add(w.grant)
+        self.check_capacity_at_admission(admitted_to, admitted_long, principals)
 
-    def check_capacity_at_admission(self, normal: set[str], long: set[str]) -> None:
-        """Providers that admitted in this step are within the capacity in force now."""
+    def check_capacity_at_admission(
+        self, normal: set[str], long: set[str], principals: set[str]
+    ) -> None:
+        """Providers and principals that admitted in this step are within the limits in force."""
+        for principal in principals:
+            cap = self.s().snapshot.principal(principal).max_concurrent
+            assert cap == 0 or 0 < self.s().running(principal) <= cap
         for pid in normal | long:
             slot = self.s().snapshot.providers[pid]
             in_flight, long_in_flight = self.s().in_flight(pid)
@@ -282,9 +396,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def start(self, snapshot: PoolSnapshot, connected: set[str]) -> None:
         self.sched = Scheduler(snapshot)
-        self.ref = Reference(snapshot)
+        self.ref = Reference(snapshot, tracker=OutlierTracker(snapshot.ejection))
         for node in sorted(connected):
-            assert self.s().set_node_connected(node, True) == []
+            assert self.s().set_node_connected(node, True, now=0.0) == []
             self.r().connected.add(node)
 
     @rule(
@@ -292,36 +406,69 @@ class SchedulerMachine(RuleBasedStateMachine):
         long=st.booleans(),
         requires=st.sampled_from(REQUIRES),
         body_bytes=BODY_SIZES,
+        principal=st.sampled_from(PRINCIPALS),
+        exclude=st.frozensets(st.sampled_from(PIDS), max_size=2),
+        fallbacks=st.lists(st.sampled_from(GROUPS), max_size=2, unique=True).map(tuple),
     )
-    def acquire(self, group: str, long: bool, requires: frozenset[str], body_bytes: int) -> None:
+    def acquire(
+        self,
+        group: str,
+        long: bool,
+        requires: frozenset[str],
+        body_bytes: int,
+        principal: str = "",
+        exclude: frozenset[str] = frozenset(),
+        fallbacks: tuple[str, ...] = (),
+    ) -> None:
         ref = self.r()
-        cands, _ = ref.candidates(group, long, requires)
+        routed = ref.route(group, fallbacks, long, requires, exclude)
         try:
-            out = self.s().request(group, long=long, requires=requires, body_bytes=body_bytes)
+            out = self.s().request(
+                group,
+                long=long,
+                requires=requires,
+                body_bytes=body_bytes,
+                principal=principal,
+                exclude=exclude,
+                fallbacks=fallbacks,
+                now=ref.now,
+            )
         except NodeDispatchError:
-            assert not cands
+            assert routed is None
             return
         except QueueFull:
-            assert cands and not ref.queue_has_room(body_bytes)
-            assert ref.pick(group, long, requires) is None
+            assert routed is not None and not ref.queue_has_room(body_bytes)
+            assert ref.pick(routed, long, requires, exclude, principal) is None
             if len(ref.queue) < ref.snapshot.max_queue:
                 event("queue full by bytes")
             return
-        assert cands
+        assert routed is not None
+        if routed != group:
+            event("served by a fallback group")
+        if exclude & ref.snapshot.providers.keys():
+            event("request with providers excluded")
         if isinstance(out, Grant):
-            expected = ref.pick(group, long, requires)
+            expected = ref.pick(routed, long, requires, exclude, principal)
             assert expected == view(out)
             self.held.append((out, expected))
+            self.verdict_open.add(out)
+            if not ref.tracker.is_choosable(out.provider_id, ref.now) and out.attempt:
+                event("last resort served (every candidate excluded)")
             self.check_capacity_at_admission(
-                set() if out.long else {out.provider_id}, {out.provider_id} if out.long else set()
+                set() if out.long else {out.provider_id},
+                {out.provider_id} if out.long else set(),
+                {out.principal},
             )
         else:
-            assert ref.pick(group, long, requires) is None
+            assert ref.pick(routed, long, requires, exclude, principal) is None
+            if not ref.may_start(principal):
+                event("waits for its principal's max_concurrent")
             assert ref.queue_has_room(body_bytes)
             assert out.body_bytes == body_bytes
             ident = self.next_ident
             self.next_ident += 1
-            ref.queue.append(RefWaiter(ident, group, long, requires, body_bytes))
+            ref.enqueue(RefWaiter(ident, routed, long, requires, body_bytes, principal, exclude))
+            assert (out.start, out.tag) == (ref.queue[-1].start, ref.queue[-1].tag)
             self.waiting[ident] = out
 
     @rule(
@@ -340,9 +487,60 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.step = "release"
         i = data.draw(st.integers(0, len(self.held) - 1))
         grant, rg = self.held.pop(i)
-        real = self.s().release(grant)
+        real = self.s().release(grant, now=self.r().now)
         self.released.append(grant)
+        if grant not in self.verdict_open:
+            rg.attempt = None  # its verdict is in: nothing to abandon
+        self.verdict_open.discard(grant)
         self.settle(real, self.r().release(rg))
+
+    @precondition(lambda self: self.held)
+    @rule(
+        data=st.data(),
+        verdict=st.sampled_from(["ok", "connect", "5xx", "429", "abandoned"]),
+        seconds=st.sampled_from([0.5, 2.0]),
+    )
+    def attempt_verdict(self, data: st.DataObject, verdict: str, seconds: float) -> None:
+        """The request path reports an attempt's result (a second report is ignored)."""
+        self.step = f"verdict {verdict}"
+        grant, rg = data.draw(st.sampled_from(self.held))
+        ref, now = self.r(), self.r().now
+        if verdict == "ok":
+            outcome = self.s().attempt_succeeded(grant, now)
+        elif verdict == "429":
+            outcome = self.s().attempt_saturated(grant, seconds, now)
+        elif verdict == "abandoned":
+            outcome = self.s().attempt_abandoned(grant, now)
+        else:
+            reason = FailureReason.CONNECT if verdict == "connect" else FailureReason.STATUS_5XX
+            outcome = self.s().attempt_failed(grant, reason, now)
+        expected_transition = None
+        if grant in self.verdict_open and rg.attempt is not None:
+            self.verdict_open.discard(grant)
+            t = ref.tracker
+            if verdict == "ok":
+                expected_transition = t.attempt_succeeded(rg.attempt, now)
+            elif verdict == "429":
+                expected_transition = t.attempt_saturated(rg.attempt, now, seconds)
+            elif verdict == "abandoned":
+                expected_transition = t.attempt_abandoned(rg.attempt)
+            else:
+                expected_transition = t.attempt_failed(rg.attempt, reason, now)
+            rg.attempt = None
+        assert outcome.transition == expected_transition
+        if outcome.transition is not None:
+            event(f"outlier transition {outcome.transition.value}")
+        self.settle(outcome.resolved, ref.reexamine())
+
+    @rule(dt=st.sampled_from([0.25, 1.0, 3.0]))
+    def time_passes(self, dt: float) -> None:
+        """The pool's timer: providers whose ejection or saturation ran out come back."""
+        self.step = "time_passes"
+        ref = self.r()
+        ref.now += dt
+        real = self.s().outliers_due(ref.now)
+        ref.tracker.due(ref.now)
+        self.settle(real, ref.reexamine())
 
     @precondition(lambda self: self.released)
     @rule(data=st.data())
@@ -359,12 +557,12 @@ class SchedulerMachine(RuleBasedStateMachine):
         w = self.waiting.pop(ident)
         self.s().cancel(w)
         assert w.state is WaiterState.CANCELLED
-        self.r().queue = [x for x in self.r().queue if x.ident != ident]
+        self.r().dequeue(next(x for x in self.r().queue if x.ident == ident))
 
     @rule(node=st.sampled_from(NODES), connected=st.booleans())
     def node_event(self, node: str, connected: bool) -> None:
         self.step = "node_event"
-        real = self.s().set_node_connected(node, connected)
+        real = self.s().set_node_connected(node, connected, now=self.r().now)
         if connected:
             self.r().connected.add(node)
         else:
@@ -377,7 +575,9 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def health_event(self, pid: str, health: str) -> None:
         self.step = "health_event"
-        real = self.s().set_provider_health(pid, health)  # type: ignore[arg-type]
+        real = self.s().set_provider_health(pid, health, now=self.r().now)  # type: ignore[arg-type]
+        if health == "healthy":
+            self.r().tracker.health_probe_succeeded(pid)
         self.r().health[pid] = health
         self.settle(real, self.r().reexamine())
 
@@ -387,8 +587,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         self._swap(snapshot)
 
     def _swap(self, snapshot: PoolSnapshot) -> None:
-        real = self.s().apply_snapshot(snapshot)
+        real = self.s().apply_snapshot(snapshot, now=self.r().now)
         self.r().snapshot = snapshot
+        self.r().tracker.set_policy(snapshot.ejection)
+        self.r().tracker.retain(snapshot.providers)
         self.settle(real, self.r().reexamine())
 
     @rule(pid=st.sampled_from(PIDS), capacity=st.integers(1, 3), data=st.data())
@@ -404,14 +606,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             **current.providers,
             pid: ProviderSlot(pid, old.node_id, old.type, capacity, long, old.priority, True),
         }
-        snapshot = PoolSnapshot(
-            providers,
-            current.groups,
-            current.max_queue,
-            current.queue_timeout,
-            current.max_queued_bytes,
-        )
-        self._swap(snapshot)
+        self._swap(dataclasses.replace(current, providers=providers))
 
     # -- invariants
 
@@ -427,6 +622,9 @@ class SchedulerMachine(RuleBasedStateMachine):
                 n,
                 n_long,
             )
+        for principal in PRINCIPALS:
+            running = sum(1 for g, _ in self.held if g.principal == principal)
+            assert self.s().running(principal) == self.r().running.get(principal, 0) == running
         assert self.s().active_grants == {g for g, _ in self.held}
 
     @invariant()
@@ -453,9 +651,11 @@ class SchedulerMachine(RuleBasedStateMachine):
             return
         ref = self.r()
         for w in ref.queue:
-            cands, use_long = ref.candidates(w.group, w.long, w.requires)
+            cands, use_long = ref.candidates(w.group, w.long, w.requires, w.exclude)
             assert cands, "a waiter without live candidates must have failed"
-            for _, s, _ in cands:
+            if not ref.may_start(w.principal):
+                continue  # it waits for its principal, holding no slot
+            for _, s, _ in ref.eligible(cands):
                 in_flight, long_in_flight = self.s().in_flight(s.provider_id)
                 fits = in_flight < s.capacity and (
                     not use_long or long_in_flight < s.long_context_capacity
@@ -476,6 +676,8 @@ class SchedulerMachine(RuleBasedStateMachine):
         assert self.s().queue_depth == 0 and self.s().queued_bytes == 0
         assert all(self.s().in_flight(pid) == (0, 0) for pid in PIDS)
         assert not self.s().active_grants
+        assert self.s().principal_loads() == {}
+        assert all(self.s().running(p) == 0 for p in PRINCIPALS)
 
 
 SchedulerMachine.TestCase.settings = settings(

@@ -6,6 +6,10 @@ forms of SPEC §1 are normalised here and nowhere else: each
 ``openai.model_routes[]`` entry becomes a one-provider group (source
 ``"route"``), and the single ``openai.adapter`` + ``openai.target`` form
 becomes a ``fallback`` group that catches every model not otherwise resolved.
+
+That catch-all is unrelated to ``models[].fallbacks``: the groups a request
+is sent to when its own group cannot take it.  ``Catalog.fallback_chain``
+gives those, transitively, in the order they are tried.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ class GroupSpec:
     queue_timeout: float | None = None  # None = provider_pool.queue_timeout
     generation: Generation = field(default_factory=Generation)
     source: GroupSource = "models"
+    fallbacks: tuple[str, ...] = ()  # models[].fallbacks as written
+    fallback_on_queue_timeout: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +66,9 @@ class Catalog:
     groups: Mapping[str, GroupSpec]
     fallback: GroupSpec | None
     providers: Mapping[str, ProviderRef]
+    fallback_chains: Mapping[str, tuple[str, ...]] = field(
+        default_factory=lambda: MappingProxyType({})
+    )
 
     def resolve(self, model: str) -> GroupSpec | None:
         """The group a request's ``model`` maps to: models[], legacy routes, then the fallback."""
@@ -74,6 +83,15 @@ class Catalog:
         if group is None and self.fallback is not None and self.fallback.id == group_id:
             return self.fallback
         return group
+
+    def fallback_chain(self, group_id: str) -> tuple[str, ...]:
+        """The groups tried, in order, when group ``group_id`` cannot take a request.
+
+        Its ``fallbacks``, each followed by that group's own chain (depth
+        first), every group at most once and never ``group_id`` itself; ids
+        that are not groups are skipped.  Empty for a group without fallbacks.
+        """
+        return self.fallback_chains.get(group_id, ())
 
     def listed(self) -> list[GroupSpec]:
         """Groups as ``/v1/models`` lists them: models[], routes, fallback; no duplicates."""
@@ -111,6 +129,8 @@ def build_catalog(cfg: EdgeConfig) -> Catalog:
             queue_timeout=None,
             generation=m.generation,
             source="models",
+            fallbacks=tuple(m.fallbacks),
+            fallback_on_queue_timeout=m.fallback_on_queue_timeout,
         )
     for route in cfg.openai.model_routes:
         if route.model in groups:
@@ -133,11 +153,37 @@ def build_catalog(cfg: EdgeConfig) -> Catalog:
             generation=Generation(),
             source="fallback",
         )
+    known = set(groups) | ({fallback.id} if fallback is not None else set())
+    chains = {
+        gid: chain
+        for gid, group in groups.items()
+        if group.fallbacks and (chain := _fallback_chain(gid, groups, known))
+    }
     return Catalog(
         groups=MappingProxyType(groups),
         fallback=fallback,
         providers=MappingProxyType(providers),
+        fallback_chains=MappingProxyType(chains),
     )
+
+
+def _fallback_chain(
+    origin: str, groups: Mapping[str, GroupSpec], known: set[str]
+) -> tuple[str, ...]:
+    """Depth-first order of ``origin``'s fallbacks; safe on cycles (validation forbids them)."""
+    chain: list[str] = []
+    seen = {origin}
+    stack = list(reversed(groups[origin].fallbacks))
+    while stack:
+        gid = stack.pop()
+        if gid in seen or gid not in known:
+            continue
+        seen.add(gid)
+        chain.append(gid)
+        spec = groups.get(gid)
+        if spec is not None:
+            stack.extend(reversed(spec.fallbacks))
+    return tuple(chain)
 
 
 def provider_spec_for(p: ProviderConfig) -> ProviderSpec:

@@ -18,7 +18,14 @@ import msgspec
 
 from iopd.config.schema import EdgeConfig, NodeEntry, ProviderConfig
 
-__all__ = ["LIVE_EDGE_KEYS", "LIVE_OPENAI_KEYS", "LIVE_PROVIDER_KEYS", "RefreshDiff", "classify"]
+__all__ = [
+    "LIVE_EDGE_KEYS",
+    "LIVE_OPENAI_KEYS",
+    "LIVE_PROVIDER_KEYS",
+    "LIVE_SECTIONS",
+    "RefreshDiff",
+    "classify",
+]
 
 #: Provider keys a refresh applies without a restart.
 LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
@@ -36,6 +43,10 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "cors_allow_origins",
     }
 )
+#: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.
+LIVE_SECTIONS: frozenset[str] = frozenset({"provider_pool", "limits"})
+#: Top-level sections compared key by key below.
+_COMPARED_SECTIONS = frozenset({"edge", "openai", "nodes", "models"})
 #: ``openai.*`` keys reported as a whole rather than field by field.
 _OPENAI_WHOLE = frozenset({"principal_tokens", "model_routes"})
 
@@ -140,7 +151,13 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
         else:
             restart.append(f"openai.{name}")
 
-    # provider_pool.* is live; it needs no entry in the report's lists.
+    # A top-level section neither compared here nor declared live is restart-required
+    # as a whole, so a new section is never applied live by accident.
+    for name in new.__struct_fields__:
+        if name in _COMPARED_SECTIONS or name in LIVE_SECTIONS:
+            continue
+        if getattr(old, name) != getattr(new, name):
+            restart.append(name)
 
     changed_providers: set[str] = set()
     changed_nodes: set[str] = set()

@@ -129,6 +129,40 @@ class ProviderPoolSection(_Section):
     max_queue: int = 256
     queue_timeout: float = 30.0
     max_queued_bytes: int = 256 * 1024 * 1024  # body bytes held by waiters; 0 = never wait
+    # Routing around a failing provider: retries before the first byte, and
+    # passive outlier ejection (iopd.edge.pool.retry_rules, .outliers).
+    retry_attempts: int = 2
+    retry_budget: float = 0.2
+    retry_budget_min: int = 10
+    retry_on_timeout: bool = False
+    eject_after_failures: int = 5
+    eject_seconds: float = 30.0
+
+
+class LimitDefaults(_Section):
+    """``limits.default``: the limits of every principal without its own entry (0 = unlimited)."""
+
+    max_concurrent: int = 0
+    requests_per_minute: int = 0
+    tokens_per_minute: int = 0
+    tokens_per_day: int = 0
+    share: int = 1
+
+
+class PrincipalLimit(_Section):
+    """``limits.principals[]``: one principal's limits; a key left out takes ``limits.default``'s."""
+
+    principal_ref: str
+    max_concurrent: int | None = None
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    tokens_per_day: int | None = None
+    share: int | None = None
+
+
+class LimitsSection(_Section):
+    default: LimitDefaults = msgspec.field(default_factory=LimitDefaults)
+    principals: list[PrincipalLimit] = msgspec.field(default_factory=list)
 
 
 class Generation(_Section):
@@ -140,6 +174,8 @@ class ModelGroup(_Section):
     id: str
     providers: dict[str, str]  # provider id -> served model name
     generation: Generation = msgspec.field(default_factory=Generation)
+    fallbacks: list[str] = msgspec.field(default_factory=list)  # group ids, tried in order
+    fallback_on_queue_timeout: bool = False
 
 
 class ProviderConfig(_Section):
@@ -183,6 +219,7 @@ class EdgeConfig(_Section):
     edge: EdgeSection
     openai: OpenAISection = msgspec.field(default_factory=OpenAISection)
     provider_pool: ProviderPoolSection = msgspec.field(default_factory=ProviderPoolSection)
+    limits: LimitsSection = msgspec.field(default_factory=LimitsSection)
     models: list[ModelGroup] = msgspec.field(default_factory=list)
     nodes: list[NodeEntry] = msgspec.field(default_factory=list)
 

@@ -24,6 +24,7 @@ from iopd.config.schema import (
     EdgeConfig,
     EdgeSection,
     EdgeTLS,
+    LimitsSection,
     ModelGroup,
     ModelRoute,
     NodeConfigFile,
@@ -45,6 +46,8 @@ __all__ = [
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+#: Longest base ejection; doubled ejections stop at 10x this (see the outlier tracker).
+MAX_EJECT_SECONDS = 86400.0
 _HASH_HINT = "must be 64 lowercase hex characters (the SHA-256 of the token; see 'iopd token')"
 
 
@@ -220,12 +223,15 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_edge_section(err, cfg.edge)
     defined = _check_nodes(err, cfg.nodes)
     _check_model_groups(err, cfg.models, defined)
+    _check_fallbacks(err, cfg)
     _check_openai_listener(err, cfg)
     _check_principal_tokens(err, cfg.openai.principal_tokens)
     _check_cors(err, cfg.openai.cors_allow_origins)
     _check_model_routes(err, cfg.openai.model_routes, defined)
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
+    _check_retries_and_ejection(err, cfg.provider_pool)
+    _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 
 
@@ -336,6 +342,74 @@ def _check_model_groups(err: _Errors, models: list[ModelGroup], defined: _Define
         for key, limit in group.generation.limits.items():
             if not limit >= 0:
                 err.add(join_key(f"{mpath}.generation.limits", key), f"must be >= 0 (got {limit})")
+
+
+def _group_ids(cfg: EdgeConfig) -> set[str]:
+    """Every model group id the catalog will know: models[], legacy routes, single target."""
+    ids = {m.id for m in cfg.models} | {r.model for r in cfg.openai.model_routes}
+    if cfg.openai.adapter is not None and cfg.openai.target is not None:
+        ids.add(cfg.openai.target)
+    return ids
+
+
+def _check_fallbacks(err: _Errors, cfg: EdgeConfig) -> None:
+    """``models[].fallbacks``: known group ids, not the group itself, no repeats, no cycle."""
+    known = _group_ids(cfg)
+    # group id -> (index, fallbacks) of its first definition, as the catalog keeps it
+    graph: dict[str, tuple[int, list[str]]] = {}
+    for m, group in enumerate(cfg.models):
+        graph.setdefault(group.id, (m, group.fallbacks))
+        seen: dict[str, str] = {}
+        for j, target in enumerate(group.fallbacks):
+            fpath = f"models[{m}].fallbacks[{j}]"
+            if target not in known:
+                err.add(fpath, f"model group {target!r} is not defined")
+            elif target == group.id:
+                err.add(fpath, f"model group {target!r} cannot fall back to itself")
+            else:
+                first = _first_at(seen, target, fpath)
+                if first is not None:
+                    err.add(fpath, f"model group {target!r} is listed twice (first at {first})")
+    for path, cycle in _fallback_cycles(graph):
+        err.add(path, "fallback cycle: " + " -> ".join(repr(g) for g in cycle))
+
+
+def _fallback_cycles(graph: dict[str, tuple[int, list[str]]]) -> list[tuple[str, list[str]]]:
+    """Each edge that closes a cycle, as (YAML path of the edge, the cycle's group ids).
+
+    An iterative depth-first search over the groups in file order (a long
+    chain cannot exhaust the stack); self-references are reported elsewhere.
+    """
+    found: list[tuple[str, list[str]]] = []
+    done: set[str] = set()
+    for root in graph:
+        if root in done:
+            continue
+        path: list[str] = [root]
+        on_path: set[str] = {root}
+        edges: list[int] = [0]  # per path entry: the next fallback index to follow
+        while path:
+            node = path[-1]
+            index, targets = graph[node]
+            j = edges[-1]
+            if j == len(targets):
+                done.add(node)
+                on_path.discard(node)
+                path.pop()
+                edges.pop()
+                continue
+            edges[-1] = j + 1
+            target = targets[j]
+            if target == node or target not in graph or target in done:
+                continue
+            if target in on_path:
+                cycle = path[path.index(target) :] + [target]
+                found.append((f"models[{index}].fallbacks[{j}]", cycle))
+                continue
+            path.append(target)
+            on_path.add(target)
+            edges.append(0)
+    return found
 
 
 def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
@@ -479,6 +553,53 @@ def _check_provider_pool(err: _Errors, pool: ProviderPoolSection) -> None:
     err.non_negative("provider_pool.max_queue", pool.max_queue)
     err.non_negative("provider_pool.max_queued_bytes", pool.max_queued_bytes)
     err.positive("provider_pool.queue_timeout", pool.queue_timeout)
+
+
+def _check_retries_and_ejection(err: _Errors, pool: ProviderPoolSection) -> None:
+    """``provider_pool`` retry and outlier-ejection knobs: counts >= 0, bounded durations."""
+    err.non_negative("provider_pool.retry_attempts", pool.retry_attempts)
+    if not (pool.retry_budget >= 0 and math.isfinite(pool.retry_budget)):
+        err.add(
+            "provider_pool.retry_budget", f"must be a finite number >= 0 (got {pool.retry_budget})"
+        )
+    err.non_negative("provider_pool.retry_budget_min", pool.retry_budget_min)
+    err.non_negative("provider_pool.eject_after_failures", pool.eject_after_failures)
+    if not 0 < pool.eject_seconds <= MAX_EJECT_SECONDS:
+        err.add(
+            "provider_pool.eject_seconds",
+            f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (a day) (got {pool.eject_seconds})",
+        )
+def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
+    """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
+
+    A principal is known when some ``openai.principal_tokens[]`` entry maps to
+    it; callers without a principal are limited by ``limits.default``.
+    """
+    known = {t.principal_ref for t in tokens}
+    ref_at: dict[str, str] = {}
+    entries = [("limits.default", limits.default, None)] + [
+        (f"limits.principals[{i}]", p, p.principal_ref) for i, p in enumerate(limits.principals)
+    ]
+    for path, entry, ref in entries:
+        if ref is not None and err.not_empty(f"{path}.principal_ref", ref):
+            first = _first_at(ref_at, ref, path)
+            if first is not None:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"duplicate principal_ref {ref[:80]!r} (first at {first})",
+                )
+            elif ref not in known:
+                err.add(
+                    f"{path}.principal_ref",
+                    f"unknown principal {ref[:80]!r}: no openai.principal_tokens[] entry has "
+                    "this principal_ref (callers without a principal get limits.default)",
+                )
+        for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
+            value = getattr(entry, name)
+            if value is not None:
+                err.non_negative(f"{path}.{name}", value)
+        if entry.share is not None and entry.share < 1:
+            err.add(f"{path}.share", f"must be >= 1 (got {entry.share})")
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:

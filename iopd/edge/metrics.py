@@ -80,6 +80,7 @@ ESTIMATION_METHOD: Final = "chars_div_4"
 #: before there is an endpoint (any other status is counted as ``other``).
 REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431", "501", "503"})
 HEALTH_GAUGE: Final[Mapping[ShownHealth, int]] = {
+    "ejected": -2,
     "disconnected": -1,
     "unhealthy": 0,
     "unknown": 1,
@@ -90,7 +91,10 @@ HEALTH_GAUGE: Final[Mapping[ShownHealth, int]] = {
 ``disconnected`` (the provider's node has no live session) is below
 ``unhealthy`` rather than folded into it, so a dashboard tells a node that
 went away from a provider its node probes as failing, and the values that
-existed before it (0, 1, 2) keep their meaning in saved queries and alerts."""
+existed before it (0, 1, 2) keep their meaning in saved queries and alerts.
+``ejected`` (passive outlier ejection: its requests failed) is -2, below
+both, for the same reason: every earlier value keeps its meaning, and
+``< 1`` still catches every provider that is not serving normally."""
 
 # Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
 _REQUEST_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -439,9 +443,9 @@ class GatewayMetrics:
                 child(self._reasoning_estimated, (*r, ESTIMATION_METHOD)).inc(
                     estimate_tokens_from_chars(reasoning_chars)
                 )
-        child(self._request_duration, (self.edge_id, labels.endpoint, labels.response_mode)).observe(
-            duration
-        )
+        child(
+            self._request_duration, (self.edge_id, labels.endpoint, labels.response_mode)
+        ).observe(duration)
 
     def _child(self, metric: _Metric, key: tuple[str, ...]) -> _Metric:
         """``metric.labels(*key)``, cached: label sets are bounded (config ids x fixed sets)."""

@@ -30,8 +30,10 @@ from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
+from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, PrincipalPolicy, ProviderSlot
+from iopd.edge.principal_limits import limits_from_config
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
@@ -63,7 +65,12 @@ def config_secrets(cfg: EdgeConfig) -> list[str]:
 
 
 def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
-    """The pool's view of a config: providers with their slots, groups with targets."""
+    """The pool's view of a config: providers with their slots, groups with targets.
+
+    Also each principal's ``share`` and ``max_concurrent`` (``limits:``; the
+    pool owns the running count per principal) and the ejection policy.
+    """
+    default_limits, principal_limits = limits_from_config(cfg.limits)
     providers = {
         pid: ProviderSlot(
             provider_id=pid,
@@ -86,6 +93,15 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         max_queue=cfg.provider_pool.max_queue,
         queue_timeout=cfg.provider_pool.queue_timeout,
         max_queued_bytes=cfg.provider_pool.max_queued_bytes,
+        principals={
+            ref: PrincipalPolicy(lim.share, lim.max_concurrent)
+            for ref, lim in principal_limits.items()
+        },
+        default_principal=PrincipalPolicy(default_limits.share, default_limits.max_concurrent),
+        ejection=EjectionPolicy(
+            after_failures=cfg.provider_pool.eject_after_failures,
+            seconds=cfg.provider_pool.eject_seconds,
+        ),
     )
 
 
@@ -155,6 +171,7 @@ class ProviderRow(TypedDict):
     long_in_flight: int
     lifecycle_capabilities: list[str]
     last_error: str
+    ejected_until: float | None  # Unix time; set while ``health`` is ``ejected``
 
 
 class ModelProviderRow(TypedDict):
@@ -318,14 +335,27 @@ class EdgeRuntime:
         )
 
     def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
-        """The last probe the node reported, or ``disconnected`` while the node is away.
+        """``disconnected`` while the node is away, ``ejected`` while passive
+        ejection holds, else the last probe the node reported.
 
         The probe result is kept (not reset) on a disconnect: the node reports
         its current status right after its next handshake, which replaces it.
         """
         if self.hub.connected_since(node_id) is None:
             return ProviderHealthState(health=DISCONNECTED)
-        return self.health.get(provider_id, ProviderHealthState())
+        probe = self.health.get(provider_id, ProviderHealthState())
+        if self.pool.scheduler.outliers.is_ejected(provider_id):
+            return ProviderHealthState(health="ejected", last_error=probe.last_error)
+        return probe
+
+    def _ejected_until(self, provider_id: str, shown: ShownHealth) -> float | None:
+        """The end of a provider's ejection in Unix time (None unless ``ejected`` is shown)."""
+        if shown != "ejected":
+            return None
+        ejection = self.pool.ejection(provider_id)
+        if ejection is None:
+            return None
+        return round(time.time() + max(0.0, ejection.until - trio.current_time()), 3)
 
     def _gauge_rows(self) -> list[ProviderGaugeRow]:
         loads = self.pool.provider_loads()
@@ -385,6 +415,7 @@ class EdgeRuntime:
                         "long_in_flight": load.long_in_flight if load else 0,
                         "lifecycle_capabilities": list(p.lifecycle_capabilities),
                         "last_error": hs.last_error,
+                        "ejected_until": self._ejected_until(p.id, hs.health),
                     }
                 )
         return {
@@ -524,7 +555,5 @@ class EdgeRuntime:
         reason = safe_node_reason(
             reason, msg, known_secrets=[self.snapshot.config.openai.bearer_token or ""]
         )
-        log.warning(
-            "event=node_config_push node=%s outcome=%s reason=%r", node_id, outcome, reason
-        )
+        log.warning("event=node_config_push node=%s outcome=%s reason=%r", node_id, outcome, reason)
         problems[node_id] = f"nodes.{node_id}: config push {outcome}: {reason}"

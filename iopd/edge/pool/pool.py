@@ -1,26 +1,33 @@
 """The trio layer of the provider pool: park waiting requests, wake them, release leases.
 
 Why it is thin: every decision is made synchronously by ``Scheduler``; this
-module only turns "enqueued" into an awaited ``trio.Event`` and makes sure a
+module only turns "enqueued" into an awaited ``trio.Event``, makes sure a
 lease is released exactly once on every exit path (success, exception, cancel,
-timeout, shutdown).  All scheduler calls are synchronous, so the cleanup in
-``finally`` blocks needs no shielding and cannot be interrupted half-way.
+timeout, shutdown), passes ``trio.current_time()`` as the scheduler's ``now``,
+and runs the one timer passive ejection needs (``run_outlier_timer``: wake
+waiters when an ejection or a 429 saturation runs out).  All scheduler calls
+are synchronous, so the cleanup in ``finally`` blocks needs no shielding and
+cannot be interrupted half-way.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import trio
 
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
 from iopd.vocabulary import ContextClass, DispatchOutcome, Health
 
+from .outliers import EjectionStatus, Transition
+from .retry_rules import FailureReason
 from .scheduler import (
+    AttemptOutcome,
     Grant,
     PoolSnapshot,
     ProviderLoad,
@@ -40,6 +47,15 @@ logger = logging.getLogger(__name__)
 MAX_RETRY_AFTER = 60
 
 
+class _Ask(NamedTuple):
+    """What a request asks of every group it tries (the scheduler's keyword arguments)."""
+
+    long: bool
+    requires: frozenset[str]
+    exclude: frozenset[str]
+    principal: str
+
+
 @dataclass(frozen=True)
 class Lease:
     """The provider a request runs on, held for the life of ``async with pool.lease(...)``."""
@@ -50,20 +66,26 @@ class Lease:
     target: str  # the provider's served name: goes into the request's ``model``
     long: bool  # holds a long-context slot (in addition to a normal one)
     waited: float  # seconds spent in the queue (0.0 when admitted at once)
+    group_id: str = ""  # the group that serves it (a fallback group, or the one asked for)
+    grant: Grant | None = field(default=None, repr=False, compare=False)
 
 
 class ProviderPool:
-    """Capacity-aware provider selection with one global FIFO queue (SPEC §2).
+    """Capacity-aware, outlier-aware provider selection with one fair queue (SPEC §2).
 
     The edge feeds it ``set_node_connected``, ``set_provider_health`` and
-    ``apply_snapshot``; request handlers use ``async with pool.lease(...)``.
-    Nodes start disconnected; provider health starts ``unknown`` (available).
+    ``apply_snapshot``; request handlers use ``async with pool.lease(...)``
+    and report each attempt's verdict inside the block
+    (``attempt_succeeded``/``attempt_failed``/``attempt_saturated``; leaving
+    the block without one abandons the attempt).  Nodes start disconnected;
+    provider health starts ``unknown`` (available).
     """
 
     def __init__(self, snapshot: PoolSnapshot, *, on_wait_done: WaitObserver | None = None) -> None:
         self._scheduler = Scheduler(snapshot)
         self._events: dict[Waiter, trio.Event] = {}
         self._on_wait_done = on_wait_done
+        self._outliers_changed = trio.Event()
 
     # ------------------------------------------------------------ leases
 
@@ -74,22 +96,33 @@ class ProviderPool:
         *,
         context_class: ContextClass = "normal",
         requires: frozenset[str] = frozenset(),
+        exclude: frozenset[str] = frozenset(),
         queue_timeout: float | None = None,
         body_bytes: int = 0,
+        principal: str = "",
+        fallbacks: Sequence[str] = (),
+        fallback_on_queue_timeout: bool = False,
     ) -> AsyncIterator[Lease]:
         """Hold one slot of a provider of ``group_id`` for the body of the block.
 
-        ``body_bytes`` (the request body's size) counts against
-        ``max_queued_bytes`` while the request waits, never once it holds a slot.
-        Raises ``NodeDispatchError`` (no live candidate, also while waiting),
+        ``exclude``: provider ids that already failed this request.
+        ``principal``: whose request it is (its ``share`` and ``max_concurrent``
+        come from the snapshot's principal policies).  ``fallbacks``: group
+        ids tried in order when the group has no choosable candidate, also
+        when its last candidate goes away while the request waits, and --
+        with ``fallback_on_queue_timeout`` -- for an immediate slot when the
+        wait runs out.  ``body_bytes`` (the request body's size) counts
+        against ``max_queued_bytes`` while the request waits.  Raises
+        ``NodeDispatchError`` (no live candidate, also while waiting),
         ``QueueFull`` (would wait, queue full by count or bytes) or
-        ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else the
-        pool default).
+        ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else
+        the pool default).
         """
         grant, waited = await self._acquire(
             group_id,
-            long=context_class == "long",
-            requires=requires,
+            fallbacks,
+            fallback_on_queue_timeout,
+            _Ask(context_class == "long", requires, exclude, principal),
             queue_timeout=queue_timeout,
             body_bytes=body_bytes,
         )
@@ -101,6 +134,8 @@ class ProviderPool:
                 target=grant.target,
                 long=grant.long,
                 waited=waited,
+                group_id=grant.group_id,
+                grant=grant,
             )
         finally:
             self._release(grant)
@@ -108,19 +143,23 @@ class ProviderPool:
     async def _acquire(
         self,
         group_id: str,
+        fallbacks: Sequence[str],
+        fallback_on_queue_timeout: bool,
+        want: _Ask,
         *,
-        long: bool,
-        requires: frozenset[str],
         queue_timeout: float | None,
         body_bytes: int,
     ) -> tuple[Grant, float]:
+        chain = (group_id, *fallbacks)
+        started = trio.current_time()
         try:
             outcome = self._scheduler.request(
                 group_id,
-                long=long,
-                requires=requires,
+                fallbacks=fallbacks,
                 queue_timeout=queue_timeout,
                 body_bytes=body_bytes,
+                now=started,
+                **want._asdict(),
             )
         except QueueFull:
             self._observe(group_id, 0.0, "queue_full")
@@ -128,52 +167,87 @@ class ProviderPool:
         except NodeDispatchError:
             self._observe(group_id, 0.0, "dispatch_error")
             raise
-        if isinstance(outcome, Grant):
-            self._observe(group_id, 0.0, "admitted")
-            return outcome, 0.0
+        while not isinstance(outcome, Grant):
+            waiter = outcome
+            await self._wait(waiter, group_id, started)
+            if waiter.state is WaiterState.ADMITTED and waiter.grant is not None:
+                outcome = waiter.grant
+                break
+            # The rest of the chain after the group it waited in.
+            rest = chain[chain.index(waiter.group_id) + 1 :] if waiter.group_id in chain else ()
+            if waiter.state is WaiterState.FAILED:
+                error = waiter.error or NodeDispatchError(
+                    f"model group '{group_id}' has no available provider"
+                )
+                if not (isinstance(error, NodeDispatchError) and rest):
+                    self._observe(
+                        group_id,
+                        trio.current_time() - started,
+                        "dispatch_error" if isinstance(error, NodeDispatchError) else "cancelled",
+                    )
+                    raise error
+                left = waiter.queue_timeout - (trio.current_time() - started)
+                try:
+                    outcome = self._scheduler.request(
+                        rest[0],
+                        fallbacks=rest[1:],
+                        queue_timeout=max(0.0, left),
+                        body_bytes=body_bytes,
+                        now=trio.current_time(),
+                        **want._asdict(),
+                    )
+                except (QueueFull, NodeDispatchError) as e:
+                    outcome_name: DispatchOutcome = (
+                        "queue_full" if isinstance(e, QueueFull) else "dispatch_error"
+                    )
+                    self._observe(group_id, trio.current_time() - started, outcome_name)
+                    raise
+                continue
+            # Timed out.
+            self._scheduler.cancel(waiter)
+            grant = self._fallback_now(rest, want) if fallback_on_queue_timeout else None
+            if grant is not None:
+                outcome = grant
+                break
+            self._observe(group_id, trio.current_time() - started, "queue_timeout")
+            raise QueueTimeout(
+                f"no provider of model group '{group_id}' became free within "
+                f"{waiter.queue_timeout:g}s; retry later",
+                retry_after=min(MAX_RETRY_AFTER, max(1, math.ceil(waiter.queue_timeout))),
+            )
+        waited = trio.current_time() - started
+        self._observe(group_id, waited, "admitted")
+        return outcome, waited
 
-        waiter = outcome
+    async def _wait(self, waiter: Waiter, group_id: str, started: float) -> None:
+        """Park until the waiter is resolved or its ``queue_timeout`` runs out."""
         event = self._events[waiter] = trio.Event()
-        started = trio.current_time()
         try:
             with trio.move_on_after(waiter.queue_timeout):
                 await event.wait()
         except BaseException:
             # Cancelled from outside while waiting (or admitted at the same
             # instant): leave no trace in the queue and hold no slot.
-            self._events.pop(waiter, None)
             if waiter.grant is not None:
                 self._release(waiter.grant)
             else:
                 self._scheduler.cancel(waiter)
             self._observe(group_id, trio.current_time() - started, "cancelled")
             raise
-        self._events.pop(waiter, None)
-        waited = trio.current_time() - started
-        # Admission wins over a timeout that fired in the same instant.
-        if waiter.state is WaiterState.ADMITTED and waiter.grant is not None:
-            self._observe(group_id, waited, "admitted")
-            return waiter.grant, waited
-        if waiter.state is WaiterState.FAILED:
-            error = waiter.error or NodeDispatchError(
-                f"model group '{group_id}' has no available provider"
-            )
-            self._observe(
-                group_id,
-                waited,
-                "dispatch_error" if isinstance(error, NodeDispatchError) else "cancelled",
-            )
-            raise error
-        self._scheduler.cancel(waiter)
-        self._observe(group_id, waited, "queue_timeout")
-        raise QueueTimeout(
-            f"no provider of model group '{group_id}' became free within "
-            f"{waiter.queue_timeout:g}s; retry later",
-            retry_after=min(MAX_RETRY_AFTER, max(1, math.ceil(waiter.queue_timeout))),
-        )
+        finally:
+            self._events.pop(waiter, None)
+
+    def _fallback_now(self, groups: Sequence[str], want: _Ask) -> Grant | None:
+        """The first fallback group with a free slot right now (queue-timeout fallback)."""
+        now = trio.current_time()
+        for gid in groups:
+            grant = self._scheduler.try_now(gid, now=now, **want._asdict())
+            if grant is not None:
+                return grant
+        return None
 
     def _release(self, grant: Grant) -> None:
-        self._wake(self._scheduler.release(grant))
+        self._wake(self._scheduler.release(grant, trio.current_time()))
 
     def _wake(self, resolved: list[Waiter]) -> None:
         for waiter in resolved:
@@ -189,22 +263,74 @@ class ProviderPool:
             except Exception:
                 logger.exception("event=callback_failed component=pool callback=on_wait_done")
 
+    # ------------------------------------------------------------ attempts
+
+    def attempt_succeeded(self, lease: Lease) -> Transition | None:
+        """The lease's attempt worked (a caller's 4xx too).  Report before leaving the block."""
+        return self._verdict(lambda g, now: self._scheduler.attempt_succeeded(g, now), lease)
+
+    def attempt_failed(self, lease: Lease, reason: FailureReason) -> Transition | None:
+        """The attempt failed; ``EJECTED`` when this failure ejected the provider."""
+        return self._verdict(lambda g, now: self._scheduler.attempt_failed(g, reason, now), lease)
+
+    def attempt_saturated(self, lease: Lease, seconds: float) -> Transition | None:
+        """The provider answered 429 (``seconds``: its Retry-After, bounded by the tracker)."""
+        return self._verdict(
+            lambda g, now: self._scheduler.attempt_saturated(g, seconds, now), lease
+        )
+
+    def attempt_abandoned(self, lease: Lease) -> Transition | None:
+        """The attempt ended without a verdict (leaving the block does this too)."""
+        return self._verdict(lambda g, now: self._scheduler.attempt_abandoned(g, now), lease)
+
+    def _verdict(
+        self, report: Callable[[Grant, float], AttemptOutcome], lease: Lease
+    ) -> Transition | None:
+        if lease.grant is None:
+            return None
+        transition, resolved = report(lease.grant, trio.current_time())
+        if transition is not None:
+            self._outliers_changed.set()  # the timer's next deadline may have moved
+        self._wake(resolved)
+        return transition
+
+    async def run_outlier_timer(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Wake waiters when an ejection turns half-open or a 429 saturation ends.
+
+        Runs for the life of the edge; sleeps until the tracker's next change
+        or until an attempt's verdict moves it.
+        """
+        task_status.started()
+        while True:
+            self._outliers_changed = trio.Event()
+            when = self._scheduler.next_outlier_change()
+            with trio.move_on_at(math.inf if when is None else when):
+                await self._outliers_changed.wait()
+            self._wake(self._scheduler.outliers_due(trio.current_time()))
+
     # ------------------------------------------------------------ state feeds
 
     def set_node_connected(self, node_id: str, connected: bool) -> None:
         """A node session came up (True) or went away (False); re-examines waiters."""
-        self._wake(self._scheduler.set_node_connected(node_id, connected))
+        self._wake(self._scheduler.set_node_connected(node_id, connected, trio.current_time()))
 
     def set_provider_health(self, provider_id: str, health: Health) -> None:
-        """Record a provider's probe result (unknown | healthy | unhealthy); re-examines."""
-        self._wake(self._scheduler.set_provider_health(provider_id, health))
+        """Record a provider's probe result (unknown | healthy | unhealthy); re-examines.
+
+        ``healthy`` also ends an ejection caused by connect failures.
+        """
+        self._wake(self._scheduler.set_provider_health(provider_id, health, trio.current_time()))
+        self._outliers_changed.set()
 
     def apply_snapshot(self, snapshot: PoolSnapshot) -> None:
         """Swap the pool's config (copy-on-write refresh); re-examines waiters.
 
         Leases taken before keep counting against their provider until released.
         """
-        self._wake(self._scheduler.apply_snapshot(snapshot))
+        self._wake(self._scheduler.apply_snapshot(snapshot, trio.current_time()))
+        self._outliers_changed.set()
 
     def fail_all_waiters(self, exc_factory: Callable[[], BaseException]) -> None:
         """Shutdown: every current waiter is woken and raises ``exc_factory()``."""
@@ -245,3 +371,11 @@ class ProviderPool:
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Per-provider in_flight, long_in_flight, queued, capacities and load ratio."""
         return self._scheduler.provider_loads()
+
+    def principal_loads(self) -> dict[str, tuple[int, int]]:
+        """``(in_flight, queued)`` per principal holding or waiting for a slot."""
+        return self._scheduler.principal_loads()
+
+    def ejection(self, provider_id: str) -> EjectionStatus | None:
+        """The provider's passive ejection (times on trio's clock), or None."""
+        return self._scheduler.ejection(provider_id, trio.current_time())

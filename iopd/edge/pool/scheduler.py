@@ -3,50 +3,73 @@
 Why this module is shaped this way: every decision -- which provider a request
 gets, who waits, who is admitted when a slot frees, who fails because its group
 lost its last live provider -- happens here, synchronously, with no I/O and no
-clock.  The trio layer (``pool.py``) only parks and wakes tasks.  Because an
-admission is made in the same synchronous step that frees a slot, there is
-never a moment where a slot is free while a waiter that fits it sleeps.
+clock (callers pass ``now``).  The trio layer (``pool.py``) only parks and
+wakes tasks.  Because an admission is made in the same synchronous step that
+frees a slot, there is never a moment where a slot is free while a waiter that
+fits it sleeps.
 
-Data structures, chosen for large queues (see ``scripts/bench_pool.py``):
+It joins three parts: ``candidates`` (the live candidates of a request and
+the choice among them, outlier-aware), ``fair_queue`` (who waits, in weighted
+fair order across principals) and ``outliers`` (passive ejection, owned by
+the candidate index).  What this module adds:
 
-* Waiters with the same ``WaitKey`` (group, context class, requirements) are
-  interchangeable: whether one fits depends only on its key and the pool
-  state.  So waiters live in one FIFO per key (an insertion-ordered dict, for
-  O(1) removal on cancel), each stamped with a global enqueue sequence number.
-* Re-examination merges the heads of the per-key FIFOs by sequence number
-  through a heap.  A key whose head does not fit is dropped for the rest of
-  the pass: admissions only take slots, so it cannot fit later in that pass.
-  This admits exactly the waiters a walk over the global queue in enqueue order
-  would admit ("every waiter that fits, in enqueue order"), without touching
-  waiters of keys that cannot fit.
-* A release only re-examines keys whose candidates include the released
-  provider: every other waiter did not fit before and still does not.
-* Live candidate sets per key are cached and dropped on any liveness change
-  (node connect/disconnect, health, snapshot).
+* **Fitting.** A waiter fits when its principal is under ``max_concurrent``
+  and an eligible candidate has a free slot.  The scheduler is the one owner
+  of the running count per principal (grants held, counted at admission and
+  release), so a request over its principal's cap waits in the queue like a
+  request for a full provider and never holds a slot while it waits.
+* **Re-examination** merges lane heads by ``(tag, seq)``: it admits exactly
+  the waiters a walk over every waiter in that order would admit ("every
+  waiter that fits, in fair order").  A release re-examines only lanes whose
+  candidates include the released provider, plus the releasing principal's
+  lanes when it has a cap; an outlier change only the lanes that list the
+  provider; a liveness change the groups that list it.
+* **Fallback groups** (issue #16): ``request(group, fallbacks=...)`` takes the
+  first group of the chain with a choosable candidate (admitted or queued
+  there); when none has one, the first group with any live candidate serves
+  through its last resort; only when none has a live candidate does the
+  request fail with the first group's error.
+* **Attempts**: every grant carries the tracker's ticket; the request path
+  reports its verdict (``attempt_succeeded/failed/saturated``), and a grant
+  released without one is abandoned.
 
 The queue is bounded twice: by count (``max_queue``) and by the request-body
 bytes its waiters hold (``max_queued_bytes``), because a queued request keeps
-its body (and what was decoded from it) in memory for up to ``queue_timeout``:
-256 waiters of 8 MiB each are 2 GiB.  Both are checked only when a request
-would have to wait, so a request admitted at once is never refused by them.
+its body in memory for up to ``queue_timeout``.  Both are checked only when a
+request would have to wait, so a request admitted at once is never refused.
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
-import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from iopd.errors import GatewayError, NodeDispatchError, QueueFull
-from iopd.vocabulary import HEALTH_STATES, Health, ProviderType, load_ratio, types_meeting
+from iopd.errors import GatewayError, NodeDispatchError
+from iopd.vocabulary import HEALTH_STATES, Health, load_ratio
+
+from .candidates import (
+    CandidateIndex,
+    Candidates,
+    Grant,
+    GroupPolicy,
+    PoolSnapshot,
+    PrincipalPolicy,
+    ProviderSlot,
+    WaitKey,
+    no_candidate_error,
+)
+from .fair_queue import FairQueue, Lane, Waiter, WaiterState
+from .outliers import Attempt, EjectionStatus, OutlierTracker, Transition
+from .retry_rules import FailureReason
 
 __all__ = [
-    "GroupPolicy",
+    "AttemptOutcome",
     "Grant",
+    "GroupPolicy",
     "PoolSnapshot",
+    "PrincipalPolicy",
     "ProviderLoad",
     "ProviderSlot",
     "Scheduler",
@@ -54,40 +77,6 @@ __all__ = [
     "Waiter",
     "WaiterState",
 ]
-
-
-@dataclass(frozen=True)
-class ProviderSlot:
-    """One provider as the pool sees it (built by the edge from its config)."""
-
-    provider_id: str
-    node_id: str
-    type: ProviderType
-    capacity: int
-    long_context_capacity: int = 0
-    priority: int = 0
-    enabled: bool = True
-
-
-@dataclass(frozen=True)
-class GroupPolicy:
-    """One model group: its providers in config order, with the served target."""
-
-    id: str
-    providers: tuple[tuple[str, str], ...]  # (provider_id, served target)
-    queue_timeout: float | None = None  # per-group override (legacy routes)
-
-
-@dataclass(frozen=True)
-class PoolSnapshot:
-    """Everything static the pool needs; swapped whole on config refresh."""
-
-    providers: Mapping[str, ProviderSlot]
-    groups: Mapping[str, GroupPolicy]
-    max_queue: int = 256
-    queue_timeout: float = 30.0
-    #: Most request-body bytes held by waiters at once; 0 = never wait (as ``max_queue``).
-    max_queued_bytes: int = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -102,86 +91,14 @@ class ProviderLoad:
     load_ratio: float  # ``iopd.vocabulary.load_ratio``
 
 
-@dataclass(frozen=True, eq=False)
-class Grant:
-    """A slot held on one provider.  Identity-hashed: each grant is released once."""
+class AttemptOutcome(NamedTuple):
+    """What an attempt's verdict did: the tracker's transition and the waiters it resolved."""
 
-    group_id: str
-    provider_id: str
-    node_id: str
-    provider_type: str
-    target: str
-    long: bool  # True when the grant holds a long-context slot (plus a normal one)
+    transition: Transition | None
+    resolved: list[Waiter]
 
 
-class WaitKey(NamedTuple):
-    """What decides whether a waiter fits: waiters with equal keys are interchangeable."""
-
-    group_id: str
-    long: bool
-    requires: frozenset[str]
-
-
-class WaiterState(enum.Enum):
-    PENDING = "pending"
-    ADMITTED = "admitted"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-
-
-@dataclass(eq=False)
-class Waiter:
-    """A queued request.  The scheduler resolves it to a grant or an error."""
-
-    seq: int
-    key: WaitKey
-    queue_timeout: float
-    body_bytes: int = 0  # counted in the scheduler's queued bytes while pending
-    state: WaiterState = WaiterState.PENDING
-    grant: Grant | None = None
-    error: BaseException | None = None
-
-    @property
-    def group_id(self) -> str:
-        return self.key.group_id
-
-
-class _Counters:
-    """Per-provider slot usage; lives as long as the provider or its leases."""
-
-    __slots__ = ("in_flight", "long_in_flight")
-
-    def __init__(self) -> None:
-        self.in_flight = 0
-        self.long_in_flight = 0
-
-
-@dataclass(frozen=True)
-class _Entry:
-    """One (provider, target) line of a group, with its config-order index."""
-
-    index: int
-    slot: ProviderSlot
-    target: str
-    counters: _Counters
-
-
-@dataclass(frozen=True)
-class _Candidates:
-    """The live candidates of one WaitKey, in config order."""
-
-    entries: tuple[_Entry, ...]
-    indexes: tuple[int, ...]
-    provider_ids: frozenset[str]
-    use_long_slots: bool
-
-
-def _no_candidate_error(key: WaitKey) -> NodeDispatchError:
-    need = f" that supports {', '.join(sorted(key.requires))}" if key.requires else ""
-    return NodeDispatchError(
-        f"model group '{key.group_id}' has no available provider{need} "
-        "(nodes disconnected, or providers disabled or unhealthy)"
-    )
+_NOTHING = AttemptOutcome(None, [])
 
 
 class Scheduler:
@@ -190,33 +107,33 @@ class Scheduler:
     The caller (the trio layer) wakes each returned waiter; it reads
     ``waiter.grant`` (admitted) or ``waiter.error`` (failed).  Nodes start
     disconnected; providers start with health ``unknown``, which counts as
-    available.
+    available.  ``now`` (seconds, one monotonic clock) matters only to the
+    outlier tracker; a call without it uses the latest ``now`` seen.
     """
 
     def __init__(self, snapshot: PoolSnapshot) -> None:
-        self.snapshot = snapshot
-        self._connected: set[str] = set()
-        self._health: dict[str, Health] = {}
-        self._unhealthy: set[str] = set()
-        self._groups_by_provider: dict[str, set[str]] = {}
-        self._allowed_types: dict[frozenset[str], frozenset[str] | None] = {}
-        self._counters: dict[str, _Counters] = {}
-        self._entries: dict[str, tuple[_Entry, ...]] = {}
-        self._candidate_cache: dict[WaitKey, _Candidates | None] = {}
-        self._cursor: dict[str, int] = {}
-        self._queues: dict[WaitKey, dict[int, Waiter]] = {}
-        self._queue_depth = 0
-        self._queued_bytes = 0
-        self._active: set[Grant] = set()
-        self._seq = itertools.count()
-        self._index_snapshot()
+        self._index = CandidateIndex(snapshot)
+        self._queue = FairQueue()
+        #: Grants not yet released, each with its attempt ticket until a verdict is in.
+        self._active: dict[Grant, Attempt | None] = {}
+        self._running: dict[str, int] = {}  # principal -> grants held
+        self._now = 0.0
 
     # ------------------------------------------------------------------ queries
 
     @property
+    def snapshot(self) -> PoolSnapshot:
+        return self._index.snapshot
+
+    @property
+    def outliers(self) -> OutlierTracker:
+        """The passive-ejection tracker (read-only use: status, tests)."""
+        return self._index.outliers
+
+    @property
     def queue_depth(self) -> int:
         """Number of waiters in the global queue."""
-        return self._queue_depth
+        return self._queue.depth
 
     @property
     def max_queue(self) -> int:
@@ -225,7 +142,7 @@ class Scheduler:
     @property
     def queued_bytes(self) -> int:
         """Request-body bytes held by the waiters in the global queue."""
-        return self._queued_bytes
+        return self._queue.bytes
 
     @property
     def max_queued_bytes(self) -> int:
@@ -238,7 +155,24 @@ class Scheduler:
 
     def pending_waiters(self) -> list[Waiter]:
         """All waiting requests in enqueue order (O(n log n); for tests and status)."""
-        return sorted((w for q in self._queues.values() for w in q.values()), key=lambda w: w.seq)
+        return self._queue.pending()
+
+    @property
+    def virtual_time(self) -> float:
+        """The fair queue's virtual time (tests check tags against it)."""
+        return self._queue.vtime
+
+    def running(self, principal: str) -> int:
+        """Grants a principal holds now (what ``max_concurrent`` counts)."""
+        return self._running.get(principal, 0)
+
+    def principal_loads(self) -> dict[str, tuple[int, int]]:
+        """``(running, queued)`` of every principal holding or waiting for a slot."""
+        queued = self._queue.waiting_by_principal()
+        return {
+            p: (self._running.get(p, 0), queued.get(p, 0))
+            for p in sorted(self._running.keys() | queued.keys())
+        }
 
     def queue_timeout_for(self, group_id: str, override: float | None = None) -> float:
         """The waiting bound of a request: explicit override, else group's, else default."""
@@ -251,17 +185,24 @@ class Scheduler:
 
     def in_flight(self, provider_id: str) -> tuple[int, int]:
         """(in_flight, long_in_flight) of a provider; (0, 0) when it holds nothing."""
-        c = self._counters.get(provider_id)
-        return (c.in_flight, c.long_in_flight) if c is not None else (0, 0)
+        return self._index.in_flight(provider_id)
 
     def health(self, provider_id: str) -> Health:
-        return self._health.get(provider_id, "unknown")
+        return self._index.health(provider_id)
+
+    def ejection(self, provider_id: str, now: float | None = None) -> EjectionStatus | None:
+        """The provider's passive ejection, or None."""
+        return self.outliers.ejection(provider_id, self._clock(now))
+
+    def next_outlier_change(self) -> float | None:
+        """When ``outliers_due`` next has something to do (None: never, until an attempt ends)."""
+        return self.outliers.next_change(self._now)
 
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Load of every provider in the current snapshot."""
         queued: dict[str, int] = {}
-        for key, q in self._queues.items():
-            cands = self._candidates(key)
+        for (key, _), q in self._queue.lanes.items():
+            cands = self._index.candidates(key)
             if cands is None:
                 continue
             for pid in cands.provider_ids:
@@ -287,59 +228,91 @@ class Scheduler:
         *,
         long: bool = False,
         requires: frozenset[str] = frozenset(),
+        exclude: frozenset[str] = frozenset(),
         queue_timeout: float | None = None,
         body_bytes: int = 0,
+        principal: str = "",
+        fallbacks: Sequence[str] = (),
+        now: float | None = None,
     ) -> Grant | Waiter:
         """Admit at once (a ``Grant``) or enqueue (a pending ``Waiter``).
 
-        ``body_bytes`` is the size of the request body the caller keeps while
-        it waits.  Raises ``NodeDispatchError`` when the group is unknown or
-        has no live candidate, ``QueueFull`` when it would have to wait and the
-        queue is full (``max_queue`` waiters, or no room for ``body_bytes``
-        under ``max_queued_bytes``).
+        ``exclude``: providers this request must not use (they failed it).
+        ``fallbacks``: group ids tried in order when ``group_id`` has no
+        choosable candidate (see the module doc).  ``body_bytes`` is the size
+        of the request body the caller keeps while it waits.  Raises
+        ``NodeDispatchError`` when no group of the chain has a live candidate
+        (or the group is unknown), ``QueueFull`` when it would have to wait
+        and the queue is full (``max_queue`` waiters, or no room for
+        ``body_bytes`` under ``max_queued_bytes``).
         """
         if body_bytes < 0:
             raise ValueError(f"body_bytes must be >= 0 (got {body_bytes})")
-        key = WaitKey(group_id, long, frozenset(requires))
-        cands = self._candidates(key)
-        if cands is None:
-            if group_id not in self.snapshot.groups:
-                raise NodeDispatchError(f"model group '{group_id}' is not configured")
-            raise _no_candidate_error(key)
-        grant = self._try_admit(key, cands)
-        if grant is not None:
-            return grant
-        self._check_queue_room(group_id, body_bytes)
-        waiter = Waiter(
-            seq=next(self._seq),
-            key=key,
-            queue_timeout=self.queue_timeout_for(group_id, queue_timeout),
-            body_bytes=body_bytes,
+        now = self._clock(now)
+        key, cands = self._route(group_id, fallbacks, long, frozenset(requires), exclude, now)
+        if self._may_start(principal):
+            grant = self._take(key, cands, principal, now)
+            if grant is not None:
+                return grant
+        self._queue.check_room(group_id, body_bytes, self.snapshot)
+        return self._queue.new_waiter(
+            key,
+            principal,
+            self.snapshot.principal(principal).share,
+            self.queue_timeout_for(group_id, queue_timeout),
+            body_bytes,
         )
-        self._queues.setdefault(key, {})[waiter.seq] = waiter
-        self._queue_depth += 1
-        self._queued_bytes += body_bytes
-        return waiter
 
-    def release(self, grant: Grant) -> list[Waiter]:
-        """Give a grant's slots back (idempotent) and admit waiters that now fit."""
+    def try_now(
+        self,
+        group_id: str,
+        *,
+        long: bool = False,
+        requires: frozenset[str] = frozenset(),
+        exclude: frozenset[str] = frozenset(),
+        principal: str = "",
+        now: float | None = None,
+    ) -> Grant | None:
+        """A grant if ``group_id`` can take the request at once, else None (never queues).
+
+        For a fallback when a request's own wait ran out.
+        """
+        now = self._clock(now)
+        key = WaitKey(group_id, long, frozenset(requires), exclude)
+        cands = self._index.candidates(key)
+        if cands is None or not self._may_start(principal):
+            return None
+        return self._take(key, cands, principal, now)
+
+    def release(self, grant: Grant, now: float | None = None) -> list[Waiter]:
+        """Give a grant's slots back (idempotent) and admit waiters that now fit.
+
+        A grant whose attempt got no verdict is abandoned (a probe's slot frees).
+        """
         if grant not in self._active:
             return []
-        self._active.remove(grant)
-        counters = self._counters[grant.provider_id]
-        counters.in_flight -= 1
-        if grant.long:
-            counters.long_in_flight -= 1
-        if (
-            counters.in_flight == 0
-            and counters.long_in_flight == 0
-            and grant.provider_id not in self.snapshot.providers
-        ):
-            del self._counters[grant.provider_id]
+        now = self._clock(now)
+        attempt = self._active.pop(grant)
+        if attempt is not None and attempt.probe:
+            self.outliers.attempt_abandoned(attempt)
+            self._index.refresh_flag(grant.provider_id, now)
+        left = self._running[grant.principal] - 1
+        if left:
+            self._running[grant.principal] = left
+        else:
+            del self._running[grant.principal]
+        self._index.give_back(grant)
+        if not self._queue.lanes:
+            self._index.drop_counters_if_gone(grant.provider_id)
             return []
-        pid = grant.provider_id
-        keys = [k for k in self._queues if (c := self._candidates(k)) and pid in c.provider_ids]
-        return self._reexamine(keys)
+        if self._index.drop_counters_if_gone(grant.provider_id):
+            capped = self.snapshot.principal(grant.principal).max_concurrent
+            return self._reexamine(self._queue.lanes_of(grant.principal) if capped else [], now)
+        lanes = self._lanes_listing(grant.provider_id)
+        if self.snapshot.principal(grant.principal).max_concurrent:
+            listed = set(lanes)  # each lane once: a pass must not see a lane twice
+            lanes.extend(x for x in self._queue.lanes_of(grant.principal) if x not in listed)
+        return self._reexamine(lanes, now)
 
     def cancel(self, waiter: Waiter) -> None:
         """Take a pending waiter out of the queue (timeout or caller cancel).
@@ -349,65 +322,112 @@ class Scheduler:
         """
         if waiter.state is not WaiterState.PENDING:
             return
-        q = self._queues.get(waiter.key)
-        if q is not None and q.pop(waiter.seq, None) is not None:
-            self._queue_depth -= 1
-            self._queued_bytes -= waiter.body_bytes
-            if not q:
-                del self._queues[waiter.key]
+        self._queue.pop(waiter)
         waiter.state = WaiterState.CANCELLED
+
+    # ------------------------------------------------------------ attempts
+
+    def attempt_succeeded(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
+        """The grant's attempt worked (a caller's 4xx counts as working)."""
+        attempt = self._claim_verdict(grant)
+        if attempt is None:
+            return _NOTHING
+        now = self._clock(now)
+        return self._outlier_changed(
+            grant.provider_id, self.outliers.attempt_succeeded(attempt, now), now
+        )
+
+    def attempt_failed(
+        self, grant: Grant, reason: FailureReason, now: float | None = None
+    ) -> AttemptOutcome:
+        """The grant's attempt failed (retried or not); may eject its provider."""
+        if reason is FailureReason.STATUS_429:
+            raise ValueError("a 429 is not a failure: use attempt_saturated")
+        attempt = self._claim_verdict(grant)
+        if attempt is None:
+            return _NOTHING
+        now = self._clock(now)
+        return self._outlier_changed(
+            grant.provider_id, self.outliers.attempt_failed(attempt, reason, now), now
+        )
+
+    def attempt_saturated(
+        self, grant: Grant, seconds: float, now: float | None = None
+    ) -> AttemptOutcome:
+        """The provider answered 429: not chosen for ``seconds`` (bounded by the tracker)."""
+        attempt = self._claim_verdict(grant)
+        if attempt is None:
+            return _NOTHING
+        now = self._clock(now)
+        return self._outlier_changed(
+            grant.provider_id, self.outliers.attempt_saturated(attempt, now, seconds), now
+        )
+
+    def attempt_abandoned(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
+        """The attempt ended without a verdict (caller gone, deadline)."""
+        attempt = self._claim_verdict(grant)
+        if attempt is None:
+            return _NOTHING
+        now = self._clock(now)
+        return self._outlier_changed(
+            grant.provider_id, self.outliers.attempt_abandoned(attempt), now
+        )
+
+    def outliers_due(self, now: float | None = None) -> list[Waiter]:
+        """Re-examine the waiters of providers that became choosable by time."""
+        now = self._clock(now)
+        lanes: dict[Lane, None] = {}  # each lane once
+        for pid in self.outliers.due(now):
+            self._index.refresh_flag(pid, now)
+            lanes.update(dict.fromkeys(self._lanes_listing(pid)))
+        return self._reexamine(lanes, now) if lanes else []
 
     # ------------------------------------------------------------ state changes
 
-    def set_node_connected(self, node_id: str, connected: bool) -> list[Waiter]:
+    def set_node_connected(
+        self, node_id: str, connected: bool, now: float | None = None
+    ) -> list[Waiter]:
         """A node session came up or went away."""
-        if connected == (node_id in self._connected):
-            return []
-        if connected:
-            self._connected.add(node_id)
-        else:
-            self._connected.discard(node_id)
-        return self._liveness_changed(
-            pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id
-        )
+        changed = self._index.set_connected(node_id, connected)
+        return self._liveness_changed(changed, self._clock(now)) if changed else []
 
-    def set_provider_health(self, provider_id: str, health: Health) -> list[Waiter]:
-        """The node's probe reported a provider's health."""
+    def set_provider_health(
+        self, provider_id: str, health: Health, now: float | None = None
+    ) -> list[Waiter]:
+        """The node's probe reported a provider's health.
+
+        ``healthy`` also ends an ejection caused by connect failures (every
+        time it is reported, changed or not).
+        """
         if health not in HEALTH_STATES:
             raise ValueError(f"unknown health value {health!r}")
-        if self._health.get(provider_id, "unknown") == health:
-            return []
-        self._health[provider_id] = health
-        if health == "unhealthy":
-            self._unhealthy.add(provider_id)
-        else:
-            self._unhealthy.discard(provider_id)
-        return self._liveness_changed((provider_id,))
+        now = self._clock(now)
+        restored = None
+        if health == "healthy":
+            restored = self.outliers.health_probe_succeeded(provider_id)
+            self._index.refresh_flag(provider_id, now)
+        if self._index.set_health(provider_id, health):
+            return self._liveness_changed((provider_id,), now)
+        if restored is not None:
+            return self._reexamine(self._lanes_listing(provider_id), now)
+        return []
 
-    def apply_snapshot(self, snapshot: PoolSnapshot) -> list[Waiter]:
+    def apply_snapshot(self, snapshot: PoolSnapshot, now: float | None = None) -> list[Waiter]:
         """Swap the static config and re-examine every waiter.
 
         Leases taken before keep counting against their provider and release
-        normally; a lower capacity, ``max_queue`` or ``max_queued_bytes`` only
-        affects new admissions (nobody already waiting is evicted).  Waiters
-        keep the timeout they were enqueued with.
+        normally; a lower capacity, ``max_concurrent``, ``max_queue`` or
+        ``max_queued_bytes`` only affects new admissions (nobody already
+        waiting is evicted, nobody running is stopped).  Waiters keep the
+        timeout and fair-queue tag they were enqueued with.
         """
-        self.snapshot = snapshot
-        for pid in [
-            p
-            for p, c in self._counters.items()
-            if p not in snapshot.providers and c.in_flight == 0 and c.long_in_flight == 0
-        ]:
-            del self._counters[pid]
-        self._index_snapshot()
-        return self._reexamine(None)
+        now = self._clock(now)
+        self._index.apply_snapshot(snapshot, now)
+        return self._reexamine(None, now)
 
     def fail_all_waiters(self, error: GatewayError | BaseException | None = None) -> list[Waiter]:
         """Empty the queue (shutdown).  Each waiter gets ``error`` (the caller may set its own)."""
-        waiters = self.pending_waiters()
-        self._queues.clear()
-        self._queue_depth = 0
-        self._queued_bytes = 0
+        waiters = self._queue.drain()
         for w in waiters:
             w.state = WaiterState.FAILED
             w.error = error
@@ -415,186 +435,151 @@ class Scheduler:
 
     # ------------------------------------------------------------ internals
 
-    def _check_queue_room(self, group_id: str, body_bytes: int) -> None:
-        """Raise ``QueueFull`` unless one more waiter of ``body_bytes`` fits both bounds."""
-        snap = self.snapshot
-        if self._queue_depth >= snap.max_queue:
-            raise QueueFull(
-                f"all providers of model group '{group_id}' are busy and the request "
-                f"queue is full ({snap.max_queue} waiting); retry later"
-            )
-        if snap.max_queued_bytes == 0 or self._queued_bytes + body_bytes > snap.max_queued_bytes:
-            raise QueueFull(
-                f"all providers of model group '{group_id}' are busy and the request "
-                f"queue is full ({self._queued_bytes} of {snap.max_queued_bytes} body "
-                f"bytes held by waiting requests; this one has {body_bytes}); retry later"
-            )
+    def _clock(self, now: float | None) -> float:
+        if now is not None and now > self._now:
+            self._now = now
+        return self._now
 
-    def _liveness_changed(self, provider_ids: Iterable[str]) -> list[Waiter]:
+    def _may_start(self, principal: str) -> bool:
+        snap = self.snapshot
+        if not snap.principals and not snap.default_principal.max_concurrent:
+            return True  # no cap configured: the common case, kept cheap
+        limit = snap.principal(principal).max_concurrent
+        return limit == 0 or self._running.get(principal, 0) < limit
+
+    def _route(
+        self,
+        group_id: str,
+        fallbacks: Sequence[str],
+        long: bool,
+        requires: frozenset[str],
+        exclude: frozenset[str],
+        now: float,
+    ) -> tuple[WaitKey, Candidates]:
+        """The group of the chain that takes the request, with its live candidates."""
+        if not fallbacks:  # the common case: one group, its candidates whatever they are
+            key = WaitKey(group_id, long, requires, exclude)
+            cands = self._index.candidates(key)
+            if cands is not None:
+                return key, cands
+        first_live: tuple[WaitKey, Candidates] | None = None
+        for gid in (group_id, *fallbacks):
+            key = WaitKey(gid, long, requires, exclude)
+            cands = self._index.candidates(key)
+            if cands is None:
+                continue
+            if self._index.has_choosable(cands, now):
+                return key, cands
+            if first_live is None:
+                first_live = (key, cands)
+        if first_live is not None:
+            return first_live  # every candidate excluded: its last resort serves
+        if group_id not in self.snapshot.groups:
+            raise NodeDispatchError(f"model group '{group_id}' is not configured")
+        raise no_candidate_error(WaitKey(group_id, long, requires, exclude))
+
+    def _take(self, key: WaitKey, cands: Candidates, principal: str, now: float) -> Grant | None:
+        grant = self._index.take(key, cands, principal, now)
+        if grant is not None:
+            self._active[grant] = grant.attempt
+            self._running[principal] = self._running.get(principal, 0) + 1
+        return grant
+
+    def _claim_verdict(self, grant: Grant) -> Attempt | None:
+        """The grant's attempt ticket if its verdict is still open (then closes it)."""
+        attempt = self._active.get(grant)
+        if attempt is not None:
+            self._active[grant] = None
+        return attempt
+
+    def _outlier_changed(
+        self, provider_id: str, transition: Transition | None, now: float
+    ) -> AttemptOutcome:
+        """A tracker transition can make waiters fit (restored) or move them (excluded)."""
+        self._index.refresh_flag(provider_id, now)
+        if transition is None:
+            return _NOTHING
+        return AttemptOutcome(transition, self._reexamine(self._lanes_listing(provider_id), now))
+
+    def _lanes_listing(self, provider_id: str) -> list[Lane]:
+        """Lanes whose live candidates include ``provider_id``."""
+        candidates = self._index.candidates
+        return [
+            lane
+            for lane in self._queue.lanes
+            if (c := candidates(lane[0])) is not None and provider_id in c.provider_ids
+        ]
+
+    def _liveness_changed(self, provider_ids: Sequence[str], now: float) -> list[Waiter]:
         """Some providers became (un)available: recheck only the groups that list them.
 
         Losing a candidate can fail waiters (no live candidate left) and can
         also admit some (a long request falls back to normal slots when the
-        last provider with long slots goes away), so those keys are re-examined.
+        last provider with long slots goes away; the last resort changes), so
+        those lanes are re-examined.
         """
-        groups: set[str] = set()
-        for pid in provider_ids:
-            groups |= self._groups_by_provider.get(pid, set())
+        groups = self._index.groups_of(provider_ids)
         if not groups:
             return []
-        for key in [k for k in self._candidate_cache if k.group_id in groups]:
-            del self._candidate_cache[key]
-        return self._reexamine([k for k in self._queues if k.group_id in groups])
+        self._index.forget_groups(groups)
+        return self._reexamine(
+            [lane for lane in self._queue.lanes if lane[0].group_id in groups], now
+        )
 
-    def _index_snapshot(self) -> None:
-        self._candidate_cache.clear()
-        entries: dict[str, tuple[_Entry, ...]] = {}
-        self._groups_by_provider = {}
-        for gid, group in self.snapshot.groups.items():
-            row: list[_Entry] = []
-            for index, (pid, target) in enumerate(group.providers):
-                slot = self.snapshot.providers.get(pid)
-                if slot is None:
-                    continue
-                self._groups_by_provider.setdefault(pid, set()).add(gid)
-                counters = self._counters.get(pid)
-                if counters is None:
-                    counters = self._counters[pid] = _Counters()
-                row.append(_Entry(index, slot, target, counters))
-            entries[gid] = tuple(row)
-        self._entries = entries
-
-    def _candidates(self, key: WaitKey) -> _Candidates | None:
-        """Live candidates of a key, or None when there are none (SPEC §2.1, §2.4)."""
-        try:
-            return self._candidate_cache[key]
-        except KeyError:
-            pass
-        if key.requires not in self._allowed_types:
-            self._allowed_types[key.requires] = types_meeting(key.requires)
-        allowed = self._allowed_types[key.requires]
-        connected, unhealthy = self._connected, self._unhealthy
-        live = [
-            e
-            for e in self._entries.get(key.group_id, ())
-            if e.slot.enabled
-            and e.slot.node_id in connected
-            and e.slot.provider_id not in unhealthy
-            and (allowed is None or e.slot.type in allowed)
-        ]
-        use_long = False
-        if key.long:
-            long_capable = [e for e in live if e.slot.long_context_capacity > 0]
-            if long_capable:
-                live, use_long = long_capable, True
-        result = (
-            _Candidates(
-                entries=tuple(live),
-                indexes=tuple([e.index for e in live]),
-                provider_ids=frozenset([e.slot.provider_id for e in live]),
-                use_long_slots=use_long,
+    def _fail_lane(self, lane: Lane) -> list[Waiter]:
+        key = lane[0]
+        waiters = self._queue.drain_lane(lane)
+        for w in waiters:
+            w.state = WaiterState.FAILED
+            w.error = (
+                no_candidate_error(key)
+                if key.group_id in self.snapshot.groups
+                else NodeDispatchError(
+                    f"model group '{key.group_id}' was removed from the configuration"
+                )
             )
-            if live
-            else None
-        )
-        self._candidate_cache[key] = result
-        return result
+        return waiters
 
-    def _select(self, group_id: str, cands: _Candidates) -> _Entry | None:
-        """Lowest load ratio, then lower priority, then round-robin (SPEC §2.2)."""
-        entries = cands.entries
-        # Rotate the config-ordered candidates to start at the group's cursor;
-        # strict "<" keeps the first one in rotation order among exact ties.
-        cursor = self._cursor.get(group_id, 0)
-        start = 0
-        for i, idx in enumerate(cands.indexes):
-            if idx >= cursor:
-                start = i
-                break
-        best: _Entry | None = None
-        best_ratio = 0.0
-        best_priority = 0
-        use_long = cands.use_long_slots
-        n = len(entries)
-        for i in range(n):
-            e = entries[(start + i) % n]
-            c = e.counters
-            slot = e.slot
-            if c.in_flight >= slot.capacity:
-                continue
-            if use_long and c.long_in_flight >= slot.long_context_capacity:
-                continue
-            ratio = c.in_flight / slot.capacity
-            if (
-                best is None
-                or ratio < best_ratio
-                or (ratio == best_ratio and slot.priority < best_priority)
-            ):
-                best, best_ratio, best_priority = e, ratio, slot.priority
-        return best
-
-    def _try_admit(self, key: WaitKey, cands: _Candidates) -> Grant | None:
-        entry = self._select(key.group_id, cands)
-        if entry is None:
-            return None
-        self._cursor[key.group_id] = entry.index + 1
-        entry.counters.in_flight += 1
-        if cands.use_long_slots:
-            entry.counters.long_in_flight += 1
-        slot = entry.slot
-        grant = Grant(
-            group_id=key.group_id,
-            provider_id=slot.provider_id,
-            node_id=slot.node_id,
-            provider_type=slot.type,
-            target=entry.target,
-            long=cands.use_long_slots,
-        )
-        self._active.add(grant)
-        return grant
-
-    def _reexamine(self, keys: Iterable[WaitKey] | None) -> list[Waiter]:
-        """Admit every waiter that fits, in enqueue order; fail those with no candidate."""
+    def _reexamine(self, lanes: Iterable[Lane] | None, now: float) -> list[Waiter]:
+        """Admit every waiter that fits, in fair order; fail those with no candidate."""
         resolved: list[Waiter] = []
-        heap: list[tuple[int, WaitKey, _Candidates]] = []
-        for key in list(self._queues) if keys is None else keys:
-            q = self._queues.get(key)
+        heap: list[tuple[float, int, Lane, Candidates]] = []
+        by_lane = self._queue.lanes
+        pairs = list(by_lane.items()) if lanes is None else [(x, by_lane.get(x)) for x in lanes]
+        for lane, q in pairs:
             if not q:
                 continue
-            cands = self._candidates(key)
+            head = next(iter(q.values()))
+            cands = self._index.candidates(lane[0])
             if cands is None:
-                del self._queues[key]
-                self._queue_depth -= len(q)
-                for w in q.values():
-                    self._queued_bytes -= w.body_bytes
-                    w.state = WaiterState.FAILED
-                    w.error = (
-                        _no_candidate_error(key)
-                        if key.group_id in self.snapshot.groups
-                        else NodeDispatchError(
-                            f"model group '{key.group_id}' was removed from the configuration"
-                        )
-                    )
-                    resolved.append(w)
+                resolved.extend(self._fail_lane(lane))
                 continue
-            heap.append((next(iter(q)), key, cands))
+            heap.append((head.tag, head.seq, lane, cands))
         heapq.heapify(heap)
+        blocked: set[str] = set()  # principals at their max_concurrent in this pass
         while heap:
-            seq, key, cands = heapq.heappop(heap)
-            grant = self._try_admit(key, cands)
+            _, seq, lane, cands = heapq.heappop(heap)
+            q = by_lane.get(lane)
+            if not q or next(iter(q)) != seq:
+                continue  # a lane listed twice: its entry is stale
+            principal = lane[1]
+            if principal in blocked:
+                continue
+            if not self._may_start(principal):
+                blocked.add(principal)
+                continue
+            grant = self._take(lane[0], cands, principal, now)
             if grant is None:
-                continue  # admissions only take slots: this key cannot fit again this pass
-            q = self._queues[key]
-            waiter = q.pop(seq)
-            self._queue_depth -= 1
-            self._queued_bytes -= waiter.body_bytes
+                continue  # admissions only take slots: this lane cannot fit again this pass
+            waiter = q[seq]
+            self._queue.pop(waiter)
+            self._queue.admitted(waiter)
             waiter.state = WaiterState.ADMITTED
             waiter.grant = grant
             resolved.append(waiter)
             if q:
-                heapq.heappush(heap, (next(iter(q)), key, cands))
-            else:
-                del self._queues[key]
+                nxt = next(iter(q.values()))
+                heapq.heappush(heap, (nxt.tag, nxt.seq, lane, cands))
         # Failures were collected first; report everything in enqueue order.
         resolved.sort(key=lambda w: w.seq)
         return resolved
