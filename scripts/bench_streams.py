@@ -1,0 +1,389 @@
+#!/usr/bin/env python3
+"""Streaming at scale: N concurrent streams, direct vs two raw relays vs edge + node.
+
+A mock OpenAI-compatible provider streams every request as ``--chunks``
+SSE chunks (default 100), one every ``--interval`` seconds (default 20 ms,
+i.e. 50 tokens/s per stream); chunk ``k`` carries the text ``c<k>``.  A load
+generator (its own process, so its CPU is never counted) keeps ``N`` streams
+open at once, closed loop (a stream that ends is replaced at once), for
+``--seconds`` per measurement, against three targets in the same run:
+
+* ``direct``: the provider itself;
+* ``relay2``: two raw trio byte relays chained in front of it (the floor of
+  two Python hops: no parsing, no logging);
+* ``gateway``: ``python -m iopd edge`` + ``python -m iopd node`` with the
+  provider as a ``type: openai`` passthrough provider.
+
+For each target and N it prints the delivered chunk rate as a fraction of
+the ideal (N x 1/interval chunks per second), the inter-chunk gap p50/p99,
+time to first chunk p50, CPU µs per chunk of each measured process
+(``/proc/<pid>/stat``), RSS per open stream of the edge and node, and the
+check of every finished stream: all chunks, in order, then ``[DONE]``
+(``lost`` counts streams that failed that check or broke).
+
+    .venv/bin/python scripts/bench_streams.py [--streams 50,200,400,1000] [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import bench_gateway as bg
+import trio
+
+# ------------------------------------------------------------ mock provider
+
+
+def _chunk(k: int) -> bytes:
+    payload = json.dumps(
+        {
+            "id": "chatcmpl-streams",
+            "object": "chat.completion.chunk",
+            "created": 0,
+            "model": "bench-model",
+            "choices": [{"index": 0, "delta": {"content": f"c{k}"}, "finish_reason": None}],
+        },
+        separators=(",", ":"),
+    ).encode()
+    return bg._chunked(b"data: " + payload + b"\n\n")
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+_DONE = bg._chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+_MODELS = bg._MODELS_RESPONSE
+
+
+async def _serve_streaming_provider(chunks: int, interval: float) -> None:
+    bodies = [_chunk(k) for k in range(chunks)]
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        try:
+            while True:
+                end = buf.find(b"\r\n\r\n")
+                while end < 0:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                    end = buf.find(b"\r\n\r\n")
+                head = bytes(buf[:end]).lower()
+                i = head.find(b"content-length:")
+                length = (
+                    int(head[i + 15 : head.find(b"\r\n", i) % (len(head) + 1)]) if i >= 0 else 0
+                )
+                total = end + 4 + length
+                while len(buf) < total:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        return
+                    buf += data
+                del buf[:total]
+                if head.startswith(b"get "):
+                    await stream.send_all(_MODELS)
+                    continue
+                await stream.send_all(_HEAD)
+                start = trio.current_time()
+                for k, body in enumerate(bodies):
+                    await trio.sleep_until(start + k * interval)
+                    await stream.send_all(body)
+                await stream.send_all(_DONE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    print(listeners[0].socket.getsockname()[1], flush=True)
+    await trio.serve_listeners(handle, listeners)
+
+
+# ------------------------------------------------------------ load generator
+
+
+def _request(model: str) -> bytes:
+    body = json.dumps(
+        {"model": model, "stream": True, "messages": [{"role": "user", "content": "go"}]}
+    ).encode()
+    return (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {bg.TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.chunks = 0
+        self.gaps: list[float] = []
+        self.ttfc: list[float] = []
+        self.complete = 0
+        self.lost = 0
+        self.measuring = False
+
+
+async def _one_stream(port: int, request: bytes, chunks: int, tally: Tally, stop: float) -> None:
+    """Streams on one keep-alive connection until ``stop``; checks each."""
+    try:
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+    except OSError:
+        tally.lost += 1
+        return
+    async with stream:
+        while trio.current_time() < stop:
+            await stream.send_all(request)
+            started = trio.current_time()
+            last = None
+            expected = 0
+            buf = b""
+            ok = False
+            try:
+                while True:
+                    data = await stream.receive_some(65536)
+                    if not data:
+                        break
+                    buf += data
+                    now = trio.current_time()
+                    while True:
+                        i = buf.find(b'"content":"c')
+                        if i < 0:
+                            break
+                        j = buf.find(b'"', i + 12)
+                        if j < 0:
+                            break
+                        k = int(buf[i + 12 : j])
+                        buf = buf[j:]
+                        if k != expected:
+                            raise ValueError(f"chunk {k} where {expected} was due")
+                        expected += 1
+                        if tally.measuring:
+                            tally.chunks += 1
+                            if last is None:
+                                tally.ttfc.append(now - started)
+                            else:
+                                tally.gaps.append(now - last)
+                        last = now
+                    if b"data: [DONE]" in buf:
+                        end = buf.find(b"0\r\n\r\n", buf.find(b"data: [DONE]"))
+                        if end >= 0:
+                            ok = expected == chunks
+                            break
+            except (trio.BrokenResourceError, ValueError):
+                ok = False
+            if ok:
+                tally.complete += 1
+            else:
+                tally.lost += 1
+                return
+
+
+async def _load(args: argparse.Namespace) -> None:
+    request = _request(args.model)
+    tally = Tally()
+    warm = trio.current_time() + args.warmup
+    stop = warm + args.seconds
+    async with trio.open_nursery() as nursery:
+        for _ in range(args.n):
+            nursery.start_soon(_one_stream, args.port, request, args.chunks, tally, stop + 5)
+        await trio.sleep_until(warm)
+        tally.measuring = True
+        print("BEGIN", flush=True)
+        await trio.sleep_until(stop)
+        tally.measuring = False
+        print("END", flush=True)
+        chunks, gaps, ttfc = tally.chunks, sorted(tally.gaps), sorted(tally.ttfc)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "chunks": chunks,
+                "rate": chunks / args.seconds,
+                "gap_p50_ms": bg._pct(gaps, 0.5) * 1e3 if gaps else float("nan"),
+                "gap_p99_ms": bg._pct(gaps, 0.99) * 1e3 if gaps else float("nan"),
+                "ttfc_p50_ms": bg._pct(ttfc, 0.5) * 1e3 if ttfc else float("nan"),
+                "complete": tally.complete,
+                "lost": tally.lost,
+            }
+        ),
+        flush=True,
+    )
+
+
+# ------------------------------------------------------------ orchestration
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _measure(
+    procs: bg.Processes,
+    port: int,
+    model: str,
+    n: int,
+    watched: dict[str, int],
+    args: argparse.Namespace,
+) -> dict[str, float]:
+    argv = [sys.executable, __file__, "--role", "load", "--port", str(port), "--model", model]
+    argv += ["--n", str(n), "--seconds", str(args.seconds), "--chunks", str(args.chunks)]
+    argv += ["--warmup", str(args.warmup)]
+    rss0 = {name: _rss_kib(pid) for name, pid in watched.items()}
+    proc = procs.start(argv)
+    assert proc.stdout is not None
+    cpu0: dict[str, float] = {}
+    cpu: dict[str, float] = {}
+    rss: dict[str, int] = {}
+    result: dict[str, float] = {}
+    for raw in proc.stdout:
+        line = raw.decode().strip()
+        if line == "BEGIN":
+            cpu0 = {name: bg.cpu_seconds(pid) for name, pid in watched.items()}
+        elif line == "END":
+            cpu = {name: bg.cpu_seconds(pid) - cpu0[name] for name, pid in watched.items()}
+            rss = {name: _rss_kib(pid) for name, pid in watched.items()}
+        elif line.startswith("RESULT "):
+            result = json.loads(line[7:])
+    if proc.wait(timeout=args.seconds + args.warmup + 60) != 0 or not result:
+        raise SystemExit(f"load generator failed ({model}, N={n})")
+    chunks = max(result["chunks"], 1)
+    for name in watched:
+        result[f"cpu_{name}_us"] = cpu[name] / chunks * 1e6
+        result[f"rss_{name}_kb"] = (rss[name] - rss0[name]) / n
+    result["ideal"] = n / args.interval
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--role", choices=["provider", "relay", "load"], help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--model", default="bench-model", help=argparse.SUPPRESS)
+    parser.add_argument("--n", type=int, default=50, help=argparse.SUPPRESS)
+    parser.add_argument("--streams", default="50,200,400,1000", help="comma list of N")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per N")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
+    parser.add_argument("--chunks", type=int, default=100, help="chunks per stream")
+    parser.add_argument("--interval", type=float, default=0.02, help="seconds between chunks")
+    parser.add_argument("--targets", default="direct,relay2,gateway")
+    args = parser.parse_args()
+    if args.role == "provider":
+        trio.run(_serve_streaming_provider, args.chunks, args.interval)
+        return
+    if args.role == "relay":
+        trio.run(bg._serve_relay, args.upstream_port)
+        return
+    if args.role == "load":
+        trio.run(_load, args)
+        return
+
+    sizes = [int(x) for x in args.streams.split(",") if x]
+    targets = [t for t in args.targets.split(",") if t]
+    with bg.processes() as procs, tempfile.TemporaryDirectory() as tmp:
+        tmpdir = Path(tmp)
+        me = [sys.executable, __file__]
+        provider = procs.start(
+            me
+            + ["--role", "provider", "--chunks", str(args.chunks), "--interval", str(args.interval)]
+        )
+        assert provider.stdout is not None
+        provider_port = int(provider.stdout.readline())
+        relay1 = procs.start(me + ["--role", "relay", "--upstream-port", str(provider_port)])
+        assert relay1.stdout is not None
+        relay1_port = int(relay1.stdout.readline())
+        relay2 = procs.start(me + ["--role", "relay", "--upstream-port", str(relay1_port)])
+        assert relay2.stdout is not None
+        relay2_port = int(relay2.stdout.readline())
+
+        edge_cfg = tmpdir / "edge.yaml"
+        edge_cfg.write_text(
+            bg.EDGE_YAML.format(
+                log_level="warning",
+                caller_hash=bg._sha256(bg.TOKEN),
+                node_hash=bg._sha256(bg.NODE_TOKEN),
+                provider_port=provider_port,
+            )
+            .replace("capacity: 256", "capacity: 4096")
+            .replace("max_queue: 1024", "max_queue: 4096")
+        )
+        edge_log = tmpdir / "edge.log"
+        edge = procs.start(
+            [
+                sys.executable,
+                "-m",
+                "iopd",
+                "edge",
+                "--config",
+                str(edge_cfg),
+                "--log-level",
+                "info",
+            ],
+            edge_log,
+        )
+        started = bg._wait_log(edge_log, r"event=edge_started .*wire=\S+:(\d+).* openai=\S+:(\d+)")
+        wire_port, edge_port = int(started.group(1)), int(started.group(2))
+        node_cfg = tmpdir / "node.yaml"
+        node_cfg.write_text(
+            bg.NODE_YAML.format(wire_port=wire_port, node_token=bg.NODE_TOKEN, log_level="warning")
+        )
+        node_log = tmpdir / "node.log"
+        node = procs.start(
+            [
+                sys.executable,
+                "-m",
+                "iopd",
+                "node",
+                "--config",
+                str(node_cfg),
+                "--log-level",
+                "info",
+            ],
+            node_log,
+        )
+        bg._wait_log(edge_log, r"event=node_connected")
+        time.sleep(0.5)
+
+        plan = {
+            "direct": (provider_port, "bench-model", {"provider": provider.pid}),
+            "relay2": (relay2_port, "bench-model", {"relay2": relay2.pid, "relay1": relay1.pid}),
+            "gateway": (edge_port, "bench", {"edge": edge.pid, "node": node.pid}),
+        }
+        rows = []
+        for n in sizes:
+            for name in targets:
+                port, model, watched = plan[name]
+                r = _measure(procs, port, model, n, watched, args)
+                rows.append((n, name, r))
+                cpu = " ".join(f"{k[4:-3]} {v:.0f}" for k, v in r.items() if k.startswith("cpu_"))
+                rss = " ".join(f"{k[4:-3]} {v:.1f}" for k, v in r.items() if k.startswith("rss_"))
+                print(
+                    f"N={n:<5} {name:<8} delivered {r['rate'] / r['ideal']:6.1%} of ideal "
+                    f"({r['rate']:,.0f} chunks/s); gap p50 {r['gap_p50_ms']:.1f} ms, "
+                    f"p99 {r['gap_p99_ms']:.1f} ms; first chunk p50 {r['ttfc_p50_ms']:.1f} ms; "
+                    f"CPU µs/chunk: {cpu}; RSS KB/stream: {rss}; "
+                    f"streams complete {r['complete']}, lost {r['lost']}",
+                    flush=True,
+                )
+        print()
+        for n in sizes:
+            by = {name: r for m, name, r in rows if m == n}
+            if "gateway" in by and "direct" in by:
+                ratio = by["gateway"]["rate"] / max(by["direct"]["rate"], 1e-9)
+                line = f"N={n}: gateway/direct delivered rate {ratio:.3f}"
+                if "relay2" in by:
+                    g = by["gateway"].get("cpu_edge_us", 0) + by["gateway"].get("cpu_node_us", 0)
+                    rl = by["relay2"].get("cpu_relay2_us", 0) + by["relay2"].get("cpu_relay1_us", 0)
+                    line += f"; edge+node CPU per chunk / two relays' = {g / max(rl, 1e-9):.2f}x"
+                print(line)
+
+
+if __name__ == "__main__":
+    main()
