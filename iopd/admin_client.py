@@ -101,7 +101,7 @@ def _table(
 
 
 def format_status(doc: dict[str, Any]) -> str:
-    """The provider catalog as a table (plus nodes and queue).
+    """The provider catalog as a table (plus nodes, model groups and queue).
 
     Columns widen to the longest id so rows stay aligned; a last error is
     flattened to one line and shortened (``--json`` has it whole).
@@ -153,6 +153,14 @@ def format_status(doc: dict[str, Any]) -> str:
             ]
         )
     lines += _table(provider_rows, [14, 16, 7, 16, 8, 10, 9, 6, 6, 7], frozenset({6, 7, 8, 9}))
+    groups = doc.get("models")
+    if groups is not None:  # an older edge's /status has no model groups
+        lines.append("")
+        model_rows = [["MODEL", "SOURCE", "PROVIDERS (provider=served model)"]]
+        for m in groups:
+            served = " ".join(f"{p['provider']}={p['served']}" for p in m.get("providers", []))
+            model_rows.append([m["id"], m.get("source", "-"), served or "-"])
+        lines += _table(model_rows, [14, 8], frozenset())
     q = doc.get("queue", {})
     lines.append("")
     lines.append(f"queue depth {q.get('depth', 0)} / max {q.get('max_queue', 0)}")

@@ -8,6 +8,8 @@ label of ``iop_openai_requests_total``.
 
 from __future__ import annotations
 
+from iopd.vocabulary import Status
+
 
 class GatewayError(Exception):
     """Base: an error with an HTTP status and an OpenAI ``type``/``code``."""
@@ -15,7 +17,7 @@ class GatewayError(Exception):
     status: int = 500
     type: str = "server_error"
     code: str = "internal_error"
-    metric_status: str = "provider_error"
+    metric_status: Status = "provider_error"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)

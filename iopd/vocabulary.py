@@ -32,6 +32,7 @@ __all__ = [
     "PASSTHROUGH_TYPES",
     "PROVIDER_TYPES",
     "REFRESH_OUTCOMES",
+    "RELAY_ONLY_ENDPOINTS",
     "REQUIREMENT_TYPES",
     "RESPONSE_MODES",
     "STATUSES",
@@ -128,8 +129,11 @@ UNMAPPED: Final = "unmapped"
 UNKNOWN_GROUP: Final = "unknown"
 
 #: The metric ``endpoint`` of a request (every ``/api/*`` path is ``api``).
-Endpoint = Literal["chat_completions", "responses", "api"]
+Endpoint = Literal["chat_completions", "responses", "embeddings", "completions", "api"]
 ENDPOINTS: Final = frozenset(get_args(Endpoint))
+#: The endpoints only a provider speaking that API serves: always a raw relay
+#: (``response_mode`` ``passthrough``, whatever else the group holds).
+RELAY_ONLY_ENDPOINTS: Final[frozenset[Endpoint]] = frozenset({"embeddings", "completions", "api"})
 
 #: The execution path a request took: the raw tunnel or ``RunRequest``.
 ResponseMode = Literal["passthrough", "normalized"]

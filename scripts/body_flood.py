@@ -27,15 +27,12 @@ from __future__ import annotations
 import argparse
 import collections
 import hashlib
-import os
 import re
-import subprocess
-import sys
-import tempfile
 import time
 from pathlib import Path
 
 import trio
+from edge_process import running_edge
 
 TOKEN = "iop_flood_caller_token_0001"
 
@@ -113,48 +110,16 @@ async def one_caller(
 
 async def flood(args: argparse.Namespace) -> None:
     token_hash = hashlib.sha256(TOKEN.encode()).hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "edge.yaml"
-        config.write_text(EDGE_YAML.format(token_hash=token_hash))
-        log = Path(tmp) / "edge.log"
-        with log.open("wb") as out:
-            edge = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "iopd",
-                    "edge",
-                    "--config",
-                    str(config),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            )
-        try:
-            port = 0
-            with trio.fail_after(20):
-                while not port:
-                    await trio.sleep(0.05)
-                    found = re.search(r"event=edge_started .* openai=\S+:(\d+)", log.read_text())
-                    port = int(found.group(1)) if found else 0
-            await trio.sleep(0.5)
-            token = TOKEN if args.token == "valid" else None
-            print(
-                f"connections={args.connections} body_bytes={args.body_bytes} "
-                f"token={args.token} hold_s={args.hold if token else 0}"
-            )
-            for round_no in range(1, args.rounds + 1):
-                await one_round(args, port, edge.pid, token, round_no)
-            print(f"tracebacks in the edge's log: {log.read_text().count('Traceback')}")
-        finally:
-            edge.terminate()
-            with trio.move_on_after(10):
-                await edge.wait()
-            if edge.returncode is None:
-                edge.kill()
+    async with running_edge(EDGE_YAML.format(token_hash=token_hash)) as edge:
+        await trio.sleep(0.5)
+        token = TOKEN if args.token == "valid" else None
+        print(
+            f"connections={args.connections} body_bytes={args.body_bytes} "
+            f"token={args.token} hold_s={args.hold if token else 0}"
+        )
+        for round_no in range(1, args.rounds + 1):
+            await one_round(args, edge.openai_port, edge.pid, token, round_no)
+        print(f"tracebacks in the edge's log: {edge.log_text().count('Traceback')}")
 
 
 async def one_round(

@@ -399,16 +399,30 @@ def parse_responses(raw: bytes, method: str) -> list[tuple[int, bytes]]:
         conn.start_next_cycle()
 
 
-def _is_envelope(body: bytes) -> bool:
+def _is_envelope(body: bytes, ollama: bool = False) -> bool:
+    """The OpenAI envelope; for a request to an Ollama route (``/api/*``) also
+    Ollama's ``{"error": "..."}`` (what the route refuses takes that shape; a
+    request the parser cannot read has no route yet and gets the envelope)."""
     try:
-        err = json.loads(body)["error"]
+        doc = json.loads(body)
+        err = doc["error"]
+        if ollama and isinstance(err, str):
+            return bool(err) and set(doc) == {"error"}
         return isinstance(err["message"], str) and bool(err["type"]) and bool(err["code"])
     except (ValueError, KeyError, TypeError):
         return False
 
 
-def check_response(raw: bytes, head_request: bool) -> tuple[str, str | None]:
-    """``(outcome, violation or None)`` for everything one connection received."""
+def _ollama_target(payload: bytes) -> bool:
+    """The request line of ``payload`` targets one of Ollama's routes."""
+    return b" /api/" in payload.split(b"\r\n", 1)[0]
+
+
+def check_response(
+    raw: bytes, head_request: bool, ollama: bool = False
+) -> tuple[str, str | None]:
+    """``(outcome, violation or None)`` for everything one connection received
+    (``ollama``: the request targeted ``/api/*``, whose errors take Ollama's shape)."""
     if not raw:
         return "closed", None
     if b"Traceback" in raw:
@@ -425,8 +439,9 @@ def check_response(raw: bytes, head_request: bool) -> tuple[str, str | None]:
     for status, body in responses:
         if status >= 500 and status != 501:
             return str(status), f"a 5xx status: {[s for s, _ in responses]}"
-        if 400 <= status < 500 and not head_request and not _is_envelope(body):
-            return str(status), f"a {status} without the OpenAI envelope: {body[:120]!r}"
+        if 400 <= status < 500 and not head_request and not _is_envelope(body, ollama):
+            shape = "Ollama's error shape" if ollama else "the OpenAI envelope"
+            return str(status), f"a {status} without {shape}: {body[:120]!r}"
     return str(final[0][0]), None
 
 
@@ -513,7 +528,7 @@ async def fuzz_edge(
                 report.violations.append(f"case {index} ({family}) hung: {payload[:80]!r}")
                 return
             head = payload.startswith(b"HEAD ")
-            outcome, problem = check_response(raw, head)
+            outcome, problem = check_response(raw, head, _ollama_target(payload))
             if problem is None and family in REFUSED_FAMILIES:
                 problem = check_refused(raw)
             report.outcomes[outcome] += 1

@@ -24,9 +24,6 @@ import json
 import os
 import re
 import socket
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,6 +31,7 @@ from pathlib import Path
 
 import trio
 import trio.lowlevel
+from edge_process import running_edge
 
 TOKEN = "iop_replay_caller_token_0001"
 ADMIN_TOKEN = "iop_replay_admin_token_0001"
@@ -447,49 +445,11 @@ async def run_case(edge: Edge, name: str) -> None:
 
 async def main_async(names: list[str]) -> None:
     token_hash = hashlib.sha256(TOKEN.encode()).hexdigest()
-    with tempfile.TemporaryDirectory() as tmp:
-        config = Path(tmp) / "edge.yaml"
-        config.write_text(EDGE_YAML.format(token_hash=token_hash))
-        log = Path(tmp) / "edge.log"
-        with log.open("wb") as out:
-            edge_proc = await trio.lowlevel.open_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "iopd",
-                    "edge",
-                    "--config",
-                    str(config),
-                    "--log-level",
-                    "info",
-                ],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, PYTHONUNBUFFERED="1"),
-            )
-        try:
-            found = None
-            with trio.fail_after(30):
-                while found is None:
-                    await trio.sleep(0.05)
-                    found = re.search(
-                        r"event=edge_started .*admin=\S+:(\d+).* openai=\S+:(\d+)", log.read_text()
-                    ) or re.search(
-                        r"event=edge_started .* openai=\S+:(\d+).*admin=\S+:(\d+)", log.read_text()
-                    )
-            text = found.group(0)
-            openai_port = int(re.search(r"openai=\S+:(\d+)", text).group(1))  # type: ignore[union-attr]
-            admin_port = int(re.search(r"admin=\S+:(\d+)", text).group(1))  # type: ignore[union-attr]
-            edge = Edge(openai_port, admin_port, edge_proc.pid)
-            for name in names:
-                await run_case(edge, name)
-            print(f"\ntracebacks in the edge's log: {log.read_text().count('Traceback')}")
-        finally:
-            edge_proc.terminate()
-            with trio.move_on_after(10):
-                await edge_proc.wait()
-            if edge_proc.returncode is None:
-                edge_proc.kill()
+    async with running_edge(EDGE_YAML.format(token_hash=token_hash)) as proc:
+        edge = Edge(proc.openai_port, proc.admin_port, proc.pid)
+        for name in names:
+            await run_case(edge, name)
+        print(f"\ntracebacks in the edge's log: {proc.log_text().count('Traceback')}")
 
 
 def main() -> None:

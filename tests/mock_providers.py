@@ -299,7 +299,8 @@ def sse(obj: Any) -> bytes:
 
 
 class MockOpenAIServer(MockHTTPServer):
-    """An OpenAI-compatible server: /v1/models, /v1/chat/completions, /v1/responses."""
+    """An OpenAI-compatible server: /v1/models, /v1/chat/completions, /v1/responses,
+    /v1/embeddings and /v1/completions."""
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(ssl_context=ssl_context)
@@ -321,7 +322,46 @@ class MockOpenAIServer(MockHTTPServer):
             return self._chat(req.json() or {})
         if req.method == "POST" and req.path == "/v1/responses":
             return self._responses(req.json() or {})
+        if req.method == "POST" and req.path == "/v1/embeddings":
+            return self._embeddings(req.json() or {})
+        if req.method == "POST" and req.path == "/v1/completions":
+            return self._completions(req.json() or {})
         return _json_reply({"error": {"message": f"no route {req.path}"}}, 404)
+
+    def _embeddings(self, body: dict[str, Any]) -> MockReply:
+        """One 3-dimensional vector per input (a string or a list of strings)."""
+        inputs = body.get("input")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        data = [
+            {"object": "embedding", "index": i, "embedding": [0.5, -0.25, float(len(str(t)))]}
+            for i, t in enumerate(texts)
+        ]
+        prompt = self.usage.get("prompt_tokens", 0)
+        return _json_reply(
+            {
+                "object": "list",
+                "data": data,
+                "model": body.get("model", ""),
+                "usage": {"prompt_tokens": prompt, "total_tokens": prompt},
+            }
+        )
+
+    def _completions(self, body: dict[str, Any]) -> MockReply:
+        """A legacy text completion of ``reply_text``, streamed as SSE when asked."""
+        model = body.get("model", "")
+        base = {"id": "cmpl-mock", "object": "text_completion", "created": 1, "model": model}
+        if not body.get("stream"):
+            choice = {"index": 0, "text": self.reply_text, "finish_reason": "stop", "logprobs": None}
+            return _json_reply({**base, "choices": [choice], "usage": self.usage})
+        events = [
+            sse({**base, "choices": [{"index": 0, "text": w, "finish_reason": None}]})
+            for w in _words(self.reply_text)
+        ]
+        events.append(sse({**base, "choices": [{"index": 0, "text": "", "finish_reason": "stop"}]}))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            events.append(sse({**base, "choices": [], "usage": self.usage}))
+        events.append(b"data: [DONE]\n\n")
+        return MockReply(headers=[("content-type", "text/event-stream")], chunks=events)
 
     def _chat(self, body: dict[str, Any]) -> MockReply:
         model = body.get("model", "")
@@ -426,7 +466,8 @@ class MockOpenAIServer(MockHTTPServer):
 
 
 class MockOllamaServer(MockHTTPServer):
-    """An Ollama-style server: /api/tags, /api/chat and /api/generate (NDJSON streams)."""
+    """An Ollama-style server: /api/tags, /api/chat and /api/generate (NDJSON
+    streams), /api/show and /api/embed."""
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(ssl_context=ssl_context)
@@ -445,7 +486,38 @@ class MockOllamaServer(MockHTTPServer):
             return _json_reply({"models": [{"name": m, "model": m} for m in self.models]})
         if req.method == "POST" and req.path in ("/api/chat", "/api/generate"):
             return self._generate(req.json() or {}, chat=req.path == "/api/chat")
+        if req.method == "POST" and req.path == "/api/show":
+            return self._show(req.json() or {})
+        if req.method == "POST" and req.path == "/api/embed":
+            return self._embed(req.json() or {})
         return _json_reply({"error": f"no route {req.path}"}, 404)
+
+    def _show(self, body: dict[str, Any]) -> MockReply:
+        model = body.get("model")
+        if model not in self.models:
+            return _json_reply({"error": f"model '{model}' not found"}, 404)
+        return _json_reply(
+            {
+                "modelfile": f"FROM {model}",
+                "parameters": "temperature 0.7",
+                "template": "{{ .Prompt }}",
+                "details": {"family": "mock", "parameter_size": "1B"},
+                "model_info": {"general.architecture": "mock"},
+                "capabilities": ["completion"],
+            }
+        )
+
+    def _embed(self, body: dict[str, Any]) -> MockReply:
+        inputs = body.get("input")
+        texts = inputs if isinstance(inputs, list) else [inputs]
+        return _json_reply(
+            {
+                "model": body.get("model", ""),
+                "embeddings": [[0.5, float(len(str(t)))] for t in texts],
+                "total_duration": 1000,
+                "prompt_eval_count": self.prompt_eval_count,
+            }
+        )
 
     def _final(self, model: str, chat: bool) -> dict[str, Any]:
         final: dict[str, Any] = {

@@ -213,7 +213,8 @@ def cases() -> list[Case]:
         c("field: max_tokens negative", chat(max_tokens=-5), BAD_REQUEST, "max_tokens"),
         c("field: max_tokens float", chat(max_tokens=1.5), BAD_REQUEST, "max_tokens"),
         c("field: max_tokens bool", chat(max_tokens=True), BAD_REQUEST, "max_tokens"),
-        c("field: n=2", chat(n=2), BAD_REQUEST, "n"),
+        c("field: n=0", chat(n=0), BAD_REQUEST, "n"),
+        c("field: n over the normalized cap", chat(n=9), BAD_REQUEST, "n"),
         c("field: stop number", chat(stop=3), BAD_REQUEST, "stop"),
         c("field: tools object", chat(tools={"type": "function"}), BAD_REQUEST, "tools"),
         c("field: tool without function", chat(tools=[{"type": "function"}]), BAD_REQUEST),
@@ -237,16 +238,16 @@ def cases() -> list[Case]:
             "input",
         ),
         c(
-            "responses: list input on a normalized group",
-            post(b"/v1/responses", {"model": "echo", "input": [{"role": "user", "content": "x"}]}),
+            "responses: an item reference on a normalized group",
+            post(b"/v1/responses", {"model": "echo", "input": [{"type": "item_reference"}]}),
             BAD_REQUEST,
-            "input",
+            "input[0].type",
         ),
         c(
-            "responses: streaming on a normalized group",
-            post(b"/v1/responses", {"model": "echo", "input": "x", "stream": True}),
+            "responses: previous_response_id on a normalized group",
+            post(b"/v1/responses", {"model": "echo", "input": "x", "previous_response_id": "r"}),
             BAD_REQUEST,
-            "stream",
+            "previous_response_id",
         ),
         c("api: chat bad json", post(b"/api/chat", b"{{"), BAD_REQUEST),
         c("api: generate model number", post(b"/api/generate", {"model": 3}), BAD_REQUEST, "model"),
@@ -414,17 +415,26 @@ def cases() -> list[Case]:
         c("method: GET api generate", http(b"GET", b"/api/generate"), NOT_ALLOWED),
         c("method: POST healthz", post(b"/healthz", {}), NOT_ALLOWED),
         c("method: made-up method", http(b"BREW", CHAT), NOT_IMPLEMENTED),
+        # ---- relay-only routes on a group with no passthrough provider
+        c(
+            "route: /v1/completions on echo",
+            post(b"/v1/completions", {"model": "echo", "prompt": "x"}),
+            BAD_REQUEST,
+            param="model",
+        ),
+        c(
+            "route: /v1/embeddings on echo",
+            post(b"/v1/embeddings", {"model": "echo", "input": "x"}),
+            BAD_REQUEST,
+            param="model",
+        ),
         # ---- unknown routes
         c(
-            "route: /v1/completions",
-            post(b"/v1/completions", {"model": "echo", "prompt": "x"}),
+            "route: /v1/images/generations",
+            post(b"/v1/images/generations", {"model": "echo", "prompt": "x"}),
             NOT_FOUND,
         ),
-        c(
-            "route: /v1/embeddings",
-            post(b"/v1/embeddings", {"model": "echo", "input": "x"}),
-            NOT_FOUND,
-        ),
+        c("route: empty model id", http(b"GET", b"/v1/models/"), NOT_FOUND),
         c("route: root", http(b"GET", b"/"), NOT_FOUND),
         c("route: trailing slash", post(CHAT + b"/", {}), NOT_FOUND),
         c("route: wrong case", http(b"GET", b"/V1/MODELS"), NOT_FOUND),
@@ -521,6 +531,11 @@ def problems(case: Case, reply: Reply) -> list[str]:
     except ValueError:
         return [*out, f"not JSON: {reply.body[:200]!r}"]
     err = doc.get("error") if isinstance(doc, dict) else None
+    if b" /api/" in case.data.split(b"\r\n", 1)[0]:
+        # Ollama's routes answer in Ollama's shape: {"error": "<message>"}.
+        if not isinstance(err, str) or not err or set(doc) != {"error"}:
+            out.append(f"not Ollama's error shape: {doc!r}")
+        return out
     if not isinstance(err, dict) or set(err) != {"message", "type", "code", "param"}:
         return [*out, f"not an envelope: {doc!r}"]
     if not isinstance(err["message"], str) or not err["message"]:

@@ -180,10 +180,10 @@ async def test_responses_normalized_string_input() -> None:
             )
             assert resp.output_text == "respond with this"
             assert resp.usage is not None and resp.usage.output_tokens == 3
-            with pytest.raises(openai.BadRequestError):
+            with pytest.raises(openai.BadRequestError):  # the edge keeps no responses
                 await in_thread(
                     lambda: client.responses.create(
-                        model="echo", input=[{"role": "user", "content": "list input"}]
+                        model="echo", input="more", previous_response_id=resp.id
                     )
                 )
 
@@ -257,7 +257,9 @@ async def test_auth_branches() -> None:
 async def test_error_envelopes_for_routes_and_methods() -> None:
     with trio.fail_after(30):
         async with running_gateway(echo_yaml()) as gw:
-            r = await http_request(gw.host_port, "POST", "/v1/completions", body={"model": "echo"})
+            r = await http_request(
+                gw.host_port, "POST", "/v1/images/generations", body={"model": "echo"}
+            )
             assert r.status == 404 and r.json()["error"]["code"] == "not_found"
             r = await http_request(gw.host_port, "GET", "/v1/chat/completions")
             assert r.status == 405 and r.json()["error"]["code"] == "method_not_allowed"

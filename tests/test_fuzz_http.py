@@ -99,9 +99,9 @@ async def test_deeply_nested_json_is_a_400_envelope_not_a_500(
         monkeypatch.setattr(fuzz_http, "fuzz_edge", probe)
         report = await fuzz_http.fuzz_in_process_edge(1, SEED)
     assert report.logged_errors == []
-    for raw in report_raw:
+    for raw, ollama in zip(report_raw, (False, False, True), strict=True):
         assert raw.startswith(b"HTTP/1.1 400 ")
-        assert fuzz_http.check_response(raw, False) == ("400", None)
+        assert fuzz_http.check_response(raw, False, ollama) == ("400", None)
 
 
 async def test_200_fuzzed_requests_get_4xx_envelopes_or_a_close_never_5xx() -> None:

@@ -24,9 +24,8 @@ from iopd.http.h1 import (
     H1ProtocolError,
     RequestHead,
     RequestReader,
-    ResponseReader,
-    render_request,
 )
+from iopd.http.h1_client import ResponseReader, render_request
 
 
 def _feed(reader: ResponseReader | RequestReader, raw: bytes,

@@ -19,8 +19,6 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("iopd", "wire")
 MAX_LINES = 600
@@ -191,10 +189,6 @@ def test_cycle_finder_sees_lazy_relative_and_type_checking_imports(tmp_path: Pat
     assert "a.py:3" in describe_cycles(graph)[0]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue #15: app.py, server.py, nodes.py, metrics.py still over 600 lines",
-)
 def test_no_module_over_600_lines() -> None:
     too_long = {
         str(path.relative_to(ROOT)): n

@@ -291,8 +291,10 @@ def test_expected_response_mode_convention() -> None:
     assert expected_response_mode("chat_completions", ["openai", "echo"]) == "normalized"
     assert expected_response_mode("responses", []) == "normalized"
     assert expected_response_mode("api", ["ollama"]) == "passthrough"
+    assert expected_response_mode("embeddings", ["echo"]) == "passthrough"  # only ever relayed
+    assert expected_response_mode("completions", []) == "passthrough"
     with pytest.raises(ValueError):
-        expected_response_mode("completions", [])
+        expected_response_mode("images", [])
 
 
 # ------------------------------------------------------------------ validation
@@ -301,7 +303,7 @@ def test_expected_response_mode_convention() -> None:
 @pytest.mark.parametrize(
     "over",
     [
-        {"endpoint": "completions"},
+        {"endpoint": "images"},
         {"response_mode": "raw"},
         {"model_group": ""},
         {"model_group": "a\nb"},

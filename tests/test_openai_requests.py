@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from iopd.edge.openai import requests as rq
+from iopd.edge.openai import json_body
 from iopd.edge.openai.requests import (
     ChatRequest,
     OllamaRequest,
@@ -129,7 +129,7 @@ CHAT_CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("max_tokens string", chat(max_tokens="100"), "max_tokens"),
     ("max_tokens bool", chat(max_tokens=True), "max_tokens"),
     ("max_completion_tokens zero", chat(max_completion_tokens=0), "max_completion_tokens"),
-    ("n two", chat(n=2), "n"),
+    ("n fraction", chat(n=1.5), "n"),
     ("n zero", chat(n=0), "n"),
     ("n bool", chat(n=True), "n"),
     ("n string", chat(n="1"), "n"),
@@ -464,36 +464,36 @@ def test_estimate_is_above_what_decoding_takes(item: bytes) -> None:
     finally:
         tracemalloc.stop()
     del value
-    assert rq.estimated_decoded_bytes(body) >= taken
+    assert json_body.estimated_decoded_bytes(body) >= taken
 
 
 def test_strings_content_is_not_counted_as_structure() -> None:
     # Commas and brackets inside strings (JSON pasted in a message) are not values.
     text = json.dumps({"a": [1, 2, 3], "b": {"c": [{}]}}) * 10_000
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}]}).encode()
-    assert rq.estimated_decoded_bytes(body) < 2 * len(body)
+    assert json_body.estimated_decoded_bytes(body) < 2 * len(body)
 
 
 @pytest.mark.parametrize("item", [b"[]", b"{}", b"0", b'{"a":1}', b'""', b'","'])
 def test_large_body_of_tiny_values_is_refused(item: bytes) -> None:
     body = _padded(item, 2 * 1024 * 1024)
     with pytest.raises(InvalidRequest, match="too costly to decode"):
-        rq.parse_json_object(body)
+        json_body.parse_json_object(body)
 
 
 def test_dense_five_digit_token_ids_pass() -> None:
     ids = b",".join(str(10_000 + i % 90_000).encode() for i in range(1_000_000))
     body = b'{"model":"m","x":[' + ids + b"]}"
     assert len(body) > 5 * 1024 * 1024
-    assert len(rq.parse_json_object(body)["x"]) == 1_000_000
+    assert len(json_body.parse_json_object(body)["x"]) == 1_000_000
 
 
 def test_small_bodies_are_not_priced() -> None:
-    body = _padded(b"[]", rq.DECODE_CHECK_FROM_BYTES - 64)
-    assert rq.estimated_decoded_bytes(body) > rq.DECODE_COST_FACTOR * len(body)
-    assert rq.parse_json_object(body)["model"] == "m"
+    body = _padded(b"[]", json_body.DECODE_CHECK_FROM_BYTES - 64)
+    assert json_body.estimated_decoded_bytes(body) > json_body.DECODE_COST_FACTOR * len(body)
+    assert json_body.parse_json_object(body)["model"] == "m"
 
 
 def test_whitespace_only_body_is_empty() -> None:
     with pytest.raises(InvalidRequest, match="empty"):
-        rq.parse_json_object(b" \r\n\t\x0b\x0c")
+        json_body.parse_json_object(b" \r\n\t\x0b\x0c")

@@ -40,6 +40,7 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "strict_output",
         "strict_output_instruction",
         "forward_headers",
+        "cors_allow_origins",
     }
 )
 #: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.

@@ -103,6 +103,8 @@ class OpenAISection(_Section):
     provider_auth: ProviderAuth = msgspec.field(default_factory=ProviderAuth)
     #: Caller headers forwarded to passthrough providers beyond the built-in allow-list.
     forward_headers: list[str] = msgspec.field(default_factory=list)
+    #: Browser origins (``scheme://host[:port]`` or ``*``) allowed by CORS; empty = off.
+    cors_allow_origins: list[str] = msgspec.field(default_factory=list)
     long_context_threshold_tokens: int = 100000
     strict_output: bool = False
     strict_output_instruction: str = DEFAULT_STRICT_OUTPUT_INSTRUCTION

@@ -226,6 +226,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_fallbacks(err, cfg)
     _check_openai_listener(err, cfg)
     _check_principal_tokens(err, cfg.openai.principal_tokens)
+    _check_cors(err, cfg.openai.cors_allow_origins)
     _check_model_routes(err, cfg.openai.model_routes, defined)
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
@@ -454,6 +455,37 @@ def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
                 hpath,
                 f"{name!r} is openai.provider_auth.header: its value is never forwarded as is",
             )
+
+
+#: A browser's serialized origin: lower-case scheme and host, an optional port.
+_ORIGIN = re.compile(r"^(https?)://([a-z0-9.-]+|\[[0-9a-f:.]+\])(?::([0-9]{1,5}))?$")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def origin_problem(origin: str) -> str | None:
+    """Why ``origin`` can never match a browser's ``Origin`` header (None: it can)."""
+    if origin == "*":
+        return None
+    m = _ORIGIN.match(origin)
+    if m is None:
+        return (
+            f"must be '*' or an origin http(s)://host[:port] in lower case, without "
+            f"path or trailing '/' (got {origin[:80]!r})"
+        )
+    port = m.group(3)
+    if port is not None:
+        if not 1 <= int(port) <= 65535:
+            return f"port {port} is out of range"
+        if int(port) == _DEFAULT_PORTS[m.group(1)]:
+            return f"drop the default port :{port}: browsers send the origin without it"
+    return None
+
+
+def _check_cors(err: _Errors, origins: list[str]) -> None:
+    for i, origin in enumerate(origins):
+        problem = origin_problem(origin)
+        if problem is not None:
+            err.add(f"openai.cors_allow_origins[{i}]", problem)
 
 
 def _check_principal_tokens(err: _Errors, tokens: list[PrincipalToken]) -> None:

@@ -28,6 +28,7 @@ from typing import Final, Protocol
 
 from iopd.vocabulary import (
     ENDPOINTS,
+    RELAY_ONLY_ENDPOINTS,
     RESPONSE_MODES,
     UNMAPPED,
     ResponseMode,
@@ -66,13 +67,13 @@ def expected_response_mode(endpoint: str, provider_types: Iterable[str]) -> Resp
     """The ``response_mode`` of a request before (or without) a provider being chosen.
 
     ``provider_types`` are the ``type`` values of the resolved group's providers
-    (empty when the group is unknown).  ``/api/*`` is a raw relay, so
-    ``passthrough``; a group made only of passthrough providers always
+    (empty when the group is unknown).  ``/api/*``, ``/v1/embeddings`` and
+    ``/v1/completions`` are only ever relayed raw, so ``passthrough``; a group made only of passthrough providers always
     tunnels, so ``passthrough``; anything else (mixed, normalized-only, unknown
     group) is ``normalized``.
     """
     check_member("endpoint", endpoint, ENDPOINTS)
-    if endpoint == "api" or all_passthrough(provider_types):
+    if endpoint in RELAY_ONLY_ENDPOINTS or all_passthrough(provider_types):
         return "passthrough"
     return "normalized"
 

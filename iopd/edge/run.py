@@ -25,8 +25,9 @@ from iopd.config.schema import EdgeConfig
 from iopd.edge.admin import AdminApp, is_loopback_peer
 from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_nodes
 from iopd.edge.openai.app import OpenAIApp
-from iopd.edge.openai.errors import render_error
+from iopd.edge.openai.errors import gateway_error, render_error
 from iopd.edge.runtime import EdgeRuntime
+from iopd.http.errors import Refusal
 from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import LOG_SECRETS, setup_logging
 from iopd.startup import StartupError, listen_failed, run_daemon
@@ -75,6 +76,11 @@ class EdgeHandle:
         self._drain.set()
 
 
+def _count_refusal(app: OpenAIApp, status: int, exc: Refusal, context: object) -> None:
+    """The OpenAI listener's ``on_reject``: the HTTP layer's refusal, in the app's terms."""
+    app.layer_refused(status, gateway_error(exc), context)
+
+
 async def run_edge(
     cfg: EdgeConfig,
     config_path: str | None = None,
@@ -99,7 +105,7 @@ async def run_edge(
             send_timeout=oa.send_timeout,
         ),
         render_error=render_error,
-        on_reject=app.layer_refused,
+        on_reject=functools.partial(_count_refusal, app),
         head_check=app.check_head,
     )
     admin_srv = HttpServer(

@@ -52,6 +52,8 @@ class Snapshot:
     nodes: Mapping[str, NodeEntry]
     #: Scrubs every secret of ``config`` (provider keys, the legacy bearer) from text.
     secrets: Scrubber
+    #: ``openai.cors_allow_origins`` as a set (empty: CORS is off).
+    cors_origins: frozenset[str] = frozenset()
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
@@ -96,6 +98,7 @@ def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -
         version=version,
         nodes={n.id: _with_embedded_token(n, embedded) for n in cfg.nodes},
         secrets=Scrubber(config_secrets(cfg)),
+        cors_origins=frozenset(cfg.openai.cors_allow_origins),
     )
 
 
@@ -154,6 +157,22 @@ class ProviderRow(TypedDict):
     last_error: str
 
 
+class ModelProviderRow(TypedDict):
+    """One provider of a model group in ``GET /status``."""
+
+    provider: str
+    served: str  # the model name the provider is asked for
+    type: str
+
+
+class ModelRow(TypedDict):
+    """One model group of ``GET /status``: the id callers send, and where it goes."""
+
+    id: str
+    source: str  # models (``models[]``), route (legacy route), fallback
+    providers: list[ModelProviderRow]
+
+
 class QueueRow(TypedDict):
     """The global queue in ``GET /status``."""
 
@@ -170,6 +189,7 @@ class StatusDocument(TypedDict):
     config_version: int
     nodes: list[NodeRow]
     providers: list[ProviderRow]
+    models: list[ModelRow]
     queue: QueueRow
 
 
@@ -372,6 +392,7 @@ class EdgeRuntime:
             "config_version": snap.version,
             "nodes": nodes,
             "providers": providers,
+            "models": self._model_rows(),
             "queue": {
                 "depth": self.pool.queue_depth,
                 "max_queue": self.pool.max_queue,
@@ -379,6 +400,19 @@ class EdgeRuntime:
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
         }
+
+    def _model_rows(self) -> list[ModelRow]:
+        """The model groups as ``/v1/models`` lists them, each with its providers."""
+        catalog = self.snapshot.catalog
+        rows: list[ModelRow] = []
+        for group in catalog.listed():
+            providers: list[ModelProviderRow] = []
+            for pid, served in group.providers:
+                ref = catalog.providers.get(pid)
+                ptype = ref.config.type if ref is not None else "-"
+                providers.append({"provider": pid, "served": served, "type": ptype})
+            rows.append({"id": group.id, "source": group.source, "providers": providers})
+        return rows
 
     # --------------------------------------------------------------- refresh
 

@@ -35,7 +35,8 @@ from urllib.parse import urlsplit
 
 import trio
 
-from iopd.http.h1 import H1ProtocolError, ResponseHead, ResponseReader, render_request
+from iopd.http.h1 import H1ProtocolError
+from iopd.http.h1_client import ResponseHead, ResponseReader, render_request
 from iopd.transport import fastsend
 
 __all__ = [

@@ -3,135 +3,132 @@
 One request, start to end:
 
     from the head, before any body byte is read (``check_head``, the HTTP
-    server's head hook): route, method, authenticate → then, with the body:
-    parse → resolve model group → estimate tokens / context
-    class → lease a provider from the pool (may queue) → by the provider's
-    type: normalized RunRequest or raw ProviderTunnelRequest on the node's
-    session → write JSON or SSE → metrics + one log line.
+    server's head hook): route, method, authenticate → then, with the body
+    (``__call__``, under the ``request_timeout`` scope): ``prepare`` (parse →
+    resolve model group → estimate tokens / context class → lease a provider
+    from the pool, may queue) → by the path the lease decides: ``relay``
+    (raw ``ProviderTunnelRequest``) or ``normalized`` (``RunRequest``) on the
+    node's session → write JSON or SSE → ``lifecycle.finish``: metrics + one
+    log line.
 
-Errors are ``iopd.errors.GatewayError``s raised anywhere below and rendered
-in one place (``errors.render_error``).  A caller disconnect cancels the
+The route table (:data:`_KNOWN_ROUTES`) and the head check are here and
+nowhere else.  Errors are ``iopd.errors.GatewayError``s raised anywhere below
+and ended in one place (``lifecycle.fail``).  A caller disconnect cancels the
 handler (the HTTP server does that); leaving ``open_stream`` then sends
-``Cancel`` to the node and leaving ``pool.lease`` frees the slot.
+``Cancel`` to the node and leaving the lease frees the slot.
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
-import math
-import os
-import secrets
 import time
-from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import NamedTuple
+from urllib.parse import unquote
 
 import msgspec
 import trio
 
-from iopd import errors
-from iopd.edge.metrics import RequestLabels
-from iopd.edge.openai import chat as chatfmt
+from iopd import __version__, errors
+from iopd.config.catalog import GroupSpec
+from iopd.edge.openai import cors
 from iopd.edge.openai import requests as rq
-from iopd.edge.openai.auth import Principal
-from iopd.edge.openai.errors import error_sse_event, render_error
-from iopd.edge.openai.generation import apply_generation
-from iopd.edge.openai.responses import build_response, responses_input_to_messages
-from iopd.edge.openai.sse import SSE_HEADERS
-from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
-from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
-from iopd.edge.openai.upstream_headers import upstream_headers
-from iopd.edge.pool.pool import Lease
-from iopd.edge.runtime import EdgeRuntime, Snapshot
-from iopd.edge.usage import run_event_usage, tunnel_usage
-from iopd.http.server import AbortResponse, Request, Responder
-from iopd.tokens import estimate_input_tokens
-from wire.messages import (
-    ProviderTunnelFrame,
-    ProviderTunnelRequest,
-    RunEvent,
-    RunRequest,
-    Usage,
+from iopd.edge.openai.errors import ShapedRefusal, render_error
+from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
+from iopd.edge.openai.normalized import (
+    chat_once,
+    chat_stream,
+    responses_once,
+    responses_stream,
 )
+from iopd.edge.openai.prepare import model_not_found, prepare
+from iopd.edge.openai.relay import relay
+from iopd.edge.runtime import EdgeRuntime, Snapshot
+from iopd.http.server import HeadContext, Request, Responder
+from iopd.vocabulary import RELAY_ONLY_ENDPOINTS, Endpoint
 
-log = logging.getLogger("iopd.edge.request")
-
-_Req = TypeVar("_Req", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest)
+__all__ = ["Admission", "OpenAIApp"]
 
 JSON = "application/json"
 _json_encode = msgspec.json.Encoder().encode
 
-#: Provider types that speak the OpenAI HTTP API natively (raw tunnel).
-PASSTHROUGH_TYPES = frozenset({"openai"})
-#: Text-only providers: tools go through the <tool_call> text protocol.
-TEXT_TOOL_TYPES = frozenset({"cli", "echo"})
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
 
-# Headers never relayed in either direction (RFC 9110 §7.6.1 and friends).
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "transfer-encoding",
-        "te",
-        "trailer",
-        "upgrade",
-        "proxy-authenticate",
-        "proxy-authorization",
-    }
-)
-#: How long an SSE stream that already started gets to take its error event.
-ERROR_EVENT_GRACE = 2.0
 
-_KNOWN_ROUTES: dict[str, frozenset[str]] = {
-    "/healthz": frozenset({"GET", "HEAD"}),
-    "/v1/models": frozenset({"GET"}),
-    "/v1/chat/completions": frozenset({"POST"}),
-    "/v1/responses": frozenset({"POST"}),
-    "/api/chat": frozenset({"POST"}),
-    "/api/generate": frozenset({"POST"}),
-    "/api/tags": frozenset({"GET"}),
+class Route(NamedTuple):
+    """One route of the listener: its methods and how its requests are counted."""
+
+    methods: frozenset[str]
+    #: The metric ``endpoint`` (None: not an API request, e.g. the model list).
+    endpoint: Endpoint | None
+    #: An Ollama route: errors in Ollama's shape.
+    ollama: bool = False
+
+
+#: Every route of the listener by path: one dict lookup per request.
+_ROUTES: dict[str, Route] = {
+    "/healthz": Route(frozenset({"GET", "HEAD"}), None),
+    "/v1/models": Route(_GET, None),
+    "/v1/chat/completions": Route(_POST, "chat_completions"),
+    "/v1/responses": Route(_POST, "responses"),
+    "/v1/embeddings": Route(_POST, "embeddings"),
+    "/v1/completions": Route(_POST, "completions"),
+    "/api/chat": Route(_POST, "api", ollama=True),
+    "/api/generate": Route(_POST, "api", ollama=True),
+    "/api/embed": Route(_POST, "api", ollama=True),
+    "/api/show": Route(_POST, "api", ollama=True),
+    "/api/tags": Route(_GET, "api", ollama=True),
+    "/api/ps": Route(_GET, "api", ollama=True),
+    "/api/version": Route(_GET, "api", ollama=True),
 }
+#: ``GET /v1/models/{id}``: the one route with a parameter (the id may hold ``/``).
+MODEL_PREFIX = "/v1/models/"
+_MODEL_ROUTE = Route(_GET, None)
+#: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
+_UNKNOWN_OLLAMA = Route(frozenset(), "api", ollama=True)
 
 
-#: The metric ``endpoint`` of the OpenAI routes (every ``/api/*`` path is ``api``).
-_ENDPOINTS = {"/v1/chat/completions": "chat_completions", "/v1/responses": "responses"}
+def _model_id_path(path: str) -> bool:
+    """``/v1/models/{id}`` with an id whose ``/``-separated parts are names
+    (``org/model``), not empty or dot segments (``/v1/models/../../status``)."""
+    return all(part not in ("", ".", "..") for part in path[len(MODEL_PREFIX) :].split("/"))
 
 
-@dataclass
-class Outcome:
-    """What one request did, for the metrics and the log line."""
-
-    request_id: str
-    endpoint: str | None = None  # chat_completions | responses | api
-    principal: Principal | None = None
-    group: str = "unknown"
-    mode: str = "normalized"
-    provider: str = "-"
-    status: str | None = None  # metric status; None until known
-    http_status: int = 0
-    usage: list[tuple[str, str, int]] = field(default_factory=list)
-    reasoning_chars: int = 0
-    reasoning_reported: bool = False
-    quiet: bool = False  # not logged (health probes)
-    started: float = field(default_factory=time.perf_counter)
-    # The request_timeout scope and its deadline, parked while the request is
-    # queued for a lease (``OpenAIApp._queue_bound``).
-    scope: trio.CancelScope | None = None
-    deadline: float = math.inf
+def route_for(path: str) -> Route | None:
+    """The route of ``path``: a dict lookup, then the model-retrieve prefix."""
+    route = _ROUTES.get(path)
+    if route is None:
+        if path.startswith(MODEL_PREFIX):
+            return _MODEL_ROUTE if _model_id_path(path) else None
+        if path.startswith("/api/"):
+            return _UNKNOWN_OLLAMA
+    return route
 
 
-@dataclass(slots=True)
-class Admission:
+class Admission(HeadContext):
     """What :meth:`OpenAIApp.check_head` decided from a request's head.
 
     The request carries it to the handler (``Request.context``): the snapshot
     it was authenticated against and its outcome so far (id, endpoint,
-    principal), so the handler neither routes nor authenticates twice.
+    principal), so the handler neither routes nor authenticates twice; the
+    error shape of its route (``ollama_errors``, see ``errors.render_error``)
+    and the headers every response to it carries (CORS, ``response_headers``).
     """
 
-    snap: Snapshot
-    out: Outcome
+    __slots__ = ("snap", "out", "ollama_errors")
+
+    def __init__(
+        self,
+        snap: Snapshot,
+        out: Outcome,
+        *,
+        ollama_errors: bool = False,
+        response_headers: list[tuple[str, str]] | None = None,
+    ) -> None:
+        # (HeadContext's field set here: no super() call on the per-request path)
+        self.response_headers = response_headers or []
+        self.snap = snap
+        self.out = out
+        self.ollama_errors = ollama_errors
 
 
 class OpenAIApp:
@@ -143,8 +140,7 @@ class OpenAIApp:
 
     def __init__(self, runtime: EdgeRuntime) -> None:
         self.rt = runtime
-        self._seq = itertools.count(1)
-        self._id_prefix = secrets.token_hex(4)
+        self._ids = RequestIds()
         self._active: set[trio.CancelScope] = set()
         self._cut = False
         self._draining = False
@@ -159,9 +155,6 @@ class OpenAIApp:
         for scope in list(self._active):
             scope.cancel()
 
-    def _new_id(self, prefix: str) -> str:
-        return f"{prefix}-{self._id_prefix}{next(self._seq):08x}"
-
     # ---------------------------------------------------------------- entry
 
     def check_head(self, method: str, path: str, headers: list[tuple[str, str]]) -> Admission:
@@ -173,17 +166,34 @@ class OpenAIApp:
         with its endpoint in ``iop_openai_requests_total``, 404/405 by status),
         then raised for the server to answer from the head and close.
         """
-        out = Outcome(request_id=self._new_id("req"))
+        out = Outcome(request_id=self._ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
+        route = _ROUTES.get(path) or route_for(path)
+        ollama = route is not None and route.ollama
+        cors_headers: list[tuple[str, str]] | None = None
+        if snap.cors_origins:  # CORS on: only then is the Origin looked at
+            origin = cors.allowed_origin(snap.cors_origins, headers)
+            if origin is not None:
+                if method == "OPTIONS" and route is not None:
+                    # A preflight carries no credentials: answered before authentication.
+                    answer = cors.preflight_headers(origin, route.methods, headers)
+                    if answer is not None:
+                        # Answered 204 by the handler; the Responder adds ``answer``.
+                        return Admission(snap, out, response_headers=answer)
+                cors_headers = cors.response_headers(origin)
         try:
-            self._admit(snap, method, path, headers, out)
+            _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
             out.status = exc.metric_status
             out.http_status = exc.status
             exc.headers.append(("x-request-id", out.request_id))
-            self._finish(out)
+            if cors_headers:
+                exc.headers += cors_headers
+            finish(self.rt.metrics, out)
+            if ollama:
+                raise ShapedRefusal(exc) from None
             raise
-        return Admission(snap, out)
+        return Admission(snap, out, ollama_errors=ollama, response_headers=cors_headers)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -197,7 +207,7 @@ class OpenAIApp:
             out = context.out
             out.status = exc.metric_status
             out.http_status = status
-            self._finish(out)
+            finish(self.rt.metrics, out)
         else:
             self.rt.metrics.count_http_rejected(status)
 
@@ -206,21 +216,21 @@ class OpenAIApp:
         if not isinstance(admission, Admission):  # served without the head hook
             try:
                 admission = self.check_head(request.method, request.path, request.headers)
-            except errors.GatewayError as refused:
+            except (errors.GatewayError, ShapedRefusal) as refused:
                 status, headers, body = render_error(refused)
                 await responder.send(status, headers, body)
                 return
-        snap, out = admission.snap, admission.out
+        out = admission.out
         out.started = time.perf_counter()  # the request's duration starts with its handler
+        call: Call | None = None
         try:
-            timeout = snap.config.openai.request_timeout
-            with trio.move_on_after(timeout) as scope:
-                out.scope, out.deadline = scope, scope.deadline
+            with trio.move_on_after(admission.snap.config.openai.request_timeout) as scope:
+                call = Call(admission.snap, out, scope)
                 self._active.add(scope)
                 if self._cut:  # its body was still arriving at the drain deadline
                     scope.cancel()
                 try:
-                    await self._route(snap, request, responder, out)
+                    await self._route(call, request, responder)
                 finally:
                     self._active.discard(scope)
             if scope.cancelled_caught:
@@ -229,718 +239,157 @@ class OpenAIApp:
                     if self._cut
                     else errors.ProviderTimeout("the request exceeded its time limit")
                 )
-                await self._fail(responder, out, exc)
+                await fail(
+                    responder,
+                    out,
+                    exc,
+                    sse_open=call is not None and call.sse_open,
+                    context=admission,
+                )
         except errors.GatewayError as exc:
-            await self._fail(responder, out, exc)
+            await fail(
+                responder, out, exc, sse_open=call is not None and call.sse_open, context=admission
+            )
         finally:
-            self._finish(out)
-
-    async def _fail(self, responder: Responder, out: Outcome, exc: errors.GatewayError) -> None:
-        out.status = exc.metric_status
-        if not responder.started:
-            status, headers, body = render_error(exc)
-            out.http_status = status
-            headers.append(("x-request-id", out.request_id))
-            await responder.send(status, headers, body)
-        elif out.mode == "normalized" and out.endpoint != "api" and not responder.finished:
-            # An SSE stream already started: end it with an error event.  Bounded:
-            # after a timeout or a drain cut the caller may be one that stopped
-            # reading, and this write must not outlive the request's deadline.
-            with trio.move_on_after(ERROR_EVENT_GRACE):
-                await responder.write(error_sse_event(exc))
-                await responder.end()
-                return
-            raise _AbortConnection(exc.message)
-        else:
-            # A raw relay (or a whole response's write) is mid-body: the only
-            # honest signal is a cut connection.
-            raise _AbortConnection(exc.message)
-
-    def _finish(self, out: Outcome) -> None:
-        duration = time.perf_counter() - out.started
-        status = out.status or "cancelled"
-        p = out.principal
-        if out.endpoint is not None:
-            labels = RequestLabels(
-                principal_ref=p.label_principal_ref if p else "unmapped",
-                principal_alias=p.label_principal_alias if p else "unmapped",
-                token_ref=p.label_token_ref if p else "unmapped",
-                model_group=out.group,
-                endpoint=out.endpoint,
-                response_mode=out.mode,
-            )
-            self.rt.metrics.record_request(
-                labels,
-                status=status,
-                duration=duration,
-                usage=out.usage,
-                reasoning_chars=out.reasoning_chars,
-                reasoning_reported=out.reasoning_reported,
-            )
-        elif out.quiet:
-            return  # /healthz: load balancers poll it; no line per probe
-        elif out.http_status in (404, 405):  # an unknown route, or a wrong method
-            self.rt.metrics.count_http_rejected(out.http_status)
-        tokens = {"input": 0, "output": 0}
-        for _src, ttype, n in out.usage:
-            if ttype in tokens:
-                tokens[ttype] += n
-        log.info(
-            "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
-            "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
-            out.request_id,
-            (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
-                p.source if p else "-"
-            ),
-            out.group,
-            out.provider,
-            out.endpoint or "-",
-            out.mode,
-            status,
-            out.http_status,
-            duration * 1000,
-            tokens["input"],
-            tokens["output"],
-        )
+            finish(self.rt.metrics, out)
 
     # --------------------------------------------------------------- routing
 
-    @staticmethod
-    def _admit(
-        snap: Snapshot, method: str, path: str, headers: list[tuple[str, str]], out: Outcome
-    ) -> None:
-        """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
-
-        (A CORS preflight, answered before authentication, belongs here too.)
-        """
-        allowed = _KNOWN_ROUTES.get(path)
-        if path.startswith("/api/"):
-            out.endpoint = "api"
-            out.mode = "passthrough"  # the metrics convention: /api/* is a raw relay
-        else:
-            out.endpoint = _ENDPOINTS.get(path)
-        if allowed is None:
-            raise errors.RouteNotFound(f"no route for {method} {path}")
-        if method not in allowed:
-            raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
-        if path == "/healthz":
-            out.quiet = True  # load balancers poll it: no request line per probe
-            return
-        authorization = next((v for k, v in headers if k == "authorization"), None)
-        out.principal = snap.auth.authenticate(authorization)
-
-    async def _route(
-        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
-    ) -> None:
+    async def _route(self, call: Call, request: Request, responder: Responder) -> None:
         """Serve a request :meth:`check_head` admitted (route, method and caller known)."""
-        path = request.path
-        if path == "/healthz":
+        path, out = request.path, call.out
+        if request.method == "OPTIONS":  # only a CORS preflight passes check_head
+            out.status = "ok"
+            await responder.send(204, [], b"")
+        elif path == "/v1/chat/completions":
+            async with prepare(self.rt, call, request, rq.ChatRequest) as leased:
+                if leased.relay:
+                    await relay(leased, responder, out)
+                elif leased.body.stream:
+                    await chat_stream(leased, responder, call, self._ids)
+                else:
+                    await chat_once(leased, responder, out, self._ids)
+        elif path == "/v1/responses":
+            async with prepare(self.rt, call, request, rq.ResponsesRequest) as leased_r:
+                if leased_r.relay:
+                    await relay(leased_r, responder, out)
+                elif leased_r.body.stream:
+                    await responses_stream(leased_r, responder, call, self._ids)
+                else:
+                    await responses_once(leased_r, responder, out, self._ids)
+        elif path in _RELAYED_OLLAMA:  # only an ollama provider serves these
+            async with prepare(self.rt, call, request, rq.OllamaRequest) as leased_o:
+                await relay(leased_o, responder, out)
+        elif path in _RELAYED_OPENAI:  # only a passthrough provider serves these
+            async with prepare(self.rt, call, request, rq.RelayedRequest) as leased_x:
+                await relay(leased_x, responder, out)
+        elif path == "/healthz":
             if self._draining:  # take this instance out of the load balancer
                 raise errors.ShuttingDown("the edge is shutting down")
             out.status = "ok"
             await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
-            return
-        if path == "/v1/models":
-            await self._list_models(snap, responder, out)
-        elif path == "/api/tags":
-            await self._ollama_tags(snap, responder, out)
-        elif path == "/v1/chat/completions":
-            await self._chat(snap, request, responder, out)
-        elif path == "/v1/responses":
-            await self._responses(snap, request, responder, out)
-        else:
-            await self._ollama_relay(snap, request, responder, out)
-
-    # ---------------------------------------------------------------- models
-
-    async def _list_models(self, snap: Snapshot, responder: Responder, out: Outcome) -> None:
-        data = [
-            {"id": g.id, "object": "model", "created": 0, "owned_by": "iopd"}
-            for g in snap.catalog.listed()
-        ]
-        out.status = "ok"
-        await responder.send(
-            200, [("content-type", JSON)], _json_encode({"object": "list", "data": data})
-        )
-
-    async def _ollama_tags(self, snap: Snapshot, responder: Responder, out: Outcome) -> None:
-        models = [
-            {
-                "name": g.id,
-                "model": g.id,
-                "modified_at": "1970-01-01T00:00:00Z",
-                "size": 0,
-                "digest": "",
-                "details": {},
-            }
-            for g in snap.catalog.listed()
-            if snap.catalog.has_type(g.id, "ollama")
-        ]
-        out.status = "ok"
-        await responder.send(200, [("content-type", JSON)], _json_encode({"models": models}))
-
-    # ------------------------------------------------------------ shared prep
-
-    @staticmethod
-    def _parse(snap: Snapshot, request: Request, kind: type[_Req], out: Outcome) -> _Req:
-        """Decode and validate the body; a 400 is labelled with the group when one resolves."""
-        body = rq.parse_json_object(request.body)
-        model = body.get("model")
-        if isinstance(model, str):
-            group = snap.catalog.resolve(model)
-            if group is not None:
-                out.group = group.id
-        return kind.parse(body)
-
-    def _resolve(self, snap: Snapshot, model: str, out: Outcome) -> Any:
-        group = snap.catalog.resolve(model)
-        if group is None:
-            raise errors.ModelNotFound(
-                f"The model '{model[:200]}' does not exist", param="model"
-            )
-        out.group = group.id
-        types = {snap.catalog.providers[pid].config.type for pid, _ in group.providers}
-        out.mode = "passthrough" if types and types <= PASSTHROUGH_TYPES else "normalized"
-        return group
-
-    def _check_provider_auth(
-        self, snap: Snapshot, request: Request, group_id: str
-    ) -> str | None:
-        pa = snap.config.openai.provider_auth
-        value = request.header(pa.header.lower())
-        if pa.required and not value and snap.catalog.has_type(group_id, "openai"):
-            raise errors.ProviderAuthRequired(
-                f"this model requires the {pa.header} header with the provider's credentials"
-            )
-        return value
-
-    def _run_metadata(
-        self,
-        snap: Snapshot,
-        meta: dict[str, str],
-        principal: Principal,
-        *,
-        model: str,
-        stream: bool,
-        estimate: int,
-        context_class: str,
-    ) -> dict[str, str]:
-        md = dict(meta)
-        md.pop("workspace", None)
-        md = snap.auth.apply_principal_metadata(md, principal)
-        md.update(
-            openai_model=model,
-            openai_stream="true" if stream else "false",
-            strict_output="true" if snap.config.openai.strict_output else "false",
-            estimated_input_tokens=str(estimate),
-            context_class=context_class,
-        )
-        return md
-
-    def _check_workspace(self, snap: Snapshot, group: Any, workspace: str | None) -> None:
-        if workspace is None:
-            return
-        if not os.path.isabs(workspace) and snap.catalog.has_type(group.id, "cli"):
-            raise errors.InvalidRequest(
-                "metadata.workspace must be an absolute path", param="metadata.workspace"
-            )
-
-    def _tunnel_headers(
-        self, snap: Snapshot, request: Request, provider_auth: str | None
-    ) -> list[tuple[str, str]]:
-        """The allow-listed caller headers (``upstream_headers``), the provider's
-        credentials under ``provider_auth.target_header``, and the JSON type."""
-        pa = snap.config.openai.provider_auth
-        headers = upstream_headers(
-            request.headers,
-            extra=snap.config.openai.forward_headers,
-            provider_auth_header=pa.header,
-        )
-        if provider_auth:
-            headers.append((pa.target_header, provider_auth))
-        headers.append(("content-type", JSON))
-        return headers
-
-    @staticmethod
-    def _check_passthrough_limits(
-        group: Any, req: rq.ChatRequest | rq.ResponsesRequest | rq.OllamaRequest, out: Outcome
-    ) -> None:
-        """A request that can only be relayed raw (an all-passthrough group, or
-        ``/api/*``): a generation limit is a 400 before it queues."""
-        if out.mode == "passthrough":
-            apply_generation(
-                req.params(), group.generation, passthrough=True, field_names=req.field_names
-            )
-
-    @staticmethod
-    def _long_class(snap: Snapshot, estimate: int) -> Literal["normal", "long"]:
-        threshold = snap.config.openai.long_context_threshold_tokens
-        return "long" if estimate >= threshold else "normal"
-
-    # ------------------------------------------------------------------ chat
-
-    async def _chat(
-        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
-    ) -> None:
-        req = self._parse(snap, request, rq.ChatRequest, out)
-        group = self._resolve(snap, req.model, out)
-        assert out.principal is not None
-        provider_auth = self._check_provider_auth(snap, request, group.id)
-        meta = req.metadata
-        workspace = meta.get("workspace")
-        self._check_workspace(snap, group, workspace)
-        estimate = estimate_input_tokens(req.messages)
-        cclass = self._long_class(snap, estimate)
-        self._check_passthrough_limits(group, req, out)
-        async with self.rt.pool.lease(
-            group.id,
-            context_class=cclass,
-            requires=frozenset(),
-            queue_timeout=self._queue_bound(group, out),
-            body_bytes=len(request.body),
-        ) as lease:
-            session = self._leased(lease, out)
-            if lease.provider_type in PASSTHROUGH_TYPES:
-                await self._passthrough(
-                    snap, request, req, group, lease, session, provider_auth, responder, out
-                )
-                return
-            out.mode = "normalized"
-            params = apply_generation(req.params(), group.generation, passthrough=False)
-            messages = list(req.messages)
-            tools = req.tools
-            text_tools = bool(tools) and lease.provider_type in TEXT_TOOL_TYPES
-            prefix = self._system_prefix(snap)
-            if text_tools:
-                prefix.append({"role": "system", "content": tool_instruction(tools or [])})
-            run = RunRequest(
-                stream_id=0,
-                provider_id=lease.provider_id,
-                adapter=lease.provider_type,  # type: ignore[arg-type]
-                target=lease.target,
-                messages=prefix + messages,
-                tools=None if text_tools else tools,
-                params=params,
-                # (only the normalized path carries run metadata)
-                metadata=self._run_metadata(
-                    snap,
-                    meta,
-                    out.principal,
-                    model=req.model,
-                    stream=req.stream,
-                    estimate=estimate,
-                    context_class=cclass,
-                ),
-                workspace=workspace,
-                stream=req.stream,
-            )
-            if req.stream:
-                await self._chat_stream(
-                    snap, session, run, responder, out, req, text_tools=text_tools
-                )
-            else:
-                await self._chat_once(snap, session, run, responder, out, req, text_tools=text_tools)
-
-    def _queue_bound(self, group: Any, out: Outcome) -> float:
-        """The queue timeout of this request's lease, which also takes over its time limit.
-
-        A request that runs out of time before it holds a lease involved no
-        provider: that is a queue timeout (503 + Retry-After, counted as one
-        by the pool's metrics), not the request scope's 504
-        ``provider_timeout``.  So the pool waits at most the time left, and
-        the scope's deadline is parked until ``_leased`` puts it back (a
-        lease error leaves the scope at once).  A drain cut still cancels.
-        """
-        bound = self.rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
-        if out.scope is None:
-            return bound
-        out.scope.deadline = math.inf
-        return min(bound, max(0.0, out.deadline - trio.current_time()))
-
-    def _leased(self, lease: Lease, out: Outcome) -> Any:
-        """The request holds ``lease``: its time limit is the scope's again
-        (see ``_queue_bound``); the node session to send it on."""
-        if out.scope is not None:
-            out.scope.deadline = out.deadline
-        out.provider = lease.provider_id
-        return self._session(lease)
-
-    def _session(self, lease: Lease) -> Any:
-        session = self.rt.hub.session(lease.node_id)
-        if session is None:
-            raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
-        return session
-
-    async def _chat_once(
-        self,
-        snap: Snapshot,
-        session: Any,
-        run: RunRequest,
-        responder: Responder,
-        out: Outcome,
-        req: rq.ChatRequest,
-        *,
-        text_tools: bool,
-    ) -> None:
-        asm = chatfmt.CompletionAssembler(
-            completion_id=self._new_id("chatcmpl"), model=req.model, created=int(time.time())
-        )
-        await self._collect(session, run, asm, out)
-        text_override: str | None = None
-        calls_override: list[dict[str, Any]] | None = None
-        text = asm.text
-        if snap.config.openai.strict_output:
-            text = extract_completion(text)
-            text_override = text
-        if text_tools:
-            res = parse_text_tool_calls(text, req.tools or [])
-            if res.calls:
-                calls_override = res.calls
-                text_override = res.content
-            elif res.fallback:
-                run.metadata["openai_text_tool_fallback"] = "true"
-        result = asm.result(text_override=text_override, tool_calls_override=calls_override)
-        out.status = "ok"
-        out.http_status = 200
-        await responder.send(200, [("content-type", JSON)], _json_encode(result))
-
-    async def _collect(self, session: Any, run: RunRequest, asm: Any, out: Outcome) -> None:
-        """Run a normalized request to its end, feeding every event to ``asm``."""
-        try:
-            async with session.open_stream(run) as events:
-                async for ev in events:
-                    if ev.kind == "complete":
-                        asm.finish(ev)
-                    elif ev.kind == "error":
-                        raise _run_error(ev)
-                    else:
-                        asm.feed(_restore_tool_event(ev, asm))
-        finally:
-            self._account_run_usage(asm, out)
-
-    @staticmethod
-    def _account_run_usage(asm: Any, out: Outcome) -> None:
-        usage: Usage | None = asm.usage
-        out.usage = run_event_usage(usage)
-        out.reasoning_reported = bool(usage and usage.reasoning_tokens)
-        out.reasoning_chars = len(asm.reasoning_text)
-
-    async def _chat_stream(
-        self,
-        snap: Snapshot,
-        session: Any,
-        run: RunRequest,
-        responder: Responder,
-        out: Outcome,
-        req: rq.ChatRequest,
-        *,
-        text_tools: bool,
-    ) -> None:
-        chunks = chatfmt.ChunkStream(
-            completion_id=self._new_id("chatcmpl"),
-            model=req.model,
-            created=int(time.time()),
-            include_usage=req.include_usage,
-        )
-        asm = chatfmt.CompletionAssembler(
-            completion_id="", model=req.model, created=0
-        )  # accounting only
-        strict = StrictStreamFilter() if snap.config.openai.strict_output else None
-        try:
-            await self._stream_events(session, run, responder, out, req, chunks, asm, strict, text_tools)
-        finally:
-            self._account_run_usage(asm, out)
-
-    async def _stream_events(
-        self,
-        session: Any,
-        run: RunRequest,
-        responder: Responder,
-        out: Outcome,
-        req: rq.ChatRequest,
-        chunks: Any,
-        asm: Any,
-        strict: StrictStreamFilter | None,
-        text_tools: bool,
-    ) -> None:
-        tool_index = 0
-        async with session.open_stream(run) as events:
-            await responder.start(200, list(SSE_HEADERS))
-            out.http_status = 200
-            await responder.write(chunks.first())
-            async for ev in events:
-                kind = ev.kind
-                if kind == "text":
-                    asm.feed(ev)
-                    if text_tools:
-                        continue  # the whole text decides: tool calls or text
-                    delta = strict.feed(ev.text) if strict else ev.text
-                    if delta:
-                        await responder.write(chunks.text(delta))
-                elif kind == "reasoning":
-                    asm.feed(ev)
-                    await responder.write(chunks.reasoning(ev.text))
-                elif kind == "tool_call":
-                    ev = _restore_tool_event(ev, asm)
-                    asm.feed(ev)
-                    await responder.write(chunks.tool_call(tool_index, ev.tool_call))
-                    tool_index += 1
-                elif kind == "usage":
-                    asm.feed(ev)
-                elif kind == "complete":
-                    asm.finish(ev)
-                    finish = asm.finish_reason or "stop"
-                    if text_tools:
-                        text = extract_completion(asm.text) if strict else asm.text
-                        res = parse_text_tool_calls(text, req.tools or [])
-                        if res.calls:
-                            if res.content:
-                                await responder.write(chunks.text(res.content))
-                            for call in res.calls:
-                                await responder.write(chunks.tool_call(tool_index, call))
-                                tool_index += 1
-                            finish = "tool_calls"
-                        elif text:
-                            await responder.write(chunks.text(text))
-                    elif strict:
-                        rest = strict.flush()
-                        if rest:
-                            await responder.write(chunks.text(rest))
-                    if tool_index and finish == "stop":
-                        finish = "tool_calls"
-                    await responder.write(chunks.finish(finish, asm.usage))
-                    await responder.end()
-                    out.status = "ok"
-                    return
-                elif kind == "error":
-                    raise _run_error(ev)
-
-    # ------------------------------------------------------------- responses
-
-    async def _responses(
-        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
-    ) -> None:
-        req = self._parse(snap, request, rq.ResponsesRequest, out)
-        group = self._resolve(snap, req.model, out)
-        assert out.principal is not None
-        provider_auth = self._check_provider_auth(snap, request, group.id)
-        has_passthrough = snap.catalog.has_type(group.id, "openai")
-        simple = not req.stream and isinstance(req.raw.get("input"), str)
-        requires: frozenset[str] = frozenset()
-        if not simple:
-            if not has_passthrough:
-                raise errors.InvalidRequest(
-                    "this model's providers support only non-streaming /v1/responses with a "
-                    "string 'input'",
-                    param="input" if not isinstance(req.raw.get("input"), str) else "stream",
-                )
-            requires = frozenset({"passthrough"})
-        meta = req.metadata
-        workspace = meta.get("workspace")
-        self._check_workspace(snap, group, workspace)
-        messages = responses_input_to_messages(req.raw) if simple else []
-        estimate = estimate_input_tokens(messages) if simple else _estimate_raw_input(req.raw)
-        cclass = self._long_class(snap, estimate)
-        self._check_passthrough_limits(group, req, out)
-        async with self.rt.pool.lease(
-            group.id,
-            context_class=cclass,
-            requires=requires,
-            queue_timeout=self._queue_bound(group, out),
-            body_bytes=len(request.body),
-        ) as lease:
-            session = self._leased(lease, out)
-            if lease.provider_type in PASSTHROUGH_TYPES:
-                await self._passthrough(
-                    snap, request, req, group, lease, session, provider_auth, responder, out
-                )
-                return
-            out.mode = "normalized"
-            prefix = self._system_prefix(snap)
-            run = RunRequest(
-                stream_id=0,
-                provider_id=lease.provider_id,
-                adapter=lease.provider_type,  # type: ignore[arg-type]
-                target=lease.target,
-                messages=prefix + messages,
-                params=apply_generation(req.params(), group.generation, passthrough=False),
-                metadata=self._run_metadata(
-                    snap,
-                    meta,
-                    out.principal,
-                    model=req.model,
-                    stream=False,
-                    estimate=estimate,
-                    context_class=cclass,
-                ),
-                workspace=workspace,
-                stream=False,
-            )
-            asm = chatfmt.CompletionAssembler(completion_id="", model=req.model, created=0)
-            await self._collect(session, run, asm, out)
-            text = asm.text
-            if snap.config.openai.strict_output:
-                text = extract_completion(text)
-            doc = build_response(
-                response_id=self._new_id("resp"),
-                model=req.model,
-                created_at=int(time.time()),
-                text=text,
-                reasoning_text=asm.reasoning_text,
-                usage=asm.usage,
-                metadata={k: v for k, v in meta.items() if k != "workspace"},
-            )
+        else:  # answered from the catalog, no provider involved
+            body = _catalog_answer(self.rt, path)
             out.status = "ok"
-            out.http_status = 200
-            await responder.send(200, [("content-type", JSON)], _json_encode(doc))
-
-    # ---------------------------------------------------------------- ollama
-
-    async def _ollama_relay(
-        self, snap: Snapshot, request: Request, responder: Responder, out: Outcome
-    ) -> None:
-        req = self._parse(snap, request, rq.OllamaRequest, out)
-        group = self._resolve(snap, req.model, out)
-        out.mode = "passthrough"
-        if not snap.catalog.has_type(group.id, "ollama"):
-            raise errors.InvalidRequest(
-                f"model '{req.model[:200]}' has no ollama provider for {request.path}",
-                param="model",
-            )
-        self._check_passthrough_limits(group, req, out)
-        async with self.rt.pool.lease(
-            group.id,
-            requires=frozenset({"ollama"}),
-            queue_timeout=self._queue_bound(group, out),
-            body_bytes=len(request.body),
-        ) as lease:
-            session = self._leased(lease, out)
-            await self._passthrough(
-                snap, request, req, group, lease, session, None, responder, out
-            )
-
-    # ----------------------------------------------------------------- relay
-
-    @staticmethod
-    def _system_prefix(snap: Snapshot) -> list[dict[str, Any]]:
-        """System messages the edge puts before the caller's on the normalized path."""
-        oa = snap.config.openai
-        return [strict_system_message(oa.strict_output_instruction)] if oa.strict_output else []
-
-    async def _passthrough(
-        self,
-        snap: Snapshot,
-        request: Request,
-        req: rq.ChatRequest | rq.ResponsesRequest | rq.OllamaRequest,
-        group: Any,
-        lease: Lease,
-        session: Any,
-        provider_auth: str | None,
-        responder: Responder,
-        out: Outcome,
-    ) -> None:
-        """Relay the caller's request to the leased provider, ``model`` rewritten.
-
-        Generation limits are checked here (passthrough adds nothing; over a
-        limit is a 400): in a mixed group only the lease decides the path.
-        """
-        apply_generation(
-            req.params(), group.generation, passthrough=True, field_names=req.field_names
-        )
-        out.mode = "passthrough"
-        treq = ProviderTunnelRequest(
-            stream_id=0,
-            provider_id=lease.provider_id,
-            method="POST",
-            path=request.path,
-            headers=self._tunnel_headers(snap, request, provider_auth),
-            body=rq.rewrite_model(req.raw, lease.target),
-        )
-        await self._relay(session, treq, responder, out)
-
-    async def _relay(
-        self, session: Any, treq: ProviderTunnelRequest, responder: Responder, out: Outcome
-    ) -> None:
-        """Relay a provider's raw response: status, end-to-end headers, body bytes."""
-        body_usage: Usage | None = None
-        frame_usage: Usage | None = None
-        try:
-            async with session.open_stream(treq) as frames:
-                async for fr in frames:
-                    fr_: ProviderTunnelFrame = fr
-                    kind = fr_.kind
-                    # hold: the next frame is already here, so write both at once.
-                    if kind == "body":
-                        if fr_.data:
-                            await responder.write(fr_.data, hold=frames.buffered() > 0)
-                    elif kind == "head":
-                        headers = [(k, v) for k, v in fr_.headers if k.lower() not in HOP_BY_HOP]
-                        ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
-                        if ctype.startswith("text/event-stream") or ctype.startswith(
-                            "application/x-ndjson"
-                        ):
-                            headers.append(("X-Accel-Buffering", "no"))
-                        await responder.start(fr_.status, headers, hold=frames.buffered() > 0)
-                        out.http_status = fr_.status
-                    elif kind == "usage":
-                        body_usage = fr_.body_usage or body_usage
-                        frame_usage = fr_.usage or frame_usage
-                        out.reasoning_chars += fr_.reasoning_chars
-                    elif kind == "end":
-                        await responder.end()
-                        out.status = "ok" if out.http_status < 400 else (
-                            "client_error" if out.http_status < 500 else "provider_error"
-                        )
-                        return
-                    else:  # error
-                        raise _tunnel_error(fr_)
-        finally:
-            out.usage = tunnel_usage(body_usage, frame_usage)
-            out.reasoning_reported = bool(
-                (body_usage and body_usage.reasoning_tokens)
-                or (frame_usage and frame_usage.reasoning_tokens)
-            )
+            await responder.send(200, [("content-type", JSON)], body)
 
 
-class _AbortConnection(AbortResponse):
-    """Raised to make the HTTP server cut a connection whose body was mid-relay."""
+#: The routes relayed raw to a provider speaking the caller's API, whatever
+#: the group's other providers are.
+_RELAYED_OLLAMA = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/show"})
+_RELAYED_OPENAI = frozenset({"/v1/embeddings", "/v1/completions"})
 
 
-def _run_error(ev: RunEvent) -> errors.GatewayError:
-    msg = ev.message or "the provider failed"
-    if ev.code == "provider_timeout":
-        return errors.ProviderTimeout(msg)
-    if ev.code == "bad_request":
-        return errors.InvalidRequest(msg)
-    if ev.code in ("node_lost", "node_dispatch_error"):
-        return errors.NodeDispatchError(msg)
-    return errors.ProviderError(msg)
+# ------------------------------------------------------------------ catalog answers
 
 
-def _tunnel_error(fr: ProviderTunnelFrame) -> errors.GatewayError:
-    msg = fr.message or "the provider failed"
-    if fr.code == "provider_timeout":
-        return errors.ProviderTimeout(msg)
-    if fr.code == "bad_request":
-        return errors.InvalidRequest(msg)
-    return errors.ProviderError(msg)
+def _catalog_answer(rt: EdgeRuntime, path: str) -> bytes:
+    """The body of a route the edge answers itself, from the snapshot and the pool."""
+    snap = rt.snapshot
+    if path == "/v1/models":
+        data = [_model_object(g.id) for g in snap.catalog.listed()]
+        return _json_encode({"object": "list", "data": data})
+    if path.startswith(MODEL_PREFIX):
+        return _json_encode(_retrieve_model(snap, path))
+    if path == "/api/tags":
+        return _json_encode({"models": [_ollama_model(g.id) for g in _ollama_groups(snap)]})
+    if path == "/api/ps":
+        return _json_encode({"models": [_ollama_model(g) for g in _running_ollama_groups(rt)]})
+    # /api/version: the edge's own (no single provider speaks for the gateway).
+    return _json_encode({"version": __version__})
 
 
-def _restore_tool_event(ev: RunEvent, asm: Any) -> RunEvent:
-    if ev.kind != "tool_call" or ev.tool_call is None:
-        return ev
-    index = len(asm.tool_calls)
-    return msgspec.structs.replace(ev, tool_call=restore_native_tool_call(ev.tool_call, index))
+def _model_object(group_id: str) -> dict[str, str | int]:
+    return {"id": group_id, "object": "model", "created": 0, "owned_by": "iopd"}
 
 
-def _estimate_raw_input(raw: dict[str, Any]) -> int:
-    """The §2.4 estimate over a /v1/responses body: instructions and input items."""
-    parts: list[Any] = []
-    if isinstance(raw.get("instructions"), str):
-        parts.append({"content": raw["instructions"]})
-    inp = raw.get("input")
-    if isinstance(inp, str):
-        parts.append({"content": inp})
-    elif isinstance(inp, list):
-        parts.extend(inp)  # message-shaped items; text_parts skips anything else
-    return estimate_input_tokens(parts)
+def _retrieve_model(snap: Snapshot, path: str) -> dict[str, str | int]:
+    """``GET /v1/models/{id}`` (the SDK's ``models.retrieve``): exactly a listed id.
+
+    The id is percent-decoded (an SDK quotes ``/`` in ``org/model``); the
+    fallback group answers for its own id only, not for every unknown name.
+    """
+    model = unquote(path[len(MODEL_PREFIX) :])
+    group = snap.catalog.group(model)
+    if group is None:
+        raise model_not_found(snap, model)
+    return _model_object(group.id)
+
+
+def _ollama_groups(snap: Snapshot) -> list[GroupSpec]:
+    """The groups ``/api/*`` serves: those with an ``ollama`` provider."""
+    return [g for g in snap.catalog.listed() if snap.catalog.has_type(g.id, "ollama")]
+
+
+def _running_ollama_groups(rt: EdgeRuntime) -> list[str]:
+    """``/api/ps``: the Ollama groups with a request in flight on one of their ollama providers."""
+    snap, loads = rt.snapshot, rt.pool.provider_loads()
+    running = []
+    for group in _ollama_groups(snap):
+        for pid, _served in group.providers:
+            load = loads.get(pid)
+            ref = snap.catalog.providers.get(pid)
+            if load is not None and load.in_flight and ref is not None and ref.config.type == "ollama":
+                running.append(group.id)
+                break
+    return running
+
+
+def _ollama_model(name: str) -> dict[str, object]:
+    return {
+        "name": name,
+        "model": name,
+        "modified_at": "1970-01-01T00:00:00Z",
+        "size": 0,
+        "digest": "",
+        "details": {},
+    }
+
+
+def _admit(
+    snap: Snapshot,
+    route: Route | None,
+    method: str,
+    path: str,
+    headers: list[tuple[str, str]],
+    out: Outcome,
+) -> None:
+    """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
+
+    (A CORS preflight from an allowed origin never gets here: ``check_head``
+    answers it before authentication.)
+    """
+    if route is None:
+        raise errors.RouteNotFound(f"no route for {method} {path}")
+    out.endpoint = route.endpoint
+    if route.endpoint in RELAY_ONLY_ENDPOINTS:
+        out.mode = "passthrough"  # the metrics convention: only ever a raw relay
+    if method not in route.methods:
+        if not route.methods:
+            raise errors.RouteNotFound(f"no route for {method} {path}")
+        raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
+    if path == "/healthz":
+        out.quiet = True  # load balancers poll it: no request line per probe
+        return
+    authorization = next((v for k, v in headers if k == "authorization"), None)
+    out.principal = snap.auth.authenticate(authorization)

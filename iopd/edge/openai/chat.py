@@ -16,10 +16,10 @@ provider reported reasoning or cached tokens.
 from __future__ import annotations
 
 import secrets
-from typing import Any
 
 import msgspec
 
+from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.sse import SSE_DONE, sse_data
 from iopd.edge.openai.tools import restore_native_tool_call
 from iopd.errors import ProviderError
@@ -27,6 +27,7 @@ from wire.messages import RunEvent, Usage
 
 __all__ = [
     "ChunkStream",
+    "add_usage",
     "CompletionAssembler",
     "merge_usage",
     "new_completion_id",
@@ -74,7 +75,28 @@ def _pick(new: int | None, old: int | None) -> int | None:
     return old if new is None else new
 
 
-def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
+def add_usage(total: Usage | None, more: Usage | None) -> Usage | None:
+    """The usage of two runs together (``n > 1``): each field summed, None where
+    neither run reported it."""
+    if more is None:
+        return total
+    if total is None:
+        return more
+    return Usage(
+        input_tokens=_add(total.input_tokens, more.input_tokens),
+        output_tokens=_add(total.output_tokens, more.output_tokens),
+        reasoning_tokens=_add(total.reasoning_tokens, more.reasoning_tokens),
+        cached_input_tokens=_add(total.cached_input_tokens, more.cached_input_tokens),
+    )
+
+
+def _add(a: int | None, b: int | None) -> int | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def usage_dict(usage: Usage | None) -> JSONObject | None:
     """The OpenAI ``usage`` object for a wire ``Usage`` (None when nothing was reported).
 
     Unreported input/output count as 0; ``total_tokens`` = prompt + completion;
@@ -85,7 +107,7 @@ def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
         return None
     prompt = usage.input_tokens or 0
     completion = usage.output_tokens or 0
-    out: dict[str, Any] = {
+    out: JSONObject = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
@@ -97,7 +119,7 @@ def usage_dict(usage: Usage | None) -> dict[str, Any] | None:
     return out
 
 
-def _metadata_tool_calls(event: RunEvent) -> list[dict[str, Any]]:
+def _metadata_tool_calls(event: RunEvent) -> list[JSONObject]:
     """Tool calls a node put in event metadata (``openai_tool_calls``, a JSON list)."""
     raw = event.metadata.get(TOOL_CALLS_METADATA_KEY)
     if not raw:
@@ -133,7 +155,7 @@ class CompletionAssembler:
         self.created = created
         self._text: list[str] = []
         self._reasoning: list[str] = []
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[JSONObject] = []
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.metadata: dict[str, str] = {}
@@ -154,7 +176,7 @@ class CompletionAssembler:
         """True when any non-empty reasoning delta arrived."""
         return any(self._reasoning)
 
-    def _add_tool_call(self, call: dict[str, Any]) -> None:
+    def _add_tool_call(self, call: JSONObject) -> None:
         restored = restore_native_tool_call(call, len(self.tool_calls))
         if any(known["id"] == restored["id"] for known in self.tool_calls):
             return  # the same call reported both as an event and in metadata
@@ -198,8 +220,9 @@ class CompletionAssembler:
     def result(
         self,
         text_override: str | None = None,
-        tool_calls_override: list[dict[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+        tool_calls_override: list[JSONObject] | None = None,
+        index: int = 0,
+    ) -> JSONObject:
         """The ``chat.completion`` dict.
 
         ``text_override`` replaces the accumulated text (strict output, text
@@ -209,6 +232,7 @@ class CompletionAssembler:
         also give None content: the raw text holds the ``<tool_call>`` blocks,
         so ``result(res.content, res.calls)`` is right for a
         :class:`~iopd.edge.openai.tools.TextToolResult` ``res`` either way.
+        ``index`` is the choice's (``n > 1``: one assembler per choice).
         """
         calls = self.tool_calls if tool_calls_override is None else tool_calls_override
         if text_override is not None:
@@ -217,21 +241,21 @@ class CompletionAssembler:
             content = None
         else:
             content = self.text
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        message: JSONObject = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
             if not content:
                 message["content"] = None
         if self.saw_reasoning:
             message["reasoning_content"] = self.reasoning_text
-        out: dict[str, Any] = {
+        out: JSONObject = {
             "id": self.completion_id,
             "object": "chat.completion",
             "created": self.created,
             "model": self.model,
             "choices": [
                 {
-                    "index": 0,
+                    "index": index,
                     "message": message,
                     "logprobs": None,
                     "finish_reason": openai_finish_reason(
@@ -254,6 +278,10 @@ class ChunkStream:
     usage chunk (when ``include_usage``) and ``data: [DONE]``.  With
     ``include_usage`` every other chunk carries ``"usage": null``, as OpenAI's
     do.
+
+    With ``n > 1`` choices one after the other: :meth:`first` with each
+    choice's index, its deltas, :meth:`finish_choice`, and after the last one
+    :meth:`end` (usage and ``[DONE]``).  Every chunk carries its choice index.
     """
 
     def __init__(
@@ -264,23 +292,32 @@ class ChunkStream:
         self.created = created
         self.include_usage = include_usage
         self.tool_calls_sent = 0
+        #: The choice the chunks belong to (set by :meth:`first`).
+        self.index = 0
 
-    def _chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        chunk: dict[str, Any] = {
+    def _chunk(self, delta: JSONObject, finish_reason: str | None = None) -> bytes:
+        chunk: JSONObject = {
             "id": self.completion_id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+                {
+                    "index": self.index,
+                    "delta": delta,
+                    "logprobs": None,
+                    "finish_reason": finish_reason,
+                }
             ],
         }
         if self.include_usage:
             chunk["usage"] = None
         return sse_data(chunk)
 
-    def first(self) -> bytes:
-        """The opening chunk: ``delta: {role: assistant, content: ""}``."""
+    def first(self, index: int = 0) -> bytes:
+        """The opening chunk of choice ``index``: ``delta: {role: assistant, content: ""}``."""
+        self.index = index
+        self.tool_calls_sent = 0
         return self._chunk({"role": "assistant", "content": ""})
 
     def text(self, delta: str) -> bytes:
@@ -291,7 +328,7 @@ class ChunkStream:
         """A reasoning delta (``delta.reasoning_content``)."""
         return self._chunk({"reasoning_content": delta})
 
-    def tool_call(self, index: int, call: dict[str, Any]) -> bytes:
+    def tool_call(self, index: int, call: JSONObject) -> bytes:
         """One whole tool call (OpenAI shape, or native: it is restored) at ``index``."""
         restored = restore_native_tool_call(call, index)
         self.tool_calls_sent += 1
@@ -303,8 +340,16 @@ class ChunkStream:
         ``finish_reason`` is normalised like the non-streaming one: with tool
         calls sent it becomes ``tool_calls`` unless it is ``length``.
         """
+        return self.finish_choice(finish_reason) + self.end(usage)
+
+    def finish_choice(self, finish_reason: str | None) -> bytes:
+        """The finishing chunk of the current choice (its reason normalised)."""
         reason = openai_finish_reason(finish_reason, has_tool_calls=self.tool_calls_sent > 0)
-        out = self._chunk({}, reason)
+        return self._chunk({}, reason)
+
+    def end(self, usage: Usage | None) -> bytes:
+        """After the last choice: the usage chunk (if asked for) and ``[DONE]``."""
+        out = b""
         if self.include_usage:
             out += sse_data(
                 {

@@ -16,9 +16,10 @@ bounds; a limited field that is not a number is a 400 on both paths.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypeGuard
+from typing import TypeGuard
 
 from iopd.config.schema import Generation
+from iopd.edge.openai.jsonschema import JSONObject, JSONValue
 from iopd.errors import InvalidRequest
 
 __all__ = ["apply_generation"]
@@ -33,7 +34,7 @@ def _names(field: str) -> tuple[str, ...]:
     return _ALIASES.get(field, (field,))
 
 
-def _is_number(value: Any) -> TypeGuard[int | float]:
+def _is_number(value: JSONValue) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
@@ -44,12 +45,12 @@ def _limit_for(field: str, limits: dict[str, float | int]) -> float | int | None
 
 
 def apply_generation(
-    params: dict[str, Any],
+    params: JSONObject,
     policy: Generation,
     *,
     passthrough: bool,
     field_names: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
+) -> JSONObject:
     """Apply ``policy`` to the request fields ``params``; return a new dict.
 
     Raises :class:`~iopd.errors.InvalidRequest` (``param`` = the field) for a

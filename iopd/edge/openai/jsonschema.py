@@ -56,11 +56,19 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from typing import Any, TypeGuard
+from typing import Any, TypeAlias, TypeGuard
 
 import re2
 
-__all__ = ["ValidationBudget", "validate"]
+__all__ = ["JSONArray", "JSONObject", "JSONValue", "ValidationBudget", "json_type", "validate"]
+
+#: A decoded JSON value (a caller's body, a tool schema, a provider's answer):
+#: its shape is known only once checked, so it is ``Any`` (here, and only here).
+JSONValue: TypeAlias = Any
+#: A decoded JSON object.
+JSONObject: TypeAlias = dict[str, Any]
+#: A decoded JSON array.
+JSONArray: TypeAlias = list[Any]
 
 _MAX_REF_DEPTH = 64
 

@@ -12,24 +12,20 @@ parameters) travel unchanged on the passthrough path.  ``null`` counts as
 "absent" for optional parameters, as in the OpenAI API.  JSON booleans are
 never numbers here (``true`` is not ``1``).
 
-Decoding is bounded by the body's size (:func:`parse_json_object`): a JSON
-value costs a Python object of 30-200 bytes however few bytes it takes in the
-body (``[]`` is 2 bytes and a 64-byte list), so before decoding a large body
-the edge estimates what its objects will cost and refuses a body over
-``DECODE_COST_FACTOR`` times its size (plus ``DECODE_COST_SLACK``).
+Decoding is bounded by the body's size: see :mod:`iopd.edge.openai.json_body`.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 import msgspec
 
-from iopd.edge.openai.jsonschema import json_type
+from iopd.edge.openai.json_body import parse_json_object
+from iopd.edge.openai.jsonschema import JSONArray, JSONObject, JSONValue, json_type
 from iopd.errors import InvalidRequest
 
-_decode = msgspec.json.Decoder().decode
 _encode = msgspec.json.Encoder().encode
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
@@ -44,126 +40,26 @@ MAX_METADATA_VALUE_CHARS = 512
 WORKSPACE_KEY = "workspace"
 MAX_WORKSPACE_CHARS = 4096
 MAX_STOP_SEQUENCES = 4
-
-
-#: Bodies up to this size are decoded without an estimate (at worst ~30x:
-#: 2 MiB of objects).
-DECODE_CHECK_FROM_BYTES = 64 * 1024
-#: A body may decode to at most this many times its size, plus the slack.
-DECODE_COST_FACTOR = 10
-DECODE_COST_SLACK = 1024 * 1024
-
-# Bytes of one decoded object, measured with tracemalloc on msgspec 0.19 /
-# CPython 3.11 (8 MiB bodies of one repeated item): a list 64, a small dict
-# ~190 (a dict entry ~48 more as it grows), a str 49 + its characters, an int
-# or float 32-36, a reference to any of them 8.  Small ints, true, false,
-# null, "" and one-character strings are shared objects: only the reference.
-_LIST_BYTES = 72
-_DICT_BYTES = 160
-_ENTRY_BYTES = 48
-_STR_BYTES = 56
-_SCALAR_BYTES = 36
-_REF_BYTES = 8
-_NOT_STRUCTURAL = bytes(i for i in range(256) if i not in b'[{,:"')
+#: ``n`` on the normalized path: each choice is one more run on the provider,
+#: one after the other under the same lease and ``request_timeout``.
+MAX_NORMALIZED_CHOICES = 8
 
 
 # ------------------------------------------------------------------ helpers
 
 
-def estimated_decoded_bytes(body: bytes) -> int:
-    """An upper estimate of the memory the decoded ``body`` takes, in linear time.
-
-    Everything runs at C speed over the bytes (no Python step per value, so
-    a body of millions of tiny values costs no more than a long string):
-    escape pairs are removed, every byte but ``[ { , : "`` is deleted, and the
-    string literals are taken out of that skeleton so that only the structure
-    outside strings is counted.  Counts: lists (``[``), dicts (``{``), entries
-    (``:``), strings, and values (``,``); each is priced at the measured cost
-    of its object (see above).  Characters cost 1 byte each in an ASCII body,
-    4 otherwise (one emoji makes CPython store its whole string at 4 bytes a
-    character).  For valid JSON the estimate is above the real figure in every
-    shape measured; for invalid JSON it is meaningless, and decoding refuses
-    the body anyway.
-    """
-    per_char = 1 if body.isascii() and b"\\u" not in body else 4
-    skeleton = body
-    if b"\\" in skeleton:  # (outside strings a backslash is invalid JSON anyway)
-        skeleton = skeleton.replace(b"\\\\", b"").replace(b'\\"', b"")
-    skeleton = skeleton.translate(None, _NOT_STRUCTURAL)
-    # A string whose content holds no structural byte is now `""`; two strings
-    # are never adjacent in JSON (a `,` or `:` separates them).
-    size = len(skeleton)
-    skeleton = skeleton.replace(b'""', b"")
-    strings = (size - len(skeleton)) // 2
-    quotes = skeleton.count(b'"')
-    if quotes > len(body) // 32:
-        strings += quotes // 2  # too many to split cheaply: count their content as structure
-    elif quotes:
-        parts = skeleton.split(b'"')
-        strings += len(parts) // 2
-        skeleton = b"".join(parts[::2])
-    lists, dicts = skeleton.count(b"["), skeleton.count(b"{")
-    values, entries = skeleton.count(b","), skeleton.count(b":")
-    # Values other than strings and containers: at most one per `,` or `:`
-    # (plus the last), minus the strings.
-    scalars = max(0, values + entries + 1 - strings)
-    return (
-        per_char * len(body)
-        + _STR_BYTES * strings
-        + _LIST_BYTES * lists
-        + _DICT_BYTES * dicts
-        + _ENTRY_BYTES * entries
-        + _REF_BYTES * (values + lists + dicts)
-        + _SCALAR_BYTES * scalars
-    )
-
-
-def _check_decode_cost(body: bytes) -> None:
-    """Refuse (400) a body whose decoded objects would cost too much memory."""
-    cap = DECODE_COST_FACTOR * len(body) + DECODE_COST_SLACK
-    estimate = estimated_decoded_bytes(body)
-    if estimate > cap:
-        raise InvalidRequest(
-            f"request body is too costly to decode: its {len(body)} bytes of JSON would "
-            f"become about {estimate // 1_048_576} MiB of objects, over the "
-            f"{cap // 1_048_576} MiB allowed for a body of this size "
-            f"({DECODE_COST_FACTOR}x its size + 1 MiB); send fewer, larger values"
-        )
-
-
-def parse_json_object(body: bytes) -> dict[str, Any]:
-    """Decode a request body that must be one JSON object (else 400).
-
-    A body over ``DECODE_CHECK_FROM_BYTES`` is first priced by
-    :func:`estimated_decoded_bytes` and refused (400) over the cap.
-    """
-    if not body or body.isspace():
-        raise InvalidRequest("request body is empty; expected a JSON object")
-    if len(body) > DECODE_CHECK_FROM_BYTES:
-        _check_decode_cost(body)
-    try:
-        value = _decode(body)
-    except (ValueError, msgspec.DecodeError):  # incl. UnicodeDecodeError
-        raise InvalidRequest("request body is not valid JSON (or not valid UTF-8)") from None
-    except RecursionError:  # absurdly deep nesting, e.g. [[[[...]]]]
-        raise InvalidRequest("request body is nested too deeply") from None
-    if not isinstance(value, dict):
-        raise InvalidRequest("request body must be a JSON object")
-    return value
-
-
-def rewrite_model(raw: dict[str, Any], served: str) -> bytes:
+def rewrite_model(raw: JSONObject, served: str) -> bytes:
     """``raw`` as JSON with ``model`` replaced by the provider's served name."""
     out = dict(raw)
     out["model"] = served
     return _encode(out)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: JSONValue) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: JSONValue) -> bool:
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
@@ -171,11 +67,11 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, float) and value.is_integer()
 
 
-def _wrong_type(param: str, expected: str, value: Any) -> InvalidRequest:
+def _wrong_type(param: str, expected: str, value: JSONValue) -> InvalidRequest:
     return InvalidRequest(f"'{param}' must be {expected}, got {json_type(value)}", param=param)
 
 
-def _model(raw: dict[str, Any]) -> str:
+def _model(raw: JSONObject) -> str:
     if "model" not in raw or raw["model"] is None:
         raise InvalidRequest("'model' is required", param="model")
     model = raw["model"]
@@ -186,7 +82,7 @@ def _model(raw: dict[str, Any]) -> str:
     return model
 
 
-def _opt_bool(raw: dict[str, Any], key: str, default: bool, param: str | None = None) -> bool:
+def _opt_bool(raw: JSONObject, key: str, default: bool, param: str | None = None) -> bool:
     value = raw.get(key)
     if value is None:
         return default
@@ -195,7 +91,7 @@ def _opt_bool(raw: dict[str, Any], key: str, default: bool, param: str | None = 
     return value
 
 
-def _opt_str(raw: dict[str, Any], key: str, param: str | None = None) -> str | None:
+def _opt_str(raw: JSONObject, key: str, param: str | None = None) -> str | None:
     value = raw.get(key)
     if value is None:
         return None
@@ -204,7 +100,7 @@ def _opt_str(raw: dict[str, Any], key: str, param: str | None = None) -> str | N
     return value
 
 
-def _opt_object(raw: dict[str, Any], key: str, param: str | None = None) -> dict[str, Any] | None:
+def _opt_object(raw: JSONObject, key: str, param: str | None = None) -> JSONObject | None:
     value = raw.get(key)
     if value is None:
         return None
@@ -214,7 +110,7 @@ def _opt_object(raw: dict[str, Any], key: str, param: str | None = None) -> dict
 
 
 def _opt_number(
-    raw: dict[str, Any], key: str, low: float, high: float, param: str | None = None
+    raw: JSONObject, key: str, low: float, high: float, param: str | None = None
 ) -> float | int | None:
     value = raw.get(key)
     if value is None:
@@ -228,7 +124,7 @@ def _opt_number(
 
 
 def _opt_int(
-    raw: dict[str, Any], key: str, minimum: int | None = None, param: str | None = None
+    raw: JSONObject, key: str, minimum: int | None = None, param: str | None = None
 ) -> int | None:
     value = raw.get(key)
     if value is None:
@@ -242,7 +138,7 @@ def _opt_int(
     return value
 
 
-def _stop(raw: dict[str, Any]) -> str | list[str] | None:
+def _stop(raw: JSONObject) -> str | list[str] | None:
     value = raw.get("stop")
     if value is None or isinstance(value, str):
         return value
@@ -258,7 +154,17 @@ def _stop(raw: dict[str, Any]) -> str | list[str] | None:
     return value
 
 
-def _metadata(raw: dict[str, Any]) -> dict[str, str]:
+def _choices(raw: JSONObject) -> int:
+    """``n``: an integer of at least 1 (absent: 1)."""
+    n = raw.get("n")
+    if n is None:
+        return 1
+    if not _is_int(n) or n < 1:
+        raise InvalidRequest("'n' must be an integer of at least 1", param="n")
+    return int(n)
+
+
+def _metadata(raw: JSONObject) -> dict[str, str]:
     value = raw.get("metadata")
     if value is None:
         return {}
@@ -296,7 +202,7 @@ def _metadata(raw: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-def _content_parts(parts: list[Any], param: str) -> None:
+def _content_parts(parts: JSONArray, param: str) -> None:
     for j, part in enumerate(parts):
         here = f"{param}[{j}]"
         if not isinstance(part, dict):
@@ -308,7 +214,7 @@ def _content_parts(parts: list[Any], param: str) -> None:
             raise _wrong_type(f"{here}.text", "a string", part.get("text"))
 
 
-def _messages(raw: dict[str, Any]) -> list[dict[str, Any]]:
+def _messages(raw: JSONObject) -> list[JSONObject]:
     if "messages" not in raw or raw["messages"] is None:
         raise InvalidRequest("'messages' is required", param="messages")
     messages = raw["messages"]
@@ -360,7 +266,7 @@ def _messages(raw: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def _tool_call(call: Any, here: str) -> None:
+def _tool_call(call: JSONValue, here: str) -> None:
     """An assistant message's earlier tool call: ``{id?, type?, function{name, arguments}}``."""
     if not isinstance(call, dict):
         raise _wrong_type(here, "an object", call)
@@ -377,7 +283,7 @@ def _tool_call(call: Any, here: str) -> None:
         raise _wrong_type(f"{here}.id", "a string", call_id)
 
 
-def _chat_tools(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _chat_tools(raw: JSONObject) -> list[JSONObject] | None:
     tools = raw.get("tools")
     if tools is None:
         return None
@@ -404,7 +310,64 @@ def _chat_tools(raw: dict[str, Any]) -> list[dict[str, Any]] | None:
     return tools
 
 
-def _tool_choice(raw: dict[str, Any]) -> str | dict[str, Any] | None:
+def _opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
+    """An optional array of objects."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        raise _wrong_type(key, "an array", value)
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise _wrong_type(f"{key}[{i}]", "an object", item)
+    return value
+
+
+def _responses_function_tools(tools: list[JSONObject] | None) -> list[JSONObject] | None:
+    """Responses' flat function tools (``{"type": "function", "name", "parameters"}``)
+    validated like chat's and reshaped to chat's ``{"type", "function": {...}}``."""
+    if tools is None:
+        return None
+    out: list[JSONObject] = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            continue  # a built-in tool: only a passthrough provider runs it
+        here = f"tools[{i}]"
+        name = tool.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+            raise InvalidRequest(
+                f"'{here}.name' must be 1-64 characters of a-z, A-Z, 0-9, _ or -",
+                param=f"{here}.name",
+            )
+        function: JSONObject = {"name": name}
+        for key, check in (("description", _opt_str), ("parameters", _opt_object)):
+            value = check(tool, key, f"{here}.{key}")
+            if value is not None:
+                function[key] = value
+        if _opt_bool(tool, "strict", False, f"{here}.strict"):
+            function["strict"] = True
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def _text_format(raw: JSONObject) -> JSONObject | None:
+    """``text.format`` of a Responses body as chat's ``response_format`` (None: plain text).
+
+    ``{"type": "json_schema", "name", "schema", "strict"}`` is chat's
+    ``{"type": "json_schema", "json_schema": {...}}``; other types go as they
+    are (each adapter says clearly what it cannot do).
+    """
+    text = _opt_object(raw, "text")
+    fmt = _opt_object(text, "format", "text.format") if text is not None else None
+    if fmt is None or fmt.get("type") == "text":
+        return None
+    if fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    return fmt
+
+
+def _tool_choice(raw: JSONObject) -> str | JSONObject | None:
     choice = raw.get("tool_choice")
     if choice is None:
         return None
@@ -429,7 +392,7 @@ def _tool_choice(raw: dict[str, Any]) -> str | dict[str, Any] | None:
     return choice
 
 
-def _as_dict(body: dict[str, Any] | bytes) -> dict[str, Any]:
+def _as_dict(body: JSONObject | bytes) -> JSONObject:
     return parse_json_object(body) if isinstance(body, bytes | bytearray) else body
 
 
@@ -441,11 +404,11 @@ class _Body:
 
     __slots__ = ()
 
-    def __init__(self, raw: dict[str, Any]) -> None:  # pragma: no cover - overridden
+    def __init__(self, raw: JSONObject) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
     @classmethod
-    def parse(cls, body: dict[str, Any] | bytes) -> Self:
+    def parse(cls, body: JSONObject | bytes) -> Self:
         """Validate a decoded body (or raw bytes); raises ``InvalidRequest``."""
         return cls(_as_dict(body))
 
@@ -455,14 +418,14 @@ class _OpenAIBody(_Body):
 
     __slots__ = ()
     metadata: dict[str, str]
-    _params: dict[str, Any]
+    _params: JSONObject
 
     @property
     def workspace(self) -> str | None:
         """``metadata.workspace``, if sent."""
         return self.metadata.get(WORKSPACE_KEY)
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> JSONObject:
         """Generation parameters for a ``RunRequest`` (a fresh dict each call)."""
         return dict(self._params)
 
@@ -478,15 +441,16 @@ class ChatRequest(_OpenAIBody):
         "include_usage",
         "tools",
         "tool_choice",
+        "n",
         "metadata",
         "field_names",
         "_params",
     )
 
-    def __init__(self, raw: dict[str, Any]) -> None:
+    def __init__(self, raw: JSONObject) -> None:
         self.raw = raw
         self.model: str = _model(raw)
-        self.messages: list[dict[str, Any]] = _messages(raw)
+        self.messages: list[JSONObject] = _messages(raw)
         self.stream: bool = _opt_bool(raw, "stream", False)
         options = _opt_object(raw, "stream_options")
         self.include_usage: bool = (
@@ -494,18 +458,18 @@ class ChatRequest(_OpenAIBody):
             if options is not None
             else False
         )
-        self.tools: list[dict[str, Any]] | None = _chat_tools(raw)
-        self.tool_choice: str | dict[str, Any] | None = _tool_choice(raw)
+        self.tools: list[JSONObject] | None = _chat_tools(raw)
+        self.tool_choice: str | JSONObject | None = _tool_choice(raw)
         #: Caller metadata, ``workspace`` included (see :attr:`workspace`).
         self.metadata: dict[str, str] = _metadata(raw)
 
-        n = raw.get("n")
-        if n is not None and (not _is_int(n) or int(n) != 1):
-            raise InvalidRequest("only n=1 is supported", param="n")
+        #: How many choices (``n``): relayed as sent; the normalized path runs
+        #: the request once per choice (at most ``MAX_NORMALIZED_CHOICES``).
+        self.n: int = _choices(raw)
         _opt_str(raw, "user")
         response_format = _opt_object(raw, "response_format")
         _opt_bool(raw, "parallel_tool_calls", True)
-        params: dict[str, Any] = {}
+        params: JSONObject = {}
         if response_format is not None:
             # To the normalized run as sent: each adapter maps it to its
             # provider's form (ollama: ``format``) or says clearly it cannot.
@@ -543,30 +507,30 @@ class ResponsesRequest(_OpenAIBody):
         "instructions",
         "stream",
         "tools",
+        "function_tools",
         "metadata",
         "field_names",
         "_params",
     )
 
-    def __init__(self, raw: dict[str, Any]) -> None:
+    def __init__(self, raw: JSONObject) -> None:
         self.raw = raw
         self.model: str = _model(raw)
         value = raw.get("input")
         if value is not None and not isinstance(value, str | list):
             raise _wrong_type("input", "a string or an array", value)
-        self.input: str | list[Any] | None = value
+        self.input: str | JSONArray | None = value
         self.instructions: str | None = _opt_str(raw, "instructions")
         self.stream: bool = _opt_bool(raw, "stream", False)
-        tools = raw.get("tools")
-        if tools is not None:
-            if not isinstance(tools, list):
-                raise _wrong_type("tools", "an array", tools)
-            for i, tool in enumerate(tools):
-                if not isinstance(tool, dict):
-                    raise _wrong_type(f"tools[{i}]", "an object", tool)
-        self.tools: list[dict[str, Any]] | None = tools
+        self.tools: list[JSONObject] | None = _opt_array(raw, "tools")
+        #: The function tools in the chat shape, for the normalized path
+        #: (built-in tools are the passthrough's: see ``responses.py``).
+        self.function_tools: list[JSONObject] | None = _responses_function_tools(self.tools)
         self.metadata: dict[str, str] = _metadata(raw)
-        params: dict[str, Any] = {}
+        params: JSONObject = {}
+        response_format = _text_format(raw)
+        if response_format is not None:
+            params["response_format"] = response_format
         for key, param_value in (
             ("temperature", _opt_number(raw, "temperature", 0, 2)),
             ("top_p", _opt_number(raw, "top_p", 0, 1)),
@@ -597,20 +561,54 @@ class OllamaRequest(_Body):
     #: Generation parameter -> the field the caller sent it as (for 400s).
     field_names: ClassVar[dict[str, str]] = {name: f"options.{key}" for key, name in _OPTION_PARAMS}
 
-    def __init__(self, raw: dict[str, Any]) -> None:
+    def __init__(self, raw: JSONObject) -> None:
         self.raw = raw
         self.model: str = _model(raw)
         self.stream: bool = _opt_bool(raw, "stream", True)  # Ollama streams by default
-        self.options: dict[str, Any] = _opt_object(raw, "options") or {}
+        self.options: JSONObject = _opt_object(raw, "options") or {}
         messages = raw.get("messages")
         if messages is not None and not isinstance(messages, list):
             raise _wrong_type("messages", "an array", messages)
         _opt_str(raw, "prompt")
 
-    def params(self) -> dict[str, Any]:
+    def params(self) -> JSONObject:
         """Generation parameters found in Ollama ``options``."""
         return {
             name: self.options[key]
             for key, name in self._OPTION_PARAMS
             if self.options.get(key) is not None
         }
+
+
+class RelayedRequest(_Body):
+    """A ``POST /v1/embeddings`` or ``/v1/completions`` body: relayed raw, so
+    only ``model`` is required (and ``stream``, if sent, a boolean); every
+    other field is the provider's to judge."""
+
+    __slots__ = ("raw", "model", "stream")
+
+    #: The generation parameters these endpoints share with chat (same names).
+    _PARAMS = ("max_tokens", "temperature", "top_p")
+    #: Generation parameter -> the field the caller sent it as (for 400s).
+    field_names: ClassVar[dict[str, str]] = {}
+
+    def __init__(self, raw: JSONObject) -> None:
+        self.raw = raw
+        self.model: str = _model(raw)
+        self.stream: bool = _opt_bool(raw, "stream", False)
+
+    def params(self) -> JSONObject:
+        """The numeric generation parameters sent (checked against ``models[].generation.limits``)."""
+        return {key: raw for key in self._PARAMS if _is_number(raw := self.raw.get(key))}
+
+    def as_messages(self) -> list[JSONObject]:
+        """The text inputs (``input`` or ``prompt``: a string or strings) as
+        message-shaped items, for the token estimate; token arrays count nothing."""
+        texts: list[JSONObject] = []
+        for key in ("input", "prompt"):
+            value = self.raw.get(key)
+            if isinstance(value, str):
+                texts.append({"content": value})
+            elif isinstance(value, list):
+                texts.extend({"content": v} for v in value if isinstance(v, str))
+        return texts

@@ -8,9 +8,9 @@ expects and several times faster than ``json.dumps`` on the hot path.
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+
+from iopd.edge.openai.jsonschema import JSONValue
 
 SSE_DONE = b"data: [DONE]\n\n"
 """The terminal event of an OpenAI stream."""
@@ -25,6 +25,6 @@ SSE_HEADERS: list[tuple[str, str]] = [
 _encoder = msgspec.json.Encoder()
 
 
-def sse_data(obj: Any) -> bytes:
+def sse_data(obj: JSONValue) -> bytes:
     """One SSE ``data:`` event carrying ``obj`` as compact JSON."""
     return b"data: " + _encoder.encode(obj) + b"\n\n"

@@ -18,7 +18,7 @@ until the next delta decides them.
 
 from __future__ import annotations
 
-from typing import Any
+from iopd.edge.openai.jsonschema import JSONObject
 
 __all__ = [
     "CLOSE_TAG",
@@ -32,7 +32,7 @@ OPEN_TAG = "<completion>"
 CLOSE_TAG = "</completion>"
 
 
-def strict_system_message(instruction: str) -> dict[str, Any]:
+def strict_system_message(instruction: str) -> JSONObject:
     """The system message that asks for the ``<completion>`` element."""
     return {"role": "system", "content": instruction}
 

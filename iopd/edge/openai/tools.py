@@ -29,11 +29,11 @@ from __future__ import annotations
 import json
 import secrets
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn
 
 import msgspec
 
-from iopd.edge.openai.jsonschema import ValidationBudget, validate
+from iopd.edge.openai.jsonschema import JSONObject, JSONValue, ValidationBudget, validate
 from iopd.errors import ProviderError
 
 __all__ = [
@@ -50,11 +50,11 @@ _FENCE = "```"
 _FENCE_INFO = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not JSON")
 
 
-def _loads(text: str) -> Any:
+def _loads(text: str) -> JSONValue:
     """Strict JSON: NaN/Infinity are rejected like any other invalid JSON (and so
     is nesting deeper than the interpreter's recursion limit)."""
     try:
@@ -104,11 +104,11 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-def _encode_arguments(arguments: Any) -> str:
+def _encode_arguments(arguments: JSONValue) -> str:
     return msgspec.json.encode(arguments).decode()
 
 
-def _function_of(tool: Any) -> dict[str, Any] | None:
+def _function_of(tool: JSONValue) -> JSONObject | None:
     """The function definition of a ``tools[]`` entry (chat or Responses shape)."""
     if not isinstance(tool, dict):
         return None
@@ -120,8 +120,8 @@ def _function_of(tool: Any) -> dict[str, Any] | None:
     return fn
 
 
-def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    found: dict[str, dict[str, Any]] = {}
+def _functions(tools: list[JSONObject]) -> dict[str, JSONObject]:
+    found: dict[str, JSONObject] = {}
     for tool in tools:
         fn = _function_of(tool)
         if fn is not None:
@@ -129,7 +129,7 @@ def _functions(tools: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return found
 
 
-def tool_instruction(tools: list[dict[str, Any]]) -> str:
+def tool_instruction(tools: list[JSONObject]) -> str:
     """A system instruction describing ``tools`` and the ``<tool_call>`` protocol.
 
     Each function tool is listed with its name, description and ``parameters``
@@ -162,7 +162,7 @@ def tool_instruction(tools: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _schema_text(parameters: Any) -> str:
+def _schema_text(parameters: JSONValue) -> str:
     """``parameters`` as JSON for the instruction (a schema nested deeper than the
     encoder can go is described, not shown: it could not validate anything either)."""
     try:
@@ -182,15 +182,15 @@ class TextToolResult:
     ``problem``: why the fallback happened (for logs; never shown to callers).
     """
 
-    calls: list[dict[str, Any]] | None
+    calls: list[JSONObject] | None
     content: str | None
     fallback: bool
     problem: str = ""
 
 
 def _block_call(
-    raw: str, functions: dict[str, dict[str, Any]], budget: ValidationBudget
-) -> dict[str, Any] | str:
+    raw: str, functions: dict[str, JSONObject], budget: ValidationBudget
+) -> JSONObject | str:
     """One block → an OpenAI tool call, or a string saying why it is unusable."""
     body = _unfence(raw.strip())
     try:
@@ -223,7 +223,7 @@ def _block_call(
 
 
 def parse_text_tool_calls(
-    text: str, tools: list[dict[str, Any]], budget: ValidationBudget | None = None
+    text: str, tools: list[JSONObject], budget: ValidationBudget | None = None
 ) -> TextToolResult:
     """Turn ``<tool_call>`` blocks in a text answer into OpenAI tool calls.
 
@@ -246,7 +246,7 @@ def parse_text_tool_calls(
         return TextToolResult(None, text, False)
     functions = _functions(tools)
     budget = budget if budget is not None else ValidationBudget()
-    calls: list[dict[str, Any]] = []
+    calls: list[JSONObject] = []
     for block in blocks:
         call = _block_call(block, functions, budget)
         if isinstance(call, str):
@@ -256,7 +256,7 @@ def parse_text_tool_calls(
     return TextToolResult(calls, rest or None, False)
 
 
-def restore_native_tool_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+def restore_native_tool_call(call: JSONObject, index: int) -> JSONObject:
     """Reshape a provider-native tool call into the OpenAI ``tool_calls`` item.
 
     Accepts the OpenAI shape, Ollama's ``{"function": {"name", "arguments":

@@ -1,0 +1,231 @@
+"""One request's life on the OpenAI surface: its record, its clock, its end.
+
+Two objects per request, kept apart on purpose:
+
+* :class:`Outcome` is the *record*: what the request did, written by the
+  paths as they learn it (group, provider, response mode, status, usage) and
+  read once, at the end, by :func:`finish` (the metrics and the one log line).
+  Nothing decides control flow from it.
+* :class:`Call` is the *control state* of an admitted request in flight: the
+  config snapshot it runs under, the ``request_timeout`` scope (whose
+  deadline is parked while the request queues for a lease, see
+  :meth:`Call.park_deadline`), and whether an SSE stream is open, which
+  decides how a failure ends the response (:func:`fail`).
+
+Every ``GatewayError`` a request raises ends in :func:`fail`: a JSON error
+envelope before the response started, an SSE error event on an open stream,
+or a cut connection mid-body (the only honest signal on a raw relay).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+from iopd import errors
+from iopd.edge.metrics import GatewayMetrics, RequestLabels
+from iopd.edge.openai.auth import Principal
+from iopd.edge.openai.errors import error_sse_event, render_error
+from iopd.edge.runtime import Snapshot
+from iopd.edge.usage import UsageItem
+from iopd.http.server import AbortResponse, Responder
+from iopd.vocabulary import (
+    HOP_BY_HOP,
+    PASSTHROUGH_TYPES,
+    TEXT_TOOL_TYPES,
+    UNKNOWN_GROUP,
+    Endpoint,
+    ResponseMode,
+    Status,
+)
+
+__all__ = [
+    "ERROR_EVENT_GRACE",
+    "HOP_BY_HOP",
+    "PASSTHROUGH_TYPES",
+    "TEXT_TOOL_TYPES",
+    "AbortConnection",
+    "Call",
+    "Outcome",
+    "RequestIds",
+    "fail",
+    "finish",
+]
+
+log = logging.getLogger("iopd.edge.request")
+
+# ------------------------------------------------------------- vocabulary
+# Provider-type capabilities and header sets are the shared vocabulary's
+# (``iopd.vocabulary``), re-exported for the surface's modules.
+
+# ------------------------------------------------------------------ record
+
+#: How long an SSE stream that already started gets to take its error event.
+ERROR_EVENT_GRACE = 2.0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one request did, for the metrics and the log line (never for control)."""
+
+    request_id: str
+    endpoint: Endpoint | None = None
+    principal: Principal | None = None
+    group: str = UNKNOWN_GROUP
+    mode: ResponseMode = "normalized"
+    provider: str = "-"
+    status: Status | None = None  # metric status; None until known ("cancelled" at the end)
+    http_status: int = 0
+    usage: list[UsageItem] = field(default_factory=list)
+    reasoning_chars: int = 0
+    reasoning_reported: bool = False
+    quiet: bool = False  # not logged (health probes)
+    started: float = field(default_factory=time.perf_counter)
+
+    def answered(self, http_status: int) -> None:
+        """The response went out whole (or a relay ended): status from its HTTP status."""
+        self.http_status = http_status
+        self.status = (
+            "ok" if http_status < 400 else "client_error" if http_status < 500 else "provider_error"
+        )
+
+
+class RequestIds:
+    """Request, completion and response ids: one random prefix per edge, then a counter."""
+
+    __slots__ = ("_prefix", "_seq")
+
+    def __init__(self) -> None:
+        self._seq = itertools.count(1)
+        self._prefix = secrets.token_hex(4)
+
+    def new(self, kind: str) -> str:
+        """``<kind>-<edge prefix><counter>``, e.g. ``chatcmpl-1a2b3c4d0000002a``."""
+        return f"{kind}-{self._prefix}{next(self._seq):08x}"
+
+
+# ----------------------------------------------------------------- control
+
+
+class Call:
+    """An admitted request in flight: what steers it.  ``out`` is its record.
+
+    ``scope`` is the request's ``request_timeout`` scope.  A request that runs
+    out of time before it holds a lease involved no provider: that is a queue
+    timeout (503 + Retry-After, counted as one by the pool's metrics), not the
+    scope's 504 ``provider_timeout``.  So while it queues the scope's deadline
+    is parked (:meth:`park_deadline`: the pool waits at most the time left)
+    and put back once it holds a lease (:meth:`resume_deadline`; a lease error
+    leaves the scope at once).  A drain cut still cancels the scope.
+    """
+
+    __slots__ = ("snap", "out", "scope", "deadline", "sse_open")
+
+    def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
+        self.snap = snap
+        self.out = out
+        self.scope = scope
+        self.deadline = scope.deadline
+        #: An SSE stream of the normalized path is open: a failure can still
+        #: end it with an error event.
+        self.sse_open = False
+
+    def park_deadline(self) -> float:
+        """Lift the time limit while the request queues; the seconds it had left."""
+        self.scope.deadline = math.inf
+        return max(0.0, self.deadline - trio.current_time())
+
+    def resume_deadline(self) -> None:
+        """The request holds its lease: its time limit is the scope's again."""
+        self.scope.deadline = self.deadline
+
+
+class AbortConnection(AbortResponse):
+    """Raised to make the HTTP server cut a connection whose body was mid-relay."""
+
+
+# --------------------------------------------------------------------- end
+
+
+async def fail(
+    responder: Responder,
+    out: Outcome,
+    exc: errors.GatewayError,
+    *,
+    sse_open: bool,
+    context: object = None,
+) -> None:
+    """End a request with ``exc``: an error response, an SSE error event, or a cut.
+
+    ``context`` is the request's head-hook context: it decides the error's
+    shape (Ollama's on ``/api/*``, see ``errors.render_error``).
+    """
+    out.status = exc.metric_status
+    if not responder.started:
+        status, headers, body = render_error(exc, context)
+        out.http_status = status
+        headers.append(("x-request-id", out.request_id))
+        await responder.send(status, headers, body)
+    elif sse_open and not responder.finished:
+        # An SSE stream already started: end it with an error event.  Bounded:
+        # after a timeout or a drain cut the caller may be one that stopped
+        # reading, and this write must not outlive the request's deadline.
+        with trio.move_on_after(ERROR_EVENT_GRACE):
+            await responder.write(error_sse_event(exc))
+            await responder.end()
+            return
+        raise AbortConnection(exc.message)
+    else:
+        # A raw relay (or a whole response's write) is mid-body: the only
+        # honest signal is a cut connection.
+        raise AbortConnection(exc.message)
+
+
+def finish(metrics: GatewayMetrics, out: Outcome) -> None:
+    """Count the request once (``iop_openai_requests_total`` etc.) and log its line."""
+    duration = time.perf_counter() - out.started
+    status = out.status or "cancelled"
+    p = out.principal
+    if out.endpoint is not None:
+        labels = RequestLabels.build(
+            p, model_group=out.group, endpoint=out.endpoint, response_mode=out.mode
+        )
+        metrics.record_request(
+            labels,
+            status=status,
+            duration=duration,
+            usage=out.usage,
+            reasoning_chars=out.reasoning_chars,
+            reasoning_reported=out.reasoning_reported,
+        )
+    elif out.quiet:
+        return  # /healthz: load balancers poll it; no line per probe
+    elif out.http_status in (404, 405):  # an unknown route, or a wrong method
+        metrics.count_http_rejected(out.http_status)
+    tokens = {"input": 0, "output": 0}
+    for _src, ttype, n in out.usage:
+        if ttype in tokens:
+            tokens[ttype] += n
+    log.info(
+        "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
+        "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
+        out.request_id,
+        (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
+            p.source if p else "-"
+        ),
+        out.group,
+        out.provider,
+        out.endpoint or "-",
+        out.mode,
+        status,
+        out.http_status,
+        duration * 1000,
+        tokens["input"],
+        tokens["output"],
+    )

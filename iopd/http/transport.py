@@ -1,0 +1,480 @@
+"""The trio side of one server connection, around its sans-IO state machine.
+
+``iopd.http.connection`` decides; this module does the I/O it asks for:
+receive under the deadline the state names, write ``100 Continue``, run the
+handler in a cancel scope, answer a refusal and linger, write responses with
+a bound on stalls (``send_timeout``).
+
+The reader hand-off (measured): one reader task per connection keeps a
+receive outstanding, so EOF or a reset is seen at once and cancels the
+handler (a reader per connection instead of a watcher task per request saved
+~50 µs of CPU per request).  It hands bytes to the request loop by
+rescheduling the parked task directly (``trio.lowlevel``) rather than through
+an ``Event`` or a channel, and after a handover it waits to be released
+before it receives again, so re-arming the receive (a failed ``recv`` and a
+poller update) happens while the handler runs, not between a request's
+arrival and its parsing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+import trio
+
+from iopd.http.connection import (
+    LINGER_MAX_BYTES,
+    LINGER_SECONDS,
+    ConnState,
+    HttpConnection,
+    ListenerState,
+    Refuse,
+    Request,
+    Signal,
+    context_headers,
+)
+from iopd.http.errors import Refusal, Rendered, internal_error
+from iopd.http.h1 import H1ProtocolError
+from iopd.http.responder import AbortResponse, ClientDisconnected, Responder
+from iopd.transport import fastsend
+
+log = logging.getLogger("iopd.http.server")  # one logger name for the whole server
+
+#: Bytes asked of the socket per ``receive_some``.
+RECEIVE_SIZE = 65536
+#: Pipelined bytes buffered while a handler runs; beyond this the reader stops
+#: reading (TCP backpressure) until the handler is done.
+PIPELINE_BUFFER_CAP = 65536
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_IDLE = ConnState.IDLE
+_LINGER = ConnState.LINGER
+_NEED_DATA = Signal.NEED_DATA
+_SEND_CONTINUE = Signal.SEND_CONTINUE
+_CLOSE = Signal.CLOSE
+
+
+class _SendStalled(Exception):
+    """No byte of a write was taken by the kernel for ``send_timeout`` seconds."""
+
+
+Handler = Callable[[Request, Responder], Awaitable[None]]
+#: Renders a refusal (this layer's ``HttpError`` or the owner's own error) as
+#: ``(status, headers, body)``; the second argument is the head hook's context
+#: of the refused request (None when the hook did not admit it), so the owner
+#: can shape the error by route.
+ErrorRenderer = Callable[[Refusal, object], Rendered]
+#: Called for every request this layer refuses itself: the status answered,
+#: the error (an ``iopd.http.errors.HttpError``), and the head hook's context
+#: when the hook had admitted the request (None when there is no hook or the
+#: head was not read).  Refusals by the head hook are not reported: the hook
+#: counted them.
+RejectHook = Callable[[int, Refusal, object], None]
+
+
+class ConnectionOwner(Protocol):
+    """What a connection needs of its server (``iopd.http.server.HttpServer``)."""
+
+    handler: Handler
+    render_error: ErrorRenderer
+    on_reject: RejectHook | None
+    listener: ListenerState
+    server_header: str
+
+    @property
+    def closing(self) -> bool:
+        """True once the server is shutting down."""
+
+    def request_started(self) -> None:
+        """A request's first bytes are in: it counts as in flight."""
+
+    def request_done(self) -> None:
+        """The request was answered, refused or given up on."""
+
+
+class ServedConnection:
+    """The trio side of one client connection: its reader task, deadlines,
+    handler and writes, around an :class:`~iopd.http.connection.HttpConnection`.
+
+    A reader task owns the socket's receive side for the connection's whole
+    life: it moves bytes into ``pending`` (bounded: at the cap it stops reading,
+    which is TCP backpressure) and wakes the request loop.  Because a receive
+    is (almost) always outstanding, EOF or a reset is seen at once, also while
+    a handler runs, and cancels that handler.  Only the request loop feeds the
+    state machine.
+    """
+
+    __slots__ = (
+        "server",
+        "listener",
+        "stream",
+        "client",
+        "http",
+        "idle_scope",
+        "handler_scope",
+        "pending",
+        "eof",
+        "active",
+        "torn",
+        "_loop_waiter",
+        "_space",
+        "_reader_waiter",
+    )
+
+    def __init__(self, server: ConnectionOwner, stream: trio.SocketStream, client: tuple[str, int]):
+        self.server = server
+        self.listener = server.listener
+        self.stream = stream
+        self.client = client
+        self.http = HttpConnection(server.listener, client)
+        self.idle_scope: trio.CancelScope | None = None  # set while waiting in IDLE
+        self.handler_scope: trio.CancelScope | None = None
+        self.pending = bytearray()
+        self.eof = False  # the client closed (or reset) its side
+        self.active = False  # a request is being read or answered (counted in flight)
+        self.torn = False  # a write was cut halfway: the connection must close
+        self._loop_waiter: trio.lowlevel.Task | None = None
+        self._space: trio.Event | None = None
+        self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
+
+    def close_if_idle(self) -> None:
+        """Shutdown: end the connection if it waits for a next request."""
+        if self.idle_scope is not None:
+            self.idle_scope.cancel()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._read_loop)
+            try:
+                while await self._serve_one():
+                    pass
+            finally:
+                nursery.cancel_scope.cancel()
+                self.http.close()  # gives back a body reservation when cancelled mid-body
+
+    # ------------------------------------------------------------ receiving
+
+    async def _read_loop(self) -> None:
+        stream = self.stream
+        discarded = 0
+        try:
+            while True:
+                lingering = self.http.state is _LINGER
+                if len(self.pending) >= PIPELINE_BUFFER_CAP and not lingering:
+                    self._space = trio.Event()
+                    await self._space.wait()
+                    continue
+                data = await stream.receive_some(RECEIVE_SIZE)
+                if not data:
+                    break
+                if self.http.state is _LINGER:  # drop what arrives after a refusal
+                    discarded += len(data)
+                    if discarded > LINGER_MAX_BYTES:
+                        break
+                else:
+                    self.pending += data
+                    if self._loop_waiter is not None:
+                        # Hand over, and re-arm only once the loop lets go.
+                        self._wake_loop()
+                        self._reader_waiter = trio.lowlevel.current_task()
+                        await trio.lowlevel.wait_task_rescheduled(self._abort_reader_wait)
+                        continue
+                self._wake_loop()
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self.eof = True
+        if self.handler_scope is not None:
+            self.handler_scope.cancel()
+        self._wake_loop()
+
+    def _wake_loop(self) -> None:
+        task = self._loop_waiter
+        if task is not None:
+            self._loop_waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort_reader_wait(self, _: object) -> trio.lowlevel.Abort:
+        self._reader_waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _release_reader(self) -> None:
+        """Let the reader receive again (it waits after handing bytes over)."""
+        task = self._reader_waiter
+        if task is not None:
+            self._reader_waiter = None
+            trio.lowlevel.reschedule(task)
+
+    def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
+        self._loop_waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    async def _wait_for_reader(self) -> None:
+        self._release_reader()
+        self._loop_waiter = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
+
+    async def _receive(self) -> bytes:
+        """The client's next bytes (everything buffered); b"" once it closed."""
+        while not self.pending:
+            if self.eof:
+                return b""
+            await self._wait_for_reader()
+        return self._take_pending()
+
+    def _take_pending(self) -> bytes:
+        data = bytes(self.pending)
+        self.pending.clear()
+        if self._space is not None:
+            self._space.set()
+            self._space = None
+        return data
+
+    # -------------------------------------------------------------- sending
+
+    async def send_bytes(self, data: bytes, scope: trio.CancelScope | None) -> None:
+        """Write to the client; a broken connection cancels ``scope``.
+
+        A write interrupted after its first byte (a cancel while the socket
+        was full) leaves the connection ``torn``: half a piece is on the
+        wire, so nothing may be written after it and the connection closes.
+        """
+        if self.torn:
+            raise AbortResponse("an earlier write to the client was cut halfway")
+        await trio.lowlevel.checkpoint_if_cancelled()  # a cut here leaves nothing behind
+        try:
+            written = fastsend.write_now(self.stream, data)
+            if written < len(data):
+                self.torn = True  # until the rest is out
+                await self._send_rest(data, written)
+                self.torn = False
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.eof = True
+            if scope is not None:
+                scope.cancel()
+            raise ClientDisconnected("client disconnected") from None
+        except _SendStalled:
+            log.info(
+                "event=send_timeout client=%s timeout_s=%s",
+                self.client[0],
+                self.listener.limits.send_timeout,
+            )
+            self.eof = True  # given up on: the connection closes
+            if scope is not None:
+                scope.cancel()
+            raise ClientDisconnected("client stopped reading") from None
+
+    async def _send_rest(self, data: bytes, written: int) -> None:
+        """Write ``data[written:]`` as the socket takes it; raise :class:`_SendStalled`
+        when it takes nothing for ``send_timeout`` seconds.
+
+        The timer restarts whenever the kernel takes bytes: a slow reader that
+        keeps reading is never cut, one that stopped is, whatever the size.
+        (trio sets ``TCP_NOTSENT_LOWAT`` on its sockets, so the kernel holds
+        little unsent data and has room again as soon as the caller's TCP
+        acknowledges some: room is progress of the caller, not of a buffer.)
+        """
+        timeout = self.listener.limits.send_timeout
+        view = memoryview(data)[written:]
+        stream = self.stream
+        if type(stream) is not trio.SocketStream:  # not a plain socket: no progress to see
+            with trio.move_on_after(timeout):
+                await stream.send_all(view)
+                return
+            raise _SendStalled
+        sock = stream.socket
+        while view:
+            with trio.move_on_after(timeout):
+                try:
+                    sent = await sock.send(view)  # waits for room, then takes what fits
+                except OSError as exc:
+                    raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+                view = view[sent:]
+                continue
+            raise _SendStalled
+
+    # ------------------------------------------------------------- requests
+
+    async def _serve_one(self) -> bool:
+        """Serve one request; True when the connection may carry another."""
+        try:
+            return await self._serve_request()
+        finally:
+            if self.active:
+                self.active = False
+                self.server.request_done()
+
+    async def _serve_request(self) -> bool:
+        http = self.http
+        event: Request | Refuse | Signal = _CLOSE
+        # One scope per request whose deadline is moved to the one the state
+        # machine names as it goes (idle -> head -> body): cheaper than a
+        # scope per state on the hot path.
+        with trio.CancelScope() as deadline:
+            try:
+                event = await self._read_request(deadline)
+            except ClientDisconnected:  # while writing 100 Continue
+                event = _CLOSE
+        if deadline.cancelled_caught:
+            self.idle_scope = None
+            event = http.timed_out()
+        if isinstance(event, Request):
+            return await self._run_handler(event)
+        if isinstance(event, Refuse):
+            await self._refuse(event)
+        http.close()
+        return False
+
+    async def _read_request(self, deadline: trio.CancelScope) -> Request | Refuse | Signal:
+        """Feed the state machine until it has a request, a refusal or a close."""
+        http = self.http
+        if self.pending:  # pipelined bytes that arrived during the last response
+            http.receive_pipelined(self._take_pending())
+        armed: ConnState | None = None
+        while True:
+            event = http.next_event()
+            if not self.active and event is not _CLOSE and http.state is not _IDLE:
+                self.active = True  # the request's first bytes are here: in flight
+                self.server.request_started()
+            if event is _NEED_DATA:
+                state = http.state
+                if state is not armed:  # each state's deadline runs from its start
+                    armed = state
+                    deadline.deadline = trio.current_time() + http.timeout
+                if state is _IDLE:
+                    self.idle_scope = deadline  # shutdown may end this wait
+                    data = await self._receive()
+                    self.idle_scope = None
+                else:
+                    data = await self._receive()
+                if data:
+                    http.receive_data(data)
+                else:
+                    http.receive_eof()
+            elif event is _SEND_CONTINUE:
+                await self.send_bytes(_CONTINUE, None)
+            else:
+                return event
+
+    async def _run_handler(self, request: Request) -> bool:
+        http = self.http
+        if self.eof:
+            return http.finish_response(False)  # the client is already gone
+        handler_scope = trio.CancelScope()
+        responder = Responder(
+            self,
+            request.method == "HEAD",
+            handler_scope,
+            keep_alive=http.keep_alive,
+            chunked=request.http_version == "1.1",
+            extra_headers=context_headers(request.context),
+        )
+        crashed: BaseException | None = None
+        refusal: Refusal | None = None  # the owner's error, for the owner to render
+        self.handler_scope = handler_scope
+        self._release_reader()  # watch for a disconnect while the handler runs
+        try:
+            with handler_scope:
+                try:
+                    await self.server.handler(request, responder)
+                except* ClientDisconnected:
+                    pass
+                except* AbortResponse as group:
+                    crashed = group.exceptions[0]
+                except* Exception as group:
+                    crashed = group
+                    refusal = _owner_refusal(group)
+                    if refusal is None:
+                        log.error(
+                            "event=handler_failed method=%s path=%s",
+                            request.method,
+                            request.path,
+                            exc_info=group,
+                        )
+        finally:
+            self.handler_scope = None
+
+        if handler_scope.cancelled_caught or self.eof or self.torn:
+            return http.finish_response(False)
+        try:
+            if not responder.started:
+                if crashed is None:
+                    log.error(
+                        "event=handler_no_response method=%s path=%s", request.method, request.path
+                    )
+                error = refusal if refusal is not None else internal_error()
+                status, headers, body = self._render(error, request.context)
+                await responder.send(status, headers, body)
+            elif crashed is not None:
+                await responder.flush()  # what was held back, as if written at once
+                return http.finish_response(False)  # cannot report an error mid-response
+            elif not responder.finished:
+                await responder.end()
+        except ClientDisconnected:
+            return http.finish_response(False)
+        return http.finish_response(responder.finished and responder.keep_alive)
+
+    # --------------------------------------------------------------- errors
+
+    def _render(self, error: Refusal, context: object) -> Rendered:
+        try:
+            return self.server.render_error(error, context)
+        except Exception:
+            log.exception("event=render_error_failed")
+            return 500, [("content-type", "text/plain")], b"internal server error\n"
+
+    async def _refuse(self, refusal: Refuse) -> None:
+        """Answer a request this layer refused, then linger and close.
+
+        A refusal by the head hook was logged and counted by the hook; every
+        other one is logged here and reported to ``on_reject``.
+        """
+        error = refusal.error
+        status, headers, body = self._render(error, refusal.context)
+        if not refusal.by_head_check:
+            log.info(
+                "event=request_rejected status=%d code=%s client=%s",
+                status,
+                error.code,
+                self.client[0],
+            )
+            on_reject = self.server.on_reject
+            if on_reject is not None:
+                try:
+                    on_reject(status, error, refusal.context)
+                except Exception:
+                    log.exception("event=callback_failed component=http callback=on_reject")
+        responder = Responder(
+            self, False, None, keep_alive=False, extra_headers=context_headers(refusal.context)
+        )
+        try:
+            await responder.send(status, headers, body)
+            await self.stream.send_eof()
+        except (
+            H1ProtocolError,  # the owner rendered a header that cannot be sent
+            ClientDisconnected,
+            AbortResponse,  # a torn 100 Continue
+            trio.BrokenResourceError,
+            trio.ClosedResourceError,
+        ):
+            return
+        # Keep draining what the client still sends until it closes, so that
+        # closing does not reset the connection before it read the response.
+        self.http.refusal_sent()
+        self.pending.clear()
+        if self._space is not None:
+            self._space.set()
+        with trio.move_on_after(LINGER_SECONDS):
+            while not self.eof:
+                await self._wait_for_reader()
+
+
+def _owner_refusal(group: BaseExceptionGroup[Exception]) -> Refusal | None:
+    """The owner's error a handler raised (its first), when that is all it raised."""
+    refusals, rest = group.split(lambda exc: isinstance(exc, Refusal))
+    if refusals is None or rest is not None:
+        return None
+    leaf: BaseException = refusals
+    while isinstance(leaf, BaseExceptionGroup):
+        leaf = leaf.exceptions[0]
+    return leaf if isinstance(leaf, Refusal) else None
