@@ -110,8 +110,10 @@ ContextClass = Literal["normal", "long"]
 HEALTH_STATES: Final = frozenset(get_args(Health))
 #: What ``/status`` and the health gauge show for a provider: its probe's
 #: health, or ``disconnected`` while its node has no live session (the last
-#: probe result is history then, not the provider's state).
-ShownHealth = Literal["disconnected", Health]
+#: probe result is history then, not the provider's state), or ``ejected``
+#: while passive outlier ejection keeps it out (issue #16).  Precedence:
+#: disconnected > ejected > the probe's health.
+ShownHealth = Literal["disconnected", "ejected", Health]
 SHOWN_HEALTH_STATES: Final = frozenset(get_args(ShownHealth))
 
 

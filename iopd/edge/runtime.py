@@ -30,7 +30,9 @@ from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
+from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
+from iopd.edge.pool.retry_budget import RetryBudget, RetryBudgetPolicy
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
@@ -86,6 +88,17 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         max_queue=cfg.provider_pool.max_queue,
         queue_timeout=cfg.provider_pool.queue_timeout,
         max_queued_bytes=cfg.provider_pool.max_queued_bytes,
+        ejection=EjectionPolicy(
+            after_failures=cfg.provider_pool.eject_after_failures,
+            seconds=cfg.provider_pool.eject_seconds,
+        ),
+    )
+
+
+def retry_budget_policy(cfg: EdgeConfig) -> RetryBudgetPolicy:
+    """``provider_pool.retry_budget`` and ``retry_budget_min``."""
+    return RetryBudgetPolicy(
+        ratio=cfg.provider_pool.retry_budget, minimum=cfg.provider_pool.retry_budget_min
     )
 
 
@@ -155,6 +168,9 @@ class ProviderRow(TypedDict):
     long_in_flight: int
     lifecycle_capabilities: list[str]
     last_error: str
+    #: While ``health`` is ``ejected``: when the ejection ends (Unix time; the
+    #: provider is then half-open: its next request is the probe).  Else None.
+    ejected_until: float | None
 
 
 class ModelProviderRow(TypedDict):
@@ -220,6 +236,9 @@ class EdgeRuntime:
     #: node id -> the token of each embedded node (``iopd.edge.embedded``).  Fixed
     #: at start: making a node embedded, or adding one, needs a restart.
     embedded_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Retries per model group over the last minute (issue #16), shared by
+    #: every request; its policy follows the snapshot on refresh.
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
@@ -237,6 +256,7 @@ class EdgeRuntime:
             embedded_tokens=embedded,
         )
         rt._allow_metric_ids(cfg)
+        rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
         metrics.set_status_source(rt._gateway_status)
         return rt
@@ -325,7 +345,17 @@ class EdgeRuntime:
         """
         if self.hub.connected_since(node_id) is None:
             return ProviderHealthState(health=DISCONNECTED)
-        return self.health.get(provider_id, ProviderHealthState())
+        probed = self.health.get(provider_id, ProviderHealthState())
+        if self.pool.scheduler.outliers.is_ejected(provider_id):
+            return ProviderHealthState(health="ejected", last_error=probed.last_error)
+        return probed
+
+    def _ejected_until(self, provider_id: str) -> float | None:
+        """When the provider's ejection ends, as Unix time (trio's clock converted)."""
+        ejection = self.pool.ejection(provider_id)
+        if ejection is None:
+            return None
+        return round(time.time() + (ejection.until - trio.current_time()), 3)
 
     def _gauge_rows(self) -> list[ProviderGaugeRow]:
         loads = self.pool.provider_loads()
@@ -385,6 +415,9 @@ class EdgeRuntime:
                         "long_in_flight": load.long_in_flight if load else 0,
                         "lifecycle_capabilities": list(p.lifecycle_capabilities),
                         "last_error": hs.last_error,
+                        "ejected_until": (
+                            self._ejected_until(p.id) if hs.health == "ejected" else None
+                        ),
                     }
                 )
         return {
@@ -485,6 +518,8 @@ class EdgeRuntime:
         self._allow_metric_ids(cfg)
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
+        self.retry_budget.set_policy(retry_budget_policy(cfg))
+        self.retry_budget.retain(g.id for g in new.catalog.listed())
 
     async def _push_configs(self, changed_nodes: list[str]) -> list[str]:
         """Push the current snapshot's ``NodeConfig`` to every changed, connected node.
