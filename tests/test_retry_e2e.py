@@ -13,7 +13,14 @@ from typing import Any
 import h11
 import trio
 
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.gateway import (
+    Gateway,
+    http_request,
+    node_token,
+    running_gateway,
+    token_hash,
+    wait_until,
+)
 from tests.mock_providers import MockOpenAIServer, MockReply, closed_port_url, sse
 
 EDGE_YAML = """
@@ -297,8 +304,7 @@ async def test_fallback_on_queue_timeout_is_opt_in() -> None:
                     inner.start_soon(_chat, gw)  # hold p-bad
                     inner.start_soon(_chat, gw)  # hold p-good
                     loads = gw.runtime.pool.provider_loads
-                    while sum(load.in_flight for load in loads().values()) < 2:
-                        await trio.sleep(0.01)
+                    await wait_until(lambda: sum(x.in_flight for x in loads().values()) >= 2)
                     resp = await _chat(gw)
                     if fq == "true":
                         assert resp.status == 200, resp.body
