@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import sys
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -79,6 +80,15 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
 LAST_ERROR_WIDTH = 120
 
 
+def _health_cell(p: dict[str, Any]) -> str:
+    """``ejected`` carries when it ends (``ejected_until``, local time); an older
+    edge's rows have no such key."""
+    until = p.get("ejected_until")
+    if p["health"] == "ejected" and isinstance(until, int | float):
+        return "ejected until " + time.strftime("%H:%M:%S", time.localtime(until))
+    return str(p["health"])
+
+
 def _one_line(text: str, limit: int = LAST_ERROR_WIDTH) -> str:
     """``text`` with all whitespace runs as one space, cut to ``limit`` characters."""
     flat = " ".join(text.split())
@@ -144,7 +154,7 @@ def format_status(doc: dict[str, Any]) -> str:
                 p["type"],
                 p["category"],
                 "yes" if p["enabled"] else "no",
-                p["health"],
+                _health_cell(p),
                 f"{p['in_flight']}/{p['capacity']}",
                 f"{p['load_ratio']:.2f}",
                 str(p["queued"]),

@@ -15,7 +15,12 @@ What can be configured:
 * ``mode`` — ``"ok"`` (default), ``"error500"`` (500 with a JSON error body),
   ``"garbage"`` (bytes that are not HTTP, then close), ``"hang"`` (read the
   request, never answer), ``"hang_after_head"`` (send the head and hang),
-  ``"drop"`` (close without answering);
+  ``"drop"`` (close without answering), ``"reset"`` (read the request, then
+  reset the connection: RST, no answer), ``"status429"`` (429 with
+  ``Retry-After: <retry_after>``), ``"status502"``, ``"status503"``; and
+  ``closed_port_url()`` for a provider that refuses every connection;
+* ``MockReply.reset_after_chunks`` — stream the chunks, then reset the
+  connection (a stream that fails after its first bytes);
 * ``MockReply.drop_after`` — close the connection after the reply without a
   ``Connection: close`` header (a server dropping an idle keep-alive socket);
 * ``chunk_delay`` — seconds between streamed chunks (``slow`` streams);
@@ -34,7 +39,9 @@ incl. while a reply was hanging or streaming) with ``client_closed_at``
 from __future__ import annotations
 
 import json
+import socket
 import ssl
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,7 +49,30 @@ from typing import Any
 import h11
 import trio
 
-__all__ = ["MockOpenAIServer", "MockOllamaServer", "MockReply", "RecordedRequest", "MockHTTPServer"]
+__all__ = [
+    "MockOpenAIServer",
+    "MockOllamaServer",
+    "MockReply",
+    "RecordedRequest",
+    "MockHTTPServer",
+    "closed_port_url",
+]
+
+
+def closed_port_url() -> str:
+    """A base URL nothing listens on: connecting to it is refused at once."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return f"http://127.0.0.1:{port}"
+
+
+def _reset(stream: trio.abc.Stream) -> None:
+    """Make the next close of ``stream`` a TCP reset (SO_LINGER 0)."""
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
 
 @dataclass
@@ -85,6 +115,8 @@ class MockReply:
     raw: bytes | None = None  # written verbatim instead of a response, then close
     close: bool = False
     drop_after: bool = False  # close the connection after the reply, without saying so
+    reset: bool = False  # reset the connection instead of answering
+    reset_after_chunks: bool = False  # stream ``chunks``, then reset the connection
 
 
 def _json_reply(obj: Any, status: int = 200) -> MockReply:
@@ -100,6 +132,7 @@ class MockHTTPServer:
         self.healthy = True
         self.chunk_delay = 0.0
         self.handler: Callable[[RecordedRequest], MockReply | None] | None = None
+        self.retry_after = "1"  # the Retry-After of mode "status429"
         self.requests: list[RecordedRequest] = []
         self.connections_opened = 0
         self.connections_ended = 0  # closed for any reason, by either side
@@ -162,6 +195,16 @@ class MockHTTPServer:
             return MockReply(hang_before_head=True)
         if self.mode == "drop":
             return MockReply(raw=b"")
+        if self.mode == "reset":
+            return MockReply(reset=True)
+        if self.mode == "status429":
+            return MockReply(
+                status=429,
+                headers=[("content-type", "application/json"), ("retry-after", self.retry_after)],
+                body=b'{"error":{"message":"slow down","type":"rate_limit_error"}}',
+            )
+        if self.mode in ("status502", "status503"):
+            return _json_reply({"error": {"message": "unavailable"}}, int(self.mode[-3:]))
         reply = self.route(req)
         if self.mode == "hang_after_head":
             reply.hang_after_head = True
@@ -259,6 +302,9 @@ class MockHTTPServer:
     async def _write_reply(
         self, conn: h11.Connection, stream: trio.abc.Stream, reply: MockReply
     ) -> None:
+        if reply.reset:
+            _reset(stream)
+            raise trio.BrokenResourceError("mock: reset")
         if reply.raw is not None:
             if reply.raw:
                 await stream.send_all(reply.raw)
@@ -284,6 +330,9 @@ class MockHTTPServer:
                 await stream.send_all(conn.send(h11.Data(data=chunk)))
             if reply.hang_after_chunks:
                 await trio.sleep_forever()
+            if reply.reset_after_chunks:
+                _reset(stream)
+                raise trio.BrokenResourceError("mock: reset")
         await stream.send_all(conn.send(h11.EndOfMessage()))
 
 

@@ -123,11 +123,12 @@ async def test_nonzero_exit_quotes_bounded_stderr_tail() -> None:
     assert len(info.value.message) <= STDERR_TAIL_BYTES + 32
 
 
-async def test_missing_command_is_provider_error() -> None:
+async def test_missing_command_is_provider_unreachable() -> None:
+    # The process never started: the edge may try another provider (issue #16).
     adapter = CliAdapter(ProviderSpec(id="a", type="cli", command=["/nonexistent/agent-binary"]))
     with pytest.raises(AdapterError) as info:
         await adapter.run(run_req(), CollectedRunOutput())
-    assert info.value.code == "provider_error"
+    assert info.value.code == "provider_unreachable"
 
 
 async def test_silent_process_times_out_and_is_killed() -> None:

@@ -26,6 +26,7 @@ STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
 STATUS_EXTRA_KEYS = {"config_version", "models"}
 NODE_KEYS = {"id", "alias", "connected", "connected_since", "providers"}
 PROVIDER_KEYS = {
+    "ejected_until",
     "node_id",
     "id",
     "type",
@@ -41,7 +42,6 @@ PROVIDER_KEYS = {
     "long_in_flight",
     "lifecycle_capabilities",
     "last_error",
-    "ejected_until",
 }
 REPORT_KEYS = {
     "mode",

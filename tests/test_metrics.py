@@ -582,6 +582,10 @@ def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) ->
     m.count_wire_frames("in")
     m.count_wire_error("malformed")
     m.count_http_rejected(400)
+    m.count_attempt_failure("echo", "p", "connect")
+    m.count_retry("echo")
+    m.count_ejection("p")
+    m.count_fallback("echo", "qwen")
     m.set_status_source(lambda: GatewayStatus(providers=[ProviderGaugeRow("n", "p", 0, 1)]))
     exposed = {name for name, _ in samples(m)}
     rule_series = {"iop_price_per_million_tokens", "iop_infra_cost_per_month"}
@@ -598,3 +602,17 @@ def test_http_rejected_statuses_are_a_fixed_label_set(m: GatewayMetrics) -> None
         **{s: 1 for s in ("400", "404", "405", "408", "413", "431", "501", "503")},
         "other": 2,
     }
+
+
+def test_routing_counters_take_only_fixed_reasons_and_config_groups(m: GatewayMetrics) -> None:
+    """Issue #16's counters: ``reason`` from FailureReason, groups from the config."""
+    m.count_attempt_failure("echo", "p", "status_429")
+    assert series(m, "iop_provider_attempt_failures_total") == {
+        frozenset(
+            {"edge_id": EDGE, "model_group": "echo", "provider": "p", "reason": "status_429"}.items()
+        ): 1.0
+    }
+    with pytest.raises(ValueError):
+        m.count_attempt_failure("echo", "p", "caller said so")
+    with pytest.raises(ValueError):
+        m.count_fallback("echo", "not-a-configured-group")

@@ -47,6 +47,7 @@ from iopd.edge.metric_labels import (
     check_member,
     expected_response_mode,
 )
+from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.usage import UsageItem
 from iopd.tokens import estimate_tokens_from_chars
 from iopd.vocabulary import (
@@ -76,6 +77,8 @@ __all__ = [
 ]
 
 ESTIMATION_METHOD: Final = "chars_div_4"
+#: ``iop_provider_attempt_failures_total{reason}``: why an attempt failed.
+ATTEMPT_FAILURE_REASONS: Final = frozenset(r.value for r in FailureReason)
 #: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
 #: before there is an endpoint (any other status is counted as ``other``).
 REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431", "501", "503"})
@@ -329,6 +332,32 @@ class GatewayMetrics:
             ("edge_id", "status"),
             registry=r,
         )
+        # Issue #16: retries, passive ejection, fallback groups.  Provider and
+        # group ids are config ids; ``reason`` is ``FailureReason``'s fixed set.
+        self._attempt_failures = Counter(
+            "iop_provider_attempt_failures",
+            "Failed attempts on a provider (retried or not), by why they failed.",
+            ("edge_id", "model_group", "provider", "reason"),
+            registry=r,
+        )
+        self._retries = Counter(
+            "iop_request_retries",
+            "Extra attempts made on another provider before the first byte.",
+            ("edge_id", "model_group"),
+            registry=r,
+        )
+        self._ejections = Counter(
+            "iop_provider_ejections",
+            "Passive ejections of a provider (consecutive failed attempts, or a failed probe).",
+            ("edge_id", "provider"),
+            registry=r,
+        )
+        self._fallbacks = Counter(
+            "iop_fallbacks",
+            "Requests served by a fallback group instead of the group they named.",
+            ("edge_id", "model_group", "fallback_group"),
+            registry=r,
+        )
         self._status = _StatusCollector(edge_id)
         r.register(self._status)
 
@@ -478,6 +507,28 @@ class GatewayMetrics:
         self._child(self._dispatch_wait, (self.edge_id, group, outcome)).observe(seconds)
         if outcome == "queue_timeout":
             self._queue_timeouts.labels(self.edge_id).inc()
+
+    def count_attempt_failure(self, group: str, provider: str, reason: str) -> None:
+        """A failed attempt on ``provider`` (a config id) for ``group``; ``reason``
+        in ``FailureReason``'s values."""
+        check_member("reason", reason, ATTEMPT_FAILURE_REASONS)
+        self._check_group(group)
+        self._child(self._attempt_failures, (self.edge_id, group, provider, reason)).inc()
+
+    def count_retry(self, group: str) -> None:
+        """One extra attempt of a request of ``group`` (the group it named)."""
+        self._check_group(group)
+        self._child(self._retries, (self.edge_id, group)).inc()
+
+    def count_ejection(self, provider: str) -> None:
+        """``provider`` (a config id) was ejected."""
+        self._child(self._ejections, (self.edge_id, provider)).inc()
+
+    def count_fallback(self, group: str, fallback_group: str) -> None:
+        """A request for ``group`` was served by ``fallback_group``."""
+        self._check_group(group)
+        self._check_group(fallback_group)
+        self._child(self._fallbacks, (self.edge_id, group, fallback_group)).inc()
 
     def count_refresh(self, outcome: str) -> None:
         """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""

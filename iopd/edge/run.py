@@ -117,6 +117,7 @@ async def run_edge(
     ssl_ctx = server_ssl_context(cfg.edge.tls)
     async with trio.open_nursery() as nursery:
         await nursery.start(_scrub_secrets_from_logs, rt)
+        await nursery.start(rt.pool.run_outlier_timer)  # ejections that run out wake waiters
         wire_addr = await _listen(
             nursery,
             cfg.edge.node_listen,

@@ -32,6 +32,7 @@ from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
+from iopd.edge.pool.retry_budget import RetryBudget, RetryBudgetPolicy
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, PrincipalPolicy, ProviderSlot
 from iopd.edge.principal_limits import limits_from_config
 from iopd.redact import Scrubber
@@ -102,6 +103,13 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
             after_failures=cfg.provider_pool.eject_after_failures,
             seconds=cfg.provider_pool.eject_seconds,
         ),
+    )
+
+
+def retry_budget_policy(cfg: EdgeConfig) -> RetryBudgetPolicy:
+    """``provider_pool.retry_budget`` and ``retry_budget_min``."""
+    return RetryBudgetPolicy(
+        ratio=cfg.provider_pool.retry_budget, minimum=cfg.provider_pool.retry_budget_min
     )
 
 
@@ -237,6 +245,9 @@ class EdgeRuntime:
     #: node id -> the token of each embedded node (``iopd.edge.embedded``).  Fixed
     #: at start: making a node embedded, or adding one, needs a restart.
     embedded_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Retries per model group over the last minute (issue #16), shared by
+    #: every request; its policy follows the snapshot on refresh.
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
@@ -254,6 +265,7 @@ class EdgeRuntime:
             embedded_tokens=embedded,
         )
         rt._allow_metric_ids(cfg)
+        rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
         metrics.set_status_source(rt._gateway_status)
         return rt
@@ -516,6 +528,8 @@ class EdgeRuntime:
         self._allow_metric_ids(cfg)
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
+        self.retry_budget.set_policy(retry_budget_policy(cfg))
+        self.retry_budget.retain(g.id for g in new.catalog.listed())
 
     async def _push_configs(self, changed_nodes: list[str]) -> list[str]:
         """Push the current snapshot's ``NodeConfig`` to every changed, connected node.

@@ -44,6 +44,7 @@ __all__ = [
     "ProviderHTTPClient",
     "ProviderHTTPError",
     "ProviderProtocolError",
+    "ProviderResetError",
     "ProviderResponse",
     "ProviderTimeoutError",
     "EarlyStart",
@@ -69,6 +70,15 @@ class ProviderTimeoutError(ProviderHTTPError):
 
 class ProviderProtocolError(ProviderHTTPError):
     """The provider broke HTTP/1.1 or dropped the connection mid-response."""
+
+
+class ProviderResetError(ProviderProtocolError):
+    """A fresh connection broke while the request was being written.
+
+    The provider never read a whole request, so it cannot have acted on it
+    (the edge may retry it on another provider); a break after the request
+    was sent is a plain ``ProviderProtocolError``.
+    """
 
 
 class _StaleConnection(Exception):
@@ -435,10 +445,12 @@ class ProviderHTTPClient:
             if rest:
                 with trio.fail_after(self.read_timeout):
                     await conn.stream.send_all(rest)
-        except (trio.BrokenResourceError, OSError):
+        except (trio.BrokenResourceError, OSError) as exc:
             if conn.reused:
                 raise _StaleConnection() from None
-            raise
+            raise ProviderResetError(
+                f"connection lost sending the request: {_describe(exc)}"
+            ) from None
         reader = conn.reader
         assert reader is not None
         while True:

@@ -8,11 +8,19 @@ choice (``n``), one after the other under the one lease — and a whole
 (:func:`responses_stream`), one run each.  The pure rendering lives in ``chat.py`` and
 ``responses.py``; here are the run, the edge's system messages (strict
 output, the text tool protocol), text tool parsing, and the usage record.
+
+Retries (issue #16): a whole answer (``chat_once``, ``responses_once``)
+whose first run fails before any event reports it to the request's attempt
+loop (``leased.leasing.failed``) and, when that says retry, runs again on
+the next leased provider; nothing was sent.  A streamed answer starts its
+SSE stream when the run opens, so it is not retried; neither is a ``cli``
+run whose process had started.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import msgspec
 
@@ -22,11 +30,12 @@ from iopd.edge.openai import requests as rq
 from iopd.edge.openai.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
 from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
-from iopd.edge.openai.prepare import LeasedRequest
+from iopd.edge.openai.prepare import LeasedRequest, Leasing
 from iopd.edge.openai.responses import ResponseEvents, build_response
 from iopd.edge.openai.sse import SSE_HEADERS
 from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
 from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
+from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from iopd.edge.usage import run_event_usage
 from iopd.http.server import Responder
 from wire.messages import RunEvent, RunRequest, Usage
@@ -52,29 +61,43 @@ async def chat_once(
     lease (it holds one provider slot); the choices are indexed 0..n-1 and the
     usage is the runs' sum.
     """
+    completion_id, created = ids.new("chatcmpl"), int(time.time())
+    while True:
+        choices = await _chat_choices(leased, out, completion_id, created)
+        if choices is not None:
+            break
+        leased = await leased.leasing.next_attempt()
+    result = choices[0][0]
+    if len(choices) > 1:
+        result["choices"] = [doc["choices"][0] for doc, _ in choices]
+        usage = usage_dict(_total_usage([asm for _, asm in choices]))
+        if usage is not None:
+            result["usage"] = usage
+    out.answered(200)
+    await responder.send(200, [("content-type", JSON)], _json_encode(result))
+
+
+async def _chat_choices(
+    leased: LeasedRequest[rq.ChatRequest], out: Outcome, completion_id: str, created: int
+) -> list[tuple[JSONObject, CompletionAssembler]] | None:
+    """The ``n`` choices of one attempt, each with its assembler; None to retry."""
     req = leased.body
     text_tools = _text_tools(leased, req.tools)
-    completion_id, created = ids.new("chatcmpl"), int(time.time())
     asms: list[CompletionAssembler] = []
-    choices: list[JSONObject] = []
+    choices: list[tuple[JSONObject, CompletionAssembler]] = []
     try:
         for index in range(req.n):
             asm = CompletionAssembler(completion_id=completion_id, model=req.model, created=created)
             asms.append(asm)
             run = _chat_run(leased, text_tools)
-            await _collect(leased.session, run, asm)
+            if not await _collect(leased, run, asm, produced=index > 0):
+                return None
             text, calls = _settle(leased, asm, run, req.tools if text_tools else None)
-            choices.append(asm.result(text_override=text, tool_calls_override=calls, index=index))
+            doc = asm.result(text_override=text, tool_calls_override=calls, index=index)
+            choices.append((doc, asm))
     finally:
         _account_run_usage(asms, out)
-    result = choices[0]
-    if len(choices) > 1:
-        result["choices"] = [doc["choices"][0] for doc in choices]
-        usage = usage_dict(_total_usage(asms))
-        if usage is not None:
-            result["usage"] = usage
-    out.answered(200)
-    await responder.send(200, [("content-type", JSON)], _json_encode(result))
+    return choices
 
 
 async def chat_stream(
@@ -98,6 +121,7 @@ async def chat_stream(
             include_usage=req.include_usage,
         ),
         req.tools if text_tools else None,
+        leased,
     )
     asms: list[CompletionAssembler] = []
     try:
@@ -117,7 +141,17 @@ async def chat_stream(
 class _ChatStream:
     """One streamed completion: run events in, SSE chunks out (one run per choice)."""
 
-    __slots__ = ("call", "responder", "chunks", "asm", "strict", "text_tools", "tool_index")
+    __slots__ = (
+        "call",
+        "responder",
+        "chunks",
+        "asm",
+        "strict",
+        "text_tools",
+        "tool_index",
+        "leasing",
+        "provider_type",
+    )
 
     def __init__(
         self,
@@ -125,6 +159,7 @@ class _ChatStream:
         responder: Responder,
         chunks: ChunkStream,
         text_tools: list[JSONObject] | None,
+        leased: LeasedRequest[rq.ChatRequest],
     ) -> None:
         self.call = call
         self.responder = responder
@@ -135,6 +170,8 @@ class _ChatStream:
         #: whole text then decides between tool calls and text.
         self.text_tools = text_tools
         self.tool_index = 0
+        self.leasing: Leasing[rq.ChatRequest] = leased.leasing
+        self.provider_type = leased.lease.provider_type
 
     async def run(
         self,
@@ -176,9 +213,11 @@ class _ChatStream:
                     asm.feed(ev)
                 elif kind == "complete":
                     asm.finish(ev)
+                    self.leasing.succeeded()
                     await self._complete()
                     return
                 elif kind == "error":
+                    _report_stream_error(self.leasing, ev, self.provider_type)
                     raise _run_error(ev)
 
     async def _complete(self) -> None:
@@ -270,13 +309,17 @@ async def responses_once(
     """A whole ``response`` object, sent once the run completed."""
     req = leased.body
     tools = req.function_tools
-    text_tools = _text_tools(leased, tools)
-    run = _tools_run(leased, tools, text_tools, stream=False)
-    asm = CompletionAssembler(completion_id="", model=req.model, created=0)
-    try:
-        await _collect(leased.session, run, asm)
-    finally:
-        _account_run_usage([asm], out)
+    while True:
+        text_tools = _text_tools(leased, tools)
+        run = _tools_run(leased, tools, text_tools, stream=False)
+        asm = CompletionAssembler(completion_id="", model=req.model, created=0)
+        try:
+            done = await _collect(leased, run, asm, produced=False)
+        finally:
+            _account_run_usage([asm], out)
+        if done:
+            break
+        leased = await leased.leasing.next_attempt()
     text, calls = _settle(leased, asm, run, tools if text_tools else None)
     if calls is not None:  # parsed tool calls: only the text outside the blocks
         text = text or ""
@@ -345,11 +388,13 @@ async def responses_stream(
                     asm.feed(ev)
                 elif kind == "complete":
                     asm.finish(ev)
+                    leased.leasing.succeeded()
                     await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
                     await responder.end()
                     call.out.status = "ok"
                     return
                 elif kind == "error":
+                    _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
                     raise _run_error(ev)
     finally:
         _account_run_usage([asm], call.out)
@@ -428,16 +473,64 @@ def _run_request(
     )
 
 
-async def _collect(session: NodeSession, run: RunRequest, asm: CompletionAssembler) -> None:
-    """Run a normalized request to its end, feeding every event to ``asm``."""
-    async with session.open_stream(run) as events:
+async def _collect(
+    leased: _Normalized, run: RunRequest, asm: CompletionAssembler, *, produced: bool
+) -> bool:
+    """Run a normalized request to its end, feeding every event to ``asm``.
+
+    False: the run failed before any event (and ``produced``: no earlier run
+    of this request produced one) and the attempt loop says retry.
+    """
+    leasing = leased.leasing
+    async with leased.session.open_stream(run) as events:
         async for ev in events:
             if ev.kind == "complete":
                 asm.finish(ev)
+                leasing.succeeded()
             elif ev.kind == "error":
+                failure = _run_failure(ev, leased.lease.provider_type, produced)
+                if failure is not None and leasing.failed(failure, False):
+                    return False
                 raise _run_error(ev)
             else:
+                produced = True
                 asm.feed(_restore_tool_event(ev, asm))
+    return True
+
+
+#: Run error codes that say how far the run got before any event.
+_RUN_CODE_FAILURES: dict[str, FailureKind] = {
+    "provider_unreachable": FailureKind.CONNECT_FAILED,
+    "provider_reset": FailureKind.RESET_BEFORE_SEND,
+    "provider_timeout": FailureKind.READ_TIMEOUT,
+}
+
+
+def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
+    """A streamed run failed: the stream had started, so it is reported, never retried."""
+    failure = _run_failure(ev, provider_type, produced=True)
+    if failure is not None:
+        leasing.failed(failure, True)
+
+
+def _run_failure(ev: RunEvent, provider_type: str, produced: bool) -> AttemptFailure | None:
+    """What a run's error event says about the provider (None: nothing -- a cancel,
+    or its node went away)."""
+    code = ev.code
+    if code in ("cancelled", "node_lost", "node_dispatch_error"):
+        return None
+    if code == "bad_request":
+        return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
+    if code == "provider_timeout":
+        return AttemptFailure(FailureKind.READ_TIMEOUT)
+    if produced:
+        return AttemptFailure(FailureKind.RUN_ERROR_AFTER_EVENT)
+    kind = _RUN_CODE_FAILURES.get(code)
+    if kind is not None:
+        return AttemptFailure(kind)
+    if provider_type == "cli":  # its process started: it may have acted
+        return AttemptFailure(FailureKind.CLI_PROCESS_STARTED)
+    return AttemptFailure(FailureKind.RUN_ERROR_BEFORE_EVENT)
 
 
 def _total_usage(asms: list[CompletionAssembler]) -> Usage | None:

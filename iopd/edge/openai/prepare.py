@@ -17,14 +17,32 @@ gives a frozen :class:`LeasedRequest`: everything the relay and the
 normalized paths read, typed.  It is a class-based context manager (no
 generator frame) around the pool's lease: the hot path stays as cheap as
 when every endpoint opened the lease itself.
+
+Attempts (issue #16).  The ``Leasing`` is also the request's attempt loop:
+the paths report how each attempt ended (``leased.leasing.succeeded()`` or
+``failed(...)``), which tells the pool's outlier tracker and the metrics,
+and -- only when ``retry_rules.classify_failure`` says it is safe, an
+attempt is left (``provider_pool.retry_attempts``), a candidate that has
+not failed this request remains and the group's ``RetryBudget`` allows it
+-- ``failed`` returns True and the path calls ``next_attempt()``: the
+failed lease is released and another candidate of the group (or of its
+fallback groups) is leased under the same queue rules, with the failed
+providers excluded.  A request carrying the caller's provider credentials
+never goes to a provider of another ``base_url`` origin.  A provider that
+failed to be reached because its node had no session is retried the same
+way.  Nothing here writes to the caller: the paths decide before their
+first byte.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Generic, Literal, NamedTuple, TypeVar
+
+import trio
 
 from iopd import errors
 from iopd.config.catalog import GroupSpec
@@ -36,12 +54,36 @@ from iopd.edge.openai.json_body import parse_json_object
 from iopd.edge.openai.jsonschema import JSONObject, JSONValue
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.responses import responses_input_to_messages
+from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
 from iopd.edge.pool.pool import Lease
+from iopd.edge.pool.retry_rules import (
+    AttemptFailure,
+    FailureKind,
+    RetryPolicy,
+    TrackerEffect,
+    classify_failure,
+    url_origin,
+)
 from iopd.edge.runtime import EdgeRuntime, Snapshot
+from iopd.http.connection import HeadContext
 from iopd.http.server import Request
 from iopd.tokens import estimate_input_tokens
 
-__all__ = ["Body", "ContextClass", "LeasedRequest", "Leasing", "model_not_found", "prepare"]
+__all__ = [
+    "MODEL_GROUP_HEADER",
+    "Body",
+    "ContextClass",
+    "LeasedRequest",
+    "Leasing",
+    "model_not_found",
+    "prepare",
+]
+
+log = logging.getLogger("iopd.edge.request")
+
+#: On every response of a leased request: the model group that served it
+#: (a fallback group's id when one did).
+MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
 
 ContextClass = Literal["normal", "long"]
 
@@ -68,6 +110,7 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     request: Request
     body: Body
     principal: Principal
+    #: The group that serves it: the one asked for, or a fallback group.
     group: GroupSpec
     lease: Lease
     session: NodeSession
@@ -81,6 +124,8 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     relay: bool
     #: Generation parameters for that path (``models[].generation`` applied).
     params: JSONObject
+    #: The request's attempt loop: report this attempt's end, lease the next.
+    leasing: Leasing[Body]
 
 
 def prepare(rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> Leasing[Body]:
@@ -94,7 +139,10 @@ def prepare(rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> 
 
 
 class Leasing(Generic[Body]):
-    """A prepared request; entering it leases a provider (see :func:`prepare`)."""
+    """A prepared request; entering it leases a provider (see :func:`prepare`).
+
+    Then it is the request's attempt loop (see the module docstring).
+    """
 
     __slots__ = (
         "_rt",
@@ -105,6 +153,11 @@ class Leasing(Generic[Body]):
         "_relay_only",
         "_needs",
         "_lease_cm",
+        "_lease",
+        "_chain",
+        "_failed",
+        "_retries",
+        "_reported",
     )
 
     def __init__(self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> None:
@@ -136,22 +189,50 @@ class Leasing(Generic[Body]):
         self._group = group
         self._relay_only = relay_only
         self._needs = needs
-        bound = rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
-        self._lease_cm: AbstractAsyncContextManager[Lease] = rt.pool.lease(
+        self._chain = snap.catalog.fallback_chain(group.id)
+        #: Providers that failed this request (never leased again for it).
+        self._failed: frozenset[str] = frozenset()
+        self._retries = 0
+        self._lease: Lease | None = None  # the lease held now
+        self._reported = False  # this attempt's verdict went to the tracker
+        self._lease_cm: AbstractAsyncContextManager[Lease] = self._open_lease(frozenset())
+
+    def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
+        """The pool's lease for the next attempt (waits like any request)."""
+        group = self._group
+        bound = self._rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
+        return self._rt.pool.lease(
             group.id,
-            context_class=needs.context_class,
-            requires=needs.requires,
-            queue_timeout=min(bound, call.park_deadline()),
-            body_bytes=len(request.body),
+            context_class=self._needs.context_class,
+            requires=self._needs.requires,
+            exclude=exclude,
+            queue_timeout=min(bound, self._call.park_deadline()),
+            body_bytes=len(self._request.body),
+            fallbacks=self._chain,
+            fallback_on_queue_timeout=group.fallback_on_queue_timeout,
         )
 
     async def __aenter__(self) -> LeasedRequest[Body]:
-        lease = await self._lease_cm.__aenter__()
-        try:
-            return self._leased(lease)
-        except BaseException as exc:
-            await self._lease_cm.__aexit__(type(exc), exc, exc.__traceback__)
-            raise
+        self._rt.retry_budget.note_request(self._group.id, trio.current_time())
+        return await self._enter()
+
+    async def _enter(self) -> LeasedRequest[Body]:
+        """Lease (``_lease_cm``); a provider whose node has no session is retried."""
+        while True:
+            lease = await self._lease_cm.__aenter__()
+            self._lease, self._reported = lease, False
+            try:
+                session = self._rt.hub.session(lease.node_id)
+                if session is not None:
+                    return self._leased(lease, session)
+                if not self.failed(AttemptFailure(FailureKind.NODE_LOST_BEFORE_RUN), False):
+                    raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
+            except BaseException as exc:
+                self._lease = None
+                await self._lease_cm.__aexit__(type(exc), exc, exc.__traceback__)
+                raise
+            await self._release()
+            self._lease_cm = self._open_lease(self._exclude())
 
     async def __aexit__(
         self,
@@ -159,15 +240,138 @@ class Leasing(Generic[Body]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool | None:
+        if self._lease is None:  # a retry's lease was refused: nothing is held
+            return None
+        self._lease = None
         return await self._lease_cm.__aexit__(exc_type, exc, tb)
 
-    def _leased(self, lease: Lease) -> LeasedRequest[Body]:
+    # ------------------------------------------------------------ attempts
+
+    def succeeded(self) -> None:
+        """The attempt worked (a caller's 4xx relayed counts as working)."""
+        lease = self._lease
+        if lease is not None and not self._reported:
+            self._reported = True
+            self._rt.pool.attempt_succeeded(lease)
+
+    def failed(
+        self,
+        failure: AttemptFailure,
+        caller_saw_bytes: bool,
+        *,
+        retry_after: float = SATURATION_DEFAULT_SECONDS,
+    ) -> bool:
+        """Report a failed attempt; True when the path should call :meth:`next_attempt`.
+
+        Synchronous (the path decides while its stream is still open, before
+        writing anything).  ``retry_after``: a 429's bounded ``Retry-After``.
+        True spends one retry of the group's budget.
+        """
+        lease = self._lease
+        if lease is None or self._reported:
+            return False
+        self._reported = True
+        rt, out = self._rt, self._call.out
+        pool_cfg = self._call.snap.config.provider_pool
+        verdict = classify_failure(
+            failure, caller_saw_bytes=caller_saw_bytes, retry_on_timeout=pool_cfg.retry_on_timeout
+        )
+        transition: Transition | None = None
+        if verdict.effect is TrackerEffect.FAILURE and verdict.reason is not None:
+            transition = rt.pool.attempt_failed(lease, verdict.reason)
+        elif verdict.effect is TrackerEffect.SATURATED:
+            transition = rt.pool.attempt_saturated(lease, retry_after)
+        elif verdict.effect is TrackerEffect.SUCCESS:
+            rt.pool.attempt_succeeded(lease)
+        if verdict.reason is not None:
+            rt.metrics.count_attempt_failure(
+                lease.group_id or self._group.id, lease.provider_id, verdict.reason.value
+            )
+        if transition is Transition.EJECTED:
+            rt.metrics.count_ejection(lease.provider_id)
+            log.warning(
+                "event=provider_ejected provider=%s reason=%s",
+                lease.provider_id,
+                verdict.reason.value if verdict.reason else "-",
+            )
+        self._failed |= {lease.provider_id}
+        why = verdict.no_retry.value if verdict.no_retry is not None else None
+        if why is None:
+            why = self._retry_refusal(pool_cfg.retry_attempts)
+        log.info(
+            "event=attempt_failed request_id=%s group=%s provider=%s failure=%s status=%s "
+            "retry=%s",
+            out.request_id,
+            lease.group_id or self._group.id,
+            lease.provider_id,
+            failure.kind.value,
+            failure.status if failure.status is not None else "-",
+            "yes" if why is None else f"no({why})",
+        )
+        if why is not None:
+            return False
+        self._retries += 1
+        rt.metrics.count_retry(self._group.id)
+        return True
+
+    def _retry_refusal(self, attempts: int) -> str | None:
+        """Why a safe retry is not made (attempts, candidates, budget), or None (spent)."""
+        if not RetryPolicy(attempts=attempts).attempt_left(self._retries):
+            return "attempts"
+        if not self._candidates_left():
+            return "no_candidate"
+        if not self._rt.retry_budget.try_retry(self._group.id, trio.current_time()):
+            return "budget"
+        return None
+
+    def _candidates_left(self) -> bool:
+        """A provider of the group or its fallbacks this request may still go to."""
+        catalog = self._call.snap.catalog
+        exclude = self._exclude()
+        for gid in (self._group.id, *self._chain):
+            spec = catalog.group(gid)
+            if spec is not None and any(pid not in exclude for pid, _ in spec.providers):
+                return True
+        return False
+
+    def _exclude(self) -> frozenset[str]:
+        """Failed providers, and -- with the caller's provider credentials -- every
+        provider of another ``base_url`` origin than the first one leased."""
+        if not self._needs.provider_auth or not self._failed:
+            return self._failed
+        catalog = self._call.snap.catalog
+        first = catalog.providers.get(next(iter(self._failed)))
+        origin = _origin(first.config.base_url) if first is not None else None
+        other = {
+            pid for pid, ref in catalog.providers.items() if _origin(ref.config.base_url) != origin
+        }
+        return self._failed | other
+
+    async def next_attempt(self) -> LeasedRequest[Body]:
+        """Release the failed lease and lease another candidate (after ``failed`` said True).
+
+        Raises what a first lease raises (no candidate left, queue timeout).
+        """
+        await self._release()
+        self._lease_cm = self._open_lease(self._exclude())
+        return await self._enter()
+
+    async def _release(self) -> None:
+        self._lease = None
+        await self._lease_cm.__aexit__(None, None, None)
+
+    def _leased(self, lease: Lease, session: NodeSession) -> LeasedRequest[Body]:
         call, out = self._call, self._call.out
         call.resume_deadline()
         out.provider = lease.provider_id
-        session = self._rt.hub.session(lease.node_id)
-        if session is None:
-            raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
+        group = self._group
+        if lease.group_id and lease.group_id != group.id:  # served by a fallback group
+            fallback = call.snap.catalog.group(lease.group_id)
+            if fallback is not None:
+                self._rt.metrics.count_fallback(group.id, fallback.id)
+                group = fallback
+        out.group = group.id  # metering and the log line: the group that served it
+        _name_serving_group(self._request, group.id)
         relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
         out.mode = "passthrough" if relay else "normalized"
         body, needs = self._body, self._needs
@@ -178,7 +382,7 @@ class Leasing(Generic[Body]):
             request=self._request,
             body=body,
             principal=principal,
-            group=self._group,
+            group=group,
             lease=lease,
             session=session,
             provider_auth=needs.provider_auth,
@@ -188,8 +392,27 @@ class Leasing(Generic[Body]):
             relay=relay,
             # In a mixed group only the lease decides the path, so a relayed
             # request's limits are checked (again) here.
-            params=generation_params(body, self._group, relay=relay),
+            params=generation_params(body, group, relay=relay),
+            leasing=self,
         )
+
+
+def _origin(base_url: str | None) -> str | None:
+    try:
+        return url_origin(base_url) if base_url else None
+    except ValueError:
+        return None
+
+
+def _name_serving_group(request: Request, group_id: str) -> None:
+    """``X-Iopd-Model-Group`` on the response: the head hook's headers are the
+    ones every response to the request carries (a retry's group replaces it)."""
+    context = request.context
+    if not isinstance(context, HeadContext):
+        return
+    headers = context.response_headers
+    headers[:] = [(k, v) for k, v in headers if k != MODEL_GROUP_HEADER]
+    headers.append((MODEL_GROUP_HEADER, group_id))
 
 
 def generation_params(body: Body, group: GroupSpec, *, relay: bool) -> JSONObject:

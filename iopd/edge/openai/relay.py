@@ -16,16 +16,28 @@ caller talks to, and the backend's software stays private), and
 ``X-Iopd-Upstream-Status`` carries the provider's status, so a provider's
 own error is told from the edge's (whose responses never carry it) while
 the body stays byte-exact.
+
+Retries (issue #16): the head is looked at before anything is written.  A
+429, 502 or 503 head, or an error frame before any head that says the
+provider was never reached (``provider_unreachable``, ``provider_reset``),
+is reported to the request's attempt loop (``leased.leasing.failed``);
+when it says retry, the stream is left (the node cancels it) and the same
+body bytes go to the next candidate.  Otherwise the head is written and the
+response relayed as it is.  Once the head went out, nothing is retried.
 """
 
 from __future__ import annotations
+
+import time
 
 from iopd import errors
 from iopd.edge.node_session import NodeSession
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
-from iopd.edge.openai.prepare import Body, LeasedRequest
+from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
 from iopd.edge.openai.upstream_headers import upstream_headers
+from iopd.edge.pool.outliers import saturation_seconds
+from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
 from iopd.edge.runtime import Snapshot
 from iopd.edge.usage import tunnel_usage
 from iopd.http.server import Request, Responder
@@ -43,17 +55,22 @@ UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
 
 
 async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome) -> None:
-    """Relay the caller's request to the leased provider, ``model`` rewritten."""
+    """Relay the caller's request to the leased provider, ``model`` rewritten;
+    on a failure the attempt loop says is safe to retry, to the next one."""
     request = leased.request
-    treq = ProviderTunnelRequest(
-        stream_id=0,
-        provider_id=leased.lease.provider_id,
-        method="POST",
-        path=request.path,
-        headers=tunnel_headers(leased.snap, request, leased.provider_auth),
-        body=rq.rewrite_model(leased.body.raw, leased.lease.target),
-    )
-    await _relay(leased.session, treq, responder, out)
+    headers = tunnel_headers(leased.snap, request, leased.provider_auth)
+    while True:
+        treq = ProviderTunnelRequest(
+            stream_id=0,
+            provider_id=leased.lease.provider_id,
+            method="POST",
+            path=request.path,
+            headers=headers,
+            body=rq.rewrite_model(leased.body.raw, leased.lease.target),
+        )
+        if not await _relay(leased, treq, responder, out):
+            return
+        leased = await leased.leasing.next_attempt()
 
 
 def tunnel_headers(
@@ -74,9 +91,18 @@ def tunnel_headers(
 
 
 async def _relay(
-    session: NodeSession, treq: ProviderTunnelRequest, responder: Responder, out: Outcome
-) -> None:
-    """Relay a provider's raw response: status, end-to-end headers, body bytes."""
+    leased: LeasedRequest[Body],
+    treq: ProviderTunnelRequest,
+    responder: Responder,
+    out: Outcome,
+) -> bool:
+    """Relay a provider's raw response: status, end-to-end headers, body bytes.
+
+    True: the attempt failed before anything was written and is to be
+    retried (the stream is left; nothing reached the caller).
+    """
+    session: NodeSession = leased.session
+    leasing = leased.leasing
     body_usage: Usage | None = None
     frame_usage: Usage | None = None
     try:
@@ -88,6 +114,8 @@ async def _relay(
                     if fr.data:
                         await responder.write(fr.data, hold=frames.buffered() > 0)
                 elif kind == "head":
+                    if _retry_on_head(leasing, fr):
+                        return True
                     headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
                     headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
                     ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
@@ -100,17 +128,53 @@ async def _relay(
                     frame_usage = fr.usage or frame_usage
                     out.reasoning_chars += fr.reasoning_chars
                 elif kind == "end":
+                    leasing.succeeded()
                     await responder.end()
                     out.answered(out.http_status)
-                    return
+                    return False
                 else:  # error
+                    if leasing.failed(_failure_of(fr, responder.started), responder.started):
+                        return True
                     raise _tunnel_error(fr)
+        return False  # (the node ends every stream with end or error)
     finally:
         out.usage = tunnel_usage(body_usage, frame_usage)
         out.reasoning_reported = bool(
             (body_usage and body_usage.reasoning_tokens)
             or (frame_usage and frame_usage.reasoning_tokens)
         )
+
+
+def _retry_on_head(leasing: Leasing[Body], fr: ProviderTunnelFrame) -> bool:
+    """A provider error status, before the head is written: report it; True to retry."""
+    status = fr.status
+    if status < 500 and status != 429:
+        return False  # a success, or the caller's own 4xx: relayed (success at its end)
+    retry_after = 0.0
+    if status == 429:
+        value = next((v for k, v in fr.headers if k.lower() == "retry-after"), None)
+        retry_after = saturation_seconds(value, wall_now=time.time())
+    failure = AttemptFailure(FailureKind.PROVIDER_STATUS, status)
+    return leasing.failed(failure, False, retry_after=retry_after) and status in RETRYABLE_STATUSES
+
+
+#: The node's error codes that say how far a relayed request got (before any head).
+_CODE_FAILURES: dict[str, FailureKind] = {
+    "provider_unreachable": FailureKind.CONNECT_FAILED,
+    "provider_reset": FailureKind.RESET_BEFORE_SEND,
+    "provider_timeout": FailureKind.READ_TIMEOUT,
+}
+
+
+def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
+    """What a tunnel's error frame says happened; anything the node does not name
+    (or anything after the head) is a failure after the provider had the request."""
+    if fr.code == "bad_request":
+        return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
+    if head_sent:
+        kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND
+        return AttemptFailure(kind)
+    return AttemptFailure(_CODE_FAILURES.get(fr.code, FailureKind.RESET_AFTER_SEND))
 
 
 def _tunnel_error(fr: ProviderTunnelFrame) -> errors.GatewayError:

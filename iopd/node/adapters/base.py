@@ -27,7 +27,15 @@ __all__ = [
     "TunnelOutput",
 ]
 
-AdapterErrorCode = Literal["provider_error", "provider_timeout", "bad_request"]
+#: ``provider_unreachable``: the provider could not be reached or refused the
+#: connection (or a ``cli`` process could not start): it never got the request.
+#: ``provider_reset``: the connection broke while the request was being written,
+#: so the provider never read a whole request.  ``provider_timeout``: nothing for
+#: ``read_timeout`` after the request was sent.  The edge retries the first two
+#: on another provider (issue #16); an older edge reads them as ``provider_error``.
+AdapterErrorCode = Literal[
+    "provider_error", "provider_timeout", "bad_request", "provider_unreachable", "provider_reset"
+]
 
 
 class AdapterError(Exception):

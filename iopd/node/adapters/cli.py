@@ -169,8 +169,9 @@ class CliAdapter(Adapter):
                 start_new_session=True,
             )
         except OSError as exc:
-            raise AdapterError(
-                "provider_error", f"cannot start {os.path.basename(argv[0])}: {exc.strerror}"
+            raise AdapterError(  # the process never ran: safe to try elsewhere
+                "provider_unreachable",
+                f"cannot start {os.path.basename(argv[0])}: {exc.strerror}",
             ) from None
         stderr = _StderrTail()
         timeout_error: AdapterError | None = None

@@ -22,6 +22,7 @@ from iopd.http.client import (
     ProviderConnectError,
     ProviderHTTPClient,
     ProviderHTTPError,
+    ProviderResetError,
     ProviderResponse,
     ProviderTimeoutError,
 )
@@ -64,6 +65,12 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
 class _AdapterErrors:
     """Map the HTTP client's errors to AdapterError (messages carry no secrets).
 
+    The code says how far the request got, because that decides whether the
+    edge may retry it elsewhere: ``provider_unreachable`` (never connected),
+    ``provider_reset`` (lost while the request was written),
+    ``provider_timeout`` (sent, no answer), ``provider_error`` (anything
+    after the provider may have read the request).
+
     A class-based context manager (one instance serves every use): it wraps
     every relayed request, and ``@contextmanager`` costs several times more.
     """
@@ -79,7 +86,9 @@ class _AdapterErrors:
         if isinstance(exc, ProviderTimeoutError):
             raise AdapterError("provider_timeout", str(exc)) from None
         if isinstance(exc, ProviderConnectError):
-            raise AdapterError("provider_error", f"provider unreachable: {exc}") from None
+            raise AdapterError("provider_unreachable", f"provider unreachable: {exc}") from None
+        if isinstance(exc, ProviderResetError):
+            raise AdapterError("provider_reset", str(exc)) from None
         if isinstance(exc, ProviderHTTPError):
             raise AdapterError("provider_error", str(exc)) from None
 
