@@ -58,6 +58,7 @@ from typing import Literal
 
 from iopd.config.schema import LimitsSection
 from iopd.edge.token_reservation import Reservation
+from iopd.vocabulary import LimitName
 
 __all__ = [
     "DAY_S",
@@ -82,7 +83,6 @@ DAY_S = 86_400
 #: that it answers with the time the whole log has expired (always enough).
 RETRY_SCAN_LIMIT = 64
 
-LimitName = Literal["requests_per_minute", "tokens_per_minute", "tokens_per_day"]
 
 
 # ------------------------------------------------------------------ limits
@@ -468,6 +468,31 @@ class PrincipalLimiter:
         self._drop_if_idle(admission.principal_ref, state)
         return Settlement(returned, debt, freed)
 
+    def withdraw(self, admission: Admission, now: float) -> None:
+        """Undo an admission as if it never happened: the request turned out not
+        to be admissible (no live candidate: answered 502 before it counts).
+
+        Its request-log entry, its token entry and its day reservation go;
+        a second call, or a call after :meth:`settle`, does nothing.
+        """
+        now = self._clock(now)
+        if admission.settled:
+            return
+        self.finished(admission)
+        admission.settled = True
+        state = admission._state
+        state.admitted -= 1
+        try:
+            state.requests.remove(admission.admitted_at)  # any equal stamp is as good
+        except ValueError:
+            pass  # already out of the window
+        if admission._entry is not None:
+            state.tokens.shrink(admission._entry, 0)
+        if state.day == admission._day:
+            state.day_total -= admission.reserved_tokens
+        state.advance(now, self.limits_for(admission.principal_ref).tokens_per_day)
+        self._drop_if_idle(admission.principal_ref, state)
+
     # ------------------------------------------------------------- concurrency
 
     def can_start(self, principal_ref: str) -> bool:
@@ -520,6 +545,10 @@ class PrincipalLimiter:
         """Every configured or active principal, sorted by ref."""
         refs = sorted(self._limits.keys() | self._states.keys())
         return {ref: self._status_of(ref, now, self.limits_for(ref)) for ref in refs}
+
+    def status_of(self, principal_ref: str, now: float) -> PrincipalStatus:
+        """One principal's windows, as things stand (a blank view for an idle one)."""
+        return self._status_of(principal_ref, now, self.limits_for(principal_ref))
 
     def forget_idle(self, now: float) -> list[str]:
         """Drop the state of idle principals (nothing in flight, windows and day empty)."""

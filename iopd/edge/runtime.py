@@ -16,7 +16,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypedDict
 
@@ -26,12 +26,19 @@ import trio
 from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
-from iopd.config.schema import EdgeConfig, NodeEntry
+from iopd.config.schema import (
+    EdgeConfig,
+    LimitDefaults,
+    LimitsSection,
+    NodeEntry,
+    PrincipalLimit,
+)
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, PrincipalPolicy, ProviderSlot
+from iopd.edge.principal_limits import PrincipalLimiter, WindowStatus
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
@@ -54,6 +61,38 @@ class Snapshot:
     secrets: Scrubber
     #: ``openai.cors_allow_origins`` as a set (empty: CORS is off).
     cors_origins: frozenset[str] = frozenset()
+    #: A rate or budget of ``limits`` is in force for some principal: only then
+    #: does a request go through the limiter (``max_concurrent`` and ``share``
+    #: are the pool's, from its snapshot).
+    rates_limited: bool = False
+
+
+def rates_in_force(section: LimitsSection) -> bool:
+    """True when ``limits`` sets a rate or a budget for anyone."""
+    entries: list[LimitDefaults | PrincipalLimit] = [section.default, *section.principals]
+    return any(
+        e.requests_per_minute or e.tokens_per_minute or e.tokens_per_day for e in entries
+    )
+
+
+def principal_policies(
+    section: LimitsSection,
+) -> tuple[PrincipalPolicy, dict[str, PrincipalPolicy]]:
+    """``limits`` as the pool sees it: each principal's ``share`` and ``max_concurrent``.
+
+    The pool is the one owner of concurrency: it counts the slots a principal
+    holds and keeps one more request waiting in its queue.
+    """
+    d = section.default
+    default = PrincipalPolicy(share=d.share, max_concurrent=d.max_concurrent)
+    principals = {
+        p.principal_ref: PrincipalPolicy(
+            share=d.share if p.share is None else p.share,
+            max_concurrent=d.max_concurrent if p.max_concurrent is None else p.max_concurrent,
+        )
+        for p in section.principals
+    }
+    return default, principals
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
@@ -80,12 +119,15 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
         for g in catalog.listed()
     }
+    default_principal, principals = principal_policies(cfg.limits)
     return PoolSnapshot(
         providers=providers,
         groups=groups,
         max_queue=cfg.provider_pool.max_queue,
         queue_timeout=cfg.provider_pool.queue_timeout,
         max_queued_bytes=cfg.provider_pool.max_queued_bytes,
+        principals=principals,
+        default_principal=default_principal,
     )
 
 
@@ -99,6 +141,7 @@ def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -
         nodes={n.id: _with_embedded_token(n, embedded) for n in cfg.nodes},
         secrets=Scrubber(config_secrets(cfg)),
         cors_origins=frozenset(cfg.openai.cors_allow_origins),
+        rates_limited=rates_in_force(cfg.limits),
     )
 
 
@@ -125,6 +168,15 @@ class ProviderHealthState:
 #: What ``/status`` and the health gauge show for a provider whose node has no
 #: live session: its last probe result is history, not the provider's state.
 DISCONNECTED: Final = "disconnected"
+
+
+def _window_row(w: WindowStatus) -> WindowRow:
+    return {
+        "limit": w.limit,
+        "used": w.used,
+        "remaining": w.remaining,
+        "reset_s": round(max(0.0, w.reset_s), 3),
+    }
 
 
 class NodeRow(TypedDict):
@@ -182,6 +234,28 @@ class QueueRow(TypedDict):
     max_queued_bytes: int
 
 
+class WindowRow(TypedDict):
+    """One limit window of a principal in ``GET /status``."""
+
+    limit: int  # 0 = unlimited
+    used: int
+    remaining: int | None  # None when unlimited
+    reset_s: float  # until the window is empty again
+
+
+class PrincipalRow(TypedDict):
+    """One principal of ``GET /status`` (issue #17)."""
+
+    principal_ref: str
+    in_flight: int  # holding a provider slot
+    queued: int  # waiting in the pool's queue
+    max_concurrent: int
+    share: int
+    requests_per_minute: WindowRow
+    tokens_per_minute: WindowRow
+    tokens_per_day: WindowRow
+
+
 class StatusDocument(TypedDict):
     """The admin ``GET /status`` document (SPEC §10)."""
 
@@ -191,6 +265,7 @@ class StatusDocument(TypedDict):
     providers: list[ProviderRow]
     models: list[ModelRow]
     queue: QueueRow
+    principals: list[PrincipalRow]
 
 
 class RefreshReport(TypedDict):
@@ -220,6 +295,12 @@ class EdgeRuntime:
     #: node id -> the token of each embedded node (``iopd.edge.embedded``).  Fixed
     #: at start: making a node embedded, or adding one, needs a restart.
     embedded_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
+    #: Rates and budgets per principal (``limits``), in memory: kept across a
+    #: refresh, lost by a restart.  Concurrency and share are the pool's.
+    limiter: PrincipalLimiter = field(default_factory=PrincipalLimiter)
+    #: The limiter's clock: wall-clock seconds, because the day budget follows
+    #: the calendar day in UTC (tests drive it directly).
+    limits_clock: Callable[[], float] = time.time
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
@@ -235,6 +316,7 @@ class EdgeRuntime:
             pool=pool,
             metrics=metrics,
             embedded_tokens=embedded,
+            limiter=PrincipalLimiter(cfg.limits, now=time.time()),
         )
         rt._allow_metric_ids(cfg)
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
@@ -315,7 +397,16 @@ class EdgeRuntime:
             queued_bytes=self.pool.queued_bytes,
             connected_nodes=self._connected_count(),
             providers=self._gauge_rows(),
+            principals_in_flight=self._principals_in_flight(),
         )
+
+    def _principals_in_flight(self) -> dict[str, int]:
+        """``iop_principal_in_flight``: every configured principal (0 when idle), and
+        the unmapped caller while it runs something; counted by the pool."""
+        loads = self.pool.principal_loads()
+        shown = {t.principal_ref: 0 for t in self.snapshot.config.openai.principal_tokens}
+        shown.update({ref: running for ref, (running, _queued) in loads.items()})
+        return shown
 
     def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
         """The last probe the node reported, or ``disconnected`` while the node is away.
@@ -399,7 +490,41 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
+            "principals": self._principal_rows(),
         }
+
+    def _principal_rows(self) -> list[PrincipalRow]:
+        """Every configured principal and every active one: the pool's counts
+        (in flight, queued: the one owner of concurrency) and the limiter's windows."""
+        cfg = self.snapshot.config
+        loads = self.pool.principal_loads()
+        windows = self.limiter.status(self.limits_clock())
+        refs = sorted(
+            {t.principal_ref for t in cfg.openai.principal_tokens}
+            | {p.principal_ref for p in cfg.limits.principals}
+            | loads.keys()
+            | windows.keys()
+        )
+        policy = self.pool.snapshot.principal
+        rows: list[PrincipalRow] = []
+        for ref in refs:
+            running, queued = loads.get(ref, (0, 0))
+            st = windows.get(ref)
+            if st is None:
+                st = self.limiter.status_of(ref, self.limits_clock())
+            rows.append(
+                {
+                    "principal_ref": ref,
+                    "in_flight": running,
+                    "queued": queued,
+                    "max_concurrent": policy(ref).max_concurrent,
+                    "share": policy(ref).share,
+                    "requests_per_minute": _window_row(st.requests_per_minute),
+                    "tokens_per_minute": _window_row(st.tokens_per_minute),
+                    "tokens_per_day": _window_row(st.tokens_per_day),
+                }
+            )
+        return rows
 
     def _model_rows(self) -> list[ModelRow]:
         """The model groups as ``/v1/models`` lists them, each with its providers."""
@@ -483,6 +608,7 @@ class EdgeRuntime:
         new = _make_snapshot(cfg, version=version, embedded=self.embedded_tokens)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
+        self.limiter.apply_config(cfg.limits, self.limits_clock())  # counters are kept
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
 

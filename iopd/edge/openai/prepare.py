@@ -7,7 +7,9 @@ on every endpoint):
     parse the body → resolve the model group → the caller's provider
     credentials → what the endpoint needs of a provider → workspace →
     estimate input tokens / context class → generation limits, when the
-    request can only be relayed raw (a 400 before it queues) → lease a
+    request can only be relayed raw (a 400 before it queues) → admission
+    against the principal's rates and budgets (``limits``: 429, or 400 for a
+    reservation that can never fit; only when ``limits`` sets any) → lease a
     provider (may queue; the request's deadline is parked meanwhile) → the
     node session and the path (raw relay or normalized), with the generation
     parameters of that path.
@@ -29,6 +31,7 @@ from typing import Generic, Literal, NamedTuple, TypeVar
 from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.node_session import NodeSession
+from iopd.edge.openai import limits
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.generation import apply_generation
@@ -129,6 +132,12 @@ class Leasing(Generic[Body]):
             needs = _openai_needs(snap, request, group, body, relay_only)
         if relay_only:
             generation_params(body, group, relay=True)  # over a limit: 400 before queueing
+        principal = out.principal
+        assert principal is not None  # check_head authenticated every provider route
+        principal_ref = principal.label_principal_ref
+        if call.snap.rates_limited:  # its rates and budgets: 429/400 before queueing
+            reservation = limits.reservation_of(body, request.path, needs.estimate)
+            limits.admit(rt, call, request.context, principal_ref, reservation)
         self._rt = rt
         self._call = call
         self._request = request
@@ -143,10 +152,15 @@ class Leasing(Generic[Body]):
             requires=needs.requires,
             queue_timeout=min(bound, call.park_deadline()),
             body_bytes=len(request.body),
+            principal=principal_ref,  # its share and max_concurrent: the pool's
         )
 
     async def __aenter__(self) -> LeasedRequest[Body]:
-        lease = await self._lease_cm.__aenter__()
+        try:
+            lease = await self._lease_cm.__aenter__()
+        except errors.NodeDispatchError:
+            limits.withdraw(self._rt, self._call)  # no live candidate: it never counted
+            raise
         try:
             return self._leased(lease)
         except BaseException as exc:
@@ -168,6 +182,7 @@ class Leasing(Generic[Body]):
         session = self._rt.hub.session(lease.node_id)
         if session is None:
             raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
+        call.leased = True  # from here a provider may spend tokens on it
         relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
         out.mode = "passthrough" if relay else "normalized"
         body, needs = self._body, self._needs
