@@ -582,7 +582,12 @@ def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) ->
     m.count_wire_frames("in")
     m.count_wire_error("malformed")
     m.count_http_rejected(400)
-    m.set_status_source(lambda: GatewayStatus(providers=[ProviderGaugeRow("n", "p", 0, 1)]))
+    m.count_limit_rejection("unmapped", "tokens_per_minute")
+    m.set_status_source(
+        lambda: GatewayStatus(
+            providers=[ProviderGaugeRow("n", "p", 0, 1)], principals_in_flight={"unmapped": 0}
+        )
+    )
     exposed = {name for name, _ in samples(m)}
     rule_series = {"iop_price_per_million_tokens", "iop_infra_cost_per_month"}
     used = {name for q in queries for name in re.findall(r"\biop_[a-z_]+", q)}
@@ -598,3 +603,20 @@ def test_http_rejected_statuses_are_a_fixed_label_set(m: GatewayMetrics) -> None
         **{s: 1 for s in ("400", "404", "405", "408", "413", "431", "501", "503")},
         "other": 2,
     }
+
+
+def test_limit_rejections_take_config_ids_and_fixed_limit_names_only(m: GatewayMetrics) -> None:
+    m.allow_ids(principals=[PrincipalLabels.from_config("team-a", "", "a-1")])
+    m.count_limit_rejection("team-a", "requests_per_minute")
+    m.count_limit_rejection("unmapped", "tokens_per_day")
+    with pytest.raises(ValueError):
+        m.count_limit_rejection("caller-chosen", "requests_per_minute")
+    with pytest.raises(ValueError):
+        m.count_limit_rejection("team-a", "bogus")
+    got = {tuple(sorted(dict(lbl).items())): v for lbl, v in series(m, "iop_limit_rejections_total").items()}
+    assert len(got) == 2 and set(got.values()) == {1}
+    m.set_status_source(
+        lambda: GatewayStatus(principals_in_flight={"team-a": 2, "not-configured": 5})
+    )
+    in_flight = series(m, "iop_principal_in_flight")
+    assert [dict(lbl)["principal_ref"] for lbl in in_flight] == ["team-a"]
