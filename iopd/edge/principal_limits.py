@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from iopd.config.schema import LimitsSection
+from iopd.edge.ratelimit_headers import format_reset, ratelimit_trio
 from iopd.edge.token_reservation import Reservation
 from iopd.vocabulary import LimitName
 
@@ -326,21 +327,6 @@ def _day_of(now: float) -> int:
     return int(now // DAY_S)
 
 
-def format_reset(seconds: float) -> str:
-    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``20ms``, ``1.5s``, ``6m0s``."""
-    ms = max(0, math.ceil(seconds * 1000 - 1e-6))
-    if ms < 1000:
-        return f"{ms}ms"
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
-
-
 # ------------------------------------------------------------------ the limiter
 
 
@@ -469,12 +455,8 @@ class PrincipalLimiter:
         return Settlement(returned, debt, freed)
 
     def withdraw(self, admission: Admission, now: float) -> None:
-        """Undo an admission as if it never happened: the request turned out not
-        to be admissible (no live candidate: answered 502 before it counts).
-
-        Its request-log entry, its token entry and its day reservation go;
-        a second call, or a call after :meth:`settle`, does nothing.
-        """
+        """Undo an admission as if it never happened (no live candidate: a 502
+        before it counts).  After :meth:`settle`, or a second time, a no-op."""
         now = self._clock(now)
         if admission.settled:
             return
@@ -532,13 +514,15 @@ class PrincipalLimiter:
         if not limits.rate_limited:
             return []
         st = self._status_of(principal_ref, now, limits)
-        out: list[tuple[str, str]] = []
+        shown: list[tuple[str, WindowStatus]] = []
         if limits.requests_per_minute:
-            out += _trio("requests", st.requests_per_minute)
-        if limits.tokens_per_minute:
-            out += _trio("tokens", st.tokens_per_minute)
-        elif limits.tokens_per_day:
-            out += _trio("tokens", st.tokens_per_day)
+            shown.append(("requests", st.requests_per_minute))
+        if limits.tokens_per_minute or limits.tokens_per_day:
+            day_only = not limits.tokens_per_minute
+            shown.append(("tokens", st.tokens_per_day if day_only else st.tokens_per_minute))
+        out: list[tuple[str, str]] = []
+        for kind, w in shown:
+            out += ratelimit_trio(kind, w.limit, w.remaining, w.reset_s)
         return out
 
     def status(self, now: float) -> dict[str, PrincipalStatus]:
@@ -611,11 +595,3 @@ class PrincipalLimiter:
 
 def _window(limit: int, used: int, reset_s: float) -> WindowStatus:
     return WindowStatus(limit, used, max(0, limit - used) if limit else None, reset_s)
-
-
-def _trio(kind: str, w: WindowStatus) -> list[tuple[str, str]]:
-    return [
-        (f"x-ratelimit-limit-{kind}", str(w.limit)),
-        (f"x-ratelimit-remaining-{kind}", str(w.remaining if w.remaining is not None else 0)),
-        (f"x-ratelimit-reset-{kind}", format_reset(w.reset_s)),
-    ]

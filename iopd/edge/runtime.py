@@ -26,19 +26,19 @@ import trio
 from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
-from iopd.config.schema import (
-    EdgeConfig,
-    LimitDefaults,
-    LimitsSection,
-    NodeEntry,
-    PrincipalLimit,
-)
+from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, PrincipalPolicy, ProviderSlot
-from iopd.edge.principal_limits import PrincipalLimiter, WindowStatus
+from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.principal_limits import PrincipalLimiter
+from iopd.edge.principal_status import (
+    PrincipalRow,
+    principal_policies,
+    principal_rows,
+    rates_in_force,
+)
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
@@ -65,34 +65,6 @@ class Snapshot:
     #: does a request go through the limiter (``max_concurrent`` and ``share``
     #: are the pool's, from its snapshot).
     rates_limited: bool = False
-
-
-def rates_in_force(section: LimitsSection) -> bool:
-    """True when ``limits`` sets a rate or a budget for anyone."""
-    entries: list[LimitDefaults | PrincipalLimit] = [section.default, *section.principals]
-    return any(
-        e.requests_per_minute or e.tokens_per_minute or e.tokens_per_day for e in entries
-    )
-
-
-def principal_policies(
-    section: LimitsSection,
-) -> tuple[PrincipalPolicy, dict[str, PrincipalPolicy]]:
-    """``limits`` as the pool sees it: each principal's ``share`` and ``max_concurrent``.
-
-    The pool is the one owner of concurrency: it counts the slots a principal
-    holds and keeps one more request waiting in its queue.
-    """
-    d = section.default
-    default = PrincipalPolicy(share=d.share, max_concurrent=d.max_concurrent)
-    principals = {
-        p.principal_ref: PrincipalPolicy(
-            share=d.share if p.share is None else p.share,
-            max_concurrent=d.max_concurrent if p.max_concurrent is None else p.max_concurrent,
-        )
-        for p in section.principals
-    }
-    return default, principals
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
@@ -170,15 +142,6 @@ class ProviderHealthState:
 DISCONNECTED: Final = "disconnected"
 
 
-def _window_row(w: WindowStatus) -> WindowRow:
-    return {
-        "limit": w.limit,
-        "used": w.used,
-        "remaining": w.remaining,
-        "reset_s": round(max(0.0, w.reset_s), 3),
-    }
-
-
 class NodeRow(TypedDict):
     """One node of ``GET /status``."""
 
@@ -232,28 +195,6 @@ class QueueRow(TypedDict):
     max_queue: int
     queued_bytes: int
     max_queued_bytes: int
-
-
-class WindowRow(TypedDict):
-    """One limit window of a principal in ``GET /status``."""
-
-    limit: int  # 0 = unlimited
-    used: int
-    remaining: int | None  # None when unlimited
-    reset_s: float  # until the window is empty again
-
-
-class PrincipalRow(TypedDict):
-    """One principal of ``GET /status`` (issue #17)."""
-
-    principal_ref: str
-    in_flight: int  # holding a provider slot
-    queued: int  # waiting in the pool's queue
-    max_concurrent: int
-    share: int
-    requests_per_minute: WindowRow
-    tokens_per_minute: WindowRow
-    tokens_per_day: WindowRow
 
 
 class StatusDocument(TypedDict):
@@ -490,41 +431,10 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
-            "principals": self._principal_rows(),
+            "principals": principal_rows(
+                snap.config, self.pool, self.limiter, self.limits_clock()
+            ),
         }
-
-    def _principal_rows(self) -> list[PrincipalRow]:
-        """Every configured principal and every active one: the pool's counts
-        (in flight, queued: the one owner of concurrency) and the limiter's windows."""
-        cfg = self.snapshot.config
-        loads = self.pool.principal_loads()
-        windows = self.limiter.status(self.limits_clock())
-        refs = sorted(
-            {t.principal_ref for t in cfg.openai.principal_tokens}
-            | {p.principal_ref for p in cfg.limits.principals}
-            | loads.keys()
-            | windows.keys()
-        )
-        policy = self.pool.snapshot.principal
-        rows: list[PrincipalRow] = []
-        for ref in refs:
-            running, queued = loads.get(ref, (0, 0))
-            st = windows.get(ref)
-            if st is None:
-                st = self.limiter.status_of(ref, self.limits_clock())
-            rows.append(
-                {
-                    "principal_ref": ref,
-                    "in_flight": running,
-                    "queued": queued,
-                    "max_concurrent": policy(ref).max_concurrent,
-                    "share": policy(ref).share,
-                    "requests_per_minute": _window_row(st.requests_per_minute),
-                    "tokens_per_minute": _window_row(st.tokens_per_minute),
-                    "tokens_per_day": _window_row(st.tokens_per_day),
-                }
-            )
-        return rows
 
     def _model_rows(self) -> list[ModelRow]:
         """The model groups as ``/v1/models`` lists them, each with its providers."""
