@@ -177,6 +177,49 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _window(w: dict[str, Any]) -> str:
+    """One limit window as ``used/limit (reset)``; ``-`` when unlimited (usage still counts)."""
+    if not w.get("limit"):
+        return f"{w.get('used', 0)}/-"
+    return f"{w['used']}/{w['limit']} ({w.get('reset_s', 0):g}s)"
+
+
+def format_principals(doc: dict[str, Any]) -> str:
+    """Per principal: requests in flight and queued, and each window's use (issue #17).
+
+    ``REMAINING`` columns are what is left of each limit; windows read
+    ``used/limit (seconds until empty)``.
+    """
+    rows = [
+        [
+            "PRINCIPAL",
+            "IN_FLIGHT",
+            "QUEUED",
+            "SHARE",
+            "REQ/MIN LEFT",
+            "TOK/MIN LEFT",
+            "TOK/DAY LEFT",
+            "REQ/MIN  TOK/MIN  TOK/DAY (used/limit)",
+        ]
+    ]
+    for p in doc.get("principals", []):
+        windows = [p["requests_per_minute"], p["tokens_per_minute"], p["tokens_per_day"]]
+        cap = p.get("max_concurrent", 0)
+        rows.append(
+            [
+                p["principal_ref"],
+                f"{p['in_flight']}/{cap}" if cap else str(p["in_flight"]),
+                str(p["queued"]),
+                str(p.get("share", 1)),
+                *("-" if w.get("remaining") is None else str(w["remaining"]) for w in windows),
+                "  ".join(_window(w) for w in windows),
+            ]
+        )
+    if len(rows) == 1:
+        return "no principal is configured or active"
+    return "\n".join(_table(rows, [14, 9, 6, 5, 12, 12, 12], frozenset({1, 2, 3, 4, 5, 6})))
+
+
 def format_report(doc: dict[str, Any]) -> str:
     """A refresh report: one line per list of ids or paths, one line per error.
 
@@ -208,11 +251,18 @@ def _expect(doc: Any, keys: frozenset[str], admin: str) -> dict[str, Any]:
     return doc
 
 
-def status_main(admin: str, *, as_json: bool = False) -> int:
-    """``iopd status``: print the catalog; exit 1 when the admin API cannot say."""
+def status_main(admin: str, *, as_json: bool = False, principals: bool = False) -> int:
+    """``iopd status``: print the catalog (``principals``: the per-principal
+    limits instead); exit 1 when the admin API cannot say."""
     try:
         doc = _expect(_call(admin, "GET", "/status"), STATUS_KEYS, admin)
-        text = json.dumps(doc, indent=2) if as_json else format_status(doc)
+        if principals:
+            if "principals" not in doc:
+                raise AdminError(f"{admin} is an edge without per-principal limits (older)")
+            shown: Any = doc["principals"]
+            text = json.dumps(shown, indent=2) if as_json else format_principals(doc)
+        else:
+            text = json.dumps(doc, indent=2) if as_json else format_status(doc)
     except AdminError as exc:
         print(f"iopd status: {exc}", file=sys.stderr)
         return 1

@@ -63,7 +63,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_status(args: argparse.Namespace) -> int:
     from iopd.admin_client import status_main
 
-    return status_main(args.admin, as_json=args.json)
+    return status_main(args.admin, as_json=args.json, principals=args.principals)
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
@@ -161,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
     )
     p.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    p.add_argument(
+        "--principals",
+        action="store_true",
+        help="show per principal: requests in flight and queued, and what is left of each limit",
+    )
     p.set_defaults(func=_cmd_status)
 
     p = sub.add_parser(

@@ -126,3 +126,20 @@ class NotImplementedByEdge(GatewayError):
     """A request method or transfer-coding iopd does not implement (RFC 9110 §15.6.2)."""
 
     status, type, code, metric_status = 501, "invalid_request_error", "not_implemented", "client_error"
+
+
+class RateLimited(GatewayError):
+    """The caller's principal is over one of its ``limits`` (issue #17).
+
+    OpenAI's answer: 429, ``type`` ``requests`` or ``tokens`` (which kind of
+    limit), code ``rate_limit_exceeded``, ``Retry-After`` in whole seconds.
+    """
+
+    status, type, code, metric_status = 429, "tokens", "rate_limit_exceeded", "rate_limited"
+
+    def __init__(
+        self, message: str, *, kind: str, retry_after: str, param: str | None = None
+    ) -> None:
+        super().__init__(message, param=param)
+        self.type = kind
+        self.headers = [("Retry-After", retry_after)]

@@ -28,6 +28,7 @@ __all__ = [
     "FRAME_DIRECTIONS",
     "HEALTH_STATES",
     "HOP_BY_HOP",
+    "LIMIT_NAMES",
     "OLLAMA_TYPES",
     "PASSTHROUGH_TYPES",
     "PROVIDER_TYPES",
@@ -47,6 +48,7 @@ __all__ = [
     "Endpoint",
     "FrameDirection",
     "Health",
+    "LimitName",
     "ProviderType",
     "RefreshOutcome",
     "Requirement",
@@ -152,8 +154,13 @@ Status = Literal[
     "provider_error",
     "cancelled",
     "overloaded",
+    "rate_limited",
 ]
 STATUSES: Final = frozenset(get_args(Status))
+
+#: The ``limit`` label of ``iop_limit_rejections_total`` (``limits`` keys a 429 names).
+LimitName = Literal["requests_per_minute", "tokens_per_minute", "tokens_per_day"]
+LIMIT_NAMES: Final = frozenset(get_args(LimitName))
 
 #: How one ``pool.lease()`` attempt ended.
 DispatchOutcome = Literal["admitted", "queue_full", "queue_timeout", "dispatch_error", "cancelled"]

@@ -522,3 +522,27 @@ def test_partial_principal_entry_inherits_default() -> None:
     )
     assert lim.limits_for("a") == Limits(0, 1, 0, 9, 2)
     assert lim.share_of("a") == 2
+
+
+def test_withdraw_undoes_an_admission_exactly() -> None:
+    """A request found to have no live candidate never counted (#17: a 502 before admission)."""
+    from iopd.config.schema import LimitDefaults, LimitsSection
+    from iopd.edge.principal_limits import Admission, PrincipalLimiter
+    from iopd.edge.token_reservation import reservation_for
+
+    section = LimitsSection(
+        default=LimitDefaults(requests_per_minute=2, tokens_per_minute=100, tokens_per_day=1000)
+    )
+    lim = PrincipalLimiter(section, now=1000.0)
+    first = lim.try_admit("p", reservation_for(10, 20), 1000.0)
+    second = lim.try_admit("p", reservation_for(10, 20), 1000.5)
+    assert isinstance(first, Admission) and isinstance(second, Admission)
+    lim.withdraw(first, 1001.0)
+    lim.withdraw(first, 1001.0)  # twice: nothing more
+    st = lim.status_of("p", 1001.0)
+    assert (st.requests_per_minute.used, st.tokens_per_minute.used) == (1, 30)
+    assert (st.tokens_per_day.used, st.admitted) == (30, 1)
+    lim.settle(second, 5, 1002.0)
+    lim.withdraw(second, 1002.0)  # after settle: nothing
+    st = lim.status_of("p", 1002.0)
+    assert (st.requests_per_minute.used, st.tokens_per_minute.used, st.admitted) == (1, 5, 0)

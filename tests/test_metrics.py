@@ -586,7 +586,12 @@ def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) ->
     m.count_retry("echo")
     m.count_ejection("p")
     m.count_fallback("echo", "qwen")
-    m.set_status_source(lambda: GatewayStatus(providers=[ProviderGaugeRow("n", "p", 0, 1)]))
+    m.count_limit_rejection("unmapped", "tokens_per_minute")
+    m.set_status_source(
+        lambda: GatewayStatus(
+            providers=[ProviderGaugeRow("n", "p", 0, 1)], principals_in_flight={"unmapped": 0}
+        )
+    )
     exposed = {name for name, _ in samples(m)}
     rule_series = {"iop_price_per_million_tokens", "iop_infra_cost_per_month"}
     used = {name for q in queries for name in re.findall(r"\biop_[a-z_]+", q)}
@@ -616,3 +621,20 @@ def test_routing_counters_take_only_fixed_reasons_and_config_groups(m: GatewayMe
         m.count_attempt_failure("echo", "p", "caller said so")
     with pytest.raises(ValueError):
         m.count_fallback("echo", "not-a-configured-group")
+
+
+def test_limit_rejections_take_config_ids_and_fixed_limit_names_only(m: GatewayMetrics) -> None:
+    m.allow_ids(principals=[PrincipalLabels.from_config("team-a", "", "a-1")])
+    m.count_limit_rejection("team-a", "requests_per_minute")
+    m.count_limit_rejection("unmapped", "tokens_per_day")
+    with pytest.raises(ValueError):
+        m.count_limit_rejection("caller-chosen", "requests_per_minute")
+    with pytest.raises(ValueError):
+        m.count_limit_rejection("team-a", "bogus")
+    got = {tuple(sorted(dict(lbl).items())): v for lbl, v in series(m, "iop_limit_rejections_total").items()}
+    assert len(got) == 2 and set(got.values()) == {1}
+    m.set_status_source(
+        lambda: GatewayStatus(principals_in_flight={"team-a": 2, "not-configured": 5})
+    )
+    in_flight = series(m, "iop_principal_in_flight")
+    assert [dict(lbl)["principal_ref"] for lbl in in_flight] == ["team-a"]

@@ -501,3 +501,31 @@ async def test_a_421_says_which_host_names_the_admin_api_answers() -> None:
             assert "localhost, 127.0.0.1 or [::1]" in err
             assert b"\r\nauthorization: bearer tok-123\r\n" in seen[0].lower()
             n.cancel_scope.cancel()
+
+
+def test_format_principals_shows_in_flight_queued_and_what_is_left() -> None:
+    from iopd.admin_client import format_principals
+
+    def w(limit: int, used: int) -> dict[str, object]:
+        return {"limit": limit, "used": used, "remaining": limit - used if limit else None, "reset_s": 12.5}
+
+    doc = {
+        "principals": [
+            {
+                "principal_ref": "team-a",
+                "in_flight": 2,
+                "queued": 3,
+                "max_concurrent": 2,
+                "share": 3,
+                "requests_per_minute": w(10, 4),
+                "tokens_per_minute": w(0, 50),
+                "tokens_per_day": w(1000, 999),
+            }
+        ]
+    }
+    lines = format_principals(doc).splitlines()
+    assert lines[0].split()[:3] == ["PRINCIPAL", "IN_FLIGHT", "QUEUED"]
+    cells = lines[1].split()
+    assert cells[:7] == ["team-a", "2/2", "3", "3", "6", "-", "1"]
+    assert "4/10 (12.5s)" in lines[1] and "50/-" in lines[1]
+    assert format_principals({"principals": []}) == "no principal is configured or active"

@@ -53,6 +53,7 @@ from iopd.tokens import estimate_tokens_from_chars
 from iopd.vocabulary import (
     DISPATCH_OUTCOMES,
     FRAME_DIRECTIONS,
+    LIMIT_NAMES,
     REFRESH_OUTCOMES,
     STATUSES,
     TOKEN_TYPES,
@@ -130,6 +131,8 @@ class GatewayStatus:
     queued_bytes: int = 0
     connected_nodes: int = 0
     providers: Sequence[ProviderGaugeRow] = field(default_factory=tuple)
+    #: Requests holding a provider slot, by ``principal_ref`` (config ids only).
+    principals_in_flight: Mapping[str, int] = field(default_factory=dict)
 
 
 StatusSource = Callable[[], GatewayStatus]
@@ -138,9 +141,10 @@ StatusSource = Callable[[], GatewayStatus]
 class _StatusCollector(Collector):
     """Reads the status source at scrape time and yields gauge families."""
 
-    def __init__(self, edge_id: str) -> None:
+    def __init__(self, edge_id: str, principal_allowed: Callable[[str], bool]) -> None:
         self._edge_id = edge_id
         self.source: StatusSource | None = None
+        self._principal_allowed = principal_allowed
 
     def describe(self) -> Iterable[Metric]:
         # Declaring no names up front keeps the registry from calling collect()
@@ -214,6 +218,15 @@ class _StatusCollector(Collector):
             fams["health"].add_metric(key, float(HEALTH_GAUGE.get(row.health, 1)))
             fams["enabled"].add_metric(key, 1.0 if row.enabled else 0.0)
         yield from fams.values()
+        principals = GaugeMetricFamily(
+            "iop_principal_in_flight",
+            "Requests of the principal holding a provider slot (limits.max_concurrent counts these).",
+            labels=["edge_id", "principal_ref"],
+        )
+        for ref, running in sorted(status.principals_in_flight.items()):
+            if self._principal_allowed(ref):  # a config id, never a caller's string
+                principals.add_metric([self._edge_id, ref], float(running))
+        yield principals
 
 
 # ------------------------------------------------------------ the metrics
@@ -358,7 +371,13 @@ class GatewayMetrics:
             ("edge_id", "model_group", "fallback_group"),
             registry=r,
         )
-        self._status = _StatusCollector(edge_id)
+        self._limit_rejections = Counter(
+            "iop_limit_rejections",
+            "Requests refused 429 rate_limit_exceeded, by principal and by the limit over.",
+            ("edge_id", "principal_ref", "limit"),
+            registry=r,
+        )
+        self._status = _StatusCollector(edge_id, self._principal_ref_allowed)
         r.register(self._status)
 
     # -------------------------------------------------- label vocabulary
@@ -391,6 +410,14 @@ class GatewayMetrics:
         check_id_shape("model_group", group)
         if self._strict_groups and group != UNKNOWN_GROUP and group not in self._groups:
             raise ValueError("model_group is not a registered catalog id")
+
+    def _principal_ref_allowed(self, ref: str) -> bool:
+        """A ``principal_ref`` label value a config registered (or ``unmapped``)."""
+        return (
+            ref == UNMAPPED_PRINCIPAL.principal_ref
+            or not self._strict_principals
+            or any(p.principal_ref == ref for p in self._principals)
+        )
 
     def _check_principal(self, p: PrincipalLabels) -> None:
         if self._strict_principals and p != UNMAPPED_PRINCIPAL and p not in self._principals:
@@ -529,6 +556,14 @@ class GatewayMetrics:
         self._check_group(group)
         self._check_group(fallback_group)
         self._child(self._fallbacks, (self.edge_id, group, fallback_group)).inc()
+
+    def count_limit_rejection(self, principal_ref: str, limit: str) -> None:
+        """One 429 ``rate_limit_exceeded``; ``limit`` in :data:`LIMIT_NAMES`."""
+        check_member("limit", limit, LIMIT_NAMES)
+        check_id_shape("principal_ref", principal_ref)
+        if not self._principal_ref_allowed(principal_ref):
+            raise ValueError("principal_ref is not a registered principal")
+        self._child(self._limit_rejections, (self.edge_id, principal_ref, limit)).inc()
 
     def count_refresh(self, outcome: str) -> None:
         """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""

@@ -57,7 +57,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from iopd.config.schema import LimitsSection
+from iopd.edge.ratelimit_headers import format_reset, ratelimit_trio
 from iopd.edge.token_reservation import Reservation
+from iopd.vocabulary import LimitName
 
 __all__ = [
     "DAY_S",
@@ -82,7 +84,6 @@ DAY_S = 86_400
 #: that it answers with the time the whole log has expired (always enough).
 RETRY_SCAN_LIMIT = 64
 
-LimitName = Literal["requests_per_minute", "tokens_per_minute", "tokens_per_day"]
 
 
 # ------------------------------------------------------------------ limits
@@ -326,21 +327,6 @@ def _day_of(now: float) -> int:
     return int(now // DAY_S)
 
 
-def format_reset(seconds: float) -> str:
-    """A duration as OpenAI's ``x-ratelimit-reset-*`` headers write it: ``20ms``, ``1.5s``, ``6m0s``."""
-    ms = max(0, math.ceil(seconds * 1000 - 1e-6))
-    if ms < 1000:
-        return f"{ms}ms"
-    hours, rest = divmod(ms, 3_600_000)
-    minutes, rest = divmod(rest, 60_000)
-    secs = f"{rest / 1000:.3f}".rstrip("0").rstrip(".")
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    if minutes:
-        return f"{minutes}m{secs}s"
-    return f"{secs}s"
-
-
 # ------------------------------------------------------------------ the limiter
 
 
@@ -468,6 +454,27 @@ class PrincipalLimiter:
         self._drop_if_idle(admission.principal_ref, state)
         return Settlement(returned, debt, freed)
 
+    def withdraw(self, admission: Admission, now: float) -> None:
+        """Undo an admission as if it never happened (no live candidate: a 502
+        before it counts).  After :meth:`settle`, or a second time, a no-op."""
+        now = self._clock(now)
+        if admission.settled:
+            return
+        self.finished(admission)
+        admission.settled = True
+        state = admission._state
+        state.admitted -= 1
+        try:
+            state.requests.remove(admission.admitted_at)  # any equal stamp is as good
+        except ValueError:
+            pass  # already out of the window
+        if admission._entry is not None:
+            state.tokens.shrink(admission._entry, 0)
+        if state.day == admission._day:
+            state.day_total -= admission.reserved_tokens
+        state.advance(now, self.limits_for(admission.principal_ref).tokens_per_day)
+        self._drop_if_idle(admission.principal_ref, state)
+
     # ------------------------------------------------------------- concurrency
 
     def can_start(self, principal_ref: str) -> bool:
@@ -507,19 +514,25 @@ class PrincipalLimiter:
         if not limits.rate_limited:
             return []
         st = self._status_of(principal_ref, now, limits)
-        out: list[tuple[str, str]] = []
+        shown: list[tuple[str, WindowStatus]] = []
         if limits.requests_per_minute:
-            out += _trio("requests", st.requests_per_minute)
-        if limits.tokens_per_minute:
-            out += _trio("tokens", st.tokens_per_minute)
-        elif limits.tokens_per_day:
-            out += _trio("tokens", st.tokens_per_day)
+            shown.append(("requests", st.requests_per_minute))
+        if limits.tokens_per_minute or limits.tokens_per_day:
+            day_only = not limits.tokens_per_minute
+            shown.append(("tokens", st.tokens_per_day if day_only else st.tokens_per_minute))
+        out: list[tuple[str, str]] = []
+        for kind, w in shown:
+            out += ratelimit_trio(kind, w.limit, w.remaining, w.reset_s)
         return out
 
     def status(self, now: float) -> dict[str, PrincipalStatus]:
         """Every configured or active principal, sorted by ref."""
         refs = sorted(self._limits.keys() | self._states.keys())
         return {ref: self._status_of(ref, now, self.limits_for(ref)) for ref in refs}
+
+    def status_of(self, principal_ref: str, now: float) -> PrincipalStatus:
+        """One principal's windows, as things stand (a blank view for an idle one)."""
+        return self._status_of(principal_ref, now, self.limits_for(principal_ref))
 
     def forget_idle(self, now: float) -> list[str]:
         """Drop the state of idle principals (nothing in flight, windows and day empty)."""
@@ -582,11 +595,3 @@ class PrincipalLimiter:
 
 def _window(limit: int, used: int, reset_s: float) -> WindowStatus:
     return WindowStatus(limit, used, max(0, limit - used) if limit else None, reset_s)
-
-
-def _trio(kind: str, w: WindowStatus) -> list[tuple[str, str]]:
-    return [
-        (f"x-ratelimit-limit-{kind}", str(w.limit)),
-        (f"x-ratelimit-remaining-{kind}", str(w.remaining if w.remaining is not None else 0)),
-        (f"x-ratelimit-reset-{kind}", format_reset(w.reset_s)),
-    ]

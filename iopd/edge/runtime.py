@@ -16,7 +16,7 @@ import hashlib
 import logging
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, TypedDict
 
@@ -33,8 +33,15 @@ from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.retry_budget import RetryBudget, RetryBudgetPolicy
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, PrincipalPolicy, ProviderSlot
-from iopd.edge.principal_limits import limits_from_config
+from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.principal_limits import PrincipalLimiter
+from iopd.edge.principal_status import (
+    PrincipalRow,
+    principal_policies,
+    principal_rows,
+    principals_in_flight,
+    rates_in_force,
+)
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
@@ -57,6 +64,10 @@ class Snapshot:
     secrets: Scrubber
     #: ``openai.cors_allow_origins`` as a set (empty: CORS is off).
     cors_origins: frozenset[str] = frozenset()
+    #: A rate or budget of ``limits`` is in force for some principal: only then
+    #: does a request go through the limiter (``max_concurrent`` and ``share``
+    #: are the pool's, from its snapshot).
+    rates_limited: bool = False
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
@@ -71,7 +82,6 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
     Also each principal's ``share`` and ``max_concurrent`` (``limits:``; the
     pool owns the running count per principal) and the ejection policy.
     """
-    default_limits, principal_limits = limits_from_config(cfg.limits)
     providers = {
         pid: ProviderSlot(
             provider_id=pid,
@@ -88,17 +98,15 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
         for g in catalog.listed()
     }
+    default_principal, principals = principal_policies(cfg.limits)
     return PoolSnapshot(
         providers=providers,
         groups=groups,
         max_queue=cfg.provider_pool.max_queue,
         queue_timeout=cfg.provider_pool.queue_timeout,
         max_queued_bytes=cfg.provider_pool.max_queued_bytes,
-        principals={
-            ref: PrincipalPolicy(lim.share, lim.max_concurrent)
-            for ref, lim in principal_limits.items()
-        },
-        default_principal=PrincipalPolicy(default_limits.share, default_limits.max_concurrent),
+        principals=principals,
+        default_principal=default_principal,
         ejection=EjectionPolicy(
             after_failures=cfg.provider_pool.eject_after_failures,
             seconds=cfg.provider_pool.eject_seconds,
@@ -123,6 +131,7 @@ def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -
         nodes={n.id: _with_embedded_token(n, embedded) for n in cfg.nodes},
         secrets=Scrubber(config_secrets(cfg)),
         cors_origins=frozenset(cfg.openai.cors_allow_origins),
+        rates_limited=rates_in_force(cfg.limits),
     )
 
 
@@ -216,6 +225,7 @@ class StatusDocument(TypedDict):
     providers: list[ProviderRow]
     models: list[ModelRow]
     queue: QueueRow
+    principals: list[PrincipalRow]
 
 
 class RefreshReport(TypedDict):
@@ -248,6 +258,12 @@ class EdgeRuntime:
     #: Retries per model group over the last minute (issue #16), shared by
     #: every request; its policy follows the snapshot on refresh.
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
+    #: Rates and budgets per principal (``limits``), in memory: kept across a
+    #: refresh, lost by a restart.  Concurrency and share are the pool's.
+    limiter: PrincipalLimiter = field(default_factory=PrincipalLimiter)
+    #: The limiter's clock: wall-clock seconds, because the day budget follows
+    #: the calendar day in UTC (tests drive it directly).
+    limits_clock: Callable[[], float] = time.time
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
@@ -263,6 +279,7 @@ class EdgeRuntime:
             pool=pool,
             metrics=metrics,
             embedded_tokens=embedded,
+            limiter=PrincipalLimiter(cfg.limits, now=time.time()),
         )
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
@@ -344,6 +361,7 @@ class EdgeRuntime:
             queued_bytes=self.pool.queued_bytes,
             connected_nodes=self._connected_count(),
             providers=self._gauge_rows(),
+            principals_in_flight=principals_in_flight(self.snapshot.config, self.pool),
         )
 
     def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
@@ -442,6 +460,9 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
+            "principals": principal_rows(
+                snap.config, self.pool, self.limiter, self.limits_clock()
+            ),
         }
 
     def _model_rows(self) -> list[ModelRow]:
@@ -526,6 +547,7 @@ class EdgeRuntime:
         new = _make_snapshot(cfg, version=version, embedded=self.embedded_tokens)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
+        self.limiter.apply_config(cfg.limits, self.limits_clock())  # counters are kept
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
         self.retry_budget.set_policy(retry_budget_policy(cfg))

@@ -29,7 +29,7 @@ import trio
 
 from iopd import __version__, errors
 from iopd.config.catalog import GroupSpec
-from iopd.edge.openai import cors
+from iopd.edge.openai import cors, limits
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.errors import ShapedRefusal, render_error
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
@@ -223,6 +223,8 @@ class OpenAIApp:
         out = admission.out
         out.started = time.perf_counter()  # the request's duration starts with its handler
         call: Call | None = None
+        if admission.snap.rates_limited and out.principal is not None:
+            limits.show_limits(self.rt, admission, out.principal.label_principal_ref)
         try:
             with trio.move_on_after(admission.snap.config.openai.request_timeout) as scope:
                 call = Call(admission.snap, out, scope)
@@ -251,6 +253,8 @@ class OpenAIApp:
                 responder, out, exc, sse_open=call is not None and call.sse_open, context=admission
             )
         finally:
+            if call is not None and call.admission is not None:
+                limits.settle(self.rt.limiter, call, self.rt.limits_clock())
             finish(self.rt.metrics, out)
 
     # --------------------------------------------------------------- routing

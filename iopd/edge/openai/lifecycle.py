@@ -32,6 +32,7 @@ from iopd import errors
 from iopd.edge.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.errors import error_sse_event, render_error
+from iopd.edge.principal_limits import Admission
 from iopd.edge.runtime import Snapshot
 from iopd.edge.usage import UsageItem
 from iopd.http.server import AbortResponse, Responder
@@ -123,9 +124,13 @@ class Call:
     is parked (:meth:`park_deadline`: the pool waits at most the time left)
     and put back once it holds a lease (:meth:`resume_deadline`; a lease error
     leaves the scope at once).  A drain cut still cancels the scope.
+
+    ``admission`` is what the request holds against its principal's rates and
+    budgets (``iopd.edge.openai.limits``): taken once in ``prepare``, given
+    back in the handler's ``finally`` whatever way the request ends.
     """
 
-    __slots__ = ("snap", "out", "scope", "deadline", "sse_open")
+    __slots__ = ("snap", "out", "scope", "deadline", "sse_open", "admission", "leased")
 
     def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
         self.snap = snap
@@ -135,6 +140,11 @@ class Call:
         #: An SSE stream of the normalized path is open: a failure can still
         #: end it with an error event.
         self.sse_open = False
+        #: Its admission against the principal's rates and budgets (issue #17),
+        #: held once for its whole life; settled when it ends (``limits.settle``).
+        self.admission: Admission | None = None
+        #: A provider was leased for it (a request that never got one used no tokens).
+        self.leased = False
 
     def park_deadline(self) -> float:
         """Lift the time limit while the request queues; the seconds it had left."""

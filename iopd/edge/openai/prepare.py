@@ -7,7 +7,9 @@ on every endpoint):
     parse the body → resolve the model group → the caller's provider
     credentials → what the endpoint needs of a provider → workspace →
     estimate input tokens / context class → generation limits, when the
-    request can only be relayed raw (a 400 before it queues) → lease a
+    request can only be relayed raw (a 400 before it queues) → admission
+    against the principal's rates and budgets (``limits``: 429, or 400 for a
+    reservation that can never fit; only when ``limits`` sets any) → lease a
     provider (may queue; the request's deadline is parked meanwhile) → the
     node session and the path (raw relay or normalized), with the generation
     parameters of that path.
@@ -47,6 +49,7 @@ import trio
 from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.node_session import NodeSession
+from iopd.edge.openai import limits
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.generation import apply_generation
@@ -146,6 +149,7 @@ class Leasing(Generic[Body]):
 
     __slots__ = (
         "_rt",
+        "_principal_ref",
         "_call",
         "_request",
         "_body",
@@ -182,8 +186,15 @@ class Leasing(Generic[Body]):
             needs = _openai_needs(snap, request, group, body, relay_only)
         if relay_only:
             generation_params(body, group, relay=True)  # over a limit: 400 before queueing
+        principal = out.principal
+        assert principal is not None  # check_head authenticated every provider route
+        principal_ref = principal.label_principal_ref
+        if call.snap.rates_limited:  # its rates and budgets: 429/400 before queueing
+            reservation = limits.reservation_of(body, request.path, needs.estimate)
+            limits.admit(rt, call, request.context, principal_ref, reservation)
         self._rt = rt
         self._call = call
+        self._principal_ref = principal_ref
         self._request = request
         self._body: Body = body
         self._group = group
@@ -210,6 +221,7 @@ class Leasing(Generic[Body]):
             body_bytes=len(self._request.body),
             fallbacks=self._chain,
             fallback_on_queue_timeout=group.fallback_on_queue_timeout,
+            principal=self._principal_ref,  # its share and max_concurrent: the pool's
         )
 
     async def __aenter__(self) -> LeasedRequest[Body]:
@@ -219,7 +231,12 @@ class Leasing(Generic[Body]):
     async def _enter(self) -> LeasedRequest[Body]:
         """Lease (``_lease_cm``); a provider whose node has no session is retried."""
         while True:
-            lease = await self._lease_cm.__aenter__()
+            try:
+                lease = await self._lease_cm.__aenter__()
+            except errors.NodeDispatchError:
+                if not self._call.leased:  # no live candidate: it never counted
+                    limits.withdraw(self._rt, self._call)
+                raise
             self._lease, self._reported = lease, False
             try:
                 session = self._rt.hub.session(lease.node_id)
@@ -372,6 +389,7 @@ class Leasing(Generic[Body]):
                 group = fallback
         out.group = group.id  # metering and the log line: the group that served it
         _name_serving_group(self._request, group.id)
+        call.leased = True  # from here a provider may spend tokens on it
         relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
         out.mode = "passthrough" if relay else "normalized"
         body, needs = self._body, self._needs

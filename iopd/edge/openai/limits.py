@@ -1,0 +1,133 @@
+"""Per-principal rates and budgets on the request path (issue #17).
+
+The limiter (``iopd.edge.principal_limits``) decides; this module is the
+glue, in three calls the request's life makes:
+
+* :func:`show_limits` when the handler starts: a principal with a rate or a
+  budget gets OpenAI's ``x-ratelimit-*`` headers on every response, its
+  errors included.  They ride on the request's head context
+  (``HeadContext.response_headers``), so the HTTP layer writes them on
+  whatever response goes out and they replace a relayed provider's headers of
+  the same names.
+* :func:`admit` in ``prepare``, once the request is authenticated, its model
+  resolved and what it needs of a provider known: the reservation (input
+  estimate + ``n`` x maximum output) is admitted or refused (429
+  ``rate_limit_exceeded``, or 400 when it can never fit), and the headers are
+  redone so ``remaining`` counts this request.  The admission is held on the
+  :class:`~iopd.edge.openai.lifecycle.Call`: once per request, however many
+  leases it takes.  :func:`withdraw` undoes it when the pool then finds no
+  live candidate (a 502 before it counts).
+* :func:`settle` in the handler's ``finally``, on every path (answer, error,
+  cancel, node loss): the metered usage replaces the reservation; no usage
+  metered keeps the full reservation, unless no provider was ever leased
+  (then nothing ran: 0 tokens).
+
+Nothing here runs while ``limits`` sets no rate or budget
+(``Snapshot.rates_limited``); ``max_concurrent`` and ``share`` are the
+pool's (the lease carries the principal).
+"""
+
+from __future__ import annotations
+
+from iopd import errors
+from iopd.edge.openai import requests as rq
+from iopd.edge.openai.lifecycle import Call
+from iopd.edge.principal_limits import Admission, NeverFits, PrincipalLimiter, Rejection
+from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.token_reservation import Reservation, reservation_for
+from iopd.edge.usage import UsageItem
+from iopd.http.server import HeadContext
+
+__all__ = ["RATELIMIT_PREFIX", "admit", "reservation_of", "settle", "show_limits", "withdraw"]
+
+#: OpenAI's rate-limit headers all start so.
+RATELIMIT_PREFIX = "x-ratelimit-"
+_COUNTED = ("input", "output")
+
+
+def show_limits(rt: EdgeRuntime, context: object, principal_ref: str) -> None:
+    """Put the principal's ``x-ratelimit-*`` headers, as things stand, on every response."""
+    if isinstance(context, HeadContext):
+        _set_headers(context, rt.limiter.headers(principal_ref, rt.limits_clock()))
+
+
+def _set_headers(context: HeadContext, headers: list[tuple[str, str]]) -> None:
+    """Replace the context's rate-limit headers in place (the responder holds the list)."""
+    current = context.response_headers
+    current[:] = [h for h in current if not h[0].startswith(RATELIMIT_PREFIX)]
+    current += headers
+
+
+AnyBody = rq.ChatRequest | rq.ResponsesRequest | rq.OllamaRequest | rq.RelayedRequest
+
+
+def reservation_of(body: AnyBody, path: str, estimate: int) -> Reservation:
+    """What a request reserves: its input estimate plus ``n`` x its maximum output."""
+    if isinstance(body, rq.RelayedRequest):
+        if path == "/v1/embeddings":  # no output tokens
+            return reservation_for(estimate, 0, input_param="input")
+        raw_n = body.raw.get("n")
+        n = raw_n if isinstance(raw_n, int) and not isinstance(raw_n, bool) else 1
+        cap = body.raw.get("max_tokens")
+        limit = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+        return reservation_for(estimate, limit, n=n, input_param="prompt")
+    params = body.params()
+    cap = params.get("max_tokens")
+    limit = cap if isinstance(cap, int) and not isinstance(cap, bool) and cap > 0 else None
+    n = body.n if isinstance(body, rq.ChatRequest) else 1
+    field = body.field_names.get("max_tokens", "max_tokens")
+    input_param = "input" if isinstance(body, rq.ResponsesRequest) else "messages"
+    return reservation_for(estimate, limit, n=n, output_param=field, input_param=input_param)
+
+
+def admit(
+    rt: EdgeRuntime, call: Call, context: object, principal_ref: str, reservation: Reservation
+) -> None:
+    """Admit the request against its principal's rates and budgets, or raise.
+
+    Raises ``RateLimited`` (429, ``Retry-After``) when a window is full and
+    ``InvalidRequest`` (400, no ``Retry-After``) when the reservation alone
+    exceeds a token limit.  Either way, and on admission, the response's
+    ``x-ratelimit-*`` headers are redone (after an admission, ``remaining``
+    counts this request).
+    """
+    limiter = rt.limiter
+    now = rt.limits_clock()
+    decision = limiter.try_admit(principal_ref, reservation, now)
+    if isinstance(context, HeadContext):
+        _set_headers(context, limiter.headers(principal_ref, now))
+    if isinstance(decision, Admission):
+        call.admission = decision
+        return
+    if isinstance(decision, Rejection):
+        rt.metrics.count_limit_rejection(principal_ref, decision.limit)
+        raise errors.RateLimited(
+            decision.message, kind=decision.type, retry_after=decision.retry_after_header
+        )
+    assert isinstance(decision, NeverFits)
+    raise errors.InvalidRequest(decision.message, param=decision.param)
+
+
+def withdraw(rt: EdgeRuntime, call: Call) -> None:
+    """The pool found no live candidate: the request never counted."""
+    if call.admission is not None:
+        rt.limiter.withdraw(call.admission, rt.limits_clock())
+        call.admission = None
+
+
+def settle(limiter: PrincipalLimiter, call: Call, now: float) -> None:
+    """End the request's admission with its metered usage (see the module doc)."""
+    admission = call.admission
+    if admission is None:
+        return
+    call.admission = None
+    limiter.settle(admission, _used_tokens(call.out.usage, leased=call.leased), now)
+
+
+def _used_tokens(usage: list[UsageItem], *, leased: bool) -> int | None:
+    """Input + output tokens metered; None (the full reservation) when nothing
+    was metered after a provider ran it; 0 when no provider ever did."""
+    counted = [n for _source, ttype, n in usage if ttype in _COUNTED]
+    if counted:
+        return sum(counted)
+    return None if leased else 0
