@@ -238,9 +238,19 @@ async def test_done_when_one_failing_provider_callers_see_no_error_and_it_is_eje
         _fail_chat(bad, 502)
         with trio.fail_after(30):
             async with running_gateway(_yaml(bad.base_url, good.base_url, spare.base_url, eject=3)) as gw:
+                start = trio.current_time()
+                errors = 0
                 for _ in range(20):
                     resp = await _chat(gw)
+                    errors += resp.status != 200
                     assert resp.status == 200, resp.body
+                elapsed = trio.current_time() - start
+                print(
+                    f"\nMEASURED retry_done_when: requests=20 caller_errors={errors} "
+                    f"failing_provider_requests={_chat_requests(bad)} eject_after_failures=3 "
+                    f"healthy_provider_requests={_chat_requests(good)} "
+                    f"mean_request_ms={elapsed / 20 * 1000:.1f}"
+                )
                 assert _chat_requests(bad) == 3  # at most eject_after_failures, then ejected
                 assert gw.runtime.pool.scheduler.outliers.is_ejected("p-bad")
                 status = gw.runtime.status()
