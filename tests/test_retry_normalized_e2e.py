@@ -188,3 +188,32 @@ async def test_a_stream_that_failed_after_its_first_event_is_not_retried() -> No
                 _assert_no_lease_held(gw)
 
     await _with_mocks(run)
+
+
+async def test_a_429_from_an_ollama_provider_rests_it_and_is_no_failure() -> None:
+    """The ollama adapter reports the 429 as ``provider_saturated`` with its
+    Retry-After: retried, the provider is saturated (not chosen), not ejected."""
+
+    async def run(bad: MockOllamaServer, good: MockOllamaServer) -> None:
+        bad.handler = _on_chat(_status(429, [("retry-after", "30")]))
+        with trio.fail_after(20):
+            async with running_gateway(_yaml(bad.base_url, good.base_url)) as gw:
+                resp = await http_request(
+                    gw.host_port, "POST", "/v1/chat/completions", body=dict(CHAT, stream=True)
+                )
+                assert resp.status == 200, resp.body
+                assert _sse_data(resp.body)[-1] == "[DONE]"
+                # Saturated for its Retry-After: the next request goes straight to p-good.
+                resp = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
+                assert resp.status == 200, resp.body
+                assert (_runs(bad), _runs(good)) == (1, 2)
+                outliers = gw.runtime.pool.scheduler.outliers
+                until = outliers.saturated_until("p-bad", trio.current_time())
+                assert until is not None and until - trio.current_time() > 20  # its 30 s
+                assert not outliers.is_ejected("p-bad")
+                metrics, _ = gw.runtime.metrics.exposition()
+                assert b'provider="p-bad",reason="status_429"} 1.0' in metrics
+                assert b'provider="p-bad",reason="run_error"' not in metrics
+                _assert_no_lease_held(gw)
+
+    await _with_mocks(run)

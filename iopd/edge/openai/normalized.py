@@ -33,7 +33,7 @@ from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
 from iopd.edge.openai.prepare import LeasedRequest, Leasing
 from iopd.edge.openai.responses import ResponseEvents, build_response
-from iopd.edge.openai.run_errors import run_error, run_failure
+from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.edge.openai.sse import SSE_HEADERS
 from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
 from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
@@ -533,14 +533,16 @@ def _retry_before_event(leased: _Normalized, ev: RunEvent, *, produced: bool = F
     ``produced``: an earlier run of the request (a choice of ``n``) produced an event.
     """
     failure = run_failure(ev, leased.lease.provider_type, produced)
-    return failure is not None and leased.leasing.failed(failure, False)
+    if failure is None:
+        return False
+    return leased.leasing.failed(failure, False, retry_after=run_retry_after(ev))
 
 
 def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
     """A streamed run failed: the stream had started, so it is reported, never retried."""
     failure = run_failure(ev, provider_type, produced=True)
     if failure is not None:
-        leasing.failed(failure, True)
+        leasing.failed(failure, True, retry_after=run_retry_after(ev))
 
 
 def _total_usage(asms: list[CompletionAssembler]) -> Usage | None:

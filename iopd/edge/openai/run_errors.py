@@ -5,18 +5,23 @@ Two readings of one ``RunEvent(kind="error")``: :func:`run_error` is the
 run got (``retry_rules.FailureKind``), which decides whether the request may
 go to another provider (issue #16).  The node's error code says how far:
 ``provider_unreachable`` and ``provider_reset`` never reached the provider,
-``provider_timeout`` waited after sending; any other failure before the
+``provider_timeout`` waited after sending, ``provider_saturated`` is the
+provider's 429 (its ``Retry-After`` in the event's ``metadata``: the
+provider rests, no failure is counted); any other failure before the
 run's first event is a run error before any event (safe to retry, unless a
 ``cli`` process had started), and after one it never is.
 """
 
 from __future__ import annotations
 
+import time
+
 from iopd import errors
+from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from wire.messages import RunEvent
 
-__all__ = ["run_error", "run_failure"]
+__all__ = ["run_error", "run_failure", "run_retry_after"]
 
 #: Run error codes that say how far the run got before any event.
 _RUN_CODE_FAILURES: dict[str, FailureKind] = {
@@ -36,6 +41,8 @@ def run_failure(ev: RunEvent, provider_type: str, produced: bool) -> AttemptFail
         return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
     if code == "provider_timeout":
         return AttemptFailure(FailureKind.READ_TIMEOUT)
+    if code == "provider_saturated":  # the provider's 429: it did not take the run
+        return AttemptFailure(FailureKind.PROVIDER_STATUS, 429)
     if produced:
         return AttemptFailure(FailureKind.RUN_ERROR_AFTER_EVENT)
     kind = _RUN_CODE_FAILURES.get(code)
@@ -44,6 +51,11 @@ def run_failure(ev: RunEvent, provider_type: str, produced: bool) -> AttemptFail
     if provider_type == "cli":  # its process started: it may have acted
         return AttemptFailure(FailureKind.CLI_PROCESS_STARTED)
     return AttemptFailure(FailureKind.RUN_ERROR_BEFORE_EVENT)
+
+
+def run_retry_after(ev: RunEvent) -> float:
+    """Seconds a ``provider_saturated`` run asks the provider to rest (bounded)."""
+    return saturation_seconds(ev.metadata.get("retry_after"), wall_now=time.time())
 
 
 def run_error(ev: RunEvent) -> errors.GatewayError:
