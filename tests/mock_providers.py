@@ -16,7 +16,11 @@ What can be configured:
   ``"garbage"`` (bytes that are not HTTP, then close), ``"hang"`` (read the
   request, never answer), ``"hang_after_head"`` (send the head and hang),
   ``"drop"`` (close without answering), ``"reset"`` (read the request, then
-  reset the connection: RST, no answer), ``"status429"`` (429 with
+  reset the connection: RST, no answer), ``"reset_unread"`` (reset every
+  connection as soon as it is accepted, or a kept-alive one as soon as its
+  next request starts to arrive, without reading the request: a client
+  writing a body larger than the socket buffers sees the reset while it
+  writes), ``"status429"`` (429 with
   ``Retry-After: <retry_after>``), ``"status502"``, ``"status503"``; and
   ``closed_port_url()`` for a provider that refuses every connection;
 * ``MockReply.reset_after_chunks`` — stream the chunks, then reset the
@@ -246,9 +250,15 @@ class MockHTTPServer:
         while True:
             event = conn.next_event()
             if event is h11.NEED_DATA:
+                if self.mode == "reset_unread":  # (a fresh connection: at once)
+                    _reset(stream)
+                    return None  # the close is the reset; nothing more is read
                 data = await stream.receive_some(65536)
                 if not data:
                     self._record_client_close()
+                    return None
+                if self.mode == "reset_unread" and request is None:
+                    _reset(stream)  # a kept-alive connection's next request
                     return None
                 conn.receive_data(bytes(data))
                 continue

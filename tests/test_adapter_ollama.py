@@ -134,6 +134,11 @@ async def test_run_errors(mock: MockOllamaServer) -> None:
         mock.handler = lambda req: MockReply(chunks=[b"garbage\n"])
         with pytest.raises(AdapterError):
             await adapter.run(run_req(), CollectedRunOutput())
+        mock.handler = None
+        mock.mode, mock.retry_after = "status429", "7"
+        with pytest.raises(AdapterError) as info:
+            await adapter.run(run_req(), CollectedRunOutput())
+        assert (info.value.code, info.value.retry_after) == ("provider_saturated", "7")
 
 
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])

@@ -238,9 +238,19 @@ async def test_done_when_one_failing_provider_callers_see_no_error_and_it_is_eje
         _fail_chat(bad, 502)
         with trio.fail_after(30):
             async with running_gateway(_yaml(bad.base_url, good.base_url, spare.base_url, eject=3)) as gw:
+                start = trio.current_time()
+                errors = 0
                 for _ in range(20):
                     resp = await _chat(gw)
+                    errors += resp.status != 200
                     assert resp.status == 200, resp.body
+                elapsed = trio.current_time() - start
+                print(
+                    f"\nMEASURED retry_done_when: requests=20 caller_errors={errors} "
+                    f"failing_provider_requests={_chat_requests(bad)} eject_after_failures=3 "
+                    f"healthy_provider_requests={_chat_requests(good)} "
+                    f"mean_request_ms={elapsed / 20 * 1000:.1f}"
+                )
                 assert _chat_requests(bad) == 3  # at most eject_after_failures, then ejected
                 assert gw.runtime.pool.scheduler.outliers.is_ejected("p-bad")
                 status = gw.runtime.status()
@@ -321,3 +331,79 @@ async def test_fallback_on_queue_timeout_is_opt_in() -> None:
             spare = await nursery.start(MockOpenAIServer().serve)
             await run(nursery, bad, good, spare, fq)
             nursery.cancel_scope.cancel()
+
+
+PROVIDER_AUTH = [("x-provider-authorization", "Bearer caller-key")]
+
+
+async def test_the_callers_provider_key_never_goes_to_another_origin() -> None:
+    """p-bad and p-good listen on different ports: different ``base_url`` origins."""
+
+    async def run(nursery: Any, bad: Any, good: Any, spare: Any) -> None:
+        _fail_chat(bad, 503)
+        with trio.fail_after(20):
+            async with running_gateway(_yaml(bad.base_url, good.base_url, spare.base_url)) as gw:
+                resp = await http_request(
+                    gw.host_port, "POST", "/v1/chat/completions", body=CHAT, headers=PROVIDER_AUTH
+                )
+                assert resp.status == 503  # the failure, relayed: no other origin may see the key
+                assert _chat_requests(bad) == 1 and _chat_requests(good) == 0
+                assert bad.requests[-1].header("authorization") == "Bearer caller-key"
+                assert all(r.header("authorization") is None for r in good.requests)
+                _assert_no_lease_held(gw)
+                # Without the caller's key the same failure is routed around.
+                assert (await _chat(gw)).status == 200
+                assert _chat_requests(bad) == 2 and _chat_requests(good) == 1
+                _assert_no_lease_held(gw)
+
+    await _with_mocks(run)
+
+
+async def test_the_callers_provider_key_is_retried_on_the_same_origin() -> None:
+    """Both providers on one mock (one origin): the key may go to the second."""
+
+    async def run(nursery: Any, bad: Any, good: Any, spare: Any) -> None:
+        reply = MockReply(status=503, headers=[("content-type", "application/json")], body=b"{}")
+        bad.handler = lambda req: (
+            reply if req.path.endswith("/chat/completions") and b"served-bad" in req.body else None
+        )
+        with trio.fail_after(20):
+            async with running_gateway(_yaml(bad.base_url, bad.base_url, spare.base_url)) as gw:
+                resp = await http_request(
+                    gw.host_port, "POST", "/v1/chat/completions", body=CHAT, headers=PROVIDER_AUTH
+                )
+                assert resp.status == 200, resp.body
+                served = [
+                    r.json()["model"] for r in bad.requests if r.path.endswith("/completions")
+                ]
+                assert served == ["served-bad", "served-good"]
+                assert bad.requests[-1].header("authorization") == "Bearer caller-key"
+                _assert_no_lease_held(gw)
+
+    await _with_mocks(run)
+
+
+async def test_a_reset_while_the_request_is_written_is_retried_as_reset() -> None:
+    """The provider resets the connection before reading the request: the node's
+    write of the (large) body breaks, ``provider_reset``, retried with reason ``reset``."""
+
+    async def run(nursery: Any, bad: Any, good: Any, spare: Any) -> None:
+        # Larger than the loopback socket buffers, so the write is what breaks.
+        body = dict(CHAT, messages=[{"role": "user", "content": "x" * (6 * 1024 * 1024)}])
+        with trio.fail_after(30):
+            async with running_gateway(_yaml(bad.base_url, good.base_url, spare.base_url)) as gw:
+                bad.mode = "reset_unread"  # after the health probe passed
+                resp = await _chat(gw, body)
+                assert resp.status == 200, resp.body[:200]
+                assert _chat_requests(bad) == 0  # never read a whole request
+                assert _chat_requests(good) == 1
+                assert good.requests[-1].json() == dict(body, model="served-good")
+                metrics, _ = gw.runtime.metrics.exposition()
+                assert b'provider="p-bad",reason="reset"} 1.0' in metrics
+                assert (
+                    b'iop_request_retries_total{edge_id="edge-retry",model_group="m"} 1.0'
+                    in metrics
+                )
+                _assert_no_lease_held(gw)
+
+    await _with_mocks(run)

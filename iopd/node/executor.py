@@ -412,7 +412,7 @@ class NodeExecutor:
         if error is not None:
             clean = self.secrets.scrub(error.message)
             if clean is not error.message:
-                error = AdapterError(error.code, clean)
+                error = AdapterError(error.code, clean, retry_after=error.retry_after)
         if error is not None and error.code != "bad_request":
             log.info(
                 "event=provider_error provider=%s code=%s message=%r",
@@ -437,7 +437,13 @@ class NodeExecutor:
             stream,
             usage,
             error,
-            lambda code, message: RunEvent(stream_id=sid, kind="error", code=code, message=message),
+            lambda code, message: RunEvent(
+                stream_id=sid,
+                kind="error",
+                code=code,
+                message=message,
+                metadata=_error_metadata(error) if code != "cancelled" else {},
+            ),
             RunEvent(stream_id=sid, kind="complete", finish_reason=out.finish_reason or "stop"),
         )
 
@@ -474,6 +480,13 @@ class NodeExecutor:
             ),
             ProviderTunnelFrame(stream_id=sid, kind="end"),
         )
+
+
+def _error_metadata(error: AdapterError | None) -> dict[str, str]:
+    """What a run's error event carries besides its code: a 429's ``Retry-After``."""
+    if error is None or error.retry_after is None:
+        return {}
+    return {"retry_after": error.retry_after[:64]}
 
 
 async def _end_stream(

@@ -9,12 +9,15 @@ choice (``n``), one after the other under the one lease — and a whole
 ``responses.py``; here are the run, the edge's system messages (strict
 output, the text tool protocol), text tool parsing, and the usage record.
 
-Retries (issue #16): a whole answer (``chat_once``, ``responses_once``)
-whose first run fails before any event reports it to the request's attempt
-loop (``leased.leasing.failed``) and, when that says retry, runs again on
-the next leased provider; nothing was sent.  A streamed answer starts its
-SSE stream when the run opens, so it is not retried; neither is a ``cli``
-run whose process had started.
+Retries (issue #16): a run that fails before any event reports it to the
+request's attempt loop (``leased.leasing.failed``) and, when that says
+retry, runs again on the next leased provider; nothing was sent.  That holds
+for the streamed answers too: their response head waits for the run's first
+event (it leaves, held, with the stream's first chunk, so the first chunk
+comes no later), and a run that fails before it can still go elsewhere or
+end with a plain HTTP error.  Once a byte went out, or the first choice of
+``n`` produced one, nothing is retried; neither is a ``cli`` run whose
+process had started.
 """
 
 from __future__ import annotations
@@ -24,18 +27,16 @@ from typing import Any
 
 import msgspec
 
-from iopd import errors
-from iopd.edge.node_session import NodeSession
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
 from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
 from iopd.edge.openai.prepare import LeasedRequest, Leasing
 from iopd.edge.openai.responses import ResponseEvents, build_response
+from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.edge.openai.sse import SSE_HEADERS
 from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
 from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
-from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from iopd.edge.usage import run_event_usage
 from iopd.http.server import Responder
 from wire.messages import RunEvent, RunRequest, Usage
@@ -107,9 +108,10 @@ async def chat_stream(
 
     With ``n > 1`` the choices' runs stream one after the other, each chunk
     with its choice's index; the usage chunk (when asked for) is their sum.
+    A first run that fails before any event goes to the next leased provider
+    when the attempt loop says so (the stream has not started).
     """
     req = leased.body
-    text_tools = _text_tools(leased, req.tools)
     strict = leased.snap.config.openai.strict_output
     stream = _ChatStream(
         call,
@@ -120,8 +122,6 @@ async def chat_stream(
             created=int(time.time()),
             include_usage=req.include_usage,
         ),
-        req.tools if text_tools else None,
-        leased,
     )
     asms: list[CompletionAssembler] = []
     try:
@@ -130,7 +130,9 @@ async def chat_stream(
             asm = CompletionAssembler(completion_id="", model=req.model, created=0)
             asms.append(asm)
             filt = StrictStreamFilter() if strict else None
-            await stream.run(leased.session, _chat_run(leased, text_tools), index, asm, filt)
+            # A run that is retried produced nothing: asm and filt stay empty.
+            while not await stream.run(leased, index, asm, filt):
+                leased = await leased.leasing.next_attempt()
         await responder.write(stream.chunks.end(_total_usage(asms)))
         await responder.end()
         call.out.status = "ok"
@@ -149,57 +151,56 @@ class _ChatStream:
         "strict",
         "text_tools",
         "tool_index",
-        "leasing",
-        "provider_type",
     )
 
-    def __init__(
-        self,
-        call: Call,
-        responder: Responder,
-        chunks: ChunkStream,
-        text_tools: list[JSONObject] | None,
-        leased: LeasedRequest[rq.ChatRequest],
-    ) -> None:
+    def __init__(self, call: Call, responder: Responder, chunks: ChunkStream) -> None:
         self.call = call
         self.responder = responder
         self.chunks = chunks
         self.asm = CompletionAssembler(completion_id="", model="", created=0)
         self.strict: StrictStreamFilter | None = None
-        #: The caller's tools when they go through the text protocol: the
-        #: whole text then decides between tool calls and text.
-        self.text_tools = text_tools
+        #: The caller's tools when they go through the text protocol (set per
+        #: run: the leased provider decides): the whole text then decides
+        #: between tool calls and text.
+        self.text_tools: list[JSONObject] | None = None
         self.tool_index = 0
-        self.leasing: Leasing[rq.ChatRequest] = leased.leasing
-        self.provider_type = leased.lease.provider_type
 
     async def run(
         self,
-        session: NodeSession,
-        run: RunRequest,
+        leased: LeasedRequest[rq.ChatRequest],
         index: int,
         asm: CompletionAssembler,
         strict: StrictStreamFilter | None,
-    ) -> None:
-        """Stream choice ``index``: its opening chunk, its deltas, its finish chunk."""
+    ) -> bool:
+        """Stream choice ``index``: its opening chunk, its deltas, its finish chunk.
+
+        False: the run failed before any event, nothing was written, and the
+        attempt loop says retry.  The head (and the opening chunk) wait for
+        the run's first event.
+        """
+        tools = leased.body.tools
+        text_tools = _text_tools(leased, tools)
+        self.text_tools = tools if text_tools else None
         self.asm, self.strict, self.tool_index = asm, strict, 0
-        responder, chunks = self.responder, self.chunks
-        text_tools = self.text_tools is not None
-        async with session.open_stream(run) as events:
+        responder, chunks, leasing = self.responder, self.chunks, leased.leasing
+        async with leased.session.open_stream(_chat_run(leased, text_tools)) as events:
+            next_event = events.__anext__
+            ev = await next_event()
             if not responder.started:
-                await responder.start(200, list(SSE_HEADERS))
-                self.call.sse_open = True
-                self.call.out.http_status = 200
-            await responder.write(chunks.first(index))
-            async for ev in events:
+                if ev.kind == "error":
+                    if _retry_before_event(leased, ev):
+                        return False
+                    raise run_error(ev)  # an HTTP error: no byte went out
+                await _start_sse(self.call, responder)
+            await responder.write(chunks.first(index))  # (the held head leaves with it)
+            while True:
                 kind = ev.kind
                 if kind == "text":
                     asm.feed(ev)
-                    if text_tools:
-                        continue  # the whole text decides: tool calls or text
-                    delta = strict.feed(ev.text) if strict else ev.text
-                    if delta:
-                        await responder.write(chunks.text(delta))
+                    if not text_tools:  # (with them the whole text decides: calls or text)
+                        delta = strict.feed(ev.text) if strict else ev.text
+                        if delta:
+                            await responder.write(chunks.text(delta))
                 elif kind == "reasoning":
                     asm.feed(ev)
                     await responder.write(chunks.reasoning(ev.text))
@@ -213,12 +214,13 @@ class _ChatStream:
                     asm.feed(ev)
                 elif kind == "complete":
                     asm.finish(ev)
-                    self.leasing.succeeded()
+                    leasing.succeeded()
                     await self._complete()
-                    return
+                    return True
                 elif kind == "error":
-                    _report_stream_error(self.leasing, ev, self.provider_type)
-                    raise _run_error(ev)
+                    _report_stream_error(leasing, ev, leased.lease.provider_type)
+                    raise run_error(ev)
+                ev = await next_event()
 
     async def _complete(self) -> None:
         """The run completed: the held-back text (or its tool calls), then the finish."""
@@ -346,11 +348,10 @@ async def responses_stream(
     ids: RequestIds,
 ) -> None:
     """The Responses event stream of one run (``ResponseEvents``), written as
-    its events arrive; text tools hold the text back until the end, as chat's."""
+    its events arrive; text tools hold the text back until the end, as chat's.
+    A run that fails before any event goes to the next leased provider when
+    the attempt loop says so (the stream has not started)."""
     req = leased.body
-    tools = req.function_tools
-    text_tools = _text_tools(leased, tools)
-    strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
     events = ResponseEvents(
         response_id=ids.new("resp"),
         model=req.model,
@@ -358,46 +359,68 @@ async def responses_stream(
         metadata=_response_metadata(req),
         tools=req.tools,
     )
+    # A run that is retried produced nothing: asm and the filter stay empty.
     asm = CompletionAssembler(completion_id="", model=req.model, created=0)
-    run = _tools_run(leased, tools, text_tools, stream=True)
+    strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
     try:
-        async with leased.session.open_stream(run) as stream:
-            await responder.start(200, list(SSE_HEADERS))
-            call.sse_open = True
-            call.out.http_status = 200
-            await responder.write(events.start())
-            async for ev in stream:
-                kind = ev.kind
-                if kind == "text":
-                    asm.feed(ev)
-                    if text_tools:
-                        continue
+        while not await _responses_run(leased, responder, call, events, asm, strict):
+            leased = await leased.leasing.next_attempt()
+    finally:
+        _account_run_usage([asm], call.out)
+
+
+async def _responses_run(
+    leased: LeasedRequest[rq.ResponsesRequest],
+    responder: Responder,
+    call: Call,
+    events: ResponseEvents,
+    asm: CompletionAssembler,
+    strict: StrictStreamFilter | None,
+) -> bool:
+    """One attempt of :func:`responses_stream`; False: it failed before any
+    event, nothing was written, and the attempt loop says retry."""
+    tools = leased.body.function_tools
+    text_tools = _text_tools(leased, tools)
+    run = _tools_run(leased, tools, text_tools, stream=True)
+    async with leased.session.open_stream(run) as stream:
+        next_event = stream.__anext__
+        ev = await next_event()
+        if ev.kind == "error":
+            if _retry_before_event(leased, ev):
+                return False
+            raise run_error(ev)  # an HTTP error: no byte went out
+        await _start_sse(call, responder)
+        await responder.write(events.start())  # (the held head leaves with it)
+        while True:
+            kind = ev.kind
+            if kind == "text":
+                asm.feed(ev)
+                if not text_tools:
                     delta = strict.feed(ev.text) if strict else ev.text
                     if delta:
                         await responder.write(events.text(delta))
-                elif kind == "reasoning":
-                    asm.feed(ev)
-                    if ev.text:
-                        await responder.write(events.reasoning(ev.text))
-                elif kind == "tool_call":
-                    ev = _restore_tool_event(ev, asm)
-                    asm.feed(ev)
-                    if ev.tool_call is not None:
-                        await responder.write(events.function_call(ev.tool_call))
-                elif kind == "usage":
-                    asm.feed(ev)
-                elif kind == "complete":
-                    asm.finish(ev)
-                    leased.leasing.succeeded()
-                    await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
-                    await responder.end()
-                    call.out.status = "ok"
-                    return
-                elif kind == "error":
-                    _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
-                    raise _run_error(ev)
-    finally:
-        _account_run_usage([asm], call.out)
+            elif kind == "reasoning":
+                asm.feed(ev)
+                if ev.text:
+                    await responder.write(events.reasoning(ev.text))
+            elif kind == "tool_call":
+                ev = _restore_tool_event(ev, asm)
+                asm.feed(ev)
+                if ev.tool_call is not None:
+                    await responder.write(events.function_call(ev.tool_call))
+            elif kind == "usage":
+                asm.feed(ev)
+            elif kind == "complete":
+                asm.finish(ev)
+                leased.leasing.succeeded()
+                await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
+                await responder.end()
+                call.out.status = "ok"
+                return True
+            elif kind == "error":
+                _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
+                raise run_error(ev)
+            ev = await next_event()
 
 
 def _responses_tail(
@@ -488,49 +511,38 @@ async def _collect(
                 asm.finish(ev)
                 leasing.succeeded()
             elif ev.kind == "error":
-                failure = _run_failure(ev, leased.lease.provider_type, produced)
-                if failure is not None and leasing.failed(failure, False):
+                if _retry_before_event(leased, ev, produced=produced):
                     return False
-                raise _run_error(ev)
+                raise run_error(ev)
             else:
                 produced = True
                 asm.feed(_restore_tool_event(ev, asm))
     return True
 
 
-#: Run error codes that say how far the run got before any event.
-_RUN_CODE_FAILURES: dict[str, FailureKind] = {
-    "provider_unreachable": FailureKind.CONNECT_FAILED,
-    "provider_reset": FailureKind.RESET_BEFORE_SEND,
-    "provider_timeout": FailureKind.READ_TIMEOUT,
-}
+async def _start_sse(call: Call, responder: Responder) -> None:
+    """Start the SSE response, held: the head leaves with the first chunk written."""
+    await responder.start(200, list(SSE_HEADERS), hold=True)
+    call.sse_open = True
+    call.out.http_status = 200
+
+
+def _retry_before_event(leased: _Normalized, ev: RunEvent, *, produced: bool = False) -> bool:
+    """A run's error before anything reached the caller: report it; True to retry.
+
+    ``produced``: an earlier run of the request (a choice of ``n``) produced an event.
+    """
+    failure = run_failure(ev, leased.lease.provider_type, produced)
+    if failure is None:
+        return False
+    return leased.leasing.failed(failure, False, retry_after=run_retry_after(ev))
 
 
 def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
     """A streamed run failed: the stream had started, so it is reported, never retried."""
-    failure = _run_failure(ev, provider_type, produced=True)
+    failure = run_failure(ev, provider_type, produced=True)
     if failure is not None:
-        leasing.failed(failure, True)
-
-
-def _run_failure(ev: RunEvent, provider_type: str, produced: bool) -> AttemptFailure | None:
-    """What a run's error event says about the provider (None: nothing -- a cancel,
-    or its node went away)."""
-    code = ev.code
-    if code in ("cancelled", "node_lost", "node_dispatch_error"):
-        return None
-    if code == "bad_request":
-        return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
-    if code == "provider_timeout":
-        return AttemptFailure(FailureKind.READ_TIMEOUT)
-    if produced:
-        return AttemptFailure(FailureKind.RUN_ERROR_AFTER_EVENT)
-    kind = _RUN_CODE_FAILURES.get(code)
-    if kind is not None:
-        return AttemptFailure(kind)
-    if provider_type == "cli":  # its process started: it may have acted
-        return AttemptFailure(FailureKind.CLI_PROCESS_STARTED)
-    return AttemptFailure(FailureKind.RUN_ERROR_BEFORE_EVENT)
+        leasing.failed(failure, True, retry_after=run_retry_after(ev))
 
 
 def _total_usage(asms: list[CompletionAssembler]) -> Usage | None:
@@ -556,14 +568,3 @@ def _restore_tool_event(ev: RunEvent, asm: CompletionAssembler) -> RunEvent:
         return ev
     index = len(asm.tool_calls)
     return msgspec.structs.replace(ev, tool_call=restore_native_tool_call(ev.tool_call, index))
-
-
-def _run_error(ev: RunEvent) -> errors.GatewayError:
-    msg = ev.message or "the provider failed"
-    if ev.code == "provider_timeout":
-        return errors.ProviderTimeout(msg)
-    if ev.code == "bad_request":
-        return errors.InvalidRequest(msg)
-    if ev.code in ("node_lost", "node_dispatch_error"):
-        return errors.NodeDispatchError(msg)
-    return errors.ProviderError(msg)

@@ -31,20 +31,33 @@ __all__ = [
 #: connection (or a ``cli`` process could not start): it never got the request.
 #: ``provider_reset``: the connection broke while the request was being written,
 #: so the provider never read a whole request.  ``provider_timeout``: nothing for
-#: ``read_timeout`` after the request was sent.  The edge retries the first two
-#: on another provider (issue #16); an older edge reads them as ``provider_error``.
+#: ``read_timeout`` after the request was sent.  ``provider_saturated``: the
+#: provider answered 429 to a normalized run (``AdapterError.retry_after`` carries
+#: its ``Retry-After``).  The edge retries the first two and the last on another
+#: provider (issue #16; a 429 is no failure of the provider, it is saturated for
+#: a while); an older edge reads them as ``provider_error``.
 AdapterErrorCode = Literal[
-    "provider_error", "provider_timeout", "bad_request", "provider_unreachable", "provider_reset"
+    "provider_error",
+    "provider_timeout",
+    "bad_request",
+    "provider_unreachable",
+    "provider_reset",
+    "provider_saturated",
 ]
 
 
 class AdapterError(Exception):
     """A run failed in a way the edge should report; ``message`` never holds secrets."""
 
-    def __init__(self, code: AdapterErrorCode, message: str) -> None:
+    def __init__(
+        self, code: AdapterErrorCode, message: str, *, retry_after: str | None = None
+    ) -> None:
         super().__init__(f"{code}: {message}")
         self.code: AdapterErrorCode = code
         self.message = message
+        #: ``provider_saturated``: the provider's ``Retry-After`` as it sent it (the
+        #: edge bounds it); it travels in the error event's ``metadata``.
+        self.retry_after = retry_after
 
 
 class RunOutput:

@@ -143,7 +143,9 @@ class HTTPAdapter(Adapter):
     ) -> AsyncIterator[ProviderResponse]:
         """POST a JSON body for the normalized path; yields a 200 response to stream.
 
-        Any other status is a ``provider_error`` carrying a snippet of its body;
+        Any other status is a ``provider_error`` carrying a snippet of its body,
+        but a 429 is ``provider_saturated`` with the provider's ``Retry-After``
+        (the edge then rests the provider instead of counting a failure);
         client errors inside the block map to adapter errors as on the relay.
         """
         headers = [("Content-Type", "application/json")]
@@ -154,9 +156,12 @@ class HTTPAdapter(Adapter):
             async with self.client.stream("POST", path, headers, payload) as resp:
                 if resp.status != 200:
                     snippet = error_snippet(await resp.read(4096))
-                    raise AdapterError(
-                        "provider_error", f"provider returned status {resp.status}: {snippet}"
-                    )
+                    message = f"provider returned status {resp.status}: {snippet}"
+                    if resp.status == 429:
+                        raise AdapterError(
+                            "provider_saturated", message, retry_after=resp.header("retry-after")
+                        )
+                    raise AdapterError("provider_error", message)
                 yield resp
 
     def _tunnel_headers(self, req: ProviderTunnelRequest) -> list[tuple[str, str]]:
