@@ -18,7 +18,7 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
@@ -126,6 +126,42 @@ def test_an_emptied_line_earns_no_credit() -> None:
     assert s.release(first) == [b2]  # equal tags: FIFO
 
 
+def test_cancelled_waiters_ahead_cost_their_principal_nothing() -> None:
+    """A waiter enqueued behind waiters that are then cancelled is due as if they never were."""
+    s = connected(fair_snapshot())
+    first = s.request("g", principal="b")
+    assert isinstance(first, Grant)
+    ahead = [s.request("g", principal="a") for _ in range(5)]
+    late = s.request("g", principal="a")
+    for w in ahead:
+        assert isinstance(w, Waiter)
+        s.cancel(w)
+    flood = [s.request("g", principal="b") for _ in range(5)]
+    assert isinstance(late, Waiter) and all(isinstance(w, Waiter) for w in flood)
+    order = admit_all_in_turn(s, first, 6)
+    assert order.index("a") <= 1, order  # not behind all of b's 5: shares are equal
+
+
+def test_a_principal_in_several_lanes_still_gets_its_share() -> None:
+    """Waiters of one principal for two groups share one tag line: one admission per turn."""
+
+    def two_groups(capacity: int) -> PoolSnapshot:
+        snap = fair_snapshot(capacity)
+        groups = {gid: GroupPolicy(gid, (("p0", "p0"),)) for gid in ("g", "h")}
+        return PoolSnapshot(
+            snap.providers, groups, max_queue=100, queue_timeout=30.0, principals={}
+        )
+
+    s = connected(two_groups(1))
+    assert isinstance(s.request("g", principal="c"), Grant)
+    for i in range(4):
+        s.request("gh"[i % 2], principal="a")
+    for _ in range(4):
+        s.request("g", principal="b")
+    resolved = s.apply_snapshot(two_groups(5))  # 4 slots free at once: one pass admits 4
+    assert sorted(w.principal for w in resolved) == ["a", "a", "b", "b"]
+
+
 def test_max_concurrent_waits_without_holding_a_slot() -> None:
     s = connected(fair_snapshot(capacity=4, principals={"a": PrincipalPolicy(max_concurrent=1)}))
     g1 = s.request("g", principal="a")
@@ -173,7 +209,23 @@ def test_default_policy_applies_to_every_unlisted_principal_separately() -> None
 # ------------------------------------------------------------------ property
 
 
+# Found by this property: cancelled waiters used to leave their principal's
+# later waiters tagged behind them (b was admitted 5 times while a waited).
+CANCELLED_AHEAD = [
+    ("arrive", 0, 5),
+    ("release", 0, 0),
+    ("cancel", 0, 0),
+    ("arrive", 0, 1),
+    ("arrive", 0, 1),
+    ("cancel", 0, 0),
+    ("cancel", 0, 0),
+    ("cancel", 0, 0),
+    ("arrive", 1, 5),
+]
+
+
 @settings(max_examples=200, deadline=None)
+@example(shares=(1, 1, 1), capacity=1, steps=CANCELLED_AHEAD)
 @given(
     shares=st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 4)),
     capacity=st.integers(1, 2),

@@ -7,7 +7,7 @@ rewired, principal shares and caps, ejection policy), requests of several
 principals with ``exclude`` sets and fallback groups, attempt verdicts
 (success, failure, 429, abandoned) and the passing of time.  After every step
 it is compared with a deliberately naive reference that walks the whole queue
-in fair order (tag, then enqueue order) on every change, asking its own
+in fair order (its principal's tag, then enqueue order) on every change, asking its own
 outlier tracker (fed the same events) which providers are choosable, and the
 invariants are checked directly: counters equal the grants held, per
 principal too, capacity and ``max_concurrent`` in force were respected at
@@ -147,7 +147,8 @@ class Reference:
     tracker: OutlierTracker = field(default_factory=OutlierTracker)
     running: dict[str, int] = field(default_factory=dict)
     vtime: float = 0.0
-    last_tag: dict[str, float] = field(default_factory=dict)
+    tag: dict[str, float] = field(default_factory=dict)  # principals with waiters
+    share: dict[str, int] = field(default_factory=dict)  # their share at the last enqueue
     last_admitted: dict[str, float] = field(default_factory=dict)
 
     def may_start(self, principal: str) -> bool:
@@ -157,13 +158,13 @@ class Reference:
     def enqueue(self, w: RefWaiter) -> None:
         """The fair-queue tag, written out (see iopd/edge/pool/fair_queue.py)."""
         p = w.principal
-        if any(x.principal == p for x in self.queue):
-            base = self.last_tag[p]
-        else:
+        share = self.share[p] = self.snapshot.principal(p).share
+        ahead = sum(x.principal == p for x in self.queue)
+        if not ahead:
             base = self.last_admitted.get(p, self.vtime)
-        w.start = max(self.vtime, base)
-        w.tag = w.start + 1.0 / self.snapshot.principal(p).share
-        self.last_tag[p] = w.tag
+            self.tag[p] = max(self.vtime, base) + 1.0 / share
+        w.tag = self.tag[p] + ahead / share  # provisional: if every waiter ahead is admitted
+        w.start = w.tag - 1.0 / share
         self.queue.append(w)
 
     def route(
@@ -285,7 +286,7 @@ class Reference:
     def dequeue(self, w: RefWaiter) -> None:
         self.queue.remove(w)
         if not any(x.principal == w.principal for x in self.queue):
-            del self.last_tag[w.principal]
+            del self.tag[w.principal], self.share[w.principal]
 
     def reexamine(self) -> list[tuple[int, RefGrant | None]]:
         resolved: list[tuple[int, RefGrant | None]] = []
@@ -293,14 +294,19 @@ class Reference:
             if not self.candidates(w.group, w.long, w.requires, w.exclude)[0]:
                 self.dequeue(w)
                 resolved.append((w.ident, None))
-        for w in sorted(self.queue, key=lambda w: (w.tag, w.ident)):
+        untried = list(self.queue)
+        while untried:  # the principals' tags move with each admission: pick again
+            w = min(untried, key=lambda w: (self.tag[w.principal], w.ident))
+            untried.remove(w)
             g = self.pick(w.group, w.long, w.requires, w.exclude, w.principal)
             if g is not None:
+                p = w.principal
+                tag, share = self.tag[p], self.share[p]
                 self.dequeue(w)
-                self.vtime = max(self.vtime, w.start)
-                self.last_admitted[w.principal] = max(
-                    self.last_admitted.get(w.principal, 0.0), w.tag
-                )
+                self.vtime = max(self.vtime, tag - 1.0 / share)
+                self.last_admitted[p] = max(self.last_admitted.get(p, 0.0), tag)
+                if p in self.tag:
+                    self.tag[p] = max(self.vtime, tag) + 1.0 / share
                 resolved.append((w.ident, g))
         resolved.sort()
         return resolved

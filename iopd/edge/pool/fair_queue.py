@@ -5,19 +5,26 @@ providers, capacity goes to them in proportion to their ``share``; one
 principal flooding the pool only lengthens its own line.  This is start-time
 weighted fair queuing with virtual time:
 
-* Each waiter gets a *tag* at enqueue: ``start = max(V, last[p])``,
-  ``tag = start + 1 / share[p]``, where ``V`` is the queue's virtual time
-  and ``last[p]`` the tag of principal ``p``'s previous waiter while ``p``
-  has waiters, else of its last *admitted* one.  So waiting earlier earns
-  no credit, waiters that timed out or were cancelled cost nothing later,
-  and a principal that keeps one request waiting at a time still moves on
-  by ``1 / share`` per admission (without that, it could take every slot
-  ahead of a lower-share waiter forever).
-* Waiters are admitted in ``(tag, seq)`` order among those that fit; each
-  admission moves ``V`` up to the admitted waiter's start.  Two principals
+* Each *principal* with waiters carries one tag: the virtual finish time
+  its next admission takes.  When its line goes from empty to one waiter,
+  ``tag = max(V, last[p]) + 1 / share[p]``, where ``V`` is the queue's
+  virtual time and ``last[p]`` the tag of its last admitted waiter (kept
+  only while still ahead of ``V``).  Each admission of one of its waiters
+  moves it on: ``tag = max(V, tag) + 1 / share[p]``.  Only admissions move
+  it: a waiter that timed out or was cancelled never took the tag, so it
+  costs nothing later, and a line that empties forgets its tag (waiting
+  earlier earns no credit).  A principal that keeps one request waiting at
+  a time still moves on by ``1 / share`` per admission (without that, it
+  could take every slot ahead of a lower-share waiter forever).
+* Waiters are admitted in ``(tag of their principal, seq)`` order among
+  those that fit, so FIFO within a principal; each admission moves ``V`` up
+  to the admitted waiter's start (``tag - 1 / share``).  Two principals
   that both keep waiters for the same slots are admitted ``share_a : share_b``
   (within one admission of each, see ``tests/test_pool_fair.py``), and with
   a single principal the order is plain FIFO, as before.
+* ``Waiter.tag`` is the tag it was admitted with; while it waits, the tag it
+  would get if every waiter of its principal ahead of it were admitted first
+  (an upper bound: cancels ahead of it only lower it).
 
 Fairness never idles a slot: the scheduler's rule "every waiter that fits is
 admitted" still holds -- the order only decides *which* fitting waiter takes
@@ -25,8 +32,10 @@ a slot first.
 
 Data structures (for large queues, ``scripts/bench_pool.py``): one FIFO per
 *lane*, a ``(WaitKey, principal)`` pair (an insertion-ordered dict, O(1)
-removal on cancel).  Tags grow within a principal, so each lane is in tag
-order and re-examination only merges lane heads through a heap.  Whether a
+removal on cancel; a cancel touches no tag).  Re-examination merges lane
+heads through a heap keyed by ``(tag of the principal, seq)``; when one of
+a principal's lanes is admitted, the heap entries of its other lanes are
+stale and are pushed again with the new tag as they come up.  Whether a
 lane's head fits depends only on its key and its principal's running count,
 and admissions only take slots and running counts, so a lane whose head does
 not fit is dropped for the rest of the pass.
@@ -48,7 +57,7 @@ from .candidates import Grant, PoolSnapshot, WaitKey
 
 __all__ = ["FairQueue", "Lane", "Waiter", "WaiterState"]
 
-#: A lane: the waiters of one principal with one key, in FIFO (= tag) order.
+#: A lane: the waiters of one principal with one key, in FIFO order.
 Lane = tuple[WaitKey, str]
 
 
@@ -68,8 +77,8 @@ class Waiter:
     queue_timeout: float
     body_bytes: int = 0  # counted in the queue's bytes while pending
     principal: str = ""
-    start: float = 0.0  # virtual start time (fair queue)
-    tag: float = 0.0  # virtual finish time: admission order among fitting waiters
+    start: float = 0.0  # virtual start time: tag - 1 / share (fair queue)
+    tag: float = 0.0  # virtual finish time: provisional while pending (see module doc)
     state: WaiterState = WaiterState.PENDING
     grant: Grant | None = None
     error: BaseException | None = None
@@ -84,7 +93,7 @@ class Waiter:
 
 
 class FairQueue:
-    """Pending waiters by lane, their fair-queue tags, and the count and byte totals."""
+    """Pending waiters by lane, their principals' fair-queue tags, count and byte totals."""
 
     def __init__(self) -> None:
         self.lanes: dict[Lane, dict[int, Waiter]] = {}
@@ -92,36 +101,47 @@ class FairQueue:
         self.bytes = 0
         self.vtime = 0.0
         self._seq = itertools.count()
-        self._last_tag: dict[str, float] = {}  # principals with waiters
+        self._tag: dict[str, float] = {}  # principal with waiters -> its next admission's tag
+        self._share: dict[str, int] = {}  # principal with waiters -> its latest share
         self._last_admitted: dict[str, float] = {}  # only tags still ahead of vtime
         self._waiting: dict[str, int] = {}  # principal -> pending waiters
 
     def new_waiter(
         self, key: WaitKey, principal: str, share: int, queue_timeout: float, body_bytes: int
     ) -> Waiter:
-        """Enqueue a waiter at the back of its lane, tagged for the fair order."""
-        base = self._last_tag.get(principal)
-        if base is None:
+        """Enqueue a waiter at the back of its lane.
+
+        Its ``tag`` is provisional: the tag it would be admitted with if every
+        waiter of its principal ahead of it were admitted first (cancels only
+        lower it).  The principal's own tag is set here when its line was empty.
+        """
+        share = max(1, share)
+        self._share[principal] = share
+        ahead = self._waiting.get(principal, 0)
+        if ahead == 0:
             base = self._last_admitted.pop(principal, self.vtime)
             if base > self.vtime:  # still ahead of V: keep it (else it is a no-op)
                 self._last_admitted[principal] = base
-        start = max(self.vtime, base)
-        tag = start + 1.0 / max(1, share)
-        self._last_tag[principal] = tag
-        self._waiting[principal] = self._waiting.get(principal, 0) + 1
+            self._tag[principal] = max(self.vtime, base) + 1.0 / share
+        tag = self._tag[principal] + ahead / share
+        self._waiting[principal] = ahead + 1
         waiter = Waiter(
             seq=next(self._seq),
             key=key,
             queue_timeout=queue_timeout,
             body_bytes=body_bytes,
             principal=principal,
-            start=start,
+            start=tag - 1.0 / share,
             tag=tag,
         )
         self.lanes.setdefault(waiter.lane, {})[waiter.seq] = waiter
         self.depth += 1
         self.bytes += body_bytes
         return waiter
+
+    def tag_of(self, principal: str) -> float:
+        """The tag a principal's next admission carries (it has waiters)."""
+        return self._tag[principal]
 
     def check_room(self, group_id: str, body_bytes: int, snap: PoolSnapshot) -> None:
         """Raise ``QueueFull`` unless one more waiter of ``body_bytes`` fits both bounds."""
@@ -150,17 +170,30 @@ class FairQueue:
         left = self._waiting[waiter.principal] - 1
         if left:
             self._waiting[waiter.principal] = left
-        else:  # an empty line forgets its tags: no credit, no debt
+        else:  # an empty line forgets its tag: no credit, no debt
             del self._waiting[waiter.principal]
-            del self._last_tag[waiter.principal]
+            del self._tag[waiter.principal]
+            del self._share[waiter.principal]
         return True
 
-    def admitted(self, waiter: Waiter) -> None:
-        """A popped waiter got a slot: virtual time moves to its start."""
+    def admit(self, waiter: Waiter) -> None:
+        """Take a pending waiter out for a slot: it carries its principal's tag.
+
+        Virtual time moves to the waiter's start, and the principal's next
+        waiter (if any) is due ``1 / share`` later.
+        """
+        principal = waiter.principal
+        tag = self._tag[principal]
+        share = self._share[principal]
+        self.pop(waiter)
+        waiter.tag = tag
+        waiter.start = tag - 1.0 / share
         if waiter.start > self.vtime:
             self.vtime = waiter.start
-        if waiter.tag > self._last_admitted.get(waiter.principal, self.vtime):
-            self._last_admitted[waiter.principal] = waiter.tag
+        if tag > self._last_admitted.get(principal, self.vtime):
+            self._last_admitted[principal] = tag  # its line may empty by a cancel later
+        if principal in self._tag:
+            self._tag[principal] = max(self.vtime, tag) + 1.0 / share
 
     def drain_lane(self, lane: Lane) -> list[Waiter]:
         """Remove every waiter of a lane (its group lost its last candidate)."""

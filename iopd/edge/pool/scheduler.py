@@ -545,6 +545,7 @@ class Scheduler:
         resolved: list[Waiter] = []
         heap: list[tuple[float, int, Lane, Candidates]] = []
         by_lane = self._queue.lanes
+        tag_of = self._queue.tag_of
         pairs = list(by_lane.items()) if lanes is None else [(x, by_lane.get(x)) for x in lanes]
         for lane, q in pairs:
             if not q:
@@ -554,16 +555,19 @@ class Scheduler:
             if cands is None:
                 resolved.extend(self._fail_lane(lane))
                 continue
-            heap.append((head.tag, head.seq, lane, cands))
+            heap.append((tag_of(lane[1]), head.seq, lane, cands))
         heapq.heapify(heap)
         blocked: set[str] = set()  # principals at their max_concurrent in this pass
         while heap:
-            _, seq, lane, cands = heapq.heappop(heap)
+            tag, seq, lane, cands = heapq.heappop(heap)
             q = by_lane.get(lane)
             if not q or next(iter(q)) != seq:
                 continue  # a lane listed twice: its entry is stale
             principal = lane[1]
             if principal in blocked:
+                continue
+            if tag != tag_of(principal):  # another lane of it was admitted: now due later
+                heapq.heappush(heap, (tag_of(principal), seq, lane, cands))
                 continue
             if not self._may_start(principal):
                 blocked.add(principal)
@@ -572,14 +576,13 @@ class Scheduler:
             if grant is None:
                 continue  # admissions only take slots: this lane cannot fit again this pass
             waiter = q[seq]
-            self._queue.pop(waiter)
-            self._queue.admitted(waiter)
+            self._queue.admit(waiter)
             waiter.state = WaiterState.ADMITTED
             waiter.grant = grant
             resolved.append(waiter)
             if q:
                 nxt = next(iter(q.values()))
-                heapq.heappush(heap, (nxt.tag, nxt.seq, lane, cands))
+                heapq.heappush(heap, (tag_of(principal), nxt.seq, lane, cands))
         # Failures were collected first; report everything in enqueue order.
         resolved.sort(key=lambda w: w.seq)
         return resolved
