@@ -212,3 +212,24 @@ def admin_host_port(gw: Gateway) -> tuple[str, int]:
 
 async def in_thread(fn: Callable[[], T]) -> T:
     return await trio.to_thread.run_sync(fn)
+
+
+async def first_provider_status(gw: Gateway) -> dict[str, Any]:
+    """The first provider row of the edge's ``GET /status``."""
+    doc = (await http_request(gw.handle.admin, "GET", "/status")).json()
+    provider: dict[str, Any] = doc["providers"][0]
+    return provider
+
+
+async def wait_provider_health(gw: Gateway, want: str) -> dict[str, Any]:
+    """Poll ``/status`` until the first provider shows ``health == want`` (callers bound it)."""
+    while (p := await first_provider_status(gw))["health"] != want:  # noqa: ASYNC110
+        await trio.sleep(0.02)
+    return p
+
+
+async def provider_health_gauge(gw: Gateway) -> float:
+    """The first ``iop_provider_health`` sample of the edge's ``/metrics``."""
+    text = (await http_request(gw.handle.admin, "GET", "/metrics")).body.decode()
+    line = next(ln for ln in text.splitlines() if ln.startswith("iop_provider_health{"))
+    return float(line.rsplit(" ", 1)[1])

@@ -10,11 +10,17 @@ stale probe; when it reconnects, the probe is shown again.
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 import trio
 
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.gateway import (
+    Gateway,
+    node_token,
+    provider_health_gauge,
+    running_gateway,
+    token_hash,
+    wait_provider_health,
+)
 from tests.mock_providers import MockOpenAIServer
 
 YAML = """
@@ -37,24 +43,6 @@ nodes:
         models: [served]
         health_interval: 0.05
 """
-
-
-async def _provider(gw: Gateway) -> dict[str, Any]:
-    doc = (await http_request(gw.handle.admin, "GET", "/status")).json()
-    provider: dict[str, Any] = doc["providers"][0]
-    return provider
-
-
-async def _wait_health(gw: Gateway, want: str) -> dict[str, Any]:
-    while (p := await _provider(gw))["health"] != want:  # noqa: ASYNC110 - polling the edge
-        await trio.sleep(0.02)
-    return p
-
-
-async def _gauge(gw: Gateway) -> float:
-    text = (await http_request(gw.handle.admin, "GET", "/metrics")).body.decode()
-    line = next(ln for ln in text.splitlines() if ln.startswith("iop_provider_health{"))
-    return float(line.rsplit(" ", 1)[1])
 
 
 async def _iopd_status(gw: Gateway) -> str:
@@ -80,15 +68,15 @@ async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnec
             await n.start(mock.serve)
             yaml_text = YAML.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
             async with running_gateway(yaml_text) as gw:
-                probed = await _wait_health(gw, "unhealthy")
+                probed = await wait_provider_health(gw, "unhealthy")
                 assert probed["last_error"]
-                assert await _gauge(gw) == 0
+                assert await provider_health_gauge(gw) == 0
 
                 gw.kill_node("node-a")
-                gone = await _wait_health(gw, "disconnected")
+                gone = await wait_provider_health(gw, "disconnected")
                 # The stale probe error is not shown as if it were current.
                 assert gone["last_error"] == ""
-                assert await _gauge(gw) == -1
+                assert await provider_health_gauge(gw) == -1
                 row = _row(await _iopd_status(gw), "vllm-a")
                 assert row[:6] == [
                     "node-a",
@@ -101,12 +89,12 @@ async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnec
                 assert "!" not in row  # no last error on the row
 
                 await gw.start_node("node-a")
-                back = await _wait_health(gw, "unhealthy")
+                back = await wait_provider_health(gw, "unhealthy")
                 assert back["last_error"]
-                assert await _gauge(gw) == 0
+                assert await provider_health_gauge(gw) == 0
                 assert _row(await _iopd_status(gw), "vllm-a")[5] == "unhealthy"
 
                 mock.healthy = True
-                await _wait_health(gw, "healthy")
-                assert await _gauge(gw) == 2
+                await wait_provider_health(gw, "healthy")
+                assert await provider_health_gauge(gw) == 2
             n.cancel_scope.cancel()
