@@ -124,6 +124,32 @@ _COMPLETION_RESPONSE = _response(_COMPLETION)
 _MODELS_RESPONSE = _response(_MODELS)
 
 
+async def read_request(stream: trio.SocketStream, buf: bytearray) -> tuple[bytes, bytes] | None:
+    """The next request on ``stream`` as (lower-cased head, body), just enough
+    HTTP for the benchmarks' mock servers (``Content-Length`` bodies only);
+    None once the client closed.  ``buf`` keeps what arrived after it."""
+    end = buf.find(b"\r\n\r\n")
+    while end < 0:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+        end = buf.find(b"\r\n\r\n")
+    head = bytes(buf[:end]).lower()
+    i = head.find(b"content-length:")
+    eol = head.find(b"\r\n", i)
+    length = int(head[i + 15 : eol if eol >= 0 else None]) if i >= 0 else 0
+    total = end + 4 + length
+    while len(buf) < total:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buf += data
+    body = bytes(buf[end + 4 : total])
+    del buf[:total]
+    return head, body
+
+
 class MockProvider:
     """Canned OpenAI replies; ``"model":"slow"`` streams one chunk per 100 ms and
     records, on the shared monotonic clock, when its caller closed the connection."""
@@ -134,26 +160,8 @@ class MockProvider:
     async def handle(self, stream: trio.SocketStream) -> None:
         buf = bytearray()
         try:
-            while True:
-                end = buf.find(b"\r\n\r\n")
-                while end < 0:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                    end = buf.find(b"\r\n\r\n")
-                head = bytes(buf[:end]).lower()
-                i = head.find(b"content-length:")
-                eol = head.find(b"\r\n", i)
-                length = int(head[i + 15 : eol if eol >= 0 else None]) if i >= 0 else 0
-                total = end + 4 + length
-                while len(buf) < total:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                body = bytes(buf[end + 4 : total])
-                del buf[:total]
+            while (request := await read_request(stream, buf)) is not None:
+                head, body = request
                 if head.startswith(b"get /v1/models"):
                     await stream.send_all(_MODELS_RESPONSE)
                 elif head.startswith(b"get /_closes"):

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 
 import trio
+from bench_gateway import read_request
 
 REQUEST_BODY = (
     b'{"model":"qwen3.6:35b","messages":[{"role":"system","content":"You are a helpful '
@@ -78,24 +79,7 @@ async def _serve_direct() -> None:
     async def handle(stream: trio.SocketStream) -> None:
         buf = bytearray()
         try:
-            while True:
-                end = buf.find(b"\r\n\r\n")
-                while end < 0:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                    end = buf.find(b"\r\n\r\n")
-                head = bytes(buf[:end]).lower()
-                i = head.find(b"content-length:")
-                length = int(head[i + 15 : head.find(b"\r\n", i)]) if i >= 0 else 0
-                total = end + 4 + length
-                while len(buf) < total:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                del buf[:total]
+            while await read_request(stream, buf) is not None:
                 await stream.send_all(DIRECT_RESPONSE)
         except trio.BrokenResourceError:
             pass

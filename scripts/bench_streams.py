@@ -64,26 +64,8 @@ async def _serve_streaming_provider(chunks: int, interval: float) -> None:
     async def handle(stream: trio.SocketStream) -> None:
         buf = bytearray()
         try:
-            while True:
-                end = buf.find(b"\r\n\r\n")
-                while end < 0:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                    end = buf.find(b"\r\n\r\n")
-                head = bytes(buf[:end]).lower()
-                i = head.find(b"content-length:")
-                length = (
-                    int(head[i + 15 : head.find(b"\r\n", i) % (len(head) + 1)]) if i >= 0 else 0
-                )
-                total = end + 4 + length
-                while len(buf) < total:
-                    data = await stream.receive_some(65536)
-                    if not data:
-                        return
-                    buf += data
-                del buf[:total]
+            while (request := await bg.read_request(stream, buf)) is not None:
+                head, _body = request
                 if head.startswith(b"get "):
                     await stream.send_all(_MODELS)
                     continue
