@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import time
 
-from iopd import errors
 from iopd.edge.node_session import NodeSession
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
 from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
+from iopd.edge.openai.run_errors import provider_error
 from iopd.edge.openai.upstream_headers import upstream_headers
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
@@ -135,7 +135,7 @@ async def _relay(
                 else:  # error
                     if leasing.failed(_failure_of(fr, responder.started), responder.started):
                         return True
-                    raise _tunnel_error(fr)
+                    raise provider_error(fr.code, fr.message)
         return False  # (the node ends every stream with end or error)
     finally:
         out.usage = tunnel_usage(body_usage, frame_usage)
@@ -175,12 +175,3 @@ def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
         kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND
         return AttemptFailure(kind)
     return AttemptFailure(_CODE_FAILURES.get(fr.code, FailureKind.RESET_AFTER_SEND))
-
-
-def _tunnel_error(fr: ProviderTunnelFrame) -> errors.GatewayError:
-    msg = fr.message or "the provider failed"
-    if fr.code == "provider_timeout":
-        return errors.ProviderTimeout(msg)
-    if fr.code == "bad_request":
-        return errors.InvalidRequest(msg)
-    return errors.ProviderError(msg)

@@ -21,7 +21,7 @@ from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from wire.messages import RunEvent
 
-__all__ = ["run_error", "run_failure", "run_retry_after"]
+__all__ = ["provider_error", "run_error", "run_failure", "run_retry_after"]
 
 #: Run error codes that say how far the run got before any event.
 _RUN_CODE_FAILURES: dict[str, FailureKind] = {
@@ -58,13 +58,18 @@ def run_retry_after(ev: RunEvent) -> float:
     return saturation_seconds(ev.metadata.get("retry_after"), wall_now=time.time())
 
 
+def provider_error(code: str, message: str) -> errors.GatewayError:
+    """The caller's error for a node's error ``code`` (a run's or a tunnel's)."""
+    msg = message or "the provider failed"
+    if code == "provider_timeout":
+        return errors.ProviderTimeout(msg)
+    if code == "bad_request":
+        return errors.InvalidRequest(msg)
+    return errors.ProviderError(msg)
+
+
 def run_error(ev: RunEvent) -> errors.GatewayError:
     """The caller's error for a run that ended with ``ev``."""
-    msg = ev.message or "the provider failed"
-    if ev.code == "provider_timeout":
-        return errors.ProviderTimeout(msg)
-    if ev.code == "bad_request":
-        return errors.InvalidRequest(msg)
     if ev.code in ("node_lost", "node_dispatch_error"):
-        return errors.NodeDispatchError(msg)
-    return errors.ProviderError(msg)
+        return errors.NodeDispatchError(ev.message or "the provider failed")
+    return provider_error(ev.code, ev.message)
