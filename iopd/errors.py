@@ -108,6 +108,28 @@ class MisdirectedRequest(GatewayError):
     )
 
 
+class CrossOriginRefused(GatewayError):
+    """A state-changing admin request sent by a page of another origin (issue #19)."""
+
+    status, type, code, metric_status = (
+        403,
+        "invalid_request_error",
+        "cross_origin_refused",
+        "client_error",
+    )
+
+
+class UnsupportedMediaType(GatewayError):
+    """An admin request body that is not JSON on a route that takes JSON."""
+
+    status, type, code, metric_status = (
+        415,
+        "invalid_request_error",
+        "unsupported_media_type",
+        "client_error",
+    )
+
+
 class Overloaded(GatewayError):
     """The listener is receiving as many request bodies as it may hold at once.
 

@@ -1,6 +1,10 @@
 """The edge daemon: one nursery owning the wire listener, the OpenAI and admin
 listeners, signal handling and the drain (SPEC §9).
 
+The OpenAI listener is ``iopd.http.server``; the admin listener is a quart-trio
+app on hypercorn's trio worker (``iopd.edge.admin``), in the same nursery and
+trio run.
+
 Drain (SIGTERM/SIGINT or ``EdgeHandle.drain()``): stop accepting on the OpenAI
 listener, let in-flight requests finish within ``edge.drain_timeout``, then
 end the rest with a terminal error (their leaving the node stream sends
@@ -22,7 +26,7 @@ import trio
 from iopd import __version__, errors, sdnotify
 from iopd.config.load import ConfigError, ConfigUnreadable, load_edge_config
 from iopd.config.schema import EdgeConfig
-from iopd.edge.admin import AdminApp, is_loopback_peer
+from iopd.edge.admin import AdminLimits, AdminServer, create_admin_app, is_loopback_peer
 from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_nodes
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.errors import gateway_error, render_error
@@ -108,10 +112,9 @@ async def run_edge(
         on_reject=functools.partial(_count_refusal, app),
         head_check=app.check_head,
     )
-    admin_srv = HttpServer(
-        AdminApp(rt),
-        limits=HttpLimits(max_body_bytes=64 * 1024, idle_timeout=oa.idle_timeout),
-        render_error=render_error,
+    admin_srv = AdminServer(
+        create_admin_app(rt),
+        limits=AdminLimits(keep_alive_timeout=oa.idle_timeout),
         allow_peer=is_loopback_peer,
     )
     ssl_ctx = server_ssl_context(cfg.edge.tls)
@@ -192,7 +195,7 @@ async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> 
 
 
 async def _drain(
-    rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: HttpServer, timeout: float
+    rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: AdminServer, timeout: float
 ) -> None:
     in_flight = openai_srv.in_flight
     log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
@@ -206,7 +209,9 @@ async def _drain(
         rt.pool.fail_all_waiters(lambda: errors.ShuttingDown("the edge is shutting down"))
         with trio.move_on_after(CUT_GRACE):
             await openai_srv.wait_idle()
-    admin_srv.shutdown()
+    admin_srv.shutdown()  # last: operators watch the drain on it
+    with trio.move_on_after(admin_srv.limits.graceful_timeout + CUT_GRACE):
+        await admin_srv.stopped.wait()
     log.info("event=drain_done")
 
 

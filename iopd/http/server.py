@@ -1,4 +1,4 @@
-"""A small HTTP/1.1 server on trio: the edge's OpenAI listener and the admin API.
+"""A small HTTP/1.1 server on trio: the edge's OpenAI listener (the admin API is on hypercorn).
 
 Why no framework: measured by ``scripts/bench_http.py --frameworks`` (the
 figures are in ``docs/performance.md``), quart-trio on hypercorn's trio

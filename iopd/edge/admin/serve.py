@@ -1,0 +1,309 @@
+"""Serving the admin app: hypercorn's trio worker, inside the edge's own nursery.
+
+One process, one trio run: ``AdminServer.serve`` is started by ``run_edge``
+like every other listener and reports the address it bound.  It is
+``hypercorn.trio.run.worker_serve`` reassembled from the same pieces (its
+``Lifespan``, ``WorkerContext`` and per-connection ``TCPServer``) for three
+things ``hypercorn.trio.serve`` has no hook for:
+
+- the peer filter runs on the accepted socket, before any HTTP is spoken
+  (a refused peer gets a closed connection, as on every iopd listener);
+- the listener is bound by trio here (port 0, the edge's own bind errors),
+  and its address is reported as ``(host, port)``;
+- a connection handler that fails logs one line and never takes the edge down.
+
+Shutdown (``shutdown()``, called at the end of the edge's drain): stop
+accepting, close idle keep-alive connections at once (hypercorn's
+``context.terminated``), give requests in progress ``graceful_timeout``
+seconds, then run the app's lifespan shutdown.
+
+hypercorn is made quiet and bounded here: no access log unless the log level
+is debug, its errors as one line through iopd's logging (no tracebacks), a
+16 KiB limit on a request head, an idle keep-alive timeout.  Deliberately not
+set: hypercorn's ``read_timeout`` — it also runs while a response streams,
+and would end a console event stream whose browser has nothing to send.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import trio
+from hypercorn.config import Config
+from hypercorn.events import Closed, Event, RawData
+from hypercorn.logging import Logger as HypercornLogger
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import (
+    AppWrapper,
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ASGISendEvent,
+    LifespanState,
+    ResponseSummary,
+    Scope,
+    WWWScope,
+)
+from hypercorn.utils import LifespanFailureError, LifespanTimeoutError, wrap_app
+from quart_trio import QuartTrio
+
+from iopd.startup import StartupError
+
+log = logging.getLogger("iopd.edge.admin")
+#: One line per request at debug level: the access log an operator asks for.
+access_log = logging.getLogger("iopd.edge.admin.access")
+
+
+@dataclass(frozen=True)
+class AdminLimits:
+    """Bounds of the admin listener (the body limit is the app's, ``MAX_BODY_BYTES``)."""
+
+    #: Largest request line + headers (h11's ``max_incomplete_event_size``).
+    max_header_bytes: int = 16 * 1024
+    #: An idle keep-alive connection (or one that never finishes its head) is closed after this.
+    keep_alive_timeout: float = 5.0
+    #: At shutdown, how long requests in progress (an event stream) get before they are cut.
+    graceful_timeout: float = 1.0
+    #: How long the app's startup and shutdown hooks may take.
+    lifespan_timeout: float = 10.0
+    #: Connections served at once; more are closed at accept (loopback operators only).
+    max_connections: int = 64
+    #: A socket write that takes longer (a client that stopped reading) ends its connection.
+    send_timeout: float = 30.0
+
+
+class _ShieldedSends:
+    """The app's ASGI ``send`` runs shielded from the app's own cancellation.
+
+    quart-trio cancels a request's handler when hypercorn reports
+    ``http.disconnect``, and hypercorn reports it *from inside* the app's
+    last ``send``: after the final body chunk it ends the stream (queueing
+    ``http.disconnect`` to the app) and then, for ``Connection: close``,
+    closes the socket — or, on keep-alive, restarts the idle timer.  The
+    cancellation lands between the two, so the socket stayed open until the
+    client closed it and a keep-alive connection lost its idle timeout
+    (``scripts/bench_http.py --frameworks``: "not closed within 3 s").
+    Shielded, the send finishes its bookkeeping; it cannot hang, since the
+    socket write inside is bounded by ``AdminLimits.send_timeout``.
+    """
+
+    def __init__(self, app: QuartTrio) -> None:
+        self.app = app
+
+    async def __call__(
+        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        async def send_shielded(message: ASGISendEvent) -> None:
+            with trio.CancelScope(shield=True):
+                await send(message)
+
+        await self.app(scope, receive, send_shielded)
+
+
+class _BoundedTCPServer(TCPServer):
+    """hypercorn's connection with a deadline on each socket write.
+
+    hypercorn shields every write from cancellation, so a client that stops
+    reading would hold its connection — and the edge's shutdown — forever.
+    """
+
+    send_timeout: float = 30.0
+
+    async def protocol_send(self, event: Event) -> None:
+        if not isinstance(event, RawData):
+            await super().protocol_send(event)
+            return
+        async with self.send_lock:
+            try:
+                with trio.CancelScope(shield=True):
+                    with trio.fail_after(self.send_timeout):
+                        await self.stream.send_all(event.data)
+            except trio.TooSlowError:
+                log.warning("event=admin_send_timeout seconds=%g", self.send_timeout)
+                await trio.aclose_forcefully(self.stream)
+                await self.protocol.handle(Closed())
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+
+
+class _QuietLog(HypercornLogger):
+    """hypercorn's logger, speaking through iopd's: one line per error, no traceback."""
+
+    def __init__(self, config: Config) -> None:
+        super().__init__(config)
+        self.error_logger = log
+        self.access_logger = None
+
+    async def access(
+        self, request: WWWScope, response: ResponseSummary | None, request_time: float
+    ) -> None:
+        if access_log.isEnabledFor(logging.DEBUG):
+            access_log.debug(
+                "event=admin_request method=%s path=%r status=%s duration_ms=%.1f",
+                request.get("method", "-"),
+                request.get("path", "")[:200],
+                response["status"] if response is not None else "-",
+                request_time * 1000,
+            )
+
+    async def exception(self, message: str, *args: Any, **kwargs: Any) -> None:
+        exc = sys.exc_info()[1]
+        log.error("event=admin_http_error what=%r error=%s", message % args, type(exc).__name__)
+
+
+def hypercorn_config(limits: AdminLimits) -> Config:
+    """hypercorn's ``Config`` for the admin listener, from ``limits``."""
+    config = Config()
+    config.logger_class = _QuietLog
+    config.accesslog = None
+    config.errorlog = None
+    config.h11_max_incomplete_size = limits.max_header_bytes
+    config.h2_max_concurrent_streams = 8  # only by h2c upgrade; nobody needs it, keep it small
+    config.keep_alive_timeout = limits.keep_alive_timeout
+    config.graceful_timeout = limits.graceful_timeout
+    config.startup_timeout = limits.lifespan_timeout
+    config.shutdown_timeout = limits.lifespan_timeout
+    config.include_server_header = False
+    return config
+
+
+class AdminServer:
+    """The admin app on hypercorn's trio worker; ``serve`` like any iopd listener."""
+
+    def __init__(
+        self,
+        app: QuartTrio,
+        *,
+        limits: AdminLimits = AdminLimits(),
+        allow_peer: Callable[[str], bool] | None = None,
+    ) -> None:
+        self.app = app
+        self.limits = limits
+        self.config = hypercorn_config(limits)
+        self.allow_peer = allow_peer
+        self._asgi: AppWrapper = wrap_app(
+            _ShieldedSends(app), self.config.wsgi_max_body_size, "asgi"
+        )
+        self._context = WorkerContext(None)
+        self._lifespan_state: LifespanState = {}
+        self._slots = trio.Semaphore(limits.max_connections)
+        self._shutdown = trio.Event()
+        #: Set when ``serve`` has returned (or failed): the lifespan shutdown ran.
+        self.stopped = trio.Event()
+
+    def shutdown(self) -> None:
+        """Stop accepting, close idle connections, end the rest after ``graceful_timeout``."""
+        self._shutdown.set()
+
+    async def serve(
+        self,
+        host: str,
+        port: int,
+        *,
+        task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Listen on ``host:port`` (0 picks a port) until ``shutdown()`` or cancelled."""
+        try:
+            listeners = await trio.open_tcp_listeners(port, host=host)
+            bound = (host, int(listeners[0].socket.getsockname()[1]))
+            lifespan = Lifespan(self._asgi, self.config, self._lifespan_state)
+            try:
+                async with trio.open_nursery() as lifespan_nursery:
+                    await lifespan_nursery.start(lifespan.handle_lifespan)
+                    await lifespan.wait_for_startup()
+                    # A failed startup also sets the startup event: let the
+                    # nursery see the failure before anything is served.
+                    await trio.lowlevel.checkpoint()
+                    await self._serve_connections(listeners, bound, task_status)
+                    await lifespan.wait_for_shutdown()
+                    lifespan_nursery.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                failure, rest = group.split((LifespanFailureError, LifespanTimeoutError))
+                if failure is None:
+                    raise
+                if rest is not None:
+                    raise rest from None
+                raise _lifespan_error(failure, bound) from None
+        finally:
+            self.stopped.set()
+
+    async def _serve_connections(
+        self,
+        listeners: list[trio.SocketListener],
+        bound: tuple[str, int],
+        task_status: trio.TaskStatus[tuple[str, int]],
+    ) -> None:
+        try:
+            async with trio.open_nursery() as connections:
+                async with trio.open_nursery() as accepting:
+                    for listener in listeners:
+                        accepting.start_soon(self._accept_loop, listener, connections)
+                    task_status.started(bound)
+                    await self._shutdown.wait()
+                    accepting.cancel_scope.cancel()
+                await self._context.terminated.set()  # idle keep-alive connections close now
+                connections.cancel_scope.deadline = (
+                    trio.current_time() + self.config.graceful_timeout
+                )
+        finally:
+            for listener in listeners:
+                await trio.aclose_forcefully(listener)
+
+    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+        while True:
+            stream = await listener.accept()
+            connections.start_soon(self._connection, stream)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        """One connection: the peer filter and the connection cap, then hypercorn's HTTP."""
+        try:
+            try:
+                peer = str(stream.socket.getpeername()[0])
+            except OSError:  # already reset by the peer
+                return
+            if self.allow_peer is not None and not self.allow_peer(peer):
+                log.warning("event=connection_refused client=%s reason=peer_filter", peer)
+                return
+            try:
+                self._slots.acquire_nowait()
+            except trio.WouldBlock:
+                log.warning("event=connection_refused client=%s reason=max_connections", peer)
+                return
+            try:
+                server = _BoundedTCPServer(
+                    self._asgi,
+                    self.config,
+                    self._context,
+                    self._lifespan_state,
+                    stream,  # type: ignore[arg-type]
+                )
+                server.send_timeout = self.limits.send_timeout
+                await server.run()
+            finally:
+                self._slots.release()
+        except* (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass  # the peer went away: nothing to answer
+        except* Exception as group:  # a bug in the HTTP layer must not end the edge
+            log.error(
+                "event=admin_connection_error error=%s",
+                ",".join(type(e).__name__ for e in group.exceptions),
+            )
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+def _lifespan_error(failure: BaseExceptionGroup[Any], bound: tuple[str, int]) -> StartupError:
+    """The app's startup hook failed (or hung): one line naming the admin listener."""
+    first: BaseException = failure
+    while isinstance(first, BaseExceptionGroup) and first.exceptions:
+        first = first.exceptions[0]
+    if isinstance(first, LifespanTimeoutError):
+        reason = "its startup did not finish in time"
+    else:  # hypercorn words it "Lifespan failure in startup. '<the app's error>'"
+        reason = str(first).removeprefix("Lifespan failure in ").replace(". '", ": ", 1).rstrip("'")
+    return StartupError("admin app failed on", f"{bound[0]}:{bound[1]}", reason)
