@@ -211,24 +211,23 @@ class AdminServer:
         try:
             listeners = await trio.open_tcp_listeners(port, host=host)
             bound = (host, int(listeners[0].socket.getsockname()[1]))
-            lifespan = Lifespan(self._asgi, self.config, self._lifespan_state)
+            lifespan = _Lifespan(self._asgi, self.config, self._lifespan_state)
             try:
                 async with trio.open_nursery() as lifespan_nursery:
                     await lifespan_nursery.start(lifespan.handle_lifespan)
                     await lifespan.wait_for_startup()
-                    # A failed startup also sets the startup event: let the
-                    # nursery see the failure before anything is served.
-                    await trio.lowlevel.checkpoint()
+                    if lifespan.startup_failure is not None:  # never serve after a failed startup
+                        raise _StartupFailed(lifespan.startup_failure)
                     await self._serve_connections(listeners, bound, task_status)
                     await lifespan.wait_for_shutdown()
                     lifespan_nursery.cancel_scope.cancel()
             except BaseExceptionGroup as group:
-                failure, rest = group.split((LifespanFailureError, LifespanTimeoutError))
-                if failure is None:
+                failure, rest = group.split(
+                    (_StartupFailed, LifespanFailureError, LifespanTimeoutError)
+                )
+                if failure is None or rest is not None:
                     raise
-                if rest is not None:
-                    raise rest from None
-                raise _lifespan_error(failure, bound) from None
+                raise _lifespan_error(lifespan, bound) from None
         finally:
             self.stopped.set()
 
@@ -297,13 +296,29 @@ class AdminServer:
             await trio.aclose_forcefully(stream)
 
 
-def _lifespan_error(failure: BaseExceptionGroup[Any], bound: tuple[str, int]) -> StartupError:
+class _StartupFailed(Exception):
+    """The app's startup hook failed (its message is on the ``_Lifespan``)."""
+
+
+class _Lifespan(Lifespan):
+    """hypercorn's lifespan driver, which also remembers why the startup failed.
+
+    hypercorn sets its startup event on failure too, so whether the startup
+    worked is read here rather than raced against the failing task.
+    """
+
+    startup_failure: str | None = None
+
+    async def asgi_send(self, message: ASGISendEvent) -> None:
+        if message["type"] == "lifespan.startup.failed":
+            self.startup_failure = message.get("message", "") or "failed"
+        await super().asgi_send(message)
+
+
+def _lifespan_error(lifespan: _Lifespan, bound: tuple[str, int]) -> StartupError:
     """The app's startup hook failed (or hung): one line naming the admin listener."""
-    first: BaseException = failure
-    while isinstance(first, BaseExceptionGroup) and first.exceptions:
-        first = first.exceptions[0]
-    if isinstance(first, LifespanTimeoutError):
-        reason = "its startup did not finish in time"
-    else:  # hypercorn words it "Lifespan failure in startup. '<the app's error>'"
-        reason = str(first).removeprefix("Lifespan failure in ").replace(". '", ": ", 1).rstrip("'")
+    if lifespan.startup_failure is not None:
+        reason = f"startup: {lifespan.startup_failure}"
+    else:
+        reason = "its startup or shutdown hooks failed or did not finish in time"
     return StartupError("admin app failed on", f"{bound[0]}:{bound[1]}", reason)
