@@ -2,8 +2,9 @@
 """Benchmark iopd.http.server against a raw trio TCP server answering the same bytes.
 
 With ``--frameworks`` the same run also measures quart-trio on hypercorn's
-trio worker and a plain ASGI app on the same worker (``pip install
-quart-trio hypercorn``), and probes each server for the two connection
+trio worker, a plain ASGI app on the same worker, and the same quart-trio
+app on iopd's admin server (``iopd/edge/admin/serve.py``: hypercorn's worker
+classes behind iopd's accept loop, with the pitfall fixes), and probes each server for the two connection
 pitfalls a public listener cannot have: a ``Connection: close`` request must
 end with the server closing the socket, and an idle keep-alive connection
 must be closed after the server's idle timeout (5 s for every server here).
@@ -108,6 +109,25 @@ async def _serve_quart() -> None:
         return Response(RESPONSE_BODY, content_type="application/json")
 
     await _serve_hypercorn(app, serve, Config)
+
+
+async def _serve_admin() -> None:
+    """The same quart-trio app on iopd's admin server (iopd/edge/admin/serve.py)."""
+    from quart import Response
+    from quart_trio import QuartTrio
+
+    from iopd.edge.admin.serve import AdminLimits, AdminServer
+
+    app = QuartTrio("bench")
+
+    @app.post("/v1/chat/completions")
+    async def chat() -> Response:
+        return Response(RESPONSE_BODY, content_type="application/json")
+
+    server = AdminServer(app, limits=AdminLimits(keep_alive_timeout=IDLE_TIMEOUT))
+    async with trio.open_nursery() as nursery:
+        _, port = await nursery.start(server.serve, "127.0.0.1", 0)
+        print(port, flush=True)
 
 
 async def _serve_asgi() -> None:
@@ -272,7 +292,7 @@ def _bench(kind: str, args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
-        "--serve", choices=["iopd", "direct", "quart", "asgi"], help=argparse.SUPPRESS
+        "--serve", choices=["iopd", "direct", "quart", "asgi", "admin"], help=argparse.SUPPRESS
     )
     parser.add_argument("--requests", type=int, default=20000)
     parser.add_argument("--warmup", type=int, default=2000)
@@ -284,11 +304,17 @@ def main() -> None:
         help="also measure quart-trio and plain ASGI on hypercorn (trio), and probe closes",
     )
     args = parser.parse_args()
-    servers = {"iopd": _serve_iopd, "direct": _serve_direct, "quart": _serve_quart, "asgi": _serve_asgi}
+    servers = {
+        "iopd": _serve_iopd,
+        "direct": _serve_direct,
+        "quart": _serve_quart,
+        "asgi": _serve_asgi,
+        "admin": _serve_admin,
+    }
     if args.serve:
         trio.run(servers[args.serve])
         return
-    kinds = ["direct", "iopd"] + (["asgi", "quart"] if args.frameworks else [])
+    kinds = ["direct", "iopd"] + (["asgi", "quart", "admin"] if args.frameworks else [])
     results = {kind: _bench(kind, args) for kind in kinds}
     print(f"{'server':<8} {'requests':>9} {'errors':>6} {'req/s':>9} {'CPU us/req':>11} {'vs iopd':>8}")
     base = results["iopd"]["cpu_us"]
