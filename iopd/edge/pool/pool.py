@@ -24,6 +24,7 @@ import trio
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
 from iopd.vocabulary import ContextClass, DispatchOutcome, Health
 
+from .controls import ProviderControl, ShownState
 from .outliers import EjectionStatus, Transition
 from .retry_rules import FailureReason
 from .scheduler import (
@@ -332,6 +333,22 @@ class ProviderPool:
         self._wake(self._scheduler.apply_snapshot(snapshot, trio.current_time()))
         self._outliers_changed.set()
 
+    def set_control(self, provider_id: str, control: ProviderControl) -> None:
+        """Set a provider's runtime state and overrides (issue #19); wakes every waiter it
+        admits or fails.  ``KeyError`` for a provider the config does not have.
+
+        Leases held on the provider finish normally, whatever the new values.
+        """
+        self._wake(self._scheduler.set_control(provider_id, control, trio.current_time()))
+
+    def control(self, provider_id: str) -> ProviderControl:
+        """A provider's runtime state and overrides (the default when it has none)."""
+        return self._scheduler.control(provider_id)
+
+    def shown_state(self, provider_id: str) -> ShownState:
+        """``active``, ``draining``, ``drained`` or ``disabled`` (``/status``)."""
+        return self._scheduler.shown_state(provider_id)
+
     def fail_all_waiters(self, exc_factory: Callable[[], BaseException]) -> None:
         """Shutdown: every current waiter is woken and raises ``exc_factory()``."""
         waiters = self._scheduler.fail_all_waiters()
@@ -343,7 +360,13 @@ class ProviderPool:
 
     @property
     def snapshot(self) -> PoolSnapshot:
+        """The effective snapshot (the config under the runtime controls)."""
         return self._scheduler.snapshot
+
+    @property
+    def configured(self) -> PoolSnapshot:
+        """The snapshot as the config gave it."""
+        return self._scheduler.configured
 
     @property
     def scheduler(self) -> Scheduler:
