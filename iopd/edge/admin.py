@@ -1,4 +1,6 @@
-"""The loopback admin API: /healthz, /status, /refresh, /metrics (SPEC §10).
+"""The loopback admin API: /healthz, /status, /refresh, /metrics (SPEC §10), and the
+runtime controls (``POST /providers/{id}/state|override|reset``, ``POST
+/nodes/{id}/drain``; issue #19), whose logic is ``iopd.edge.controls``.
 
 Served by the same HTTP server (iopd.http.server) as the OpenAI API, on its own listener, and only
 to loopback peers (``allow_peer``) — a non-loopback ``admin_listen`` is already
@@ -40,6 +42,9 @@ _ROUTES = {
     "/metrics": "GET",
 }
 
+
+#: Runtime controls: ``(kind, id, action)`` from the path; every one is a POST.
+_CONTROL_ROUTE = re.compile(r"/(providers)/([^/]+)/(state|override|reset)|/(nodes)/([^/]+)/(drain)")
 
 #: ``Host`` values served: a loopback name and an optional port.
 _LOOPBACK_HOST = re.compile(r"(?:(?i:localhost)|127\.0\.0\.1|\[::1\])(?::[0-9]{1,5})?")
@@ -112,6 +117,13 @@ class AdminApp:
     async def _route(self, request: Request, responder: Responder) -> None:
         self._check_caller(request)
         path, method = request.path, request.method
+        control = _CONTROL_ROUTE.fullmatch(path)
+        if control is not None:
+            if method != "POST":
+                raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
+            result = self._control(control, request)
+            await responder.send(200, [("content-type", JSON)], _encode(result))
+            return
         want = _ROUTES.get(path)
         if want is None:
             raise errors.RouteNotFound(f"no admin route for {method} {path}")
@@ -139,3 +151,20 @@ class AdminApp:
                 )
             report = await self.rt.refresh(mode)
             await responder.send(200, [("content-type", JSON)], _encode(report))
+
+    def _control(self, route: re.Match[str], request: Request) -> object:
+        """A runtime control: the body must be JSON (or absent); ``runtime.controls`` does it."""
+        ctype = (request.header("content-type") or "").split(";", 1)[0].strip().lower()
+        if request.body.strip() and ctype != JSON:
+            raise errors.UnsupportedMediaType(
+                "runtime controls take a JSON body with 'Content-Type: application/json'"
+            )
+        controls, body = self.rt.controls, request.body
+        if route.group(4):  # /nodes/{id}/drain
+            return controls.drain_node(route.group(5), body)
+        provider_id, action = route.group(2), route.group(3)
+        if action == "state":
+            return controls.set_state(provider_id, body)
+        if action == "override":
+            return controls.set_override(provider_id, body)
+        return controls.reset(provider_id, body)

@@ -51,6 +51,7 @@ from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.usage import UsageItem
 from iopd.tokens import estimate_tokens_from_chars
 from iopd.vocabulary import (
+    ADMIN_ACTIONS,
     DISPATCH_OUTCOMES,
     FRAME_DIRECTIONS,
     LIMIT_NAMES,
@@ -185,7 +186,9 @@ class _StatusCollector(Collector):
                 labels=labels,
             ),
             "capacity": GaugeMetricFamily(
-                "iop_provider_capacity", "Configured capacity (normal slots).", labels=labels
+                "iop_provider_capacity",
+                "Capacity in force (normal slots): configured, or the runtime override.",
+                labels=labels,
             ),
             "load_ratio": GaugeMetricFamily(
                 "iop_provider_load_ratio",
@@ -375,6 +378,13 @@ class GatewayMetrics:
             "iop_limit_rejections",
             "Requests refused 429 rate_limit_exceeded, by principal and by the limit over.",
             ("edge_id", "principal_ref", "limit"),
+            registry=r,
+        )
+        self._admin_actions = Counter(
+            "iop_admin_actions",
+            "Runtime controls applied through the admin API (drain, disable, enable, "
+            "override, reset, node_drain).",
+            ("edge_id", "action"),
             registry=r,
         )
         self._status = _StatusCollector(edge_id, self._principal_ref_allowed)
@@ -569,6 +579,11 @@ class GatewayMetrics:
         """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""
         check_member("outcome", outcome, REFRESH_OUTCOMES)
         self._refresh.labels(self.edge_id, outcome).inc()
+
+    def count_admin_action(self, action: str) -> None:
+        """One runtime control applied; ``action`` in :data:`ADMIN_ACTIONS`."""
+        check_member("action", action, ADMIN_ACTIONS)
+        self._child(self._admin_actions, (self.edge_id, action)).inc()
 
     def count_wire_frames(self, direction: str, n: int = 1) -> None:
         """``n`` wire frames sent (``out``) or received (``in``)."""

@@ -27,6 +27,7 @@ from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
+from iopd.edge.controls import OverrideView, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
@@ -178,9 +179,12 @@ class ProviderRow(TypedDict):
     type: str
     category: str
     models: list[str]
-    enabled: bool
+    enabled: bool  # as configured (``enabled: false`` in the config)
+    state: str  # runtime control: active | draining | drained | disabled
     health: str
-    capacity: int
+    capacity: int  # in force: the runtime override, else the configured one
+    priority: int  # in force, as ``capacity``
+    override: OverrideView  # the raw runtime overrides (null: none)
     in_flight: int
     queued: int
     load_ratio: float
@@ -249,6 +253,8 @@ class EdgeRuntime:
     pool: ProviderPool
     metrics: GatewayMetrics
     hub: NodeHub = field(init=False)
+    #: The operator's runtime controls (drain, disable, overrides; issue #19).
+    controls: RuntimeControls = field(init=False)
     health: dict[str, ProviderHealthState] = field(default_factory=dict)
     _refresh_lock: trio.Lock = field(default_factory=trio.Lock)
     started_at: float = field(default_factory=time.time)
@@ -284,6 +290,7 @@ class EdgeRuntime:
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
+        rt.controls = RuntimeControls(pool, metrics, known_nodes=lambda: rt.snapshot.nodes)
         metrics.set_status_source(rt._gateway_status)
         return rt
 
@@ -397,7 +404,7 @@ class EdgeRuntime:
                     node_id=ref.node_id,
                     provider_id=pid,
                     in_flight=load.in_flight if load else 0,
-                    capacity=ref.config.capacity,
+                    capacity=load.capacity if load else ref.config.capacity,
                     long_in_flight=load.long_in_flight if load else 0,
                     long_capacity=ref.config.long_context_capacity,
                     health=self._shown_health(ref.node_id, pid).health,
@@ -428,6 +435,7 @@ class EdgeRuntime:
                 load = loads.get(p.id)
                 hs = self._shown_health(node.id, p.id)
                 in_flight = load.in_flight if load else 0
+                control = self.controls.view(p.id)
                 providers.append(
                     {
                         "node_id": node.id,
@@ -436,11 +444,14 @@ class EdgeRuntime:
                         "category": p.category,
                         "models": list(p.models),
                         "enabled": p.enabled,
+                        "state": control["state"],
                         "health": hs.health,
-                        "capacity": p.capacity,
+                        "capacity": control["capacity"],
+                        "priority": control["priority"],
+                        "override": control["override"],
                         "in_flight": in_flight,
                         "queued": load.queued if load else 0,
-                        "load_ratio": load_ratio(in_flight, p.capacity),
+                        "load_ratio": load_ratio(in_flight, control["capacity"]),
                         "long_context_capacity": p.long_context_capacity,
                         "long_in_flight": load.long_in_flight if load else 0,
                         "lifecycle_capabilities": list(p.lifecycle_capabilities),
