@@ -131,20 +131,20 @@ async def test_priority_override_changes_the_tie_break() -> None:
 
 async def test_controls_survive_a_refresh_and_a_removed_provider_drops_its_own() -> None:
     pool = make_pool(capacity=2)
-    pool.scheduler.set_control("a", ProviderControl(state="draining", capacity=4))
-    pool.scheduler.set_control("b", ProviderControl(priority=7))
+    pool.set_control("a", ProviderControl(state="draining", capacity=4))
+    pool.set_control("b", ProviderControl(priority=7))
     conf = pool.configured
     resized = {**conf.providers, "a": dataclasses.replace(conf.providers["a"], capacity=9)}
-    pool.scheduler.apply_snapshot(dataclasses.replace(conf, providers=resized))
+    pool.apply_snapshot(dataclasses.replace(conf, providers=resized))
     assert pool.control("a") == ProviderControl(state="draining", capacity=4)
     assert pool.snapshot.providers["a"].capacity == 4  # the override still wins
     assert pool.configured.providers["a"].capacity == 9
     assert not pool.snapshot.providers["a"].enabled
     without_b = {"a": resized["a"]}
     groups = {"only-a": conf.groups["only-a"]}
-    pool.scheduler.apply_snapshot(PoolSnapshot(without_b, groups))
+    pool.apply_snapshot(PoolSnapshot(without_b, groups))
     assert pool.control("b") == ProviderControl()
-    pool.scheduler.apply_snapshot(conf)  # b is back: as configured, no override
+    pool.apply_snapshot(conf)  # b is back: as configured, no override
     assert pool.snapshot.providers["b"].priority == conf.providers["b"].priority
     assert pool.control("a").state == "draining"
 
@@ -152,14 +152,14 @@ async def test_controls_survive_a_refresh_and_a_removed_provider_drops_its_own()
 async def test_unknown_provider_and_negative_capacity_are_refused() -> None:
     pool = make_pool()
     with pytest.raises(KeyError):
-        pool.scheduler.set_control("nope", ProviderControl(state="disabled"))
+        pool.set_control("nope", ProviderControl(state="disabled"))
     with pytest.raises(ValueError):
-        pool.scheduler.set_control("a", ProviderControl(capacity=-1))
+        pool.set_control("a", ProviderControl(capacity=-1))
     assert pool.control("a") == ProviderControl()
 
 
 async def test_a_default_control_leaves_no_entry() -> None:
     pool: ProviderPool = make_pool()
-    pool.scheduler.set_control("a", ProviderControl(capacity=3))
-    pool.scheduler.set_control("a", ProviderControl())
+    pool.set_control("a", ProviderControl(capacity=3))
+    pool.set_control("a", ProviderControl())
     assert pool.snapshot == pool.configured

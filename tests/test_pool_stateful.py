@@ -42,7 +42,7 @@ from hypothesis.stateful import (
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
 from iopd.edge.pool.candidates import PrincipalPolicy
-from iopd.edge.pool.controls import ProviderControl
+from iopd.edge.pool.controls import ControlTable, ProviderControl, shown_state
 from iopd.edge.pool.outliers import Attempt, EjectionPolicy, OutlierTracker
 from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
@@ -344,6 +344,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sched: Scheduler | None = None
+        self.table: ControlTable | None = None  # the pool's runtime controls
         self.ref: Reference | None = None
         self.held: list[tuple[Grant, RefGrant]] = []
         self.released: list[Grant] = []
@@ -423,6 +424,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def start(self, snapshot: PoolSnapshot, connected: set[str]) -> None:
         self.sched = Scheduler(snapshot)
+        self.table = ControlTable(snapshot)
         self.ref = Reference(snapshot, tracker=OutlierTracker(snapshot.ejection))
         for node in sorted(connected):
             assert self.s().set_node_connected(node, True, now=0.0) == []
@@ -613,8 +615,14 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.step = "swap_snapshot"
         self._swap(snapshot)
 
+    def t(self) -> ControlTable:
+        assert self.table is not None
+        return self.table
+
     def _swap(self, snapshot: PoolSnapshot) -> None:
-        real = self.s().apply_snapshot(snapshot, now=self.r().now)
+        """A refresh, as the pool makes it: the new config under the kept controls."""
+        self.t().reconfigure(snapshot)
+        real = self.s().apply_snapshot(self.t().effective(), now=self.r().now)
         self.r().snapshot = snapshot
         self.r().forget_removed()
         self.r().tracker.set_policy(snapshot.ejection)
@@ -625,7 +633,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def resize_provider(self, pid: str, capacity: int, data: st.DataObject) -> None:
         """A refresh that changes one provider's capacity (live-applied setting)."""
         self.step = "resize_provider"
-        current = self.s().configured
+        current = self.t().configured
         old = current.providers.get(pid)
         if old is None:
             return
@@ -649,9 +657,10 @@ class SchedulerMachine(RuleBasedStateMachine):
         control = ProviderControl(state, capacity, priority)  # type: ignore[arg-type]
         if pid not in ref.snapshot.providers:
             with pytest.raises(KeyError):
-                self.s().set_control(pid, control, now=ref.now)
+                self.t().set(pid, control)
             return
-        real = self.s().set_control(pid, control, now=ref.now)
+        self.t().set(pid, control)
+        real = self.s().apply_snapshot(self.t().effective(), now=ref.now)
         for d, value in (
             (ref.state, None if state == "active" else state),
             (ref.capacity_override, capacity),
@@ -691,7 +700,7 @@ class SchedulerMachine(RuleBasedStateMachine):
             state = ref.state.get(pid, "active")
             if state == "draining" and not self.s().in_flight(pid)[0]:
                 state = "drained"
-            assert self.s().shown_state(pid) == state
+            assert shown_state(self.t().get(pid), self.s().in_flight(pid)[0]) == state
 
     @invariant()
     def counters_match_grants_held(self) -> None:

@@ -31,14 +31,12 @@ from iopd.edge.controls import OverrideView, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
-from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
-from iopd.edge.pool.retry_budget import RetryBudget, RetryBudgetPolicy
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.pool.retry_budget import RetryBudget
+from iopd.edge.pool_config import pool_snapshot, retry_budget_policy
 from iopd.edge.principal_limits import PrincipalLimiter
 from iopd.edge.principal_status import (
     PrincipalRow,
-    principal_policies,
     principal_rows,
     principals_in_flight,
     rates_in_force,
@@ -75,51 +73,6 @@ def config_secrets(cfg: EdgeConfig) -> list[str]:
     """The secrets an edge config holds in clear: provider API keys, the legacy bearer."""
     keys = [p.api_key for n in cfg.nodes for p in n.providers if p.api_key]
     return keys + ([cfg.openai.bearer_token] if cfg.openai.bearer_token else [])
-
-
-def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
-    """The pool's view of a config: providers with their slots, groups with targets.
-
-    Also each principal's ``share`` and ``max_concurrent`` (``limits:``; the
-    pool owns the running count per principal) and the ejection policy.
-    """
-    providers = {
-        pid: ProviderSlot(
-            provider_id=pid,
-            node_id=ref.node_id,
-            type=ref.config.type,
-            capacity=ref.config.capacity,
-            long_context_capacity=ref.config.long_context_capacity,
-            priority=ref.config.priority,
-            enabled=ref.config.enabled,
-        )
-        for pid, ref in catalog.providers.items()
-    }
-    groups = {
-        g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
-        for g in catalog.listed()
-    }
-    default_principal, principals = principal_policies(cfg.limits)
-    return PoolSnapshot(
-        providers=providers,
-        groups=groups,
-        max_queue=cfg.provider_pool.max_queue,
-        queue_timeout=cfg.provider_pool.queue_timeout,
-        max_queued_bytes=cfg.provider_pool.max_queued_bytes,
-        principals=principals,
-        default_principal=default_principal,
-        ejection=EjectionPolicy(
-            after_failures=cfg.provider_pool.eject_after_failures,
-            seconds=cfg.provider_pool.eject_seconds,
-        ),
-    )
-
-
-def retry_budget_policy(cfg: EdgeConfig) -> RetryBudgetPolicy:
-    """``provider_pool.retry_budget`` and ``retry_budget_min``."""
-    return RetryBudgetPolicy(
-        ratio=cfg.provider_pool.retry_budget, minimum=cfg.provider_pool.retry_budget_min
-    )
 
 
 def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -> Snapshot:
@@ -471,9 +424,7 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
-            "principals": principal_rows(
-                snap.config, self.pool, self.limiter, self.limits_clock()
-            ),
+            "principals": principal_rows(snap.config, self.pool, self.limiter, self.limits_clock()),
         }
 
     def _model_rows(self) -> list[ModelRow]:

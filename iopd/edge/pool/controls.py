@@ -3,10 +3,12 @@
 Why a separate overlay: the config says what a provider is (``ProviderSlot``);
 an operator may override it for a while without editing the config -- take it
 out of rotation (``draining``, ``disabled``) or change its ``capacity`` or
-``priority``.  The scheduler keeps the configured snapshot and these controls
-apart and decides on ``effective_snapshot(configured, controls)``, so a
-refresh (a new configured snapshot) keeps the controls and a control change
-keeps the config: either one rebuilds the effective view the same way.
+``priority``.  The pool keeps the configured snapshot and these controls
+apart (``ControlTable``) and its scheduler decides on the effective snapshot
+(``effective_snapshot(configured, controls)``), so a refresh (a new
+configured snapshot) keeps the controls and a control change keeps the
+config: either one rebuilds the effective view the same way, and the
+scheduler takes it as it takes a refresh.
 
 Draining and disabled are the same to the pool -- neither provider is a
 candidate for new requests, leases already held finish normally -- and
@@ -26,6 +28,7 @@ from .candidates import PoolSnapshot, ProviderSlot
 __all__ = [
     "CONTROL_STATES",
     "ControlState",
+    "ControlTable",
     "ProviderControl",
     "ShownState",
     "effective_snapshot",
@@ -84,3 +87,40 @@ def shown_state(control: ProviderControl, in_flight: int) -> ShownState:
     if control.state == "draining" and in_flight == 0:
         return "drained"
     return control.state
+
+
+class ControlTable:
+    """The configured snapshot and the controls over it: what the scheduler decides on.
+
+    Holds only non-default controls, and only for providers the configured
+    snapshot has: ``reconfigure`` (a refresh) drops those of removed providers.
+    """
+
+    def __init__(self, configured: PoolSnapshot) -> None:
+        self.configured = configured
+        self._controls: dict[str, ProviderControl] = {}
+
+    def get(self, provider_id: str) -> ProviderControl:
+        """The provider's control (the default when it has none)."""
+        return self._controls.get(provider_id, _DEFAULT)
+
+    def set(self, provider_id: str, control: ProviderControl) -> None:
+        """``KeyError`` for a provider not configured; ``ValueError`` for a capacity < 0."""
+        if provider_id not in self.configured.providers:
+            raise KeyError(provider_id)
+        if control.capacity is not None and control.capacity < 0:
+            raise ValueError(f"capacity override must be >= 0 (got {control.capacity})")
+        if control.is_default:
+            self._controls.pop(provider_id, None)
+        else:
+            self._controls[provider_id] = control
+
+    def reconfigure(self, configured: PoolSnapshot) -> None:
+        """A new configured snapshot: controls kept, except for providers it lacks."""
+        self.configured = configured
+        for pid in [p for p in self._controls if p not in configured.providers]:
+            del self._controls[pid]
+
+    def effective(self) -> PoolSnapshot:
+        """The configured snapshot under the controls."""
+        return effective_snapshot(self.configured, self._controls)

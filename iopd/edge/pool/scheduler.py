@@ -29,10 +29,6 @@ the candidate index).  What this module adds:
   there); when none has one, the first group with any live candidate serves
   through its last resort; only when none has a live candidate does the
   request fail with the first group's error.
-* **Runtime controls** (issue #19): decisions use the configured snapshot
-  under the operator's controls (``controls.effective_snapshot``); a
-  control change is applied like a refresh (leases held finish, every
-  waiter is re-examined), and a refresh keeps the controls.
 * **Attempts**: every grant carries the tracker's ticket; the request path
   reports its verdict (``attempt_succeeded/failed/saturated``), and a grant
   released without one is abandoned.
@@ -64,7 +60,6 @@ from .candidates import (
     WaitKey,
     no_candidate_error,
 )
-from .controls import ProviderControl, ShownState, effective_snapshot, shown_state
 from .fair_queue import FairQueue, Lane, Waiter, WaiterState
 from .outliers import Attempt, EjectionStatus, OutlierTracker, Transition
 from .retry_rules import FailureReason
@@ -104,7 +99,6 @@ class AttemptOutcome(NamedTuple):
 
 
 _NOTHING = AttemptOutcome(None, [])
-_NO_CONTROL = ProviderControl()
 
 
 class Scheduler:
@@ -118,10 +112,6 @@ class Scheduler:
     """
 
     def __init__(self, snapshot: PoolSnapshot) -> None:
-        #: The config's view; ``snapshot`` (what decides) is it under ``_controls``.
-        self._configured = snapshot
-        #: Runtime controls by provider id (issue #19); only non-default ones.
-        self._controls: dict[str, ProviderControl] = {}
         self._index = CandidateIndex(snapshot)
         self._queue = FairQueue()
         #: Grants not yet released, each with its attempt ticket until a verdict is in.
@@ -133,21 +123,7 @@ class Scheduler:
 
     @property
     def snapshot(self) -> PoolSnapshot:
-        """The effective snapshot: the configured one under the runtime controls."""
         return self._index.snapshot
-
-    @property
-    def configured(self) -> PoolSnapshot:
-        """The snapshot as the config gave it (no runtime control applied)."""
-        return self._configured
-
-    def control(self, provider_id: str) -> ProviderControl:
-        """A provider's runtime state and overrides (the default when it has none)."""
-        return self._controls.get(provider_id, _NO_CONTROL)
-
-    def shown_state(self, provider_id: str) -> ShownState:
-        """``active``, ``draining``, ``drained`` (draining, nothing in flight) or ``disabled``."""
-        return shown_state(self.control(provider_id), self.in_flight(provider_id)[0])
 
     @property
     def outliers(self) -> OutlierTracker:
@@ -443,35 +419,11 @@ class Scheduler:
         normally; a lower capacity, ``max_concurrent``, ``max_queue`` or
         ``max_queued_bytes`` only affects new admissions (nobody already
         waiting is evicted, nobody running is stopped).  Waiters keep the
-        timeout and fair-queue tag they were enqueued with.  Runtime controls
-        are kept, except those of providers the new snapshot no longer has.
+        timeout and fair-queue tag they were enqueued with.
         """
-        self._configured = snapshot
-        for pid in [p for p in self._controls if p not in snapshot.providers]:
-            del self._controls[pid]
-        return self._apply_effective(self._clock(now))
-
-    def set_control(
-        self, provider_id: str, control: ProviderControl, now: float | None = None
-    ) -> list[Waiter]:
-        """Set a provider's runtime state and overrides; re-examine every waiter.
-
-        Same rules as a refresh: leases held finish normally (a capacity
-        override below the in-flight count only stops new admissions), and
-        every waiter that now fits is admitted (a capacity increase, a
-        provider back to ``active``); a waiter left with no live candidate
-        fails.  Raises ``KeyError`` for a provider the configured snapshot
-        does not have.
-        """
-        if provider_id not in self._configured.providers:
-            raise KeyError(provider_id)
-        if control.capacity is not None and control.capacity < 0:
-            raise ValueError(f"capacity override must be >= 0 (got {control.capacity})")
-        if control.is_default:
-            self._controls.pop(provider_id, None)
-        else:
-            self._controls[provider_id] = control
-        return self._apply_effective(self._clock(now))
+        now = self._clock(now)
+        self._index.apply_snapshot(snapshot, now)
+        return self._reexamine(None, now)
 
     def fail_all_waiters(self, error: GatewayError | BaseException | None = None) -> list[Waiter]:
         """Empty the queue (shutdown).  Each waiter gets ``error`` (the caller may set its own)."""
@@ -482,15 +434,6 @@ class Scheduler:
         return waiters
 
     # ------------------------------------------------------------ internals
-
-    def _apply_effective(self, now: float) -> list[Waiter]:
-        """Index the configured snapshot under the controls; admit or fail every waiter.
-
-        A whole re-index and a full re-examination: runtime controls are rare
-        operator actions, and this keeps them on the path refreshes take.
-        """
-        self._index.apply_snapshot(effective_snapshot(self._configured, self._controls), now)
-        return self._reexamine(None, now)
 
     def _clock(self, now: float | None) -> float:
         if now is not None and now > self._now:
