@@ -1,4 +1,5 @@
-"""``iopd status`` and ``iopd refresh``: small clients of the edge's admin API.
+"""``iopd status``, ``iopd refresh``, ``iopd provider …`` and ``iopd node drain``:
+small clients of the edge's admin API.
 
 Plain ``http.client`` (stdlib, blocking) — a CLI talking to loopback needs no
 event loop.  When ``IOP_ADMIN_TOKEN`` is set, its value is sent as the bearer
@@ -13,7 +14,7 @@ import os
 import sys
 import time
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 
 class AdminError(Exception):
@@ -89,6 +90,15 @@ def _health_cell(p: dict[str, Any]) -> str:
     return str(p["health"])
 
 
+def _override_cell(override: Any) -> str:
+    """``cap=5 prio=2`` for the runtime overrides set, ``-`` for none (or an older edge)."""
+    if not isinstance(override, dict):
+        return "-"
+    names = {"capacity": "cap", "priority": "prio"}
+    cells = [f"{names[k]}={override[k]}" for k in names if override.get(k) is not None]
+    return " ".join(cells) or "-"
+
+
 def _one_line(text: str, limit: int = LAST_ERROR_WIDTH) -> str:
     """``text`` with all whitespace runs as one space, cut to ``limit`` characters."""
     flat = " ".join(text.split())
@@ -136,11 +146,13 @@ def format_status(doc: dict[str, Any]) -> str:
             "TYPE",
             "CATEGORY",
             "ENABLED",
+            "STATE",
             "HEALTH",
             "IN_FLIGHT",
             "LOAD",
             "QUEUED",
             "LONG",
+            "OVERRIDE",
             "MODELS / LAST ERROR",
         ]
     ]
@@ -154,15 +166,19 @@ def format_status(doc: dict[str, Any]) -> str:
                 p["type"],
                 p["category"],
                 "yes" if p["enabled"] else "no",
+                p.get("state", "-"),
                 _health_cell(p),
                 f"{p['in_flight']}/{p['capacity']}",
                 f"{p['load_ratio']:.2f}",
                 str(p["queued"]),
                 f"{p['long_in_flight']}/{p['long_context_capacity']}",
+                _override_cell(p.get("override")),
                 models + (f"  ! {err}" if err else ""),
             ]
         )
-    lines += _table(provider_rows, [14, 16, 7, 16, 8, 10, 9, 6, 6, 7], frozenset({6, 7, 8, 9}))
+    lines += _table(
+        provider_rows, [14, 16, 7, 16, 8, 8, 10, 9, 6, 6, 7, 8], frozenset({7, 8, 9, 10})
+    )
     groups = doc.get("models")
     if groups is not None:  # an older edge's /status has no model groups
         lines.append("")
@@ -295,3 +311,71 @@ def refresh_main(admin: str, *, dry_run: bool = False) -> int:
     if dry_run:
         return 1 if refused else 0
     return 0 if doc.get("applied") and not doc.get("errors") else 1
+
+
+#: ``iopd provider ACTION``: the admin route (after ``/providers/{id}/``) and its body.
+PROVIDER_ACTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "drain": ("state", {"state": "draining"}),
+    "disable": ("state", {"state": "disabled"}),
+    "enable": ("state", {"state": "active"}),
+    "reset": ("reset", {}),
+}
+CONTROL_KEYS = frozenset({"id", "node_id", "state", "capacity", "priority", "override"})
+NODE_KEYS = frozenset({"id", "providers"})
+
+
+def format_control(view: dict[str, Any]) -> str:
+    """One provider after a control: state, in flight, effective values, overrides."""
+    override = view["override"]
+
+    def value(key: str) -> str:
+        raw = override.get(key)
+        return f"{view[key]} (override)" if raw is not None else f"{view[key]}"
+
+    return (
+        f"{view['id']} on {view['node_id']}: {view['state']}, "
+        f"in flight {view.get('in_flight', 0)}, capacity {value('capacity')}, "
+        f"priority {value('priority')}"
+    )
+
+
+def _control(admin: str, command: str, path: str, body: dict[str, Any], as_json: bool) -> int:
+    """POST one runtime control; print the provider(s) it left; exit 1 on any error."""
+    try:
+        doc = _call(admin, "POST", path, body)
+        if command == "node drain":
+            node = _expect(doc, NODE_KEYS, admin)
+            views = [_expect(v, CONTROL_KEYS, admin) for v in node["providers"]]
+        else:
+            views = [_expect(doc, CONTROL_KEYS, admin)]
+        text = json.dumps(doc, indent=2) if as_json else "\n".join(map(format_control, views))
+    except AdminError as exc:
+        print(f"iopd {command}: {exc}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError, ValueError, AttributeError):
+        print(f"iopd {command}: {admin} did not answer like the admin API", file=sys.stderr)
+        return 1
+    print(text or f"node {doc['id']} has no providers")
+    return 0
+
+
+def provider_main(admin: str, action: str, provider_id: str, *, as_json: bool = False) -> int:
+    """``iopd provider drain|disable|enable|reset ID``."""
+    route, body = PROVIDER_ACTIONS[action]
+    path = f"/providers/{quote(provider_id, safe='')}/{route}"
+    return _control(admin, "provider " + action, path, body, as_json)
+
+
+def provider_set_main(
+    admin: str, provider_id: str, overrides: dict[str, int | None], *, as_json: bool = False
+) -> int:
+    """``iopd provider set ID [--capacity N|none] [--priority N|none]``: only the
+    options given change (``none`` clears that override)."""
+    path = f"/providers/{quote(provider_id, safe='')}/override"
+    return _control(admin, "provider set", path, overrides, as_json)
+
+
+def node_drain_main(admin: str, node_id: str, *, as_json: bool = False) -> int:
+    """``iopd node drain ID``: every provider of the node drains."""
+    path = f"/nodes/{quote(node_id, safe='')}/drain"
+    return _control(admin, "node drain", path, {}, as_json)

@@ -11,6 +11,7 @@ import hashlib
 import secrets
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from iopd import __version__
 
@@ -51,6 +52,10 @@ def _cmd_edge(args: argparse.Namespace) -> int:
 def _cmd_node(args: argparse.Namespace) -> int:
     from iopd.node.run import node_main
 
+    if args.config is None:
+        print("iopd node: --config PATH is required (or: iopd node drain ID)", file=sys.stderr)
+        return 2
+
     return node_main(args.config, log_level=args.log_level)
 
 
@@ -70,6 +75,95 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     from iopd.admin_client import refresh_main
 
     return refresh_main(args.admin, dry_run=args.dry_run)
+
+
+def _override(text: str) -> int | None:
+    """An argparse type: an override value, an integer >= 0, or ``none`` to clear it."""
+    if text.strip().lower() in ("none", "null"):
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer or 'none': {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 (got {value})")
+    return value
+
+
+def _cmd_provider(args: argparse.Namespace) -> int:
+    from iopd.admin_client import provider_main, provider_set_main
+
+    if args.action != "set":
+        return provider_main(args.admin, args.action, args.id, as_json=args.json)
+    overrides = {k: getattr(args, k) for k in ("capacity", "priority") if k in args}
+    if not overrides:
+        print("iopd provider set: give --capacity and/or --priority", file=sys.stderr)
+        return 1
+    return provider_set_main(args.admin, args.id, overrides, as_json=args.json)
+
+
+def _cmd_node_drain(args: argparse.Namespace) -> int:
+    from iopd.admin_client import node_drain_main
+
+    return node_drain_main(args.admin, args.id, as_json=args.json)
+
+
+def _add_control_parsers(
+    sub: Any, node_parser: argparse.ArgumentParser, admin_token_note: str
+) -> None:
+    """``iopd provider drain|disable|enable|set|reset ID`` and ``iopd node drain ID``."""
+    lost = (
+        "Runtime controls live in the edge's memory: they survive `iopd refresh` and are "
+        "lost when the edge restarts. "
+    )
+    p = sub.add_parser(
+        "provider",
+        help="runtime controls of a provider (drain, disable, enable, set, reset)",
+        description="Change a provider of a running edge without editing the config. "
+        + lost
+        + admin_token_note,
+    )
+    psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    helps = {
+        "drain": "take no new requests; 'drained' once the last one in flight is done",
+        "disable": "take no new requests at once (requests in flight finish)",
+        "enable": "take requests again (state active; overrides are kept)",
+        "set": "override capacity and/or priority ('none' clears an override)",
+        "reset": "state active and every override cleared: the config's values again",
+    }
+    for action, text in helps.items():
+        a = psub.add_parser(action, help=text, description=text)
+        a.add_argument("id", metavar="ID", help="provider id (as `iopd status` lists it)")
+        if action == "set":
+            for key in ("capacity", "priority"):
+                a.add_argument(
+                    f"--{key}",
+                    type=_override,
+                    default=argparse.SUPPRESS,
+                    metavar="N|none",
+                    help=f"{key} in force instead of the configured one; 'none' clears it",
+                )
+        _add_admin_options(a)
+        a.set_defaults(func=_cmd_provider)
+
+    # ``iopd node`` runs the node daemon; ``iopd node drain ID`` is its one sub-command.
+    nsub = node_parser.add_subparsers(dest="action", metavar="ACTION", required=False)
+    text = (
+        "every provider of the node drains on a running edge (see `iopd provider drain`). "
+        + lost
+        + admin_token_note
+    )
+    a = nsub.add_parser("drain", help=text, description=text)
+    a.add_argument("id", metavar="ID", help="node id (as `iopd status` lists it)")
+    _add_admin_options(a)
+    a.set_defaults(func=_cmd_node_drain)
+
+
+def _add_admin_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
+    )
+    p.add_argument("--json", action="store_true", help="print the admin API's JSON answer")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,10 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
             "Run a node: dial node.edge, prove node.id with node.token, receive the provider "
             "set from the edge, run requests and report provider health; reconnect with "
             "backoff after a loss. SIGTERM or SIGINT drains within node.drain_timeout, then "
-            "exits 0; a second signal exits at once."
+            "exits 0; a second signal exits at once. (`iopd node drain ID` drains a node's "
+            "providers on a running edge instead.)"
         ),
     )
-    p.add_argument("--config", required=True, metavar="PATH", help="node config YAML")
+    # Not required by argparse: ``iopd node drain ID`` has no config (_cmd_node checks it).
+    p.add_argument("--config", metavar="PATH", help="node config YAML (required)")
     p.add_argument(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
@@ -119,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="override node.log_level from the config",
     )
     p.set_defaults(func=_cmd_node)
+    node_parser = p
 
     p = sub.add_parser(
         "demo",
@@ -180,6 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only classify and report; change nothing"
     )
     p.set_defaults(func=_cmd_refresh)
+
+    _add_control_parsers(sub, node_parser, admin_token_note)
 
     p = sub.add_parser("token", help="print a new random token and its SHA-256 for the config")
     p.set_defaults(func=_cmd_token)

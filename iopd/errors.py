@@ -51,6 +51,23 @@ class RouteNotFound(GatewayError):
     status, type, code, metric_status = 404, "invalid_request_error", "not_found", "client_error"
 
 
+class ResourceNotFound(GatewayError):
+    """An admin route names a provider or node the running config does not have."""
+
+    status, type, code, metric_status = 404, "invalid_request_error", "not_found", "client_error"
+
+
+class UnsupportedMediaType(GatewayError):
+    """A state-changing admin route got a body that is not ``application/json``."""
+
+    status, type, code, metric_status = (
+        415,
+        "invalid_request_error",
+        "unsupported_media_type",
+        "client_error",
+    )
+
+
 class MethodNotAllowed(GatewayError):
     status, type, code, metric_status = 405, "invalid_request_error", "method_not_allowed", "client_error"
 
@@ -115,17 +132,6 @@ class CrossOriginRefused(GatewayError):
         403,
         "invalid_request_error",
         "cross_origin_refused",
-        "client_error",
-    )
-
-
-class UnsupportedMediaType(GatewayError):
-    """An admin request body that is not JSON on a route that takes JSON."""
-
-    status, type, code, metric_status = (
-        415,
-        "invalid_request_error",
-        "unsupported_media_type",
         "client_error",
     )
 

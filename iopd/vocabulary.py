@@ -20,6 +20,8 @@ from typing import Final, Literal, get_args
 from wire.messages import Health
 
 __all__ = [
+    "ADMIN_ACTIONS",
+    "AdminAction",
     "SHOWN_HEALTH_STATES",
     "ShownHealth",
     "DISPATCH_OUTCOMES",
@@ -175,6 +177,10 @@ TOKEN_TYPES: Final = frozenset(get_args(TokenType))
 #: How one config refresh request ended.
 RefreshOutcome = Literal["applied", "refused", "failed", "dry_run"]
 REFRESH_OUTCOMES: Final = frozenset(get_args(RefreshOutcome))
+
+#: An operator's runtime control (the ``action`` of ``iop_admin_actions_total``).
+AdminAction = Literal["drain", "disable", "enable", "override", "reset", "node_drain"]
+ADMIN_ACTIONS: Final = frozenset(get_args(AdminAction))
 
 #: Wire frames: ``in`` = node to edge.
 FrameDirection = Literal["in", "out"]

@@ -78,12 +78,13 @@ async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnec
                 assert gone["last_error"] == ""
                 assert await provider_health_gauge(gw) == -1
                 row = _row(await _iopd_status(gw), "vllm-a")
-                assert row[:6] == [
+                assert row[:7] == [
                     "node-a",
                     "vllm-a",
                     "openai",
                     "local_inference",
                     "yes",
+                    "active",
                     "disconnected",
                 ]
                 assert "!" not in row  # no last error on the row
@@ -92,7 +93,7 @@ async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnec
                 back = await wait_provider_health(gw, "unhealthy")
                 assert back["last_error"]
                 assert await provider_health_gauge(gw) == 0
-                assert _row(await _iopd_status(gw), "vllm-a")[5] == "unhealthy"
+                assert _row(await _iopd_status(gw), "vllm-a")[6] == "unhealthy"
 
                 mock.healthy = True
                 await wait_provider_health(gw, "healthy")

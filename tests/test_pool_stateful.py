@@ -3,7 +3,9 @@
 The synchronous scheduler is driven by hypothesis through random acquire,
 release (also twice), cancel/timeout, node disconnect/reconnect, health changes
 and snapshot swaps (capacity up and down, providers disabled or removed, groups
-rewired, principal shares and caps, ejection policy), requests of several
+rewired, principal shares and caps, ejection policy), runtime controls (a
+provider drained, disabled or back to active, capacity and priority
+overridden or cleared; issue #19), requests of several
 principals with ``exclude`` sets and fallback groups, attempt verdicts
 (success, failure, 429, abandoned) and the passing of time.  After every step
 it is compared with a deliberately naive reference that walks the whole queue
@@ -40,6 +42,7 @@ from hypothesis.stateful import (
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
 from iopd.edge.pool.candidates import PrincipalPolicy
+from iopd.edge.pool.controls import ControlTable, ProviderControl, shown_state
 from iopd.edge.pool.outliers import Attempt, EjectionPolicy, OutlierTracker
 from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
@@ -150,6 +153,22 @@ class Reference:
     tag: dict[str, float] = field(default_factory=dict)  # principals with waiters
     share: dict[str, int] = field(default_factory=dict)  # their share at the last enqueue
     last_admitted: dict[str, float] = field(default_factory=dict)
+    #: Runtime controls, written out: state and overrides by provider id.
+    state: dict[str, str] = field(default_factory=dict)
+    capacity_override: dict[str, int] = field(default_factory=dict)
+    priority_override: dict[str, int] = field(default_factory=dict)
+
+    def capacity(self, s: ProviderSlot) -> int:
+        return self.capacity_override.get(s.provider_id, s.capacity)
+
+    def priority(self, s: ProviderSlot) -> int:
+        return self.priority_override.get(s.provider_id, s.priority)
+
+    def forget_removed(self) -> None:
+        """A refresh drops the controls of providers it removed."""
+        for d in (self.state, self.capacity_override, self.priority_override):
+            for pid in [p for p in d if p not in self.snapshot.providers]:
+                del d[pid]
 
     def may_start(self, principal: str) -> bool:
         cap = self.snapshot.principal(principal).max_concurrent
@@ -219,6 +238,8 @@ class Reference:
             s = self.snapshot.providers.get(pid)
             if s is None or not s.enabled or s.node_id not in self.connected:
                 continue
+            if self.state.get(pid, "active") != "active":
+                continue
             if pid in exclude:
                 continue
             if self.health.get(pid, "unknown") == "unhealthy":
@@ -246,7 +267,7 @@ class Reference:
         free = [
             c
             for c in self.eligible(cands)
-            if self.in_flight.get(c[1].provider_id, 0) < c[1].capacity
+            if self.in_flight.get(c[1].provider_id, 0) < self.capacity(c[1])
             and (
                 not use_long
                 or self.long_in_flight.get(c[1].provider_id, 0) < c[1].long_context_capacity
@@ -260,8 +281,8 @@ class Reference:
         def rank(c: tuple[int, ProviderSlot, str]) -> tuple[float, int, int]:
             index, s, _ = c
             return (
-                self.in_flight.get(s.provider_id, 0) / s.capacity,
-                s.priority,
+                self.in_flight.get(s.provider_id, 0) / self.capacity(s),
+                self.priority(s),
                 (index - cursor) % n if cursor < n else index,
             )
 
@@ -323,6 +344,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.sched: Scheduler | None = None
+        self.table: ControlTable | None = None  # the pool's runtime controls
         self.ref: Reference | None = None
         self.held: list[tuple[Grant, RefGrant]] = []
         self.released: list[Grant] = []
@@ -388,9 +410,9 @@ class SchedulerMachine(RuleBasedStateMachine):
             cap = self.s().snapshot.principal(principal).max_concurrent
             assert cap == 0 or 0 < self.s().running(principal) <= cap
         for pid in normal | long:
-            slot = self.s().snapshot.providers[pid]
+            slot = self.r().snapshot.providers[pid]
             in_flight, long_in_flight = self.s().in_flight(pid)
-            assert 0 < in_flight <= slot.capacity
+            assert 0 < in_flight <= self.r().capacity(slot)
             if pid in long:
                 assert 0 < long_in_flight <= slot.long_context_capacity
 
@@ -402,6 +424,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     )
     def start(self, snapshot: PoolSnapshot, connected: set[str]) -> None:
         self.sched = Scheduler(snapshot)
+        self.table = ControlTable(snapshot)
         self.ref = Reference(snapshot, tracker=OutlierTracker(snapshot.ejection))
         for node in sorted(connected):
             assert self.s().set_node_connected(node, True, now=0.0) == []
@@ -592,9 +615,16 @@ class SchedulerMachine(RuleBasedStateMachine):
         self.step = "swap_snapshot"
         self._swap(snapshot)
 
+    def t(self) -> ControlTable:
+        assert self.table is not None
+        return self.table
+
     def _swap(self, snapshot: PoolSnapshot) -> None:
-        real = self.s().apply_snapshot(snapshot, now=self.r().now)
+        """A refresh, as the pool makes it: the new config under the kept controls."""
+        self.t().reconfigure(snapshot)
+        real = self.s().apply_snapshot(self.t().effective(), now=self.r().now)
         self.r().snapshot = snapshot
+        self.r().forget_removed()
         self.r().tracker.set_policy(snapshot.ejection)
         self.r().tracker.retain(snapshot.providers)
         self.settle(real, self.r().reexamine())
@@ -603,7 +633,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     def resize_provider(self, pid: str, capacity: int, data: st.DataObject) -> None:
         """A refresh that changes one provider's capacity (live-applied setting)."""
         self.step = "resize_provider"
-        current = self.s().snapshot
+        current = self.t().configured
         old = current.providers.get(pid)
         if old is None:
             return
@@ -614,7 +644,63 @@ class SchedulerMachine(RuleBasedStateMachine):
         }
         self._swap(dataclasses.replace(current, providers=providers))
 
+    @rule(
+        pid=st.sampled_from(PIDS),
+        state=st.sampled_from(["active", "active", "draining", "disabled"]),
+        capacity=st.sampled_from([None, None, 0, 1, 3]),
+        priority=st.sampled_from([None, None, 0, 5]),
+    )
+    def control(self, pid: str, state: str, capacity: int | None, priority: int | None) -> None:
+        """An operator's runtime control: state, capacity and priority overrides."""
+        self.step = "control"
+        ref = self.r()
+        control = ProviderControl(state, capacity, priority)  # type: ignore[arg-type]
+        if pid not in ref.snapshot.providers:
+            with pytest.raises(KeyError):
+                self.t().set(pid, control)
+            return
+        self.t().set(pid, control)
+        real = self.s().apply_snapshot(self.t().effective(), now=ref.now)
+        for d, value in (
+            (ref.state, None if state == "active" else state),
+            (ref.capacity_override, capacity),
+            (ref.priority_override, priority),
+        ):
+            if value is None:
+                d.pop(pid, None)
+            else:
+                d[pid] = value  # type: ignore[index]
+        if capacity is not None and self.s().in_flight(pid)[0] > capacity:
+            event("capacity override below in-flight")
+        self.settle(real, ref.reexamine())
+
+    @precondition(lambda self: self.waiting)
+    @rule(data=st.data(), capacity=st.sampled_from([None, 3]))
+    def control_admits(self, data: st.DataObject, capacity: int | None) -> None:
+        """A provider a waiter could use is re-enabled, or its capacity raised."""
+        ref = self.r()
+        w = data.draw(st.sampled_from(ref.queue))
+        policy = ref.snapshot.groups.get(w.group)
+        pids = [p for p, _ in policy.providers if p in ref.snapshot.providers] if policy else []
+        if pids:
+            self.control(data.draw(st.sampled_from(pids)), "active", capacity, None)
+
     # -- invariants
+
+    @invariant()
+    def controls_are_shown(self) -> None:
+        """Effective values and the shown state follow the reference's controls."""
+        if self.sched is None:
+            return
+        ref = self.r()
+        for pid, slot in ref.snapshot.providers.items():
+            effective = self.s().snapshot.providers[pid]
+            assert effective.capacity == ref.capacity(slot)
+            assert effective.priority == ref.priority(slot)
+            state = ref.state.get(pid, "active")
+            if state == "draining" and not self.s().in_flight(pid)[0]:
+                state = "drained"
+            assert shown_state(self.t().get(pid), self.s().in_flight(pid)[0]) == state
 
     @invariant()
     def counters_match_grants_held(self) -> None:
@@ -663,7 +749,7 @@ class SchedulerMachine(RuleBasedStateMachine):
                 continue  # it waits for its principal, holding no slot
             for _, s, _ in ref.eligible(cands):
                 in_flight, long_in_flight = self.s().in_flight(s.provider_id)
-                fits = in_flight < s.capacity and (
+                fits = in_flight < ref.capacity(s) and (
                     not use_long or long_in_flight < s.long_context_capacity
                 )
                 assert not fits, f"waiter {w.ident} waits while {s.provider_id} is free"
@@ -763,7 +849,18 @@ async def test_randomized_trio_workload_leaks_nothing(
         for _ in range(20):
             await trio.sleep(rng.uniform(0.1, 1.0))
             roll = rng.random()
-            if roll < 0.3:
+            if roll < 0.15:
+                pid = rng.choice(PIDS)
+                if pid in pool.configured.providers:
+                    pool.set_control(
+                        pid,
+                        ProviderControl(
+                            rng.choice(["active", "active", "draining", "disabled"]),
+                            rng.choice([None, 0, 1, 3]),
+                            rng.choice([None, 1]),
+                        ),
+                    )
+            elif roll < 0.3:
                 pool.set_node_connected(rng.choice(NODES), rng.random() < 0.6)
             elif roll < 0.5:
                 pool.set_provider_health(

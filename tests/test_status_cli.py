@@ -30,11 +30,13 @@ TABLE_COLUMNS = [
     "TYPE",
     "CATEGORY",
     "ENABLED",
+    "STATE",
     "HEALTH",
     "IN_FLIGHT",
     "LOAD",
     "QUEUED",
     "LONG",
+    "OVERRIDE",
     "MODELS",
     "LAST ERROR",
 ]
@@ -164,23 +166,31 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
             assert node_rows["node-a"][3] == "echo-1,remote-1"
 
             echo1 = row_of(out, "echo-1")
-            assert echo1[:6] == ["node-a", "echo-1", "echo", "api", "yes", "healthy"]
-            assert echo1[6:10] == ["1/2", "0.50", "0", "0/0"]
-            assert echo1[10] == "echo"
+            assert echo1[:7] == ["node-a", "echo-1", "echo", "api", "yes", "active", "healthy"]
+            assert echo1[7:12] == ["1/2", "0.50", "0", "0/0", "-"]
+            assert echo1[12] == "echo"
 
             remote = row_of(out, "remote-1")
-            assert remote[5] == "unhealthy"
-            assert remote[6:10] == ["0/1", "0.00", "0", "0/0"]
-            assert remote[10] == "remote-model"
+            assert remote[6] == "unhealthy"
+            assert remote[7:12] == ["0/1", "0.00", "0", "0/0", "-"]
+            assert remote[12] == "remote-model"
             remote_line = next(ln for ln in lines if " remote-1 " in ln)
             last_error = " ".join(gw.runtime.health["remote-1"].last_error.split())
             assert last_error
             assert f"remote-model  ! {last_error[:30]}" in remote_line
 
             echo2 = row_of(out, "echo-2")
-            assert echo2[:6] == ["node-b", "echo-2", "echo", "local_inference", "yes", "disconnected"]
-            assert echo2[6:11] == ["0/4", "0.00", "0", "0/1", "echo"]
-            assert len(echo2) == 11  # no last error
+            assert echo2[:7] == [
+                "node-b",
+                "echo-2",
+                "echo",
+                "local_inference",
+                "yes",
+                "active",
+                "disconnected",
+            ]
+            assert echo2[7:13] == ["0/4", "0.00", "0", "0/1", "-", "echo"]
+            assert len(echo2) == 13  # no last error
 
             assert lines[-1] == "queue depth 0 / max 12"
 
@@ -285,7 +295,7 @@ async def test_refresh_exit_codes_and_report(tmp_path: Path) -> None:
             assert code == 0 and "applied: yes" in out
             assert "changed_nodes: node-a" in out
             code, out, _ = await iopd("status", *admin)
-            assert row_of(out, "echo-1")[6] == "0/5"
+            assert row_of(out, "echo-1")[7] == "0/5"
 
             # Restart-required: refused, exit 1 for the dry run and the apply.
             path.write_text(edge_yaml(cap1=5, remote_base="http://127.0.0.1:10"))
@@ -358,7 +368,7 @@ def test_format_status_aligns_long_ids() -> None:
     col = header.index("HEALTH")
     for row in rows:
         assert row[col:].startswith("healthy"), (header, row)
-    assert row_of("\n".join(rows), long_prov)[10] == "m1,m2"
+    assert row_of("\n".join(rows), long_prov)[12] == "m1,m2"
 
 
 def test_format_status_keeps_a_multiline_last_error_on_one_row() -> None:
@@ -373,7 +383,8 @@ def test_format_status_keeps_a_multiline_last_error_on_one_row() -> None:
 def test_format_status_zero_and_missing_values() -> None:
     text = format_status(status_doc(load_ratio=0, in_flight=0, capacity=4))
     row = row_of(text, "echo-1")
-    assert row[6:10] == ["0/4", "0.00", "0", "0/0"]
+    assert row[5] == "-"  # an older edge's /status has no state
+    assert row[7:12] == ["0/4", "0.00", "0", "0/0", "-"]
     assert text.splitlines()[-1] == "queue depth 3 / max 9"
     # A node without alias or providers still renders.
     doc = status_doc()

@@ -19,8 +19,9 @@ Why this module looks the way it does:
   :mod:`iopd.edge.metric_labels`).  Requests, tokens, reasoning and the
   duration histogram all come from that call, so they can never disagree.
 * Provider gauges (in-flight, capacity, load ratio, health) are read from a
-  status callable at scrape time by a custom collector: the values are always
-  current and nothing has to remember to update a gauge.
+  status callable at scrape time by a custom collector
+  (:mod:`iopd.edge.metric_gauges`): the values are always current and nothing
+  has to remember to update a gauge.
 
 ``iop_openai_usage_tokens_total`` carries the full label set of
 ``iop_openai_requests_total`` (``status`` included) plus ``usage_source`` and
@@ -29,16 +30,19 @@ Why this module looks the way it does:
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable
 from typing import Final, TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
+from iopd.edge.metric_gauges import (
+    HEALTH_GAUGE,
+    GatewayStatus,
+    ProviderGaugeRow,
+    StatusCollector,
+    StatusSource,
+)
 from iopd.edge.metric_labels import (
     UNMAPPED_PRINCIPAL,
     PrincipalLabels,
@@ -51,6 +55,7 @@ from iopd.edge.pool.retry_rules import FailureReason
 from iopd.edge.usage import UsageItem
 from iopd.tokens import estimate_tokens_from_chars
 from iopd.vocabulary import (
+    ADMIN_ACTIONS,
     DISPATCH_OUTCOMES,
     FRAME_DIRECTIONS,
     LIMIT_NAMES,
@@ -60,11 +65,7 @@ from iopd.vocabulary import (
     UNKNOWN_GROUP,
     USAGE_SOURCES,
     WIRE_ERROR_REASONS,
-    ShownHealth,
-    load_ratio,
 )
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "HEALTH_GAUGE",
@@ -83,150 +84,9 @@ ATTEMPT_FAILURE_REASONS: Final = frozenset(r.value for r in FailureReason)
 #: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
 #: before there is an endpoint (any other status is counted as ``other``).
 REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431", "501", "503"})
-HEALTH_GAUGE: Final[Mapping[ShownHealth, int]] = {
-    "ejected": -2,
-    "disconnected": -1,
-    "unhealthy": 0,
-    "unknown": 1,
-    "healthy": 2,
-}
-"""``iop_provider_health`` gauge value per health state (higher is better).
-
-``disconnected`` (the provider's node has no live session) is below
-``unhealthy`` rather than folded into it, so a dashboard tells a node that
-went away from a provider its node probes as failing, and the values that
-existed before it (0, 1, 2) keep their meaning in saved queries and alerts.
-``ejected`` (passive outlier ejection: its requests failed) is -2, below
-both, for the same reason: every earlier value keeps its meaning, and
-``< 1`` still catches every provider that is not serving normally."""
-
 # Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
 _REQUEST_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-
-
-# ------------------------------------------------------------ status rows
-
-
-@dataclass(frozen=True)
-class ProviderGaugeRow:
-    """One provider's live numbers, as the pool sees them at scrape time."""
-
-    node_id: str
-    provider_id: str
-    in_flight: int
-    capacity: int
-    long_in_flight: int = 0
-    long_capacity: int = 0
-    health: ShownHealth = "unknown"
-    enabled: bool = True
-
-
-@dataclass(frozen=True)
-class GatewayStatus:
-    """What the status source returns at each scrape: one consistent read."""
-
-    queue_depth: int = 0
-    max_queue: int = 0
-    queued_bytes: int = 0
-    connected_nodes: int = 0
-    providers: Sequence[ProviderGaugeRow] = field(default_factory=tuple)
-    #: Requests holding a provider slot, by ``principal_ref`` (config ids only).
-    principals_in_flight: Mapping[str, int] = field(default_factory=dict)
-
-
-StatusSource = Callable[[], GatewayStatus]
-
-
-class _StatusCollector(Collector):
-    """Reads the status source at scrape time and yields gauge families."""
-
-    def __init__(self, edge_id: str, principal_allowed: Callable[[str], bool]) -> None:
-        self._edge_id = edge_id
-        self.source: StatusSource | None = None
-        self._principal_allowed = principal_allowed
-
-    def describe(self) -> Iterable[Metric]:
-        # Declaring no names up front keeps the registry from calling collect()
-        # at registration time (the source may not be set yet).
-        return []
-
-    def collect(self) -> Iterator[Metric]:
-        if self.source is None:
-            return
-        try:
-            status = self.source()
-        except Exception:  # a scrape must never fail because of the pool
-            log.exception("event=callback_failed component=metrics callback=status_source")
-            return
-        edge = [self._edge_id]
-        for name, doc, value in (
-            (
-                "iop_queue_depth",
-                "Requests waiting in the global provider queue.",
-                status.queue_depth,
-            ),
-            ("iop_queue_max", "provider_pool.max_queue (0 = never wait).", status.max_queue),
-            (
-                "iop_queue_bytes",
-                "Request-body bytes held by the requests in the global provider queue.",
-                status.queued_bytes,
-            ),
-            ("iop_connected_nodes", "Nodes with a live wire session.", status.connected_nodes),
-        ):
-            g = GaugeMetricFamily(name, doc, labels=["edge_id"])
-            g.add_metric(edge, float(value))
-            yield g
-        labels = ["edge_id", "node_id", "provider_id"]
-        fams = {
-            "in_flight": GaugeMetricFamily(
-                "iop_provider_in_flight",
-                "Leases held on the provider (normal slots).",
-                labels=labels,
-            ),
-            "capacity": GaugeMetricFamily(
-                "iop_provider_capacity", "Configured capacity (normal slots).", labels=labels
-            ),
-            "load_ratio": GaugeMetricFamily(
-                "iop_provider_load_ratio",
-                "in_flight / capacity (0 when capacity is 0).",
-                labels=labels,
-            ),
-            "long_in_flight": GaugeMetricFamily(
-                "iop_provider_long_in_flight", "Long-context slots in use.", labels=labels
-            ),
-            "long_capacity": GaugeMetricFamily(
-                "iop_provider_long_capacity", "Configured long_context_capacity.", labels=labels
-            ),
-            "health": GaugeMetricFamily(
-                "iop_provider_health",
-                "Provider health: -1 node disconnected, 0 unhealthy, 1 unknown (not probed yet),"
-                " 2 healthy.",
-                labels=labels,
-            ),
-            "enabled": GaugeMetricFamily(
-                "iop_provider_enabled", "1 when the provider is enabled in config.", labels=labels
-            ),
-        }
-        for row in status.providers:
-            key = [self._edge_id, row.node_id, row.provider_id]
-            fams["in_flight"].add_metric(key, float(row.in_flight))
-            fams["capacity"].add_metric(key, float(row.capacity))
-            fams["load_ratio"].add_metric(key, load_ratio(row.in_flight, row.capacity))
-            fams["long_in_flight"].add_metric(key, float(row.long_in_flight))
-            fams["long_capacity"].add_metric(key, float(row.long_capacity))
-            fams["health"].add_metric(key, float(HEALTH_GAUGE.get(row.health, 1)))
-            fams["enabled"].add_metric(key, 1.0 if row.enabled else 0.0)
-        yield from fams.values()
-        principals = GaugeMetricFamily(
-            "iop_principal_in_flight",
-            "Requests of the principal holding a provider slot (limits.max_concurrent counts these).",
-            labels=["edge_id", "principal_ref"],
-        )
-        for ref, running in sorted(status.principals_in_flight.items()):
-            if self._principal_allowed(ref):  # a config id, never a caller's string
-                principals.add_metric([self._edge_id, ref], float(running))
-        yield principals
 
 
 # ------------------------------------------------------------ the metrics
@@ -377,7 +237,14 @@ class GatewayMetrics:
             ("edge_id", "principal_ref", "limit"),
             registry=r,
         )
-        self._status = _StatusCollector(edge_id, self._principal_ref_allowed)
+        self._admin_actions = Counter(
+            "iop_admin_actions",
+            "Runtime controls applied through the admin API (drain, disable, enable, "
+            "override, reset, node_drain).",
+            ("edge_id", "action"),
+            registry=r,
+        )
+        self._status = StatusCollector(edge_id, self._principal_ref_allowed)
         r.register(self._status)
 
     # -------------------------------------------------- label vocabulary
@@ -569,6 +436,11 @@ class GatewayMetrics:
         """One config refresh; ``outcome`` in :data:`REFRESH_OUTCOMES`."""
         check_member("outcome", outcome, REFRESH_OUTCOMES)
         self._refresh.labels(self.edge_id, outcome).inc()
+
+    def count_admin_action(self, action: str) -> None:
+        """One runtime control applied; ``action`` in :data:`ADMIN_ACTIONS`."""
+        check_member("action", action, ADMIN_ACTIONS)
+        self._child(self._admin_actions, (self.edge_id, action)).inc()
 
     def count_wire_frames(self, direction: str, n: int = 1) -> None:
         """``n`` wire frames sent (``out``) or received (``in``)."""

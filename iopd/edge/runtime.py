@@ -27,17 +27,16 @@ from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
+from iopd.edge.controls import OverrideView, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
-from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.pool import ProviderPool
-from iopd.edge.pool.retry_budget import RetryBudget, RetryBudgetPolicy
-from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.pool.retry_budget import RetryBudget
+from iopd.edge.pool_config import pool_snapshot, retry_budget_policy
 from iopd.edge.principal_limits import PrincipalLimiter
 from iopd.edge.principal_status import (
     PrincipalRow,
-    principal_policies,
     principal_rows,
     principals_in_flight,
     rates_in_force,
@@ -74,51 +73,6 @@ def config_secrets(cfg: EdgeConfig) -> list[str]:
     """The secrets an edge config holds in clear: provider API keys, the legacy bearer."""
     keys = [p.api_key for n in cfg.nodes for p in n.providers if p.api_key]
     return keys + ([cfg.openai.bearer_token] if cfg.openai.bearer_token else [])
-
-
-def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
-    """The pool's view of a config: providers with their slots, groups with targets.
-
-    Also each principal's ``share`` and ``max_concurrent`` (``limits:``; the
-    pool owns the running count per principal) and the ejection policy.
-    """
-    providers = {
-        pid: ProviderSlot(
-            provider_id=pid,
-            node_id=ref.node_id,
-            type=ref.config.type,
-            capacity=ref.config.capacity,
-            long_context_capacity=ref.config.long_context_capacity,
-            priority=ref.config.priority,
-            enabled=ref.config.enabled,
-        )
-        for pid, ref in catalog.providers.items()
-    }
-    groups = {
-        g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
-        for g in catalog.listed()
-    }
-    default_principal, principals = principal_policies(cfg.limits)
-    return PoolSnapshot(
-        providers=providers,
-        groups=groups,
-        max_queue=cfg.provider_pool.max_queue,
-        queue_timeout=cfg.provider_pool.queue_timeout,
-        max_queued_bytes=cfg.provider_pool.max_queued_bytes,
-        principals=principals,
-        default_principal=default_principal,
-        ejection=EjectionPolicy(
-            after_failures=cfg.provider_pool.eject_after_failures,
-            seconds=cfg.provider_pool.eject_seconds,
-        ),
-    )
-
-
-def retry_budget_policy(cfg: EdgeConfig) -> RetryBudgetPolicy:
-    """``provider_pool.retry_budget`` and ``retry_budget_min``."""
-    return RetryBudgetPolicy(
-        ratio=cfg.provider_pool.retry_budget, minimum=cfg.provider_pool.retry_budget_min
-    )
 
 
 def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -> Snapshot:
@@ -178,9 +132,12 @@ class ProviderRow(TypedDict):
     type: str
     category: str
     models: list[str]
-    enabled: bool
+    enabled: bool  # as configured (``enabled: false`` in the config)
+    state: str  # runtime control: active | draining | drained | disabled
     health: str
-    capacity: int
+    capacity: int  # in force: the runtime override, else the configured one
+    priority: int  # in force, as ``capacity``
+    override: OverrideView  # the raw runtime overrides (null: none)
     in_flight: int
     queued: int
     load_ratio: float
@@ -249,6 +206,8 @@ class EdgeRuntime:
     pool: ProviderPool
     metrics: GatewayMetrics
     hub: NodeHub = field(init=False)
+    #: The operator's runtime controls (drain, disable, overrides; issue #19).
+    controls: RuntimeControls = field(init=False)
     health: dict[str, ProviderHealthState] = field(default_factory=dict)
     _refresh_lock: trio.Lock = field(default_factory=trio.Lock)
     started_at: float = field(default_factory=time.time)
@@ -284,6 +243,7 @@ class EdgeRuntime:
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
+        rt.controls = RuntimeControls(pool, metrics, known_nodes=lambda: rt.snapshot.nodes)
         metrics.set_status_source(rt._gateway_status)
         return rt
 
@@ -397,7 +357,7 @@ class EdgeRuntime:
                     node_id=ref.node_id,
                     provider_id=pid,
                     in_flight=load.in_flight if load else 0,
-                    capacity=ref.config.capacity,
+                    capacity=load.capacity if load else ref.config.capacity,
                     long_in_flight=load.long_in_flight if load else 0,
                     long_capacity=ref.config.long_context_capacity,
                     health=self._shown_health(ref.node_id, pid).health,
@@ -428,6 +388,7 @@ class EdgeRuntime:
                 load = loads.get(p.id)
                 hs = self._shown_health(node.id, p.id)
                 in_flight = load.in_flight if load else 0
+                control = self.controls.view(p.id)
                 providers.append(
                     {
                         "node_id": node.id,
@@ -436,11 +397,14 @@ class EdgeRuntime:
                         "category": p.category,
                         "models": list(p.models),
                         "enabled": p.enabled,
+                        "state": control["state"],
                         "health": hs.health,
-                        "capacity": p.capacity,
+                        "capacity": control["capacity"],
+                        "priority": control["priority"],
+                        "override": control["override"],
                         "in_flight": in_flight,
                         "queued": load.queued if load else 0,
-                        "load_ratio": load_ratio(in_flight, p.capacity),
+                        "load_ratio": load_ratio(in_flight, control["capacity"]),
                         "long_context_capacity": p.long_context_capacity,
                         "long_in_flight": load.long_in_flight if load else 0,
                         "lifecycle_capabilities": list(p.lifecycle_capabilities),
@@ -460,9 +424,7 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
-            "principals": principal_rows(
-                snap.config, self.pool, self.limiter, self.limits_clock()
-            ),
+            "principals": principal_rows(snap.config, self.pool, self.limiter, self.limits_clock()),
         }
 
     def _model_rows(self) -> list[ModelRow]:

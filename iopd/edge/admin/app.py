@@ -1,4 +1,4 @@
-"""The admin application: /healthz, /status, /refresh, /metrics, /login, /logout (SPEC §10).
+"""The admin application: /healthz, /status, /refresh, /metrics, the runtime controls, /login, /logout.
 
 A quart-trio app, served by ``serve.py`` on hypercorn's trio worker inside the
 edge's own trio run.  The admin side is a small classic web application
@@ -100,6 +100,12 @@ def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = No
     app.add_url_rule("/refresh", view_func=routes.refresh, methods=["POST"])
     app.add_url_rule("/login", view_func=routes.login, methods=["POST"])
     app.add_url_rule("/logout", view_func=routes.logout, methods=["POST"])
+    app.add_url_rule("/providers/<provider_id>/state", view_func=routes.state, methods=["POST"])
+    app.add_url_rule(
+        "/providers/<provider_id>/override", view_func=routes.override, methods=["POST"]
+    )
+    app.add_url_rule("/providers/<provider_id>/reset", view_func=routes.reset, methods=["POST"])
+    app.add_url_rule("/nodes/<node_id>/drain", view_func=routes.drain_node, methods=["POST"])
     register_console(app, runtime)
     return app
 
@@ -222,6 +228,26 @@ class _AdminRoutes:
         report = await self.rt.refresh(mode)
         return Response(_encode(report), content_type=JSON)
 
+    # The runtime controls (``iopd/edge/controls.py``): the body was checked to
+    # be JSON (or absent) and same-origin by ``check_request``; the controls
+    # validate it and answer the changed providers.
+
+    async def state(self, provider_id: str) -> Response:
+        body = await request.get_data(as_text=False)
+        return _json(self.rt.controls.set_state(provider_id, body))
+
+    async def override(self, provider_id: str) -> Response:
+        body = await request.get_data(as_text=False)
+        return _json(self.rt.controls.set_override(provider_id, body))
+
+    async def reset(self, provider_id: str) -> Response:
+        body = await request.get_data(as_text=False)
+        return _json(self.rt.controls.reset(provider_id, body))
+
+    async def drain_node(self, node_id: str) -> Response:
+        body = await request.get_data(as_text=False)
+        return _json(self.rt.controls.drain_node(node_id, body))
+
     async def login(self) -> Response:
         """Check the form's ``token`` once; on a match open a session and go to ``/``."""
         expected = self._token_hash()
@@ -259,6 +285,10 @@ class _AdminRoutes:
         response = _see_other("/")
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Strict")
         return response
+
+
+def _json(document: object) -> Response:
+    return Response(_encode(document), content_type=JSON)
 
 
 def _see_other(location: str) -> Response:

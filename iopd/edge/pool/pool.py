@@ -5,7 +5,9 @@ module only turns "enqueued" into an awaited ``trio.Event``, makes sure a
 lease is released exactly once on every exit path (success, exception, cancel,
 timeout, shutdown), passes ``trio.current_time()`` as the scheduler's ``now``,
 and runs the one timer passive ejection needs (``run_outlier_timer``: wake
-waiters when an ejection or a 429 saturation runs out).  All scheduler calls
+waiters when an ejection or a 429 saturation runs out).  It also keeps the
+operator's runtime controls (``controls.ControlTable``) and hands the
+scheduler the config under them, so the scheduler never knows of them.  All scheduler calls
 are synchronous, so the cleanup in ``finally`` blocks needs no shielding and
 cannot be interrupted half-way.
 """
@@ -24,6 +26,7 @@ import trio
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
 from iopd.vocabulary import ContextClass, DispatchOutcome, Health
 
+from .controls import ControlTable, ProviderControl, ShownState, shown_state
 from .outliers import EjectionStatus, Transition
 from .retry_rules import FailureReason
 from .scheduler import (
@@ -82,6 +85,9 @@ class ProviderPool:
     """
 
     def __init__(self, snapshot: PoolSnapshot, *, on_wait_done: WaitObserver | None = None) -> None:
+        #: The config's snapshot and the runtime controls over it (issue #19);
+        #: the scheduler decides on ``self._controls.effective()``.
+        self._controls = ControlTable(snapshot)
         self._scheduler = Scheduler(snapshot)
         self._events: dict[Waiter, trio.Event] = {}
         self._on_wait_done = on_wait_done
@@ -328,9 +334,38 @@ class ProviderPool:
         """Swap the pool's config (copy-on-write refresh); re-examines waiters.
 
         Leases taken before keep counting against their provider until released.
+        Runtime controls are kept, except those of providers ``snapshot`` lacks.
         """
-        self._wake(self._scheduler.apply_snapshot(snapshot, trio.current_time()))
+        self._controls.reconfigure(snapshot)
+        self._apply_effective()
+
+    def _apply_effective(self) -> None:
+        """Give the scheduler the config under the controls, as a refresh does.
+
+        A whole re-index and re-examination of every waiter: controls are rare
+        operator actions, and this way they take the path refreshes take.
+        """
+        effective = self._controls.effective()
+        self._wake(self._scheduler.apply_snapshot(effective, trio.current_time()))
         self._outliers_changed.set()
+
+    def set_control(self, provider_id: str, control: ProviderControl) -> None:
+        """Set a provider's runtime state and overrides (issue #19); wakes every waiter it
+        admits or fails.  ``KeyError`` for a provider the config does not have.
+
+        Leases held on the provider finish normally, whatever the new values.
+        """
+        self._controls.set(provider_id, control)
+        self._apply_effective()
+
+    def control(self, provider_id: str) -> ProviderControl:
+        """A provider's runtime state and overrides (the default when it has none)."""
+        return self._controls.get(provider_id)
+
+    def shown_state(self, provider_id: str) -> ShownState:
+        """``active``, ``draining``, ``drained`` or ``disabled`` (``/status``)."""
+        in_flight = self._scheduler.in_flight(provider_id)[0]
+        return shown_state(self._controls.get(provider_id), in_flight)
 
     def fail_all_waiters(self, exc_factory: Callable[[], BaseException]) -> None:
         """Shutdown: every current waiter is woken and raises ``exc_factory()``."""
@@ -343,7 +378,13 @@ class ProviderPool:
 
     @property
     def snapshot(self) -> PoolSnapshot:
+        """The effective snapshot (the config under the runtime controls)."""
         return self._scheduler.snapshot
+
+    @property
+    def configured(self) -> PoolSnapshot:
+        """The snapshot as the config gave it."""
+        return self._controls.configured
 
     @property
     def scheduler(self) -> Scheduler:
