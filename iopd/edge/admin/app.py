@@ -233,19 +233,19 @@ class _AdminRoutes:
     # validate it and answer the changed providers.
 
     async def state(self, provider_id: str) -> Response:
-        body = await request.get_data(as_text=False)
+        body = await _body()
         return _json(self.rt.controls.set_state(provider_id, body))
 
     async def override(self, provider_id: str) -> Response:
-        body = await request.get_data(as_text=False)
+        body = await _body()
         return _json(self.rt.controls.set_override(provider_id, body))
 
     async def reset(self, provider_id: str) -> Response:
-        body = await request.get_data(as_text=False)
+        body = await _body()
         return _json(self.rt.controls.reset(provider_id, body))
 
     async def drain_node(self, node_id: str) -> Response:
-        body = await request.get_data(as_text=False)
+        body = await _body()
         return _json(self.rt.controls.drain_node(node_id, body))
 
     async def login(self) -> Response:
@@ -285,6 +285,12 @@ class _AdminRoutes:
         response = _see_other("/")
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="Strict")
         return response
+
+
+async def _body() -> bytes:
+    """The request body as bytes (quart's ``get_data`` is typed ``str | bytes``)."""
+    data = await request.get_data(as_text=False)
+    return data.encode() if isinstance(data, str) else data
 
 
 def _json(document: object) -> Response:
