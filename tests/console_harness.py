@@ -1,0 +1,55 @@
+"""Where the tests reach the web console of a running edge.
+
+The console is a blueprint (``iopd.edge.console.console_blueprint``) that
+the admin listener mounts.  Until the admin listener itself is the
+quart-trio application (issue #19), ``serving_console`` serves the
+blueprint from a minimal QuartTrio app on hypercorn's trio worker, on its
+own loopback port, in the test's nursery, against the edge's real runtime.
+Once the admin listener serves it, the body of ``serving_console`` becomes
+``yield gw.admin_url`` and every console test runs against the real thing.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+from quart_trio import QuartTrio
+
+from iopd.edge.console import console_blueprint
+from iopd.edge.console.events import StreamTiming
+from iopd.edge.runtime import EdgeRuntime
+from tests.gateway import Gateway
+
+#: Short ticks: the browser sees a change within a fraction of a second.
+FAST_STREAMS = StreamTiming(tick=0.1, heartbeat=5.0, max_age=600.0)
+
+
+def console_app(runtime: EdgeRuntime, timing: StreamTiming = FAST_STREAMS) -> QuartTrio:
+    """A bare QuartTrio app with just the console (no auth: the admin app adds it)."""
+    app = QuartTrio(__name__)
+    app.register_blueprint(console_blueprint(runtime, timing=timing))
+    return app
+
+
+@asynccontextmanager
+async def serving_console(gw: Gateway) -> AsyncIterator[str]:
+    """The base URL (``http://127.0.0.1:PORT``) of the console of ``gw``'s edge."""
+    config = Config()
+    config.bind = ["127.0.0.1:0"]
+    config.graceful_timeout = 1.0
+    config.accesslog = None
+    async with trio.open_nursery() as nursery:
+        binds = await nursery.start(
+            functools.partial(
+                serve, console_app(gw.runtime), config, shutdown_trigger=trio.sleep_forever
+            )
+        )
+        try:
+            yield str(binds[0])
+        finally:
+            nursery.cancel_scope.cancel()

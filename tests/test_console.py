@@ -1,0 +1,195 @@
+"""The web console in process: the page, its static files, the event stream, the activity hook.
+
+The page is rendered by the quart test client from a runtime built from a
+config (no node connected: the page must still name every provider); the
+event stream is read both through the test client and as the generator
+itself under ``autojump_clock``; the activity hook is checked through a real
+edge and node.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+import trio
+
+from iopd.config.load import parse_edge_config
+from iopd.edge import console
+from iopd.edge.console.events import StreamSlots, StreamTiming, status_events
+from iopd.edge.console.view import console_view
+from iopd.edge.runtime import EdgeRuntime
+from tests.console_harness import console_app
+from tests.gateway import http_request, running_gateway
+from tests.test_admin import two_node_yaml
+
+PROVIDERS = ["echo-1", "echo-off", "echo-2"]
+NODES = ["node-a", "node-b"]
+PACKAGE = Path(console.__file__).parent
+
+
+def runtime() -> EdgeRuntime:
+    return EdgeRuntime.create(parse_edge_config(two_node_yaml(), env={}))
+
+
+def status_events_of(text: str) -> list[dict[str, object]]:
+    """The JSON documents of the ``status`` events in an SSE text."""
+    found = re.findall(r"^event: status\ndata: (.*)$", text, flags=re.M)
+    return [json.loads(doc) for doc in found]
+
+
+# ------------------------------------------------------------------ the page
+
+
+async def test_the_page_names_every_provider_and_node_without_any_script() -> None:
+    app = console_app(runtime())
+    resp = await app.test_client().get("/")
+    assert resp.status_code == 200
+    assert resp.content_type.startswith("text/html")
+    page = await resp.get_data(as_text=True)
+    for pid in PROVIDERS:
+        assert f'<tr data-provider="{pid}">' in page
+        assert f'data-provider-id="{pid}"' in page  # its drain/disable/enable buttons
+    for nid in NODES:
+        assert f'<tr data-node="{nid}">' in page
+    assert "edge-admin" in page
+    # Nothing connected yet: what the server renders says so.
+    assert page.count(">disconnected</span>") == len(PROVIDERS) + len(NODES)
+    assert ">disabled</span>" in page  # echo-off, disabled in the config
+    assert "0 / 3" in page  # echo-1: in flight / capacity
+
+
+async def test_the_static_files_ship_in_the_package_and_are_served() -> None:
+    client = console_app(runtime()).test_client()
+    page = await (await client.get("/")).get_data(as_text=True)
+    urls = re.findall(r'(?:href|src)="([^"]+)"', page)
+    assert sorted(u.rsplit("/", 1)[-1] for u in urls) == ["console.css", "console.js"]
+    for url in urls:
+        assert url.startswith("/")  # served by the edge, never another origin
+        resp = await client.get(url)
+        assert resp.status_code == 200, url
+        body = await resp.get_data()
+        assert body == (PACKAGE / "static" / url.rsplit("/", 1)[-1]).read_bytes()
+    assert (await client.get(urls[0])).content_type.split(";")[0] in ("text/css", "text/javascript")
+
+
+def test_nothing_the_console_ships_refers_to_another_host() -> None:
+    shipped = [*PACKAGE.glob("templates/**/*.html"), *PACKAGE.glob("static/*")]
+    assert len(shipped) == 3
+    for path in shipped:
+        text = path.read_text(encoding="utf-8")
+        assert "://" not in text, path
+        assert not re.search(r"""(?:src|href)=["']//|url\(|@import""", text), path
+
+
+# ------------------------------------------------------------------ /events
+
+
+async def test_events_start_with_a_status_event_of_the_console_document() -> None:
+    rt = runtime()
+    client = console_app(rt).test_client()
+    text = ""
+    with trio.fail_after(10), trio.CancelScope() as reading:
+        async with client.request("/events") as conn:
+            await conn.send_complete()
+            while "event: status" not in text or not text.endswith("\n\n"):
+                text += (await conn.receive()).decode()
+            # Leave as a client that goes away would (the test client's own
+            # disconnect then waits for a body end that an endless stream never sends).
+            reading.cancel()
+    assert text.startswith("retry: ")
+    (doc,) = status_events_of(text)
+    assert [p["id"] for p in doc["providers"]] == PROVIDERS  # type: ignore[index]
+    assert doc == msgspec.json.decode(msgspec.json.encode(console_view(rt)))
+
+
+async def read_until(events: object, count: int) -> list[bytes]:
+    """The first ``count`` chunks of an event stream."""
+    out = []
+    async for chunk in events:  # type: ignore[attr-defined]
+        out.append(chunk)
+        if len(out) == count:
+            break
+    return out
+
+
+async def test_a_change_is_pushed_and_an_unchanged_stream_sends_heartbeats(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    rt = runtime()
+    slots = StreamSlots(limit=1)
+    stream = status_events(rt, slots, StreamTiming(tick=0.5, heartbeat=10.0, max_age=3600.0))
+    hello, first = await read_until(stream, 2)
+    assert hello == b"retry: 2000\n\n"
+    assert slots.open == 1
+    start = trio.current_time()
+    rt.activity.note("alice", "echo", tokens=9)  # the document changes
+    (second,) = await read_until(stream, 1)
+    assert trio.current_time() - start <= 0.5  # within one tick
+    (doc,) = status_events_of(second.decode())
+    assert doc["usage"][0]["tokens"] == 9  # type: ignore[index]
+    start = trio.current_time()
+    (third,) = await read_until(stream, 1)
+    assert third == b": heartbeat\n\n"
+    assert trio.current_time() - start >= 10.0
+    rt.stopping.set()  # the edge drains: the stream ends
+    assert await read_until(stream, 1) == []
+    assert slots.open == 0
+
+
+async def test_a_stream_beyond_the_limit_gets_a_retry_hint_and_ends(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    rt = runtime()
+    slots = StreamSlots(limit=1)
+    first = status_events(rt, slots)
+    await read_until(first, 1)
+    refused = [chunk async for chunk in status_events(rt, slots)]
+    assert len(refused) == 1 and b"retry: 10000" in refused[0]
+    assert slots.open == 1
+    await first.aclose()  # the client went away: its slot is free again
+    assert slots.open == 0
+
+
+async def test_a_stream_ends_at_its_max_age(autojump_clock: trio.abc.Clock) -> None:
+    rt = runtime()
+    slots = StreamSlots()
+    chunks = [c async for c in status_events(rt, slots, StreamTiming(tick=1, heartbeat=5, max_age=12))]
+    assert chunks[1].startswith(b"event: status")
+    assert chunks[2:] == [b": heartbeat\n\n"] * 2
+    assert slots.open == 0
+
+
+# ------------------------------------------------------------------ activity
+
+
+@pytest.mark.slow
+async def test_finished_requests_are_noted_in_the_activity() -> None:
+    with trio.fail_after(20):
+        async with running_gateway(two_node_yaml()) as gw:
+            host_port = gw.host_port
+            ok = await http_request(
+                host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={"model": "echo", "messages": [{"role": "user", "content": "one two three"}]},
+            )
+            assert ok.status == 200
+            missing = await http_request(
+                host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+            )
+            assert missing.status == 404
+            view = console_view(gw.runtime)
+    usage = {(u["principal"], u["model"]): u for u in view["usage"]}
+    assert usage[("unmapped", "echo")]["requests"] == 1
+    assert usage[("unmapped", "echo")]["tokens"] > 0
+    assert usage[("unmapped", "unknown")]["errors"] == 1  # never the caller's model string
+    (error,) = view["errors"]
+    assert (error["status"], error["code"], error["model"]) == (404, "model_not_found", "unknown")
+    assert error["message"]
