@@ -39,15 +39,20 @@ def console_app(runtime: EdgeRuntime, timing: StreamTiming = FAST_STREAMS) -> Qu
 @asynccontextmanager
 async def serving_console(gw: Gateway) -> AsyncIterator[str]:
     """The base URL (``http://127.0.0.1:PORT``) of the console of ``gw``'s edge."""
+    async with serving_app(console_app(gw.runtime)) as url:
+        yield url
+
+
+@asynccontextmanager
+async def serving_app(app: QuartTrio) -> AsyncIterator[str]:
+    """Serve ``app`` on hypercorn's trio worker on a loopback port; its base URL."""
     config = Config()
     config.bind = ["127.0.0.1:0"]
     config.graceful_timeout = 1.0
     config.accesslog = None
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            functools.partial(
-                serve, console_app(gw.runtime), config, shutdown_trigger=trio.sleep_forever
-            )
+            functools.partial(serve, app, config, shutdown_trigger=trio.sleep_forever)
         )
         try:
             yield str(binds[0])
