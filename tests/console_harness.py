@@ -21,7 +21,7 @@ from hypercorn.trio import serve
 from quart_trio import QuartTrio
 
 from iopd.edge.console import console_blueprint
-from iopd.edge.console.events import StreamTiming
+from iopd.edge.console.events import StreamSlots, StreamTiming
 from iopd.edge.runtime import EdgeRuntime
 from tests.gateway import Gateway
 
@@ -29,10 +29,12 @@ from tests.gateway import Gateway
 FAST_STREAMS = StreamTiming(tick=0.1, heartbeat=5.0, max_age=600.0)
 
 
-def console_app(runtime: EdgeRuntime, timing: StreamTiming = FAST_STREAMS) -> QuartTrio:
+def console_app(
+    runtime: EdgeRuntime, timing: StreamTiming = FAST_STREAMS, slots: StreamSlots | None = None
+) -> QuartTrio:
     """A bare QuartTrio app with just the console (no auth: the admin app adds it)."""
     app = QuartTrio(__name__)
-    app.register_blueprint(console_blueprint(runtime, timing=timing))
+    app.register_blueprint(console_blueprint(runtime, timing=timing, slots=slots))
     return app
 
 

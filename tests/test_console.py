@@ -9,8 +9,10 @@ edge and node.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import msgspec
@@ -22,8 +24,8 @@ from iopd.edge import console
 from iopd.edge.console.events import StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
 from iopd.edge.runtime import EdgeRuntime
-from tests.console_harness import console_app
-from tests.gateway import http_request, running_gateway
+from tests.console_harness import console_app, serving_app
+from tests.gateway import http_request, running_gateway, wait_until
 from tests.test_admin import two_node_yaml
 
 PROVIDERS = ["echo-1", "echo-off", "echo-2"]
@@ -85,7 +87,58 @@ def test_nothing_the_console_ships_refers_to_another_host() -> None:
         assert not re.search(r"""(?:src|href)=["']//|url\(|@import""", text), path
 
 
+def test_the_template_and_static_files_are_package_data() -> None:
+    """``pip install .`` ships every file the console serves."""
+    pyproject = tomllib.loads((PACKAGE.parents[2] / "pyproject.toml").read_text())
+    patterns = pyproject["tool"]["setuptools"]["package-data"]["iopd.edge.console"]
+    for path in [*PACKAGE.glob("templates/**/*"), *PACKAGE.glob("static/*")]:
+        if path.is_file():
+            rel = path.relative_to(PACKAGE).as_posix()
+            assert any(fnmatch.fnmatch(rel, pat) for pat in patterns), rel
+
+
 # ------------------------------------------------------------------ /events
+
+
+async def open_events(url: str) -> trio.SocketStream:
+    """A raw ``GET /events`` on hypercorn, read until its first status event."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    stream = await trio.open_tcp_stream(host, int(port))
+    await stream.send_all(f"GET /events HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n".encode())
+    seen = b""
+    while b"event: status" not in seen:
+        seen += await stream.receive_some(65536)
+    assert seen.startswith(b"HTTP/1.1 200")
+    assert b"text/event-stream" in seen
+    return stream
+
+
+async def test_a_stream_gives_its_slot_back_when_the_client_goes_away() -> None:
+    rt = runtime()
+    slots = StreamSlots(limit=2)
+    with trio.fail_after(10):
+        async with serving_app(console_app(rt, slots=slots)) as url:
+            stream = await open_events(url)
+            assert slots.open == 1
+            await stream.aclose()
+            await wait_until(lambda: slots.open == 0)
+
+
+async def test_a_stream_ends_when_the_edge_drains() -> None:
+    rt = runtime()
+    slots = StreamSlots()
+    with trio.fail_after(10):
+        async with serving_app(console_app(rt, slots=slots)) as url:
+            stream = await open_events(url)
+            rt.stopping.set()
+            rest = b""
+            while not rest.endswith(b"0\r\n\r\n"):  # the chunked body's end
+                data = await stream.receive_some(65536)
+                assert data, "the server closed without ending the body"
+                rest += data
+            assert slots.open == 0
+            await stream.aclose()
+
 
 
 async def test_events_start_with_a_status_event_of_the_console_document() -> None:
