@@ -64,6 +64,14 @@ async def test_the_page_names_every_provider_and_node_without_any_script() -> No
     assert "0 / 3" in page  # echo-1: in flight / capacity
 
 
+async def test_recent_errors_are_escaped_on_the_page() -> None:
+    rt = runtime()
+    rt.activity.note("alice", "echo", ok=False, status=400, code="bad", message="<img src=x onerror=1>")
+    page = await (await console_app(rt).test_client().get("/")).get_data(as_text=True)
+    assert "&lt;img src=x onerror=1&gt;" in page
+    assert "<img" not in page
+
+
 async def test_the_static_files_ship_in_the_package_and_are_served() -> None:
     client = console_app(runtime()).test_client()
     page = await (await client.get("/")).get_data(as_text=True)
