@@ -177,10 +177,11 @@ async def test_login_form_cookie_and_logout(tmp_path: Path) -> None:
             session = [("cookie", f"{SESSION_COOKIE}={cookie_of(ok)}")]
             assert ADMIN_TOKEN not in (ok.header("set-cookie") or "")
 
-            # The cookie opens every route the bearer does; GET / is the console's (not wired: 404).
+            # The cookie opens every route the bearer does; GET / is the console.
             assert (await call(adm, "GET", "/status", headers=session)).status == 200
             assert (await call(adm, "GET", "/metrics", headers=session)).status == 200
-            assert (await call(adm, "GET", "/", headers=session)).status == 404
+            console = await call(adm, "GET", "/", headers=session)
+            assert console.status == 200 and b"login" not in console.body.lower()
             r = await call(
                 adm,
                 "POST",
@@ -238,6 +239,6 @@ async def test_without_a_token_the_console_route_is_open() -> None:
     with trio.fail_after(30):
         async with running_gateway(two_node_yaml(), nodes=[]) as gw:
             adm = gw.handle.admin
-            assert (await call(adm, "GET", "/")).status == 404  # the console, once wired
+            assert (await call(adm, "GET", "/")).status == 200  # the console, no login
             r = await call(adm, "POST", "/login", headers=[("content-type", FORM)], body=b"token=x")
             assert r.status == 303 and r.header("set-cookie") is None

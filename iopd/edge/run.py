@@ -197,6 +197,7 @@ async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> 
 async def _drain(
     rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: AdminServer, timeout: float
 ) -> None:
+    rt.stopping.set()  # the console's event streams end
     in_flight = openai_srv.in_flight
     log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
     app.begin_drain()  # /healthz answers 503 from now on: load balancers stop sending

@@ -27,6 +27,7 @@ from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
+from iopd.edge.activity import ActivityRecorder
 from iopd.edge.controls import OverrideView, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
@@ -223,6 +224,8 @@ class EdgeRuntime:
     #: The limiter's clock: wall-clock seconds, because the day budget follows
     #: the calendar day in UTC (tests drive it directly).
     limits_clock: Callable[[], float] = time.time
+    activity: ActivityRecorder = field(init=False)  # recent usage and errors (web console)
+    stopping: trio.Event = field(default_factory=trio.Event)  # set at drain: /events end
 
     @classmethod
     def create(cls, cfg: EdgeConfig, config_path: str | None = None) -> EdgeRuntime:
@@ -240,6 +243,7 @@ class EdgeRuntime:
             embedded_tokens=embedded,
             limiter=PrincipalLimiter(cfg.limits, now=time.time()),
         )
+        rt.activity = ActivityRecorder(scrub=rt.scrub)
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)

@@ -44,6 +44,7 @@ from iopd.edge.admin.auth import (
     token_matches,
     unauthenticated,
 )
+from iopd.edge.console import console_blueprint
 from iopd.edge.openai.errors import render_error
 from iopd.edge.runtime import EdgeRuntime
 
@@ -111,13 +112,13 @@ def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = No
 
 
 def register_console(app: QuartTrio, runtime: EdgeRuntime) -> None:
-    """Mount the web console (``GET /`` and ``GET /events``) on ``app``.
+    """Mount the web console (``GET /``, ``GET /events``, its static files) on ``app``.
 
-    The console is its own package (issue #19): it is wired here with
-    ``app.register_blueprint(console_blueprint(runtime))``.  Until it is, an
-    authenticated ``GET /`` answers 404; the login form in front of it works
-    already.
+    The console is its own package (``iopd/edge/console/``); being on this app,
+    its routes pass the same ``before_request`` check (a browser without a
+    session gets the login form at ``GET /``).
     """
+    app.register_blueprint(console_blueprint(runtime))
 
 
 def error_response(exc: errors.GatewayError) -> Response:

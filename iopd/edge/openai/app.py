@@ -184,12 +184,12 @@ class OpenAIApp:
         try:
             _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
-            out.status = exc.metric_status
+            out.failed(exc)
             out.http_status = exc.status
             exc.headers.append(("x-request-id", out.request_id))
             if cors_headers:
                 exc.headers += cors_headers
-            finish(self.rt.metrics, out)
+            finish(self.rt.metrics, out, self.rt.activity)
             if ollama:
                 raise ShapedRefusal(exc) from None
             raise
@@ -205,9 +205,9 @@ class OpenAIApp:
         """
         if isinstance(exc, errors.Overloaded) and isinstance(context, Admission):
             out = context.out
-            out.status = exc.metric_status
+            out.failed(exc)
             out.http_status = status
-            finish(self.rt.metrics, out)
+            finish(self.rt.metrics, out, self.rt.activity)
         else:
             self.rt.metrics.count_http_rejected(status)
 
@@ -255,7 +255,7 @@ class OpenAIApp:
         finally:
             if call is not None and call.admission is not None:
                 limits.settle(self.rt.limiter, call, self.rt.limits_clock())
-            finish(self.rt.metrics, out)
+            finish(self.rt.metrics, out, self.rt.activity)
 
     # --------------------------------------------------------------- routing
 

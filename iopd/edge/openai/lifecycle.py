@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import trio
 
 from iopd import errors
+from iopd.edge.activity import ActivityRecorder
 from iopd.edge.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.errors import error_sse_event, render_error
@@ -88,6 +89,15 @@ class Outcome:
     reasoning_reported: bool = False
     quiet: bool = False  # not logged (health probes)
     started: float = field(default_factory=time.perf_counter)
+    #: The error the request ended with (``fail``), for the console's recent errors.
+    error_code: str = ""
+    error_message: str = ""
+
+    def failed(self, exc: errors.GatewayError) -> None:
+        """The request ends with ``exc``: its metric status, error code and message."""
+        self.status = exc.metric_status
+        self.error_code = exc.code
+        self.error_message = exc.message
 
     def answered(self, http_status: int) -> None:
         """The response went out whole (or a relay ended): status from its HTTP status."""
@@ -176,7 +186,7 @@ async def fail(
     ``context`` is the request's head-hook context: it decides the error's
     shape (Ollama's on ``/api/*``, see ``errors.render_error``).
     """
-    out.status = exc.metric_status
+    out.failed(exc)
     if not responder.started:
         status, headers, body = render_error(exc, context)
         out.http_status = status
@@ -197,8 +207,14 @@ async def fail(
         raise AbortConnection(exc.message)
 
 
-def finish(metrics: GatewayMetrics, out: Outcome) -> None:
-    """Count the request once (``iop_openai_requests_total`` etc.) and log its line."""
+def finish(
+    metrics: GatewayMetrics, out: Outcome, activity: ActivityRecorder | None = None
+) -> None:
+    """Count the request once (``iop_openai_requests_total`` etc.) and log its line.
+
+    ``activity``: the edge's recent usage and errors (the web console), noted
+    too for a request of an OpenAI endpoint.
+    """
     duration = time.perf_counter() - out.started
     status = out.status or "cancelled"
     p = out.principal
@@ -206,6 +222,8 @@ def finish(metrics: GatewayMetrics, out: Outcome) -> None:
         labels = RequestLabels.build(
             p, model_group=out.group, endpoint=out.endpoint, response_mode=out.mode
         )
+        if activity is not None:
+            _note_activity(activity, out, labels.principal_alias, status)
         metrics.record_request(
             labels,
             status=status,
@@ -238,4 +256,19 @@ def finish(metrics: GatewayMetrics, out: Outcome) -> None:
         duration * 1000,
         tokens["input"],
         tokens["output"],
+    )
+
+
+def _note_activity(activity: ActivityRecorder, out: Outcome, principal: str, status: Status) -> None:
+    """The request in the console's recent activity: its tokens, and its error if it failed."""
+    tokens = sum(n for _src, ttype, n in out.usage if ttype in ("input", "output"))
+    activity.note(
+        principal,
+        out.group,
+        tokens=tokens,
+        ok=status in ("ok", "cancelled"),
+        provider=out.provider,
+        status=out.http_status,
+        code=out.error_code or status,
+        message=out.error_message,
     )

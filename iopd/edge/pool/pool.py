@@ -413,6 +413,10 @@ class ProviderPool:
         """Per-provider in_flight, long_in_flight, queued, capacities and load ratio."""
         return self._scheduler.provider_loads()
 
+    def queued_by_group(self) -> dict[str, int]:
+        """Waiters per model group asked for."""
+        return self._scheduler.queued_by_group()
+
     def principal_loads(self) -> dict[str, tuple[int, int]]:
         """``(in_flight, queued)`` per principal holding or waiting for a slot."""
         return self._scheduler.principal_loads()

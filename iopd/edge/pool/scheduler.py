@@ -198,6 +198,13 @@ class Scheduler:
         """When ``outliers_due`` next has something to do (None: never, until an attempt ends)."""
         return self.outliers.next_change(self._now)
 
+    def queued_by_group(self) -> dict[str, int]:
+        """Waiters per model group (the group each asked for), for the status view."""
+        depth: dict[str, int] = {}
+        for (key, _), q in self._queue.lanes.items():
+            depth[key.group_id] = depth.get(key.group_id, 0) + len(q)
+        return depth
+
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Load of every provider in the current snapshot."""
         queued: dict[str, int] = {}

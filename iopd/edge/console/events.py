@@ -1,0 +1,104 @@
+"""``GET /events``: the console's document as server-sent events, pushed on change.
+
+Why a poll and not a callback from every place that changes something: in
+flight counts, health, node sessions, usage and errors change in a dozen
+places of the edge, and an operator's screen needs at most a few frames a
+second.  So each stream looks at the document every ``tick`` seconds and
+sends it only when its bytes differ from the last sent (changes within a
+tick are coalesced into one event); a comment every ``heartbeat`` seconds
+keeps proxies and the browser's idea of the connection alive.
+
+Bounded: at most ``StreamSlots.limit`` streams at once (an extra one gets a
+``retry`` hint and ends), one document held per stream, each write waits
+for the client to take the previous one (the server's backpressure), and a
+stream ends after ``max_age`` seconds (the browser's EventSource reconnects
+by itself), when the client goes away (quart-trio cancels the handler) or
+when the edge drains (``EdgeRuntime.stopping``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+import trio
+
+from iopd.edge.console.view import console_view
+from iopd.edge.runtime import EdgeRuntime
+
+__all__ = ["MAX_STREAMS", "StreamSlots", "StreamTiming", "status_events"]
+
+#: Event streams open at once per admin listener.
+MAX_STREAMS: Final = 8
+#: How long the browser waits before it reconnects (ms), sent as ``retry:``.
+RECONNECT_MS: Final = 2000
+#: The ``retry:`` hint sent to a stream refused for want of a slot (ms).
+BUSY_RETRY_MS: Final = 10000
+
+_encode = msgspec.json.Encoder().encode
+
+
+@dataclass(frozen=True)
+class StreamTiming:
+    """Seconds: how often a stream looks for a change, the heartbeat, its longest life."""
+
+    tick: float = 0.5
+    heartbeat: float = 15.0
+    max_age: float = 1800.0
+
+
+class StreamSlots:
+    """A count of open event streams with a ceiling (no waiting: a stream gets one or not)."""
+
+    def __init__(self, limit: int = MAX_STREAMS) -> None:
+        self.limit = limit
+        self.open = 0
+
+    def take(self) -> bool:
+        if self.open >= self.limit:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        self.open -= 1
+
+
+def status_event(payload: bytes) -> bytes:
+    """One SSE ``status`` event (JSON has no raw newline, so one ``data:`` line)."""
+    return b"event: status\ndata: " + payload + b"\n\n"
+
+
+async def status_events(
+    rt: EdgeRuntime, slots: StreamSlots, timing: StreamTiming = StreamTiming()
+) -> AsyncIterator[bytes]:
+    """The event stream of one console client (see the module doc).
+
+    The slot is taken on the first iteration, inside the ``try`` that gives
+    it back: a response that never starts sending holds no slot.
+    """
+    if not slots.take():
+        yield f": too many console streams\nretry: {BUSY_RETRY_MS}\n\n".encode()
+        return
+    try:
+        yield f"retry: {RECONNECT_MS}\n\n".encode()
+        last = b""
+        last_write = started = trio.current_time()
+        while not rt.stopping.is_set():
+            now = trio.current_time()
+            if now - started >= timing.max_age:
+                break
+            payload = _encode(console_view(rt))
+            if payload != last:
+                last = payload
+                yield status_event(payload)
+                last_write = trio.current_time()
+            elif now - last_write >= timing.heartbeat:
+                yield b": heartbeat\n\n"
+                last_write = trio.current_time()
+            with trio.move_on_after(timing.tick):
+                await rt.stopping.wait()
+    finally:
+        slots.give_back()

@@ -1,0 +1,125 @@
+"""What the web console shows, as one JSON-ready document: built from ``/status``.
+
+Why one document for both: the page is rendered on the server from it
+(``GET /``) and then updated in place from the same document pushed by
+``GET /events``, so the two can never disagree on a field.  Pure and
+synchronous: it reads the runtime's ``status()``, the pool's queue per model
+group and the activity recorder, and does no I/O.
+
+A provider's state is the runtime controls' (``active``, ``draining``,
+``drained``, ``disabled``), shown ``disabled`` when the config disables it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final, TypedDict
+
+from iopd.edge.activity import ErrorRow, UsageRow
+from iopd.edge.runtime import EdgeRuntime
+
+__all__ = ["MAX_USAGE_ROWS", "ConsoleView", "console_view"]
+
+#: The busiest principal × model rows shown (the recorder may hold more).
+MAX_USAGE_ROWS: Final = 100
+
+
+class NodeView(TypedDict):
+    id: str
+    alias: str
+    connected: bool
+    connected_since: float | None  # Unix time
+    providers: list[str]
+
+
+class ProviderView(TypedDict):
+    id: str
+    node_id: str
+    type: str
+    health: str
+    state: str  # active | draining | drained | disabled
+    in_flight: int
+    capacity: int
+    load_ratio: float
+    queued: int
+    last_error: str
+    override: dict[str, Any] | None  # the runtime overrides, when the controls set some
+
+
+class GroupQueueView(TypedDict):
+    id: str
+    queued: int
+
+
+class QueueView(TypedDict):
+    depth: int
+    max_queue: int
+
+
+class ConsoleView(TypedDict):
+    """The console's document (``GET /`` renders it, ``/events`` pushes it)."""
+
+    edge_id: str
+    config_version: int
+    nodes: list[NodeView]
+    providers: list[ProviderView]
+    queue: QueueView
+    groups: list[GroupQueueView]
+    usage: list[UsageRow]
+    usage_minutes: int
+    errors: list[ErrorRow]
+
+
+def console_view(rt: EdgeRuntime) -> ConsoleView:
+    """The console's document for the edge as it is now."""
+    status = rt.status()
+    queued = rt.pool.queued_by_group()
+    return {
+        "edge_id": status["edge_id"],
+        "config_version": status["config_version"],
+        "nodes": [
+            {
+                "id": n["id"],
+                "alias": n["alias"],
+                "connected": n["connected"],
+                "connected_since": n["connected_since"],
+                "providers": n["providers"],
+            }
+            for n in status["nodes"]
+        ],
+        "providers": [_provider(row) for row in status["providers"]],
+        "queue": {"depth": status["queue"]["depth"], "max_queue": status["queue"]["max_queue"]},
+        "groups": [{"id": m["id"], "queued": queued.get(m["id"], 0)} for m in status["models"]],
+        "usage": rt.activity.usage()[:MAX_USAGE_ROWS],
+        "usage_minutes": rt.activity.window_minutes,
+        "errors": rt.activity.recent_errors(),
+    }
+
+
+def _provider(row: Mapping[str, Any]) -> ProviderView:
+    """One provider row of ``/status`` as the console shows it."""
+    # ``enabled: false`` in the config outranks the runtime state (which is
+    # ``active`` unless an operator changed it): such a provider takes nothing.
+    state = row["state"] if row["enabled"] else "disabled"
+    override = row.get("override")
+    return {
+        "id": row["id"],
+        "node_id": row["node_id"],
+        "type": row["type"],
+        "health": row["health"],
+        "state": str(state),
+        "in_flight": row["in_flight"],
+        "capacity": row["capacity"],
+        "load_ratio": row["load_ratio"],
+        "queued": row["queued"],
+        "last_error": row["last_error"],
+        "override": _set_overrides(override),
+    }
+
+
+def _set_overrides(override: object) -> dict[str, Any] | None:
+    """The overrides actually set (``None`` values dropped), or None when there are none."""
+    if not isinstance(override, Mapping):
+        return None
+    set_ = {str(k): v for k, v in override.items() if v is not None}
+    return set_ or None
