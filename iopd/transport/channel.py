@@ -34,7 +34,7 @@ from typing import Literal
 
 import trio
 
-from iopd.transport.fastsend import write_now
+from iopd.transport.fastsend import receive_some, write_now
 from wire.connection import Connection
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import Heartbeat, Message, Pong
@@ -254,7 +254,7 @@ class WireChannel:
         if self._closed is not None:
             raise self._closed
         try:
-            data = await self.stream.receive_some(READ_SIZE)
+            data = await receive_some(self.stream, READ_SIZE)
             if not data:
                 self.conn.receive_eof()
                 raise ChannelClosed("peer closed the connection", "eof")
