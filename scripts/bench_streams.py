@@ -21,13 +21,25 @@ time to first chunk p50, CPU µs per chunk of each measured process
 check of every finished stream: all chunks, in order, then ``[DONE]``
 (``lost`` counts streams that failed that check or broke).
 
-    .venv/bin/python scripts/bench_streams.py [--streams 50,200,400,1000] [--seconds 10]
+On a machine with two or more cores the processes are pinned (issue #22's
+rig): edge + node, and the two raw relays, on one core (``--cores``' first),
+the mock provider and the load generator on the other, so the gateway's two
+daemons compete for one core the way the two relays do.  The closing
+summary prints, per N, the ratios the issue's targets use: gateway/direct
+delivered rate (and the largest N that holds 0.97 with nothing lost), edge +
+node CPU per chunk over the two relays', the first-chunk overhead over
+direct, and RSS per open stream of edge + node.
+
+    .venv/bin/python scripts/bench_streams.py                 # the sweep, N = 50 ... 1,000
+    .venv/bin/python scripts/bench_streams.py --quick         # N = 50,200,400, 4 s each
+    .venv/bin/python scripts/bench_streams.py --streams 200 --seconds 10 --targets relay2,gateway
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -206,6 +218,12 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
+def _pin(pid: int, core: int | None) -> None:
+    """Run ``pid`` (and the threads it starts later) on ``core`` only."""
+    if core is not None:
+        os.sched_setaffinity(pid, {core})
+
+
 def _measure(
     procs: bg.Processes,
     port: int,
@@ -219,6 +237,7 @@ def _measure(
     argv += ["--warmup", str(args.warmup)]
     rss0 = {name: _rss_kib(pid) for name, pid in watched.items()}
     proc = procs.start(argv)
+    _pin(proc.pid, args.load_core)
     assert proc.stdout is not None
     cpu0: dict[str, float] = {}
     cpu: dict[str, float] = {}
@@ -243,6 +262,51 @@ def _measure(
     return result
 
 
+def _summary(
+    sizes: list[int], rows: list[tuple[int, str, dict[str, float]]], args: argparse.Namespace
+) -> None:
+    """The ratios issue #22's targets use, per N, and the largest N holding 0.97."""
+    where = (
+        f"edge+node and relays on core {args.gateway_core}, provider+load on core {args.load_core}"
+        if args.gateway_core is not None
+        else "not pinned"
+    )
+    print(f"\nratios ({where}; load average {os.getloadavg()[0]:.2f} at the end)")
+    holding: list[int] = []
+    for n in sizes:
+        by = {name: r for m, name, r in rows if m == n}
+        gw, direct, relays = by.get("gateway"), by.get("direct"), by.get("relay2")
+        if gw is None:
+            continue
+        parts = []
+        gw_cpu = gw["cpu_edge_us"] + gw["cpu_node_us"]
+        if direct is not None:
+            ratio = gw["rate"] / max(direct["rate"], 1e-9)
+            parts.append(f"gateway/direct rate {ratio:.3f}")
+            if ratio >= 0.97 and gw["lost"] == 0:
+                holding.append(n)
+            parts.append(f"first chunk +{gw['ttfc_p50_ms'] - direct['ttfc_p50_ms']:.2f} ms")
+        if relays is not None:
+            relay_cpu = relays["cpu_relay1_us"] + relays["cpu_relay2_us"]
+            parts.append(
+                f"relay2/direct rate {relays['rate'] / max(direct['rate'], 1e-9):.3f}"
+                if direct is not None
+                else ""
+            )
+            parts.append(
+                f"CPU/chunk edge+node {gw_cpu:.0f} µs vs relays {relay_cpu:.0f} µs "
+                f"= {gw_cpu / max(relay_cpu, 1e-9):.2f}x"
+            )
+        else:
+            parts.append(f"CPU/chunk edge+node {gw_cpu:.0f} µs")
+        parts.append(f"RSS/stream edge+node {gw['rss_edge_kb'] + gw['rss_node_kb']:.1f} KB")
+        parts.append(f"lost {int(gw['lost'])}")
+        print(f"  N={n}: " + "; ".join(p for p in parts if p))
+    if "direct" in args.targets:
+        best = max(holding) if holding else None
+        print(f"largest N with gateway/direct >= 0.97 and nothing lost: {best}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--role", choices=["provider", "relay", "load"], help=argparse.SUPPRESS)
@@ -250,13 +314,28 @@ def main() -> None:
     parser.add_argument("--upstream-port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--model", default="bench-model", help=argparse.SUPPRESS)
     parser.add_argument("--n", type=int, default=50, help=argparse.SUPPRESS)
-    parser.add_argument("--streams", default="50,200,400,1000", help="comma list of N")
+    parser.add_argument(
+        "--streams", default="50,100,150,200,300,400,600,800,1000", help="comma list of N"
+    )
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per N")
     parser.add_argument("--warmup", type=float, default=3.0, help="seconds before measuring")
     parser.add_argument("--chunks", type=int, default=100, help="chunks per stream")
     parser.add_argument("--interval", type=float, default=0.02, help="seconds between chunks")
     parser.add_argument("--targets", default="direct,relay2,gateway")
+    parser.add_argument(
+        "--cores",
+        default="0,1",
+        help="core for edge+node and the relays, core for provider+load ('' = no pinning)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="a short run: N = 50,200,400, 4 s each after 2 s"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.streams, args.seconds, args.warmup = "50,200,400", 4.0, 2.0
+    cores = [int(c) for c in args.cores.split(",") if c]
+    pin = len(cores) == 2 and len(os.sched_getaffinity(0)) >= 2
+    args.gateway_core, args.load_core = (cores[0], cores[1]) if pin else (None, None)
     if args.role == "provider":
         trio.run(_serve_streaming_provider, args.chunks, args.interval)
         return
@@ -276,12 +355,15 @@ def main() -> None:
             me
             + ["--role", "provider", "--chunks", str(args.chunks), "--interval", str(args.interval)]
         )
+        _pin(provider.pid, args.load_core)
         assert provider.stdout is not None
         provider_port = int(provider.stdout.readline())
         relay1 = procs.start(me + ["--role", "relay", "--upstream-port", str(provider_port)])
+        _pin(relay1.pid, args.gateway_core)
         assert relay1.stdout is not None
         relay1_port = int(relay1.stdout.readline())
         relay2 = procs.start(me + ["--role", "relay", "--upstream-port", str(relay1_port)])
+        _pin(relay2.pid, args.gateway_core)
         assert relay2.stdout is not None
         relay2_port = int(relay2.stdout.readline())
 
@@ -310,6 +392,7 @@ def main() -> None:
             ],
             edge_log,
         )
+        _pin(edge.pid, args.gateway_core)
         started = bg._wait_log(edge_log, r"event=edge_started .*wire=\S+:(\d+).* openai=\S+:(\d+)")
         wire_port, edge_port = int(started.group(1)), int(started.group(2))
         node_cfg = tmpdir / "node.yaml"
@@ -330,6 +413,7 @@ def main() -> None:
             ],
             node_log,
         )
+        _pin(node.pid, args.gateway_core)
         bg._wait_log(edge_log, r"event=node_connected")
         time.sleep(0.5)
 
@@ -354,17 +438,7 @@ def main() -> None:
                     f"streams complete {r['complete']}, lost {r['lost']}",
                     flush=True,
                 )
-        print()
-        for n in sizes:
-            by = {name: r for m, name, r in rows if m == n}
-            if "gateway" in by and "direct" in by:
-                ratio = by["gateway"]["rate"] / max(by["direct"]["rate"], 1e-9)
-                line = f"N={n}: gateway/direct delivered rate {ratio:.3f}"
-                if "relay2" in by:
-                    g = by["gateway"].get("cpu_edge_us", 0) + by["gateway"].get("cpu_node_us", 0)
-                    rl = by["relay2"].get("cpu_relay2_us", 0) + by["relay2"].get("cpu_relay1_us", 0)
-                    line += f"; edge+node CPU per chunk / two relays' = {g / max(rl, 1e-9):.2f}x"
-                print(line)
+        _summary(sizes, rows, args)
 
 
 if __name__ == "__main__":

@@ -71,3 +71,44 @@ async def test_a_closed_socket_is_left_to_trio() -> None:
         await a.aclose()
         assert fastsend.write_now(a, b"x") == 0  # no fd: nothing attempted
         await b.aclose()
+
+
+async def test_receive_waits_for_the_bytes_then_reads_once() -> None:
+    with trio.fail_after(5):
+        a, b = await _pair()
+        async with trio.open_nursery() as nursery:
+
+            async def write_later() -> None:
+                await trio.sleep(0.01)
+                await a.send_all(b"hello")
+
+            nursery.start_soon(write_later)
+            assert await fastsend.receive_some(b, 100) == b"hello"
+        await a.send_all(b"abcdef")
+        assert await fastsend.receive_some(b, 4) == b"abcd"  # at most max_bytes
+        assert await fastsend.receive_some(b, 4) == b"ef"
+        await a.aclose()
+        assert await fastsend.receive_some(b, 4) == b""  # EOF
+        await b.aclose()
+
+
+async def test_receive_is_a_cancel_point() -> None:
+    with trio.fail_after(5):
+        a, b = await _pair()
+        with trio.move_on_after(0.01) as scope:
+            await fastsend.receive_some(b, 100)
+        assert scope.cancelled_caught
+        await a.aclose()
+        await b.aclose()
+
+
+async def test_receive_on_a_closed_socket_or_other_stream() -> None:
+    with trio.fail_after(5):
+        a, b = await _pair()
+        await b.aclose()
+        with pytest.raises(trio.ClosedResourceError):
+            await fastsend.receive_some(b, 100)
+        await a.aclose()
+        send, receive = trio.testing.memory_stream_pair()
+        await send.send_all(b"xyz")
+        assert await fastsend.receive_some(receive, 10) == b"xyz"  # left to trio

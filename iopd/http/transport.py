@@ -165,7 +165,7 @@ class ServedConnection:
                     self._space = trio.Event()
                     await self._space.wait()
                     continue
-                data = await stream.receive_some(RECEIVE_SIZE)
+                data = await fastsend.receive_some(stream, RECEIVE_SIZE)
                 if not data:
                     break
                 if self.http.state is _LINGER:  # drop what arrives after a refusal

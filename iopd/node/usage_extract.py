@@ -202,7 +202,18 @@ class _LineScanner(BodyUsageScanner):
         self._buf = bytearray()
         self._overflow = False  # current line longer than MAX_PARSED_BYTES
 
+    #: A line holding neither of these is never decoded (subclasses set them).
+    markers: tuple[bytes, bytes] = (b"", b"")
+
+    def _skips(self, data: bytes) -> bool:
+        first, second = self.markers
+        return first not in data and second not in data
+
     def feed(self, data: bytes) -> None:
+        if not self._buf and data.endswith(b"\n") and self._skips(data):
+            # Whole lines, none of which would be decoded (most chunks of a
+            # stream: plain content deltas): skip the per-line work.
+            return
         start = 0
         while True:
             nl = data.find(b"\n", start)
@@ -245,13 +256,15 @@ class _LineScanner(BodyUsageScanner):
 class SseUsageScanner(_LineScanner):
     """``text/event-stream``: every ``data:`` line is one JSON document."""
 
+    markers = (b'"usage"', b"reasoning")
+
     def _line(self, line: bytes) -> None:
         if not line.startswith(b"data:"):
             return
         payload = line[5:].strip()
         if not payload or payload == b"[DONE]" or payload[:1] != b"{":
             return
-        if b'"usage"' not in payload and b"reasoning" not in payload:
+        if self._skips(payload):
             return  # most chunks: plain content deltas, not worth decoding
         try:
             doc = _json_decode(payload)
@@ -264,12 +277,13 @@ class NdjsonUsageScanner(_LineScanner):
     """Ollama's ``application/x-ndjson``: one JSON object per line."""
 
     flavour = "ollama"
+    markers = (b"eval_count", b"thinking")
 
     def _line(self, line: bytes) -> None:
         line = line.strip()
         if not line.startswith(b"{"):
             return
-        if b"eval_count" not in line and b"thinking" not in line:
+        if self._skips(line):
             return  # most lines: plain content, not worth decoding
         try:
             doc = _json_decode(line)
