@@ -79,6 +79,12 @@ def salted_password(secret: str, salt: bytes, iterations: int) -> bytes:
     return hashlib.pbkdf2_hmac("sha256", secret.encode("utf-8", "surrogatepass"), salt, iterations)
 
 
+def token_sha256(token: str) -> str:
+    """The hex SHA-256 of a token: what an edge's ``token_hash_sha256`` holds, and
+    the secret a node keys its proof with when the edge holds only that."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def client_key(salted: bytes) -> bytes:
     return _hmac(salted, b"Client Key")
 
@@ -203,5 +209,6 @@ __all__ = [
     "nonce_problem",
     "salted_password",
     "server_signature",
+    "token_sha256",
     "verify_server_signature",
 ]

@@ -89,9 +89,7 @@ def _struct_diff(old: msgspec.Struct, new: msgspec.Struct, path: str, out: list[
             out.append(f"{path}.{name}")
 
 
-def _provider_diff(
-    old: ProviderConfig, new: ProviderConfig, path: str, restart: list[str]
-) -> bool:
+def _provider_diff(old: ProviderConfig, new: ProviderConfig, path: str, restart: list[str]) -> bool:
     """Record restart-required fields of one provider; True when a live field changed."""
     live_changed = False
     for name in new.__struct_fields__:
@@ -112,7 +110,7 @@ def _node_diff(
     changed_providers: set[str],
 ) -> bool:
     """Compare one node present in both configs; True when a provider of it changed live."""
-    for name in ("token_hash_sha256", "alias", "embedded"):
+    for name in ("token_verifier", "token_hash_sha256", "alias", "embedded"):
         if getattr(old, name) != getattr(new, name):
             restart.append(f"{path}.{name}")
     old_providers = {p.id: p for p in old.providers}
