@@ -41,7 +41,6 @@ def check_main(path: str) -> int:
             for p in node.providers:
                 print(f"provider {p.id} ({p.type}): {_where_it_goes(p)}")
     else:
-        print(
-            f"OK: node config {path} (node {cfg.node.id}, edges {', '.join(node_edge_addresses(cfg.node))})"
-        )
+        edges = ", ".join(node_edge_addresses(cfg.node))
+        print(f"OK: node config {path} (node {cfg.node.id}, edges {edges})")
     return 0

@@ -453,9 +453,7 @@ def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) 
         if ok:
             problems.append(ConfigProblem(DOCUMENT_PATH, _one_line(str(exc))))
         raise _config_error(problems, source) from None
-    semantic = (
-        validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
-    )
+    semantic = validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
     problems += _not_seen_by_walk(semantic, walk.failed)
     if problems:
         raise _config_error(problems, source)

@@ -89,7 +89,9 @@ def _struct_diff(old: msgspec.Struct, new: msgspec.Struct, path: str, out: list[
             out.append(f"{path}.{name}")
 
 
-def _provider_diff(old: ProviderConfig, new: ProviderConfig, path: str, restart: list[str]) -> bool:
+def _provider_diff(
+    old: ProviderConfig, new: ProviderConfig, path: str, restart: list[str]
+) -> bool:
     """Record restart-required fields of one provider; True when a live field changed."""
     live_changed = False
     for name in new.__struct_fields__:

@@ -37,7 +37,8 @@ LIFECYCLE_CAPABILITIES: frozenset[str] = frozenset(
 )
 
 DEFAULT_STRICT_OUTPUT_INSTRUCTION = (
-    "Put your final answer, and nothing else, inside a single <completion>...</completion> element."
+    "Put your final answer, and nothing else, inside a single "
+    "<completion>...</completion> element."
 )
 
 

@@ -515,8 +515,6 @@ def _check_retries_and_ejection(err: _Errors, pool: ProviderPoolSection) -> None
             "provider_pool.eject_seconds",
             f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (a day) (got {pool.eject_seconds})",
         )
-
-
 def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
     """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
 
@@ -542,12 +540,7 @@ def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalTok
                     f"unknown principal {ref[:80]!r}: no openai.principal_tokens[] entry has "
                     "this principal_ref (callers without a principal get limits.default)",
                 )
-        for name in (
-            "max_concurrent",
-            "requests_per_minute",
-            "tokens_per_minute",
-            "tokens_per_day",
-        ):
+        for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
             value = getattr(entry, name)
             if value is not None:
                 err.non_negative(f"{path}.{name}", value)
