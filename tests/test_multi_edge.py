@@ -114,9 +114,12 @@ async def test_an_edge_link_lost_mid_stream_cancels_only_that_edges_streams() ->
                     await wait_until(lambda: len(mock.requests) >= 2)
                     # Edge 1's end of the link goes away, as when its process dies.
                     channel = _edge_session_channel(fleet, 0)
+                    closed_at = trio.current_time()
                     await trio.aclose_forcefully(channel.stream)  # type: ignore[attr-defined]
                     # The node cancels edge 1's stream: its model-server request is aborted
                     await mock.wait_client_close(1)
+                    aborted_after = mock.client_closed_at[0] - closed_at
+                    print(f"edge link closed -> provider request aborted: {aborted_after:.3f} s")
                     await wait_until(lambda: executor.active_streams == 1)
                     link2 = fleet.node_handles["node-a"].sessions.links[1]
                     assert link2.connected  # the other session is untouched
