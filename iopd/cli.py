@@ -30,10 +30,26 @@ def _port(text: str) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
-    token = "iop_" + secrets.token_urlsafe(32)
+    """A new token (or the one in ``--token-env``), its SHA-256 and a node verifier.
+
+    The verifier has a fresh salt at every run: run it once per edge with the
+    same token so that each edge holds its own.
+    """
+    import os
+
+    from wire.scram import Verifier
+
+    if args.token_env:
+        token = os.environ.get(args.token_env, "")
+        if not token:
+            print(f"iopd token: ${args.token_env} is not set or empty", file=sys.stderr)
+            return 2
+    else:
+        token = "iop_" + secrets.token_urlsafe(32)
+        print(f"token:             {token}")
     digest = hashlib.sha256(token.encode()).hexdigest()
-    print(f"token:             {token}")
     print(f"token_hash_sha256: {digest}")
+    print(f"token_verifier:    {Verifier.create(token).encode()}")
     return 0
 
 
@@ -199,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
         "node",
         help="run the node daemon (dials the edge, runs providers)",
         description=(
-            "Run a node: dial node.edge, prove node.id with node.token, receive the provider "
+            "Run a node: dial node.edge (or every one of node.edges), prove node.id with "
+            "node.token (SCRAM: the token never crosses the wire), receive the provider "
             "set from the edge, run requests and report provider health; reconnect with "
             "backoff after a loss. SIGTERM or SIGINT drains within node.drain_timeout, then "
             "exits 0; a second signal exits at once. (`iopd node drain ID` drains a node's "
@@ -280,7 +297,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_control_parsers(sub, node_parser, admin_token_note)
 
-    p = sub.add_parser("token", help="print a new random token and its SHA-256 for the config")
+    p = sub.add_parser(
+        "token",
+        help="print a new random token, its SHA-256 and its node verifier for the config",
+        description=(
+            "Print a new random token, its SHA-256 (token_hash_sha256: principals, the admin "
+            "API, the legacy node form) and a SCRAM-SHA-256 verifier (nodes[].token_verifier, "
+            "fresh salt each run: one per edge)."
+        ),
+    )
+    p.add_argument(
+        "--token-env",
+        metavar="NAME",
+        help="use the token in environment variable NAME instead of a new one (not printed)",
+    )
     p.set_defaults(func=_cmd_token)
     return parser
 

@@ -34,10 +34,12 @@ from wire.connection import Connection, Role
 from wire.framing import FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
+    Challenge,
     Hello,
     HelloAck,
     NodeConfig,
     NodeConfigAck,
+    Proof,
     ProviderStatus,
     ProviderTunnelRequest,
     RunEvent,
@@ -69,7 +71,9 @@ def bench_codec(seconds: float) -> None:
     print(f"codec: encode_frame + FrameDecoder.feed:        {rate:>12,.0f} msgs/s")
 
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
-    edge.receive_data(node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t")))
+    edge.receive_data(node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="")))
+    node.receive_data(edge.send(Challenge(nonce="n" * 48, salt=b"s", iterations=4096)))
+    edge.receive_data(node.send(Proof(proof=bytes(32))))
     node.receive_data(edge.send(HelloAck(edge_id="e")))
     node.receive_data(
         edge.send(

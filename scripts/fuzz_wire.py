@@ -25,6 +25,7 @@ from wire.framing import FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Challenge,
     Credit,
     Heartbeat,
     Hello,
@@ -32,6 +33,7 @@ from wire.messages import (
     Message,
     NodeConfig,
     NodeConfigAck,
+    Proof,
     ProviderSpec,
     ProviderStatus,
     ProviderTunnelFrame,
@@ -42,7 +44,9 @@ from wire.messages import (
 )
 
 SAMPLES: list[Message] = [
-    Hello(protocol_version=PROTOCOL_VERSION, node_id="node-a", token="tok"),
+    Hello(protocol_version=PROTOCOL_VERSION, node_id="node-a", token="", nonce="n" * 24),
+    Challenge(nonce="n" * 48, salt=b"salt", iterations=4096),
+    Proof(proof=bytes(32)),
     HelloAck(edge_id="edge-1"),
     Heartbeat(seq=3),
     ProviderStatus(),
@@ -93,9 +97,11 @@ def mutate(rng: random.Random) -> bytes:
 
 def open_connection(role: Role) -> Connection:
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
-    edge.receive_data(node.send(SAMPLES[0]))
-    node.receive_data(edge.send(SAMPLES[1]))
-    node.receive_data(edge.send(SAMPLES[4]))  # stream 1 open
+    edge.receive_data(node.send(SAMPLES[0]))  # Hello
+    node.receive_data(edge.send(SAMPLES[1]))  # Challenge
+    edge.receive_data(node.send(SAMPLES[2]))  # Proof
+    node.receive_data(edge.send(SAMPLES[3]))  # HelloAck
+    node.receive_data(edge.send(SAMPLES[6]))  # stream 1 open
     return edge if role is Role.EDGE else node
 
 

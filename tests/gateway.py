@@ -233,3 +233,71 @@ async def provider_health_gauge(gw: Gateway) -> float:
     text = (await http_request(gw.handle.admin, "GET", "/metrics")).body.decode()
     line = next(ln for ln in text.splitlines() if ln.startswith("iop_provider_health{"))
     return float(line.rsplit(" ", 1)[1])
+
+
+# ------------------------------------------------------------- several edges
+
+
+@dataclass
+class EdgeFleet:
+    """Several edges in the test process, and nodes that dial every one of them
+    (``node.edges``).  ``edges[i]`` is a ``Gateway`` without nodes of its own."""
+
+    edges: list[Gateway]
+    nursery: trio.Nursery
+    edge_scopes: list[trio.CancelScope]
+    node_scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
+    node_handles: dict[str, Any] = field(default_factory=dict)
+
+    def wire_addresses(self) -> list[str]:
+        return [f"{gw.handle.wire[0]}:{gw.handle.wire[1]}" for gw in self.edges]
+
+    def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
+        fields: dict[str, Any] = dict(
+            id=node_id,
+            edges=self.wire_addresses(),
+            token=node_token(node_id),
+            reconnect_initial_backoff=0.05,
+            reconnect_max_backoff=0.5,
+            drain_timeout=1.0,
+        )
+        fields.update(section)
+        return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
+
+    async def start_node(self, node_id: str, **section: Any) -> None:
+        """Start ``node_id`` dialing every edge; returns once every edge has it."""
+        scope, handle = await self.nursery.start(
+            functools.partial(_run_node_scoped, self.node_config(node_id, **section))
+        )
+        self.node_scopes[node_id] = scope
+        self.node_handles[node_id] = handle
+        for gw in self.edges:
+            await wait_until(lambda gw=gw: gw.runtime.hub.connected_since(node_id) is not None)
+
+
+async def _run_edge_scoped(
+    cfg: Any, *, task_status: trio.TaskStatus[tuple[trio.CancelScope, EdgeHandle]]
+) -> None:
+    with trio.CancelScope() as scope:
+        async with trio.open_nursery() as nursery:
+            handle = await nursery.start(functools.partial(run_edge, cfg, None))
+            task_status.started((scope, handle))
+
+
+@asynccontextmanager
+async def running_edges(yaml_texts: list[str], *, nodes: list[str]) -> AsyncIterator[EdgeFleet]:
+    """Start one edge per YAML text (ports forced to 0), then ``nodes`` dialing them all."""
+    async with trio.open_nursery() as nursery:
+        edges: list[Gateway] = []
+        scopes: list[trio.CancelScope] = []
+        for text in yaml_texts:
+            scope, handle = await nursery.start(_run_edge_scoped, edge_config(text))
+            edges.append(Gateway(handle=handle, nursery=nursery, node_scopes={}))
+            scopes.append(scope)
+        fleet = EdgeFleet(edges=edges, nursery=nursery, edge_scopes=scopes)
+        for node_id in nodes:
+            await fleet.start_node(node_id)
+        try:
+            yield fleet
+        finally:
+            nursery.cancel_scope.cancel()

@@ -39,7 +39,7 @@ def test_good_edge_config(capsys: pytest.CaptureFixture[str]) -> None:
 def test_good_node_config(capsys: pytest.CaptureFixture[str]) -> None:
     path = CONFIGS / "demo-node.yaml"
     assert main(["config", "check", str(path)]) == 0
-    assert capsys.readouterr().out == f"OK: node config {path} (node demo-node, edge 127.0.0.1:7070)\n"
+    assert capsys.readouterr().out == f"OK: node config {path} (node demo-node, edges 127.0.0.1:7070)\n"
 
 
 def test_demo_config_singular_counts(capsys: pytest.CaptureFixture[str]) -> None:

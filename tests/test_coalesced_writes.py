@@ -24,6 +24,7 @@ from iopd.node.link import _StreamSender
 from iopd.node.registry import AdapterRegistry
 from iopd.transport.channel import WireChannel
 from tests.test_http_server import connect, get, running
+from tests.wire_peers import challenge_and_prove
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -67,6 +68,7 @@ async def _pair(window: int = 100) -> tuple[WireChannel, WireChannel, _CountingS
     node = WireChannel(counting, Connection(Role.NODE))
     await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
     assert isinstance(await edge.receive_message(), Hello)
+    await challenge_and_prove(edge, node)
     await edge.send(HelloAck(edge_id="e"))
     await edge.send(
         RunRequest(stream_id=1, provider_id="p", adapter="echo", target="m", window=window)

@@ -103,6 +103,7 @@ def test_a_dialling_node_without_a_token_hash_is_told_about_both_forms() -> None
     text = _yaml().replace(f"    token_hash_sha256: {token_hash(node_token('node-b'))}\n", "")
     (line,) = _problems(text)
     assert line.startswith("nodes[1].token_hash_sha256: required")
+    assert "token_verifier" in line
     assert "embedded: true" in line
 
 

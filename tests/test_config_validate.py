@@ -12,6 +12,7 @@ import yaml
 
 from iopd.config.load import ConfigError, parse_edge_config, parse_node_config
 from iopd.config.validate import is_loopback_host, parse_host_port
+from wire import scram
 
 H1 = hashlib.sha256(b"node-a").hexdigest()
 H2 = hashlib.sha256(b"node-b").hexdigest()
@@ -589,3 +590,93 @@ def test_loopback_hosts() -> None:
     assert is_loopback_host("::1")
     assert not is_loopback_host("0.0.0.0") and not is_loopback_host("10.0.0.1")
     assert not is_loopback_host("localhost.evil.com")
+
+
+# ------------------------------------------------ node.edges and token_verifier
+
+VERIFIER = scram.Verifier.create("t", iterations=scram.MIN_ITERATIONS).encode()
+
+
+def _node_a(d: dict[str, Any]) -> dict[str, Any]:
+    node: dict[str, Any] = d["nodes"][0]
+    return node
+
+
+def _use_verifier(d: dict[str, Any]) -> None:
+    del _node_a(d)["token_hash_sha256"]
+    _node_a(d)["token_verifier"] = VERIFIER
+
+
+def _no_edge(d: dict[str, Any]) -> None:
+    del d["node"]["edge"]
+
+
+VERIFIER_CASES: list[tuple[str, Mutation, str]] = [
+    (
+        "both forms",
+        lambda d: _node_a(d).update(token_verifier=VERIFIER),
+        "nodes[0].token_hash_sha256: set token_verifier or token_hash_sha256, not both",
+    ),
+    (
+        "bad verifier",
+        both(_use_verifier, lambda d: _node_a(d).update(token_verifier="SCRAM-SHA-256$1:x")),
+        "nodes[0].token_verifier: must have the form SCRAM-SHA-256$<iterations>:<base64 salt>"
+        "$<base64 StoredKey>:<base64 ServerKey> (see 'iopd token')",
+    ),
+    (
+        "neither form",
+        lambda d: _node_a(d).pop("token_hash_sha256"),
+        "nodes[0].token_hash_sha256: required for a node that dials in: this or, stronger, "
+        "token_verifier (see 'iopd token'); or set embedded: true to run the node inside the edge",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"), [c[1:] for c in VERIFIER_CASES], ids=[c[0] for c in VERIFIER_CASES]
+)
+def test_node_entry_token_forms(mutate: Mutation, expected: str) -> None:
+    assert expected in errors_of(mutate), errors_of(mutate)
+
+
+def test_a_token_verifier_alone_is_valid() -> None:
+    assert errors_of(_use_verifier) == []
+
+
+NODE_EDGES_CASES: list[tuple[str, Mutation, str]] = [
+    (
+        "edge and edges",
+        set_in(["node", "edges"], ["127.0.0.1:7070"]),
+        "node.edges: set node.edge (one edge) or node.edges (several), not both",
+    ),
+    (
+        "neither edge nor edges",
+        _no_edge,
+        "node.edge: required: the edge's host:port (or node.edges: a list, for several)",
+    ),
+    (
+        "duplicate edges",
+        both(_no_edge, set_in(["node", "edges"], ["a:1", "b:2", "A:1"])),
+        "node.edges[2]: duplicate edge address (same as node.edges[0])",
+    ),
+    (
+        "bad address in edges",
+        both(_no_edge, set_in(["node", "edges"], ["a:1", "nope"])),
+        "node.edges[1]: must be host:port",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [c[1:] for c in NODE_EDGES_CASES],
+    ids=[c[0] for c in NODE_EDGES_CASES],
+)
+def test_node_edges_rules(mutate: Mutation, expected: str) -> None:
+    errors = errors_of(mutate, NODE_BASE)
+    assert any(e.startswith(expected) for e in errors), errors
+
+
+def test_node_edges_alone_is_valid() -> None:
+    mutate = both(_no_edge, set_in(["node", "edges"], ["127.0.0.1:7070", "[::1]:7070"]))
+    assert errors_of(mutate, NODE_BASE) == []

@@ -40,15 +40,18 @@ from tests.gateway import (
 )
 from tests.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.wire_peers import FakeNode, HubRecorder
+from wire import scram
 from wire.connection import Connection, Role
 from wire.framing import encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Challenge,
     Credit,
     Hello,
     NodeConfig,
     NodeConfigAck,
+    Proof,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
     Refused,
@@ -1032,13 +1035,18 @@ def _metered_hub(rec: HubRecorder) -> NodeHub:
 
 
 async def _raw_handshake(stream: trio.abc.Stream) -> Connection:
-    """Hello, then ack the pushed NodeConfig; returns the node side's Connection."""
+    """Hello, Proof, then ack the pushed NodeConfig; returns the node side's Connection."""
     conn = Connection(Role.NODE)
+    nonce = scram.new_nonce()
     await stream.send_all(
-        conn.send(
-            Hello(protocol_version=PROTOCOL_VERSION, node_id="node-a", token=node_token("node-a"))
-        )
+        conn.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="node-a", token="", nonce=nonce))
     )
+    (challenge,) = conn.receive_data(await stream.receive_some(65536))
+    assert isinstance(challenge, Challenge)
+    secret = scram.token_sha256(node_token("node-a"))
+    salted = scram.salted_password(secret, challenge.salt, challenge.iterations)
+    auth = scram.auth_message("node-a", nonce, challenge.nonce, challenge.salt, 4096)
+    await stream.send_all(conn.send(Proof(proof=scram.client_proof(salted, auth))))
     while True:
         msgs = conn.receive_data(await stream.receive_some(65536))
         cfg = next((m for m in msgs if isinstance(m, NodeConfig)), None)
@@ -1055,18 +1063,19 @@ async def test_hub_hooks_count_exact_frames_and_classify_closes(
     hub = _metered_hub(rec)
     with trio.fail_after(100):
         async with trio.open_nursery() as nursery:
-            # A clean handshake: Hello + NodeConfigAck in, HelloAck + NodeConfig out.
+            # A clean handshake: Hello + Proof + NodeConfigAck in,
+            # Challenge + HelloAck + NodeConfig out.
             client, server = trio.testing.memory_stream_pair()
             nursery.start_soon(hub.handle_connection, server)
             await _raw_handshake(client)
             await wait_until(lambda: hub.session("node-a") is not None)
-            assert rec.frames == {"in": 2, "out": 2} and rec.errors == []
+            assert rec.frames == {"in": 3, "out": 3} and rec.errors == []
             # A second Hello on a live session breaks the protocol: "protocol".
             await client.send_all(
                 encode_frame(Hello(protocol_version=PROTOCOL_VERSION, node_id="x", token="y"))
             )
             await wait_until(lambda: rec.errors == ["protocol"])
-            assert rec.frames["in"] == 2  # a frame the protocol rejects is not counted
+            assert rec.frames["in"] == 3  # a frame the protocol rejects is not counted
 
             # A node that goes silent after its handshake: "heartbeat_timeout".
             client, server = trio.testing.memory_stream_pair()
@@ -1076,7 +1085,7 @@ async def test_hub_hooks_count_exact_frames_and_classify_closes(
             await wait_until(lambda: len(rec.errors) == 2)
             assert rec.errors[1] == "heartbeat_timeout"
             # Heartbeats went out while it was silent, and were counted.
-            assert rec.frames["out"] > 4
+            assert rec.frames["out"] > 6
 
             # A peer that never says Hello: "handshake".
             client, server = trio.testing.memory_stream_pair()

@@ -254,7 +254,7 @@ def test_node_main_config_error_exits_1(tmp_path: Path, capsys: pytest.CaptureFi
 
 async def test_node_process_drains_on_sigterm_and_exits_0(tmp_path: Path) -> None:
     with trio.fail_after(30):
-        async with FakeEdge.serve(node_config=echo_config()) as edge:
+        async with FakeEdge.serve(token="secret-node-token", node_config=echo_config()) as edge:
             cfg = tmp_path / "node.yaml"
             cfg.write_text(
                 "node:\n"
@@ -294,7 +294,7 @@ async def test_node_process_drains_on_sigterm_and_exits_0(tmp_path: Path) -> Non
 
 async def test_second_signal_exits_without_waiting_for_the_drain(tmp_path: Path) -> None:
     with trio.fail_after(20):
-        async with FakeEdge.serve(node_config=echo_config(delay_ms=1000)) as edge:
+        async with FakeEdge.serve(token="t", node_config=echo_config(delay_ms=1000)) as edge:
             cfg = tmp_path / "node.yaml"
             cfg.write_text(
                 f"node:\n  id: node-a\n  edge: {edge.address}\n  token: t\n  drain_timeout: 600\n"

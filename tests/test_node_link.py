@@ -137,7 +137,7 @@ async def test_handshake_config_and_status() -> None:
                 assert isinstance(hello, Hello)
                 assert (hello.node_id, hello.token, hello.software_version) == (
                     "node-a",
-                    TOKEN,
+                    "",  # the token never crosses the wire
                     "9.9",
                 )
                 assert session.config_ack is not None and session.config_ack.version == 3
@@ -155,7 +155,7 @@ async def test_config_failure_is_acked_not_ok() -> None:
     handler = ScriptedHandler()
     handler.fail_config = True
     with trio.fail_after(10):
-        async with FakeEdge.serve() as edge:
+        async with FakeEdge.serve(token=TOKEN) as edge:
             async with linked(edge, handler) as (_link, session):
                 assert session.config_ack is not None
                 assert not session.config_ack.ok
@@ -165,7 +165,7 @@ async def test_config_failure_is_acked_not_ok() -> None:
 async def test_run_request_is_served() -> None:
     handler = ScriptedHandler()
     with trio.fail_after(10):
-        async with FakeEdge.serve() as edge:
+        async with FakeEdge.serve(token=TOKEN) as edge:
             async with linked(edge, handler) as (_link, session):
                 sid = session.next_stream_id()
                 await session.send(run_req(sid, n=3))
@@ -177,7 +177,7 @@ async def test_run_request_is_served() -> None:
 async def test_cancel_reaches_handler() -> None:
     handler = ScriptedHandler()
     with trio.fail_after(10):
-        async with FakeEdge.serve() as edge:
+        async with FakeEdge.serve(token=TOKEN) as edge:
             async with linked(edge, handler) as (_link, session):
                 sid = session.next_stream_id()
                 await session.send(run_req(sid, n=1, forever="1"))
@@ -191,7 +191,7 @@ async def test_cancel_reaches_handler() -> None:
 async def test_executor_without_terminal_gets_one() -> None:
     handler = ScriptedHandler()
     with trio.fail_after(10):
-        async with FakeEdge.serve() as edge:
+        async with FakeEdge.serve(token=TOKEN) as edge:
             async with linked(edge, handler) as (_link, session):
                 sid = session.next_stream_id()
                 await session.send(
@@ -205,7 +205,7 @@ async def test_slow_consumer_blocks_sender_until_credit() -> None:
     handler = ScriptedHandler()
     window = 3
     with trio.fail_after(10):
-        async with FakeEdge.in_memory() as edge, _patched_dial(edge):
+        async with FakeEdge.in_memory(token=TOKEN) as edge, _patched_dial(edge):
             async with linked(edge, handler) as (_link, session):
                 sid = session.next_stream_id()
                 await session.send(run_req(sid, n=10, window=window))
@@ -233,7 +233,7 @@ async def _patched_dial(edge: FakeEdge) -> AsyncIterator[None]:
 async def test_reconnect_with_backoff(autojump_clock: trio.testing.MockClock) -> None:
     handler = ScriptedHandler()
     with trio.fail_after(1000):
-        async with FakeEdge.in_memory() as edge, _patched_dial(edge):
+        async with FakeEdge.in_memory(token=TOKEN) as edge, _patched_dial(edge):
             edge.down = True
             link = NodeLink(
                 node_cfg("edge:7070", reconnect_initial_backoff=0.5, reconnect_max_backoff=4.0),
@@ -285,7 +285,7 @@ async def test_refused_bad_token_retries_at_max_backoff(
 async def test_link_loss_cancels_runs(autojump_clock: trio.testing.MockClock) -> None:
     handler = ScriptedHandler()
     with trio.fail_after(100):
-        async with FakeEdge.in_memory() as edge, _patched_dial(edge):
+        async with FakeEdge.in_memory(token=TOKEN) as edge, _patched_dial(edge):
             async with linked(edge, handler) as (link, session):
                 sid = session.next_stream_id()
                 await session.send(run_req(sid, n=0, forever="1"))
@@ -306,7 +306,7 @@ async def test_heartbeat_timeout_detects_silent_edge(
     handler = ScriptedHandler()
     with trio.fail_after(100):
         async with (
-            FakeEdge.in_memory(silent=True, heartbeat_interval=2.0, heartbeat_timeout=6.0) as edge,
+            FakeEdge.in_memory(token=TOKEN, silent=True, heartbeat_interval=2.0, heartbeat_timeout=6.0) as edge,
             _patched_dial(edge),
         ):
             link = NodeLink(node_cfg("edge:7070"), handler, software_version="1", rng=lambda: 1.0)
@@ -327,7 +327,7 @@ async def test_refused_other_code_uses_normal_backoff(
     handler = ScriptedHandler()
     refusal = Refused(reason="edge is shutting down", code="bad_handshake")
     with trio.fail_after(1000):
-        async with FakeEdge.in_memory(refuse=refusal) as edge, _patched_dial(edge):
+        async with FakeEdge.in_memory(token=TOKEN, refuse=refusal) as edge, _patched_dial(edge):
             link = NodeLink(
                 node_cfg("edge:7070", reconnect_initial_backoff=1.0, reconnect_max_backoff=30.0),
                 handler,
@@ -351,7 +351,7 @@ async def test_shutdown_ends_the_session_with_a_clean_eof_and_no_reconnect(
     handler = ScriptedHandler()
     caplog.set_level(logging.INFO, logger="iopd.node.link")
     with trio.fail_after(10):
-        async with FakeEdge.serve() as edge:
+        async with FakeEdge.serve(token=TOKEN) as edge:
             async with linked(edge, handler) as (link, session):
                 sid = session.next_stream_id()
                 await session.send(run_req(sid, n=2))

@@ -20,11 +20,13 @@ from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
 from tests.wire_peers import FakeNode, HubRecorder, wait_until
+from wire import scram
 from wire.connection import Connection, Role
 from wire.framing import encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Challenge,
     Credit,
     Heartbeat,
     Hello,
@@ -32,6 +34,7 @@ from wire.messages import (
     Message,
     NodeConfig,
     NodeConfigAck,
+    Proof,
     ProviderHealth,
     ProviderStatus,
     ProviderTunnelFrame,
@@ -193,9 +196,18 @@ class RawNode:
         return self.pending.pop(0)
 
     async def handshake(self, node_id: str = "node-a") -> NodeConfig:
+        client_nonce = scram.new_nonce()
         await self.send(
-            Hello(protocol_version=PROTOCOL_VERSION, node_id=node_id, token=TOKENS[node_id])
+            Hello(protocol_version=PROTOCOL_VERSION, node_id=node_id, token="", nonce=client_nonce)
         )
+        challenge = await self.recv()
+        assert isinstance(challenge, Challenge)
+        secret = scram.token_sha256(TOKENS[node_id])
+        salted = scram.salted_password(secret, challenge.salt, challenge.iterations)
+        auth = scram.auth_message(
+            node_id, client_nonce, challenge.nonce, challenge.salt, challenge.iterations
+        )
+        await self.send(Proof(proof=scram.client_proof(salted, auth)))
         assert isinstance(await self.recv(), HelloAck)
         cfg = await self.recv()
         assert isinstance(cfg, NodeConfig)

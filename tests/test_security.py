@@ -55,6 +55,7 @@ from tests.mock_providers import (
     MockReply,
     RecordedRequest,
 )
+from wire import scram
 
 CALLER = "sk-canary-principal-4c1f9e2a7b"
 LEGACY = "sk-canary-legacy-8d2b6f0e3a"
@@ -415,10 +416,12 @@ def test_caller_auth_compares_digests_in_constant_time() -> None:
     assert _equality_on_secrets(inspect.getsource(openai_auth)) == []
 
 
-def test_node_handshake_compares_token_hashes_in_constant_time() -> None:
-    source = inspect.getsource(edge_nodes.NodeHub._authenticate)
-    assert "hmac.compare_digest" in source
-    assert _equality_on_secrets(source) == []
+def test_node_handshake_compares_proofs_in_constant_time() -> None:
+    for fn in (scram.Verifier.verify_proof, scram.verify_server_signature):
+        source = inspect.getsource(fn)
+        assert "hmac.compare_digest" in source
+        assert _equality_on_secrets(source) == []
+    assert _equality_on_secrets(inspect.getsource(edge_nodes.NodeHub._authenticate)) == []
 
 
 # ------------------------------------------------------ no client-chosen URLs

@@ -25,7 +25,7 @@ from iopd.transport import (
     server_ssl_context,
 )
 from tests.test_node_link import ScriptedHandler
-from tests.wire_peers import FakeEdge, FakeNode, HubRecorder, wait_until
+from tests.wire_peers import FakeEdge, FakeNode, HubRecorder, challenge_and_prove, wait_until
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -48,6 +48,7 @@ async def _open_pair() -> tuple[WireChannel, WireChannel]:
     node = WireChannel(b, Connection(Role.NODE))
     await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
     assert isinstance(await edge.receive_message(), Hello)
+    await challenge_and_prove(edge, node)
     await edge.send(HelloAck(edge_id="e"))
     assert isinstance(await node.receive_message(), HelloAck)
     return edge, node
@@ -324,7 +325,7 @@ async def test_server_tls_without_client_certs(pki: dict[str, str]) -> None:
     assert srv is not None
     client = client_ssl_context(NodeTLS(ca=pki["ca"]))
     with trio.fail_after(10):
-        async with FakeEdge.serve(ssl_context=srv) as edge:
+        async with FakeEdge.serve(token="t", ssl_context=srv) as edge:
             async with FakeNode.connect(
                 edge.host,
                 edge.port,
@@ -373,6 +374,7 @@ async def test_concurrent_senders_are_coalesced_in_call_order() -> None:
         async with trio.open_nursery() as nursery:
             await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
             assert isinstance(await edge.receive_message(), Hello)
+            await challenge_and_prove(edge, node)
             await edge.send(HelloAck(edge_id="e"))
             await edge.send(
                 RunRequest(stream_id=1, provider_id="p", adapter="echo", target="m", window=100)

@@ -16,6 +16,7 @@ from wire.framing import encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Challenge,
     Credit,
     Heartbeat,
     Hello,
@@ -24,6 +25,7 @@ from wire.messages import (
     NodeConfig,
     NodeConfigAck,
     Pong,
+    Proof,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -32,7 +34,9 @@ from wire.messages import (
     RunRequest,
 )
 
-HELLO = Hello(protocol_version=PROTOCOL_VERSION, node_id="n1", token="t")
+HELLO = Hello(protocol_version=PROTOCOL_VERSION, node_id="n1", token="", nonce="c" * 24)
+CHALLENGE = Challenge(nonce="c" * 48, salt=b"salt", iterations=4096)
+PROOF = Proof(proof=bytes(32))
 ACK = HelloAck(edge_id="e1")
 
 
@@ -45,6 +49,10 @@ def pair() -> tuple[Connection, Connection]:
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
     assert xfer(node, edge, HELLO) == [HELLO]
     assert edge.hello == HELLO
+    xfer(edge, node, CHALLENGE)
+    assert edge.state is node.state is ConnState.CHALLENGED
+    xfer(node, edge, PROOF)
+    assert edge.state is node.state is ConnState.PROOF_SENT
     xfer(edge, node, ACK)
     assert edge.state is node.state is ConnState.OPEN
     return edge, node
@@ -75,8 +83,40 @@ def test_handshake_refused_closes() -> None:
         node.send(Heartbeat())
 
 
+def test_handshake_refused_after_a_bad_proof_closes() -> None:
+    edge, node = Connection(Role.EDGE), Connection(Role.NODE)
+    xfer(node, edge, HELLO)
+    xfer(edge, node, CHALLENGE)
+    xfer(node, edge, PROOF)
+    xfer(edge, node, Refused(reason="bad proof", code="bad_token"))
+    assert edge.state is node.state is ConnState.CLOSED
+
+
+def test_edge_may_not_ack_before_the_proof() -> None:
+    edge, node = Connection(Role.EDGE), Connection(Role.NODE)
+    xfer(node, edge, HELLO)
+    with pytest.raises(LocalProtocolError):
+        edge.send(ACK)  # a HelloAck skipping the challenge is not legal
+    with pytest.raises(RemoteProtocolError) as info:
+        node.receive_data(encode_frame(ACK))
+    assert "hello_sent" in info.value.reason
+
+
+def test_only_a_proof_answers_a_challenge() -> None:
+    edge, node = Connection(Role.EDGE), Connection(Role.NODE)
+    xfer(node, edge, HELLO)
+    xfer(edge, node, CHALLENGE)
+    with pytest.raises(LocalProtocolError):
+        edge.send(Refused(reason="x"))  # the edge waits for the proof
+    with pytest.raises(RemoteProtocolError) as info:
+        edge.receive_data(encode_frame(Heartbeat()))
+    assert "challenged" in info.value.reason
+
+
 ALL_SAMPLES: list[Message] = [
     HELLO,
+    CHALLENGE,
+    PROOF,
     ACK,
     Refused(reason="r"),
     Heartbeat(),
@@ -104,8 +144,8 @@ def test_nothing_but_hello_first(msg: Message) -> None:
         edge.receive_data(encode_frame(HELLO))
 
 
-@pytest.mark.parametrize("msg", [m for m in ALL_SAMPLES if not isinstance(m, HelloAck | Refused)])
-def test_nothing_but_ack_or_refused_after_hello(msg: Message) -> None:
+@pytest.mark.parametrize("msg", [m for m in ALL_SAMPLES if not isinstance(m, Challenge | Refused)])
+def test_nothing_but_challenge_or_refused_after_hello(msg: Message) -> None:
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
     xfer(node, edge, HELLO)
     with pytest.raises(RemoteProtocolError) as info:
@@ -128,7 +168,7 @@ def test_node_may_not_send_first_anything_but_hello(msg: Message) -> None:
         assert node.state is ConnState.AWAIT_HELLO
 
 
-@pytest.mark.parametrize("msg", [HELLO, ACK, Refused(reason="x")])
+@pytest.mark.parametrize("msg", [HELLO, CHALLENGE, PROOF, ACK, Refused(reason="x")])
 def test_handshake_messages_illegal_in_session(msg: Message) -> None:
     for side in ("edge", "node"):
         edge, node = pair()
@@ -142,7 +182,7 @@ def test_version_mismatch_edge_must_refuse() -> None:
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
     xfer(node, edge, Hello(protocol_version=99, node_id="n", token="t"))
     with pytest.raises(LocalProtocolError):
-        edge.send(ACK)
+        edge.send(CHALLENGE)
     edge.send(Refused(reason="version", code="version_mismatch"))
     assert edge.state is ConnState.CLOSED
 
@@ -150,8 +190,10 @@ def test_version_mismatch_edge_must_refuse() -> None:
 def test_node_rejects_ack_with_other_version() -> None:
     node = Connection(Role.NODE)
     node.send(HELLO)
+    node.receive_data(encode_frame(CHALLENGE))
+    node.send(PROOF)
     with pytest.raises(VersionMismatch):
-        node.receive_data(encode_frame(HelloAck(edge_id="e", protocol_version=2)))
+        node.receive_data(encode_frame(HelloAck(edge_id="e", protocol_version=1)))
 
 
 def test_every_state_is_in_the_table() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.wire_peers import SAMPLE_CHALLENGE, SAMPLE_PROOF
 from wire.connection import Connection, Role
 from wire.errors import RemoteProtocolError, WireError
 from wire.framing import FrameDecoder, encode_frame
@@ -38,6 +39,8 @@ SAMPLES: list[Message] = [
     ProviderTunnelFrame(stream_id=1, kind="body", data=b"data: {}\n\n"),
     NodeConfig(stream_id=1, version=1, providers=[ProviderSpec(id="x", type="echo")]),
     Cancel(stream_id=1, reason="r"),
+    SAMPLE_CHALLENGE,
+    SAMPLE_PROOF,
     Credit(stream_id=1, frames=3),
 ]
 FRAMES = [encode_frame(m) for m in SAMPLES]
@@ -90,6 +93,8 @@ def test_mutated_frames_only_wire_errors(data: bytes, chunk: int) -> None:
 def _open_pair() -> tuple[Connection, Connection]:
     edge, node = Connection(Role.EDGE), Connection(Role.NODE)
     edge.receive_data(node.send(SAMPLES[0]))
+    node.receive_data(edge.send(SAMPLE_CHALLENGE))
+    edge.receive_data(node.send(SAMPLE_PROOF))
     node.receive_data(edge.send(HelloAck(edge_id="e")))
     node.receive_data(edge.send(SAMPLES[2]))  # stream 1 open
     return edge, node

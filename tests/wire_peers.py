@@ -17,7 +17,8 @@
                                   responder=script) as node: ...
 
 * ``FakeEdge`` — a wire listener on port 0 playing the edge for ``NodeLink``
-  tests: it accepts ``Hello`` (optionally checking the token), answers
+  tests: it runs the edge's SCRAM challenge (``iopd.edge.node_handshake``)
+  against a verifier of ``token`` (default ``FAKE_NODE_TOKEN``), answers
   ``HelloAck`` (or a scripted ``Refused``), pushes a ``NodeConfig`` and waits
   for the ack; then the test sends ``RunRequest``/``Cancel``/``Credit`` and
   reads the replies::
@@ -45,7 +46,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import hmac
 import ssl
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -56,17 +56,21 @@ import trio
 import trio.testing
 
 from iopd.config.schema import NodeEntry
+from iopd.edge.node_handshake import Refusal, challenge_node
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import DialError, dial
 from iopd.transport.listen import serve_wire
+from wire import scram
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
+    Challenge,
     Hello,
     HelloAck,
     Message,
     NodeConfig,
     NodeConfigAck,
+    Proof,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -76,6 +80,11 @@ from wire.messages import (
 )
 
 M = TypeVar("M")
+#: The token ``FakeEdge`` expects unless told another.
+FAKE_NODE_TOKEN = "node-token"
+#: Iterations of the verifiers test peers make: the least SCRAM allows, so
+#: the node derives its key inline (no worker thread under ``autojump_clock``).
+TEST_ITERATIONS = scram.MIN_ITERATIONS
 INBOX_SIZE = 10_000
 Responder = Callable[[RunRequest | ProviderTunnelRequest], Sequence[RunEvent | ProviderTunnelFrame]]
 
@@ -190,11 +199,9 @@ class FakeNode(_Peer):
         node._status = status
         try:
             with trio.fail_after(timeout):
-                await channel.send(
-                    Hello(protocol_version=protocol_version, node_id=node_id, token=token)
+                reply = await node_handshake(
+                    channel, node_id=node_id, token=token, protocol_version=protocol_version
                 )
-                reply = await channel.receive_message()
-            assert isinstance(reply, HelloAck | Refused)
             node.hello_reply = reply
             if isinstance(reply, Refused):
                 node.closed.set()
@@ -235,6 +242,47 @@ class FakeNode(_Peer):
         self._store(msg)
 
 
+async def node_handshake(
+    channel: WireChannel,
+    *,
+    node_id: str,
+    token: str,
+    protocol_version: int = PROTOCOL_VERSION,
+    nonce: str | None = None,
+) -> HelloAck | Refused:
+    """The node's side of the handshake, without checking the edge's signature
+    (tests do that where it matters); the edge's last reply."""
+    client_nonce = nonce or scram.new_nonce()
+    await channel.send(
+        Hello(protocol_version=protocol_version, node_id=node_id, token="", nonce=client_nonce)
+    )
+    reply = await channel.receive_message()
+    if isinstance(reply, Refused):
+        return reply
+    assert isinstance(reply, Challenge)
+    secret = token if reply.secret == "token" else scram.token_sha256(token)
+    salted = scram.salted_password(secret, reply.salt, reply.iterations)
+    auth = scram.auth_message(node_id, client_nonce, reply.nonce, reply.salt, reply.iterations)
+    await channel.send(Proof(proof=scram.client_proof(salted, auth)))
+    reply = await channel.receive_message()
+    assert isinstance(reply, HelloAck | Refused)
+    return reply
+
+
+#: A well-formed Challenge and Proof for tests of the connection and the
+#: channel, where only the handshake's shape matters (not its math).
+SAMPLE_CHALLENGE = Challenge(nonce="n" * 40, salt=b"salt", iterations=TEST_ITERATIONS)
+SAMPLE_PROOF = Proof(proof=bytes(32))
+
+
+async def challenge_and_prove(edge: WireChannel, node: WireChannel) -> None:
+    """The middle of a handshake between two scripted channels (Hello already crossed)."""
+    await edge.send(SAMPLE_CHALLENGE)
+    assert isinstance(await node.receive_message(), Challenge)
+    await node.send(SAMPLE_PROOF)
+    assert isinstance(await edge.receive_message(), Proof)
+
+
 class FakeEdgeSession(_Peer):
     """One node connection accepted by ``FakeEdge``, after handshake and config."""
 
@@ -257,14 +305,14 @@ class FakeEdge:
     def __init__(
         self,
         *,
-        token: str | None,
+        token: str,
         node_config: NodeConfig | None,
         refuse: Refused | None,
         heartbeat_interval: float,
         heartbeat_timeout: float,
         timeout: float,
     ) -> None:
-        self.token_hash = hashlib.sha256(token.encode()).hexdigest() if token else None
+        self.verifier = scram.Verifier.create(token, iterations=TEST_ITERATIONS)
         self.node_config = node_config
         self.refuse = refuse
         self.heartbeat_interval = heartbeat_interval
@@ -286,7 +334,7 @@ class FakeEdge:
     async def serve(
         cls,
         *,
-        token: str | None = None,
+        token: str = FAKE_NODE_TOKEN,
         node_config: NodeConfig | None = None,
         refuse: Refused | None = None,
         heartbeat_interval: float = 5.0,
@@ -296,7 +344,7 @@ class FakeEdge:
     ) -> AsyncIterator[FakeEdge]:
         """Listen on 127.0.0.1 port 0 until the block ends.
 
-        ``token``: when set, a Hello with another token is refused (bad_token).
+        ``token``: the node's token (a proof of another is refused: bad_token).
         ``node_config``: pushed after HelloAck (default: an empty config,
         version 1); ``refuse``: answer every Hello with this instead.
         """
@@ -320,7 +368,7 @@ class FakeEdge:
     async def in_memory(
         cls,
         *,
-        token: str | None = None,
+        token: str = FAKE_NODE_TOKEN,
         node_config: NodeConfig | None = None,
         refuse: Refused | None = None,
         heartbeat_interval: float = 5.0,
@@ -386,13 +434,16 @@ class FakeEdge:
         assert isinstance(hello, Hello)
         self.hellos.append(hello)
         session.hello = hello
-        refusal = self.refuse
-        if refusal is None and self.token_hash is not None:
-            presented = hashlib.sha256(hello.token.encode()).hexdigest()
-            if not hmac.compare_digest(presented, self.token_hash):
-                refusal = Refused(reason="invalid node token", code="bad_token")
-        if refusal is not None:
-            await channel.send(refusal)
+        if self.refuse is not None:
+            await channel.send(self.refuse)
+            await channel.aclose()
+            return
+        try:
+            outcome = await challenge_node(channel, hello, self.verifier, "token")
+        except ChannelClosed:
+            return
+        if isinstance(outcome, Refusal):
+            await channel.send(Refused(reason=outcome.reason, code=outcome.code))
             await channel.aclose()
             return
         await channel.send(
@@ -400,6 +451,7 @@ class FakeEdge:
                 edge_id="fake-edge",
                 heartbeat_interval=self.heartbeat_interval,
                 heartbeat_timeout=self.heartbeat_timeout,
+                server_signature=outcome,
             )
         )
         if self.silent:
@@ -430,6 +482,9 @@ class HubRecorder:
 
     tokens: Mapping[str, str]
     config_version: int = 7
+    #: node id -> ``token_verifier`` string: these nodes hold the strong form
+    #: (the others the hash of their token).
+    verifiers: dict[str, str] = field(default_factory=dict)
     events: list[tuple[str, str]] = field(default_factory=list)
     statuses: list[tuple[str, ProviderStatus]] = field(default_factory=list)
     frames: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0})
@@ -452,7 +507,9 @@ class HubRecorder:
 
     def known_nodes(self) -> Mapping[str, NodeEntry]:
         return {
-            nid: NodeEntry(id=nid, token_hash_sha256=hashlib.sha256(tok.encode()).hexdigest())
+            nid: NodeEntry(id=nid, token_verifier=self.verifiers[nid])
+            if nid in self.verifiers
+            else NodeEntry(id=nid, token_hash_sha256=hashlib.sha256(tok.encode()).hexdigest())
             for nid, tok in self.tokens.items()
         }
 
@@ -475,4 +532,15 @@ class HubRecorder:
         self.wire_errors.append((reason, detail))
 
 
-__all__ = ["FakeEdge", "FakeEdgeSession", "FakeNode", "HubRecorder", "wait_until"]
+__all__ = [
+    "FAKE_NODE_TOKEN",
+    "FakeEdge",
+    "FakeEdgeSession",
+    "FakeNode",
+    "HubRecorder",
+    "SAMPLE_CHALLENGE",
+    "SAMPLE_PROOF",
+    "challenge_and_prove",
+    "node_handshake",
+    "wait_until",
+]

@@ -8,8 +8,10 @@ our side, nothing is sent), ``receive_data`` checks the *peer's* moves
 (``RemoteProtocolError``: close that connection).  Both sides run the same
 machine, so each knows exactly what the other may do next.
 
-Handshake: the node sends ``Hello`` first; the edge answers ``HelloAck`` (the
-session is open) or ``Refused`` (closed).  Nothing else may cross before that.
+Handshake (SCRAM-SHA-256, ``wire.scram``): the node sends ``Hello`` first;
+the edge answers ``Challenge`` or ``Refused`` (closed); the node sends its
+``Proof``; the edge answers ``HelloAck`` (the session is open) or ``Refused``.
+Nothing else may cross before that.
 
 Streams: only the edge opens streams (``RunRequest``, ``ProviderTunnelRequest``,
 ``NodeConfig``), with strictly increasing ``stream_id`` (so "closed" needs no
@@ -37,6 +39,7 @@ from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
+    Challenge,
     Credit,
     Heartbeat,
     Hello,
@@ -45,6 +48,7 @@ from wire.messages import (
     NodeConfig,
     NodeConfigAck,
     Pong,
+    Proof,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -82,7 +86,9 @@ class ConnState(_FastHashEnum):
     """State of the whole connection (shared by both ends)."""
 
     AWAIT_HELLO = "await_hello"  # nothing has crossed yet; the node must send Hello
-    HELLO_SENT = "hello_sent"  # the edge must answer HelloAck or Refused
+    HELLO_SENT = "hello_sent"  # the edge must answer Challenge or Refused
+    CHALLENGED = "challenged"  # the node must send its Proof
+    PROOF_SENT = "proof_sent"  # the edge must answer HelloAck or Refused
     OPEN = "open"  # session established: streams, status, heartbeats
     CLOSED = "closed"  # refused, closed, or broken by a protocol error
 
@@ -131,6 +137,11 @@ _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
 CONNECTION_TRANSITIONS: dict[ConnState, dict[tuple[Role, type[Message]], ConnState]] = {
     ConnState.AWAIT_HELLO: {(_NODE, Hello): ConnState.HELLO_SENT},
     ConnState.HELLO_SENT: {
+        (_EDGE, Challenge): ConnState.CHALLENGED,
+        (_EDGE, Refused): ConnState.CLOSED,
+    },
+    ConnState.CHALLENGED: {(_NODE, Proof): ConnState.PROOF_SENT},
+    ConnState.PROOF_SENT: {
         (_EDGE, HelloAck): ConnState.OPEN,
         (_EDGE, Refused): ConnState.CLOSED,
     },
@@ -241,7 +252,7 @@ class Connection:
         Raises ``LocalProtocolError`` (and changes nothing) when ``msg`` is not
         legal now, or when it is too large for one frame.
         """
-        if self.our_role is Role.EDGE and isinstance(msg, HelloAck):
+        if self.our_role is Role.EDGE and isinstance(msg, Challenge | HelloAck):
             if self.hello is not None and self.hello.protocol_version != PROTOCOL_VERSION:
                 raise LocalProtocolError(
                     f"cannot accept protocol version {self.hello.protocol_version}: send Refused"

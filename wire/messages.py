@@ -18,7 +18,9 @@ from typing import Any, Literal
 
 import msgspec
 
-PROTOCOL_VERSION = 1
+#: 2: the node proves its token with SCRAM-SHA-256 (Hello, Challenge, Proof,
+#: HelloAck) instead of sending it in Hello.
+PROTOCOL_VERSION = 2
 
 
 class _Msg(msgspec.Struct, tag_field="t", omit_defaults=True, kw_only=True):
@@ -29,22 +31,55 @@ class _Msg(msgspec.Struct, tag_field="t", omit_defaults=True, kw_only=True):
 
 
 class Hello(_Msg, tag=True):
-    """Node -> edge, first frame on a connection."""
+    """Node -> edge, first frame on a connection: SCRAM's client-first message.
+
+    ``token`` is always ``""`` since protocol 2 (the token never crosses); it
+    stays a required field so that an edge of protocol 1 can still decode this
+    Hello and refuse it with its version.  ``nonce``: the node's fresh nonce.
+    """
 
     protocol_version: int
     node_id: str
     token: str
     software_version: str = ""
+    nonce: str = ""
+
+
+class Challenge(_Msg, tag=True):
+    """Edge -> node: SCRAM's server-first message.
+
+    ``nonce`` is the node's nonce followed by the edge's; ``salt`` and
+    ``iterations`` are those of the verifier the edge holds.  ``secret`` says
+    what the proof is keyed with: the token itself (the edge holds a
+    ``token_verifier``), or the hex SHA-256 of the token (the edge holds only
+    ``token_hash_sha256``: the weaker, legacy form).
+    """
+
+    nonce: str
+    salt: bytes
+    iterations: int
+    secret: Literal["token", "token_sha256"] = "token"
+
+
+class Proof(_Msg, tag=True):
+    """Node -> edge: SCRAM's client-final message (its proof over the AuthMessage)."""
+
+    proof: bytes
 
 
 class HelloAck(_Msg, tag=True):
-    """Edge -> node: the session is established."""
+    """Edge -> node: the session is established.
+
+    ``server_signature``: the edge's own SCRAM proof that it holds the node's
+    verifier; the node checks it before serving anything.
+    """
 
     edge_id: str
     protocol_version: int = PROTOCOL_VERSION
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 15.0
     session_id: str = ""
+    server_signature: bytes = b""
 
 
 class Refused(_Msg, tag=True):
@@ -228,6 +263,8 @@ class Credit(_Msg, tag=True):
 
 Message = (
     Hello
+    | Challenge
+    | Proof
     | HelloAck
     | Refused
     | Heartbeat

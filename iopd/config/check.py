@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from iopd.config.load import ConfigError, load_any_config
 from iopd.config.provider_url import HTTP_PROVIDER_TYPES, request_url
-from iopd.config.schema import EdgeConfig, ProviderConfig
+from iopd.config.schema import EdgeConfig, ProviderConfig, node_edge_addresses
 
 __all__ = ["check_main"]
 
@@ -41,5 +41,6 @@ def check_main(path: str) -> int:
             for p in node.providers:
                 print(f"provider {p.id} ({p.type}): {_where_it_goes(p)}")
     else:
-        print(f"OK: node config {path} (node {cfg.node.id}, edge {cfg.node.edge})")
+        edges = ", ".join(node_edge_addresses(cfg.node))
+        print(f"OK: node config {path} (node {cfg.node.id}, edges {edges})")
     return 0

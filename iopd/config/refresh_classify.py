@@ -112,7 +112,7 @@ def _node_diff(
     changed_providers: set[str],
 ) -> bool:
     """Compare one node present in both configs; True when a provider of it changed live."""
-    for name in ("token_hash_sha256", "alias", "embedded"):
+    for name in ("token_verifier", "token_hash_sha256", "alias", "embedded"):
         if getattr(old, name) != getattr(new, name):
             restart.append(f"{path}.{name}")
     old_providers = {p.id: p for p in old.providers}

@@ -206,7 +206,10 @@ class ProviderConfig(_Section):
 
 class NodeEntry(_Section):
     id: str
-    #: Required unless ``embedded``; validated in ``validate.py``.
+    #: One of these two unless ``embedded``; validated in ``validate.py``.
+    #: ``token_verifier``: the SCRAM-SHA-256 verifier (``wire.scram``), the
+    #: strong form; ``token_hash_sha256``: the weaker, legacy form.
+    token_verifier: str = ""
     token_hash_sha256: str = ""
     alias: str = ""
     #: Run this node inside the edge process (one daemon for one machine); it
@@ -236,8 +239,11 @@ class NodeTLS(_Section):
 
 class NodeSection(_Section):
     id: str
-    edge: str
     token: str
+    #: The one edge to dial (``host:port``), or ``edges``: several, one session
+    #: each.  Exactly one of the two; validated in ``validate.py``.
+    edge: str = ""
+    edges: list[str] = msgspec.field(default_factory=list)
     tls: NodeTLS = msgspec.field(default_factory=NodeTLS)
     drain_timeout: float = 30.0
     reconnect_max_backoff: float = 30.0
@@ -249,3 +255,8 @@ class NodeSection(_Section):
 
 class NodeConfigFile(_Section):
     node: NodeSection
+
+
+def node_edge_addresses(node: NodeSection) -> list[str]:
+    """Every edge the node dials: ``node.edges``, or the one ``node.edge``."""
+    return list(node.edges) if node.edges else [node.edge]

@@ -29,6 +29,7 @@ from iopd.config.schema import (
     ModelRoute,
     NodeConfigFile,
     NodeEntry,
+    NodeSection,
     NodeTLS,
     OpenAISection,
     PrincipalToken,
@@ -36,6 +37,7 @@ from iopd.config.schema import (
     ProviderPoolSection,
 )
 from iopd.edge.openai.upstream_headers import forbidden_reason
+from wire import scram
 
 __all__ = [
     "is_loopback_host",
@@ -255,23 +257,29 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
 
 
 def _check_node_token(err: _Errors, npath: str, node: NodeEntry) -> None:
-    """A dialling node needs ``token_hash_sha256``; an embedded one has none and its providers."""
+    """A dialling node needs ``token_verifier`` or ``token_hash_sha256`` (not both);
+    an embedded one neither, and its providers."""
+    secrets_set = [k for k in ("token_verifier", "token_hash_sha256") if getattr(node, k)]
     if node.embedded:
-        if node.token_hash_sha256:
-            err.add(
-                f"{npath}.token_hash_sha256",
-                "must not be set for an embedded node (the edge gives it a token kept in memory)",
-            )
+        for key in secrets_set:
+            err.add(f"{npath}.{key}", "must not be set for an embedded node (its token is minted)")
         if not node.providers:
             err.add(
                 f"{npath}.providers",
                 "an embedded node must define at least one provider (it serves nothing else)",
             )
+    elif len(secrets_set) == 2:
+        err.add(f"{npath}.token_hash_sha256", "set token_verifier or token_hash_sha256, not both")
+    elif node.token_verifier:
+        try:
+            scram.Verifier.parse(node.token_verifier)
+        except ValueError as exc:
+            err.add(f"{npath}.token_verifier", str(exc))
     elif not node.token_hash_sha256:
         err.add(
             f"{npath}.token_hash_sha256",
-            "required for a node that dials in (the SHA-256 of its token; see 'iopd token'),"
-            " or set embedded: true to run the node inside the edge",
+            "required for a node that dials in: this or, stronger, token_verifier (see "
+            "'iopd token'); or set embedded: true to run the node inside the edge",
         )
     else:
         err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
@@ -544,12 +552,29 @@ def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
     err.tls_pair("node.tls", tls.cert, tls.key)
 
 
+def _check_node_edges(err: _Errors, n: NodeSection) -> None:
+    """``node.edge`` (one edge) or ``node.edges`` (several, each once): exactly one."""
+    if n.edge and n.edges:
+        err.add("node.edges", "set node.edge (one edge) or node.edges (several), not both")
+    elif n.edges:
+        seen: dict[str, str] = {}
+        for i, address in enumerate(n.edges):
+            path = f"node.edges[{i}]"
+            host = err.address(path, address)
+            if host is not None and (first := _first_at(seen, address.lower(), path)):
+                err.add(path, f"duplicate edge address (same as {first})")
+    elif n.edge:
+        err.address("node.edge", n.edge)
+    else:
+        err.add("node.edge", "required: the edge's host:port (or node.edges: a list, for several)")
+
+
 def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
     """Every semantic problem of a node config, in file order."""
     err = _Errors()
     n = cfg.node
     err.not_empty("node.id", n.id)
-    err.address("node.edge", n.edge)
+    _check_node_edges(err, n)
     err.not_empty("node.token", n.token)
     _check_node_tls(err, n.tls)
     err.positive("node.drain_timeout", n.drain_timeout)

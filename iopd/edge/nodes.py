@@ -3,7 +3,8 @@
 Why it looks like this:
 
 * ``handle_connection`` is the ``serve_wire`` handler: handshake (Hello checked
-  against the owner's node registry, ``Refused`` otherwise, all within
+  against the owner's node registry, then the SCRAM challenge of
+  ``iopd.edge.node_handshake``; ``Refused`` otherwise, all within
   ``handshake_timeout``), then the session.  Every failure of one connection
   is caught and logged here; the hub keeps serving the others.
 * The hub talks to the edge that runs it through one interface, ``HubOwner``:
@@ -14,7 +15,8 @@ Why it looks like this:
   ``node_connected``) only after the node acknowledged its first
   ``NodeConfig``.  A node that rejects it (its adapters could not be built)
   is never announced: the edge logs why and closes the connection.
-* A new Hello for a node id that still has a session *replaces* it: the old
+* A new connection for a node id that still has a session *replaces* it, once
+  it has authenticated (a failing handshake leaves the old one alone): the old
   session's streams fail at once with ``NodeDispatchError`` and
   ``node_disconnected`` is told for it before the new one's ``node_connected``.
 * Ending a session is one method, ``_end_session``, and its order is the
@@ -31,18 +33,17 @@ Why it looks like this:
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 import msgspec
 import trio
 
 from iopd.config.schema import EdgeSection, NodeEntry
+from iopd.edge.node_handshake import NodeVerifiers, Refusal, RefuseCode, challenge_node
 from iopd.edge.node_session import NodeSession, Reply
 from iopd.errors import NodeDispatchError
 from iopd.redact import Scrubber
@@ -64,8 +65,6 @@ from wire.messages import (
 )
 
 log = logging.getLogger("iopd.edge.nodes")
-
-RefuseCode = Literal["unknown_node", "bad_token", "version_mismatch", "bad_handshake"]
 
 
 class HubOwner(Protocol):
@@ -249,6 +248,7 @@ class NodeHub:
         self._announced: set[NodeSession] = set()  # node_disconnected still due
         self._channels: set[WireChannel] = set()
         self._closing: str | None = None
+        self._verifiers = NodeVerifiers()
         self._handlers = 0
         self._no_handlers = trio.Event()
         self._no_handlers.set()
@@ -504,8 +504,8 @@ class NodeHub:
                 channel,
                 peer,
                 node_id,
-                f"protocol version {hello.protocol_version} not supported "
-                f"(edge speaks {PROTOCOL_VERSION})",
+                f"node speaks wire protocol {hello.protocol_version}, this edge speaks "
+                f"{PROTOCOL_VERSION}: run the same iopd release on edges and nodes",
                 "version_mismatch",
             )
             return None
@@ -513,14 +513,16 @@ class NodeHub:
         if entry is None or (admits is not None and not admits(node_id)):
             await self._refuse(channel, peer, node_id, "unknown node id", "unknown_node")
             return None
-        presented = hashlib.sha256(hello.token.encode("utf-8", "surrogatepass")).hexdigest()
-        if not hmac.compare_digest(presented, entry.token_hash_sha256.lower()):
-            await self._refuse(channel, peer, node_id, "invalid node token", "bad_token")
+        verifier, form = self._verifiers.for_entry(entry)
+        outcome = await challenge_node(channel, hello, verifier, form)
+        if isinstance(outcome, Refusal):
+            await self._refuse(channel, peer, node_id, outcome.reason, outcome.code)
             return None
         ack = HelloAck(
             edge_id=self.settings.edge_id,
             heartbeat_interval=self.settings.heartbeat_interval,
             heartbeat_timeout=self.settings.heartbeat_timeout,
+            server_signature=outcome,
         )
         await channel.send(ack)
         return hello

@@ -14,6 +14,10 @@ AdapterError    usage (if any), ``error`` with the adapter's code
 ``cancel()``    usage so far (if any), ``error`` code ``cancelled``
 ==============  ==================================================
 
+Stream ids are the edge's, so with several edges (``node.edges``) they
+collide: streams are kept per ``(edge, stream_id)``, and each edge's session
+talks to the executor through its own ``EdgeStreams`` view (``for_edge``).
+
 After a ``cancel()`` the terminal is sent shielded with a short timeout (it
 may wait for credit).  A ``trio.Cancelled`` from *outside* (the link is gone,
 the daemon stops) is never swallowed: nothing more can be sent, the stream
@@ -203,10 +207,10 @@ class NodeExecutor:
         self._scrub_secrets_of(None)
         self.health = health if health is not None else HealthMonitor()
         self.draining = False
-        self._streams: dict[int, _Stream] = {}
+        self._streams: dict[tuple[str, int], _Stream] = {}  # by (edge, stream id)
         # Cancels that arrived before their stream's task started (the link
         # reads a request and its Cancel in one go and spawns the task after).
-        self._early_cancels: dict[int, str] = {}
+        self._early_cancels: dict[tuple[str, int], str] = {}
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
@@ -266,23 +270,29 @@ class NodeExecutor:
     def active_streams(self) -> int:
         return len(self._streams)
 
-    def cancel(self, stream_id: int, reason: str) -> None:
-        """Stop stream ``stream_id`` at once; it still sends its terminal ``cancelled``."""
-        stream = self._streams.get(stream_id)
+    def for_edge(self, edge: str) -> EdgeStreams:
+        """The ``NodeHandler`` for the session with ``edge`` (its streams apart)."""
+        return EdgeStreams(self, edge)
+
+    def cancel(self, stream_id: int, reason: str, *, edge: str = "") -> None:
+        """Stop ``edge``'s stream ``stream_id`` at once; it still sends its terminal
+        ``cancelled``."""
+        key = (edge, stream_id)
+        stream = self._streams.get(key)
         if stream is None:
             # Its serve_stream is spawned but has not run yet: it picks this up.
             # (The link only forwards a Cancel for a stream it has spawned, so
             # entries do not pile up; the cap guards against other callers.)
             if len(self._early_cancels) < MAX_EARLY_CANCELS:
-                self._early_cancels.setdefault(stream_id, reason or "cancelled")
+                self._early_cancels.setdefault(key, reason or "cancelled")
         elif stream.cancel_reason is None:
             stream.cancel_reason = reason or "cancelled"
             stream.scope.cancel()
 
     def cancel_all(self, reason: str) -> None:
         """Cancel every stream in flight (drain deadline)."""
-        for stream_id in list(self._streams):
-            self.cancel(stream_id, reason)
+        for edge, stream_id in list(self._streams):
+            self.cancel(stream_id, reason, edge=edge)
 
     def begin_drain(self) -> None:
         """Take no new streams from now on (in-flight ones continue).
@@ -321,15 +331,18 @@ class NodeExecutor:
         req: RunRequest | ProviderTunnelRequest,
         sender: StreamSender,
         early: EarlyStart | None = None,
+        *,
+        edge: str = "",
     ) -> None:
-        """Run one request to completion, sending every reply incl. exactly one terminal.
+        """Run ``edge``'s request to completion, sending every reply incl. exactly one
+        terminal.
 
         ``early``: what ``start_early`` returned for ``req``, owned here: it
         goes to the adapter's ``tunnel`` and is abandoned when the stream ends
         (a no-op once the adapter's HTTP client took it).
         """
         try:
-            await self._serve_stream(req, sender, early)
+            await self._serve_stream(req, sender, early, edge)
         finally:
             if early is not None:
                 early.abandon()
@@ -339,9 +352,11 @@ class NodeExecutor:
         req: RunRequest | ProviderTunnelRequest,
         sender: StreamSender,
         early: EarlyStart | None,
+        edge: str,
     ) -> None:
         stream = _Stream(req.stream_id, sender)
-        early_cancel = self._early_cancels.pop(req.stream_id, None)
+        key = (edge, req.stream_id)
+        early_cancel = self._early_cancels.pop(key, None)
         tunnel = isinstance(req, ProviderTunnelRequest)
         registry = self.registry
         adapter = registry.get(req.provider_id) if registry is not None else None
@@ -354,10 +369,10 @@ class NodeExecutor:
             )
             await stream.send_terminal(self._error(req, code, message))
             return
-        self._streams[req.stream_id] = stream
+        self._streams[key] = stream
         self._idle = trio.Event()
         if early_cancel is not None:
-            self.cancel(req.stream_id, early_cancel)
+            self.cancel(req.stream_id, early_cancel, edge=edge)
         start = trio.current_time()
         try:
             async with registry.use():
@@ -366,8 +381,8 @@ class NodeExecutor:
                 else:
                     await self._run(adapter, req, stream)
         finally:
-            if self._streams.get(req.stream_id) is stream:
-                del self._streams[req.stream_id]
+            if self._streams.get(key) is stream:
+                del self._streams[key]
             if not self._streams:
                 self._idle.set()
             log.debug(
@@ -480,6 +495,39 @@ class NodeExecutor:
             ),
             ProviderTunnelFrame(stream_id=sid, kind="end"),
         )
+
+
+class EdgeStreams:
+    """``NodeHandler`` for one edge's session: the shared executor, this edge's streams.
+
+    Config, early starts and status are the node's (shared); streams and
+    their cancels are keyed by this edge, whose stream ids may equal
+    another edge's.
+    """
+
+    def __init__(self, executor: NodeExecutor, edge: str) -> None:
+        self.executor = executor
+        self.edge = edge
+
+    async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
+        return await self.executor.on_config(msg)
+
+    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> EarlyStart | None:
+        return self.executor.start_early(req)
+
+    async def serve_stream(
+        self,
+        req: RunRequest | ProviderTunnelRequest,
+        sender: StreamSender,
+        early: EarlyStart | None,
+    ) -> None:
+        await self.executor.serve_stream(req, sender, early, edge=self.edge)
+
+    def cancel(self, stream_id: int, reason: str) -> None:
+        self.executor.cancel(stream_id, reason, edge=self.edge)
+
+    def current_status(self) -> ProviderStatus:
+        return self.executor.current_status()
 
 
 def _error_metadata(error: AdapterError | None) -> dict[str, str]:

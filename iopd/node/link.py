@@ -1,13 +1,18 @@
-"""``NodeLink``: the node's side of the wire — dial out, handshake, serve, reconnect.
+"""``NodeLink``: the node's session with one edge — dial out, handshake, serve, reconnect.
 
 Why it looks like this:
 
-* ``run()`` loops forever: dial the edge, send ``Hello``, wait for
-  ``HelloAck``/``Refused``, serve the session, and after any loss back off
-  (exponential, full jitter, ``reconnect_initial_backoff`` ..
-  ``reconnect_max_backoff``; reset after a session got through the
-  handshake) and dial again.  ``Refused`` for ``bad_token``/``unknown_node``
-  cannot be fixed by retrying fast, so those retry near the cap, loudly.
+* One ``NodeLink`` per edge (``iopd.node.sessions.EdgeSessions`` owns them):
+  each has its own backoff, heartbeats and session nursery, so losing one
+  edge stops only that edge's streams.
+* ``run()`` loops forever: dial the edge, run the handshake
+  (``iopd.node.handshake``: SCRAM, the token never crosses), serve the
+  session, and after any loss back off (exponential, full jitter,
+  ``reconnect_initial_backoff`` .. ``reconnect_max_backoff``; reset after a
+  session got through the handshake) and dial again.  A refusal for
+  ``bad_token``/``unknown_node``/``version_mismatch``, or an edge that cannot
+  prove it holds the node's verifier, cannot be fixed by retrying fast, so
+  those retry near the cap, loudly.
 * A session has one nursery: the channel's reader dispatches synchronously;
   each ``RunRequest``/``ProviderTunnelRequest`` gets ``handler.start_early``
   from the reader (early start: a passthrough request may leave for the
@@ -31,16 +36,15 @@ import trio
 from iopd.config.schema import NodeSection
 from iopd.http.client import EarlyStart
 from iopd.node.handler import NodeHandler
+from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import Backoff, DialError, dial
 from iopd.transport.tls import client_ssl_context
 from wire.connection import Connection, Role, StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
-    PROTOCOL_VERSION,
     Cancel,
     Credit,
-    Hello,
     HelloAck,
     Message,
     NodeConfig,
@@ -58,6 +62,13 @@ log = logging.getLogger("iopd.node.link")
 
 #: Config pushes that may wait for the config task before the edge is misbehaving.
 MAX_PENDING_CONFIGS = 8
+#: Refusals that retrying fast cannot fix: the node retries near the backoff cap.
+_SLOW_REFUSALS = frozenset({"bad_token", "unknown_node", "version_mismatch"})
+_REFUSAL_HINTS = {
+    "bad_token": "check node.token against this edge's nodes[] verifier or hash",
+    "unknown_node": "check node.id against this edge's nodes[]",
+    "version_mismatch": "run the same iopd release on edges and nodes",
+}
 
 
 def parse_host_port(address: str) -> tuple[str, int]:
@@ -121,7 +132,7 @@ class _StreamSender:
 
 
 class NodeLink:
-    """The node's connection to its edge; implements ``iopd.node.handler.StatusSink``.
+    """The node's connection to one edge; implements ``iopd.node.handler.StatusSink``.
 
     Test hooks: ``connected`` (bool), ``await wait_connected()``,
     ``await wait_disconnected()``, ``sessions`` (handshakes completed),
@@ -134,16 +145,22 @@ class NodeLink:
         handler: NodeHandler,
         *,
         software_version: str,
+        edge: str | None = None,
+        salted: SaltedPasswords | None = None,
         connect_timeout: float = 10.0,
         handshake_timeout: float = 10.0,
         rng: Callable[[], float] = random.random,
     ) -> None:
+        """``edge``: the address to dial (default: ``cfg.edge``, else the first of
+        ``cfg.edges``); ``salted``: derived keys shared by the node's links."""
         self.cfg = cfg
         self.handler = handler
         self.software_version = software_version
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
-        self.host, self.port = parse_host_port(cfg.edge)
+        self.edge = edge or cfg.edge or cfg.edges[0]
+        self.host, self.port = parse_host_port(self.edge)
+        self._salted = salted if salted is not None else SaltedPasswords()
         self._ssl_context = client_ssl_context(cfg.tls)
         self.backoff = Backoff(cfg.reconnect_initial_backoff, cfg.reconnect_max_backoff, rng=rng)
         self._channel: WireChannel | None = None
@@ -241,11 +258,18 @@ class NodeLink:
         except ChannelClosed as exc:
             self.last_error = exc.reason
             if self._stopping:
-                log.info("event=edge_link_closed reason=%r", exc.reason)
+                log.info("event=edge_link_closed edge=%s reason=%r", self.edge, exc.reason)
             elif exc.kind == "protocol":
-                log.error("event=edge_link_lost kind=protocol reason=%r", exc.reason)
+                log.error(
+                    "event=edge_link_lost edge=%s kind=protocol reason=%r", self.edge, exc.reason
+                )
             else:
-                log.warning("event=edge_link_lost kind=%s reason=%r", exc.kind, exc.reason)
+                log.warning(
+                    "event=edge_link_lost edge=%s kind=%s reason=%r",
+                    self.edge,
+                    exc.kind,
+                    exc.reason,
+                )
             return self.backoff.next()
         finally:
             with trio.CancelScope(shield=True):
@@ -253,49 +277,58 @@ class NodeLink:
             self._set_disconnected()
 
     async def _session(self, channel: WireChannel) -> float:
-        await channel.send(
-            Hello(
-                protocol_version=PROTOCOL_VERSION,
+        try:
+            ack = await client_handshake(
+                channel,
                 node_id=self.cfg.id,
                 token=self.cfg.token,
                 software_version=self.software_version,
+                timeout=self.handshake_timeout,
+                salted=self._salted,
             )
-        )
-        reply: Message | None = None
-        with trio.move_on_after(self.handshake_timeout):
-            reply = await channel.receive_message()
-        if reply is None:
-            self.last_error = f"edge did not answer Hello within {self.handshake_timeout:g}s"
-            log.warning(
-                "event=edge_handshake_timeout edge=%s:%d after_s=%g",
+        except HandshakeFailed as exc:
+            return self._handshake_failed(exc)
+        self.backoff.reset()
+        await self._serve(channel, ack)
+        raise AssertionError("unreachable")  # _serve only ends by raising
+
+    def _handshake_failed(self, exc: HandshakeFailed) -> float:
+        """Log why the handshake failed (one line, never the token); the delay to wait."""
+        refused = exc.refused
+        if refused is None:
+            self.last_error = exc.reason
+            log.log(
+                logging.ERROR if exc.slow else logging.WARNING,
+                "event=%s node=%s edge=%s:%d reason=%r",
+                exc.event,
+                self.cfg.id,
                 self.host,
                 self.port,
-                self.handshake_timeout,
+                exc.reason,
             )
-            return self.backoff.next()
-        if isinstance(reply, Refused):
-            self.last_refused = reply
-            self.last_error = f"refused: {reply.code}: {reply.reason}"
-            if reply.code in ("bad_token", "unknown_node"):
-                log.error(
-                    "event=node_refused_by_edge node=%s code=%s reason=%r hint=%r",
-                    self.cfg.id,
-                    reply.code,
-                    reply.reason,
-                    "check node.id/node.token against the edge's nodes[]; retrying slowly",
-                )
-                return self.backoff.max_delay()
-            log.warning(
-                "event=node_refused_by_edge node=%s code=%s reason=%r",
+            return self.backoff.max_delay() if exc.slow else self.backoff.next()
+        self.last_refused = refused
+        self.last_error = f"refused: {refused.code}: {refused.reason}"
+        if refused.code in _SLOW_REFUSALS:
+            log.error(
+                "event=node_refused_by_edge node=%s edge=%s:%d code=%s reason=%r hint=%r",
                 self.cfg.id,
-                reply.code,
-                reply.reason,
+                self.host,
+                self.port,
+                refused.code,
+                refused.reason,
+                _REFUSAL_HINTS[refused.code] + "; retrying slowly",
             )
-            return self.backoff.next()
-        assert isinstance(reply, HelloAck)  # the connection table allows nothing else
-        self.backoff.reset()
-        await self._serve(channel, reply)
-        raise AssertionError("unreachable")  # _serve only ends by raising
+            return self.backoff.max_delay()
+        log.warning(
+            "event=node_refused_by_edge node=%s edge=%s:%d code=%s reason=%r",
+            self.cfg.id,
+            self.host,
+            self.port,
+            refused.code,
+            refused.reason,
+        )
+        return self.backoff.next()
 
     async def _serve(self, channel: WireChannel, ack: HelloAck) -> None:
         config_send, config_recv = trio.open_memory_channel[NodeConfig](MAX_PENDING_CONFIGS)

@@ -1,8 +1,8 @@
 """The node daemon: executor + health probes + the wire link, and the drain on SIGTERM.
 
-``run_node`` owns one nursery with three things in it: the ``NodeLink``
-(dials the edge, spawns ``serve_stream`` per request), the ``HealthMonitor``
-(reports to the link) and — with ``handle_signals`` — a signal watcher.
+``run_node`` owns one nursery with three things in it: the ``EdgeSessions``
+(one ``NodeLink`` per edge: dials it, spawns ``serve_stream`` per request),
+the ``HealthMonitor`` (reports to every connected edge) and — with ``handle_signals`` — a signal watcher.
 
 Drain (SIGTERM/SIGINT, or ``NodeHandle.request_drain()``): the executor
 stops taking new streams (they get a terminal error at once), in-flight runs
@@ -22,10 +22,11 @@ from typing import Any
 import trio
 
 from iopd import __version__
-from iopd.config.schema import NodeConfigFile
+from iopd.config.schema import NodeConfigFile, node_edge_addresses
 from iopd.logs import LOG_SECRETS
 from iopd.node.executor import CANCEL_TERMINAL_TIMEOUT, NodeExecutor
 from iopd.node.link import NodeLink
+from iopd.node.sessions import EdgeSessions
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +36,13 @@ class NodeHandle:
     """What ``run_node`` reports when started: the parts, for tests and the demo."""
 
     executor: NodeExecutor
-    link: NodeLink
+    sessions: EdgeSessions
     _drain: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def link(self) -> NodeLink:
+        """The session with the first (or only) edge."""
+        return self.sessions.links[0]
 
     def request_drain(self) -> None:
         """Start the graceful drain, as SIGTERM would."""
@@ -91,19 +97,19 @@ async def run_node(
     executor = NodeExecutor(secrets=[cfg.node.token])
     log_owner = f"node:{id(executor)}"
     LOG_SECRETS.add(log_owner, lambda: executor.secrets)
-    link = NodeLink(cfg.node, executor, software_version=__version__)
-    handle = NodeHandle(executor, link)
+    sessions = EdgeSessions(cfg.node, executor, software_version=__version__)
+    handle = NodeHandle(executor, sessions)
     try:
         with trio.CancelScope() as stop:
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(executor.health.run, link)
-                await nursery.start(link.run)
+                nursery.start_soon(executor.health.run, sessions)
+                await nursery.start(sessions.run)
                 if handle_signals:
                     await nursery.start(_watch_signals, handle, stop)
                 log.info(
-                    "event=node_start node=%s edge=%s version=%s",
+                    "event=node_start node=%s edges=%s version=%s",
                     cfg.node.id,
-                    cfg.node.edge,
+                    ",".join(node_edge_addresses(cfg.node)),
                     __version__,
                 )
                 task_status.started(handle)
@@ -113,7 +119,7 @@ async def run_node(
                 if handle_signals:
                     sdnotify.notify(*sdnotify.stopping())
                 await _drain(handle, cfg.node.drain_timeout)
-                await link.shutdown()
+                await sessions.shutdown()
                 nursery.cancel_scope.cancel()
     finally:
         LOG_SECRETS.forget(log_owner)
