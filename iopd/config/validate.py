@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
@@ -538,6 +539,32 @@ def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalTok
                 err.non_negative(f"{path}.{name}", value)
         if entry.share is not None and entry.share < 1:
             err.add(f"{path}.share", f"must be >= 1 (got {entry.share})")
+    _check_limits_backend(err, limits)
+
+
+def _check_limits_backend(err: _Errors, limits: LimitsSection) -> None:
+    """``limits.backend`` and its store (issue #21).  The URL is never echoed: it holds a password."""
+    for name in ("backend_timeout", "lease_ttl"):
+        value = getattr(limits, name)
+        if not (math.isfinite(value) and 0 < value <= MAX_EJECT_SECONDS):
+            err.add(f"limits.{name}", f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (got {value})")
+    if limits.backend_timeout >= limits.lease_ttl / 3:
+        err.add(
+            "limits.backend_timeout",
+            f"must be below limits.lease_ttl / 3 ({limits.lease_ttl / 3:g}): a lease renewal "
+            "must end before the next one is due",
+        )
+    url = limits.redis_url
+    if limits.backend == "redis" and not url:
+        err.add("limits.redis_url", "required when limits.backend is redis")
+    if url:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            err.add(
+                "limits.redis_url",
+                "must be redis://[user:password@]host[:port][/db] or rediss://... "
+                "(the value is not shown: it may hold a password)",
+            )
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:

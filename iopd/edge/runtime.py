@@ -42,7 +42,7 @@ from iopd.edge.principal_status import (
     principals_in_flight,
     rates_in_force,
 )
-from iopd.redact import Scrubber
+from iopd.redact import Scrubber, url_secrets
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
 
@@ -71,9 +71,11 @@ class Snapshot:
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
-    """The secrets an edge config holds in clear: provider API keys, the legacy bearer."""
+    """The secrets an edge config holds in clear: provider API keys, the legacy bearer,
+    the password of ``limits.redis_url``."""
     keys = [p.api_key for n in cfg.nodes for p in n.providers if p.api_key]
-    return keys + ([cfg.openai.bearer_token] if cfg.openai.bearer_token else [])
+    keys += [cfg.openai.bearer_token] if cfg.openai.bearer_token else []
+    return keys + url_secrets(cfg.limits.redis_url)
 
 
 def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
