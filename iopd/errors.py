@@ -150,6 +150,19 @@ class Overloaded(GatewayError):
         self.headers = [("Retry-After", str(max(1, retry_after)))]
 
 
+class LimitsUnavailable(GatewayError):
+    """The shared limits store is unreachable and ``limits.on_backend_error`` is ``reject`` (#21).
+
+    The caller retries after ``Retry-After`` seconds; the edge retries the store meanwhile.
+    """
+
+    status, type, code, metric_status = 503, "server_error", "limits_unavailable", "limits_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.headers = [("Retry-After", str(max(1, retry_after)))]
+
+
 class NotImplementedByEdge(GatewayError):
     """A request method or transfer-coding iopd does not implement (RFC 9110 §15.6.2)."""
 

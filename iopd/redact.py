@@ -25,9 +25,10 @@ of secrets and reuse it.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable
 
-__all__ = ["MASK", "MIN_RUN", "MIN_SECRET", "Scrubber"]
+__all__ = ["MASK", "MIN_RUN", "MIN_SECRET", "Scrubber", "url_secrets"]
 
 #: The shortest piece of a secret that is scrubbed (shorter secrets: whole only).
 MIN_RUN = 8
@@ -128,3 +129,17 @@ def _merge(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
         else:
             merged.append((start, end))
     return merged
+
+
+def url_secrets(url: str | None) -> list[str]:
+    """The secret of a URL such as ``redis://user:password@host``: its password
+    (both as written and percent-decoded), or nothing."""
+    if not url:
+        return []
+    try:
+        password = urllib.parse.urlsplit(url).password
+    except ValueError:
+        return []
+    if not password:
+        return []
+    return list(dict.fromkeys([password, urllib.parse.unquote(password)]))

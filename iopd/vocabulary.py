@@ -157,6 +157,7 @@ Status = Literal[
     "cancelled",
     "overloaded",
     "rate_limited",
+    "limits_unavailable",
 ]
 STATUSES: Final = frozenset(get_args(Status))
 

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -526,6 +527,20 @@ nodes:
         type: echo
         models: [echo]
         capacity: 256
+{limits}"""
+
+#: ``--limits memory|redis``: the bench principal limited by every kind of limit,
+#: all far above what the run reaches, so each request is admitted and settled
+#: (and, with redis, holds a concurrency lease) without ever being refused.
+LIMITS_YAML = """limits:
+  backend: {backend}
+  redis_url: {redis_url}
+  principals:
+    - principal_ref: bench-user
+      max_concurrent: 100000
+      requests_per_minute: 1000000000
+      tokens_per_minute: 1000000000000
+      tokens_per_day: 1000000000000
 """
 
 NODE_YAML = """\
@@ -712,6 +727,13 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="also print the raw results as JSON")
     parser.add_argument(
+        "--limits",
+        choices=["off", "memory", "redis"],
+        default="off",
+        help="per-principal limits on the bench caller: in the edge's memory, or in a "
+        "redis-server this run starts (one round trip to admit, one to settle)",
+    )
+    parser.add_argument(
         "--only", default="", help="comma list of phases: idle,c16,c64,stream,open,echo,cancel"
     )
     args = parser.parse_args()
@@ -747,6 +769,7 @@ def main() -> None:
                 node_hash=_sha256(NODE_TOKEN),
                 provider_port=provider_port,
                 log_level=args.log_level,
+                limits=_limits_yaml(args.limits, procs, tmp),
             )
         )
         edge = procs.start(
@@ -836,6 +859,33 @@ def main() -> None:
         phase("cancel", "cancel", [gateway], requests=args.cancels)
 
     _report(results, args)
+
+
+def _limits_yaml(kind: str, procs: Any, tmp: Path) -> str:
+    """The ``limits:`` section of ``--limits``; with redis, a redis-server started for the run."""
+    if kind == "off":
+        return ""
+    url = "null"
+    if kind == "redis":
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs.start(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(tmp)],
+            tmp / "redis.log",
+        )
+        deadline = time.monotonic() + GUARD_S
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        url = f"redis://127.0.0.1:{port}/0"
+    return LIMITS_YAML.format(backend=kind, redis_url=url)
 
 
 def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:

@@ -23,7 +23,7 @@ from tests.gateway import http_request, node_token, running_gateway, token_hash,
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
 #: Beyond the SPEC: the runtime's snapshot version, bumped by every applied refresh.
-STATUS_EXTRA_KEYS = {"config_version", "models", "principals"}
+STATUS_EXTRA_KEYS = {"config_version", "models", "principals", "limits_backend"}
 NODE_KEYS = {"id", "alias", "connected", "connected_since", "providers"}
 PROVIDER_KEYS = {
     "ejected_until",

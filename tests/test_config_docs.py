@@ -20,6 +20,7 @@ from iopd.config.refresh_classify import (
     LIVE_OPENAI_KEYS,
     LIVE_PROVIDER_KEYS,
     LIVE_SECTIONS,
+    RESTART_LIMITS_KEYS,
 )
 from iopd.config.schema import EdgeConfig, NodeConfigFile
 
@@ -129,6 +130,8 @@ def test_documented_default_matches_schema(key: str, field: mi.Field) -> None:
 def expected_refresh(key: str) -> str:
     if key == "models" or key.startswith("models[]"):
         return "live"
+    if key.startswith("limits.") and key.split(".", 1)[1] in RESTART_LIMITS_KEYS:
+        return "restart"
     if key.split(".", 1)[0].split("[", 1)[0] in LIVE_SECTIONS:
         return "live"
     if key.startswith("edge.") and key.split(".", 1)[1] in LIVE_EDGE_KEYS:

@@ -23,6 +23,7 @@ __all__ = [
     "LIVE_OPENAI_KEYS",
     "LIVE_PROVIDER_KEYS",
     "LIVE_SECTIONS",
+    "RESTART_LIMITS_KEYS",
     "RefreshDiff",
     "classify",
 ]
@@ -45,6 +46,14 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
 )
 #: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.
 LIVE_SECTIONS: frozenset[str] = frozenset({"provider_pool", "limits"})
+#: ``limits.*`` keys of the store every edge shares (issue #21): the rest of ``limits`` is live.
+RESTART_LIMITS_KEYS: tuple[str, ...] = (
+    "backend",
+    "redis_url",
+    "on_backend_error",
+    "backend_timeout",
+    "lease_ttl",
+)
 #: Top-level sections compared key by key below.
 _COMPARED_SECTIONS = frozenset({"edge", "openai", "nodes", "models"})
 #: ``openai.*`` keys reported as a whole rather than field by field.
@@ -150,6 +159,12 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
             _struct_diff(a, b, f"openai.{name}", restart)
         else:
             restart.append(f"openai.{name}")
+
+    restart += [
+        f"limits.{name}"
+        for name in RESTART_LIMITS_KEYS
+        if getattr(old.limits, name) != getattr(new.limits, name)
+    ]
 
     # A top-level section neither compared here nor declared live is restart-required
     # as a whole, so a new section is never applied live by accident.

@@ -163,6 +163,13 @@ class PrincipalLimit(_Section):
 class LimitsSection(_Section):
     default: LimitDefaults = msgspec.field(default_factory=LimitDefaults)
     principals: list[PrincipalLimit] = msgspec.field(default_factory=list)
+    # Where the counters live (issue #21): this edge's memory, or a Redis/Valkey
+    # server shared by every edge.  Restart-required.
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = None  # redis:// or rediss://; its password is a secret: use ${NAME}
+    on_backend_error: Literal["local", "reject", "allow"] = "local"
+    backend_timeout: float = 0.5  # seconds; a store call over it is an outage
+    lease_ttl: float = 15.0  # seconds a concurrency slot lives unless renewed (every ttl/3)
 
 
 class Generation(_Section):

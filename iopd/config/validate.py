@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 import re
+import urllib.parse
 from dataclasses import dataclass
 
 from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
+from iopd.config.fallback_graph import fallback_cycles
 from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.provider_url import base_url_problem
 from iopd.config.schema import (
@@ -340,46 +342,8 @@ def _check_fallbacks(err: _Errors, cfg: EdgeConfig) -> None:
                 first = _first_at(seen, target, fpath)
                 if first is not None:
                     err.add(fpath, f"model group {target!r} is listed twice (first at {first})")
-    for path, cycle in _fallback_cycles(graph):
+    for path, cycle in fallback_cycles(graph):
         err.add(path, "fallback cycle: " + " -> ".join(repr(g) for g in cycle))
-
-
-def _fallback_cycles(graph: dict[str, tuple[int, list[str]]]) -> list[tuple[str, list[str]]]:
-    """Each edge that closes a cycle, as (YAML path of the edge, the cycle's group ids).
-
-    An iterative depth-first search over the groups in file order (a long
-    chain cannot exhaust the stack); self-references are reported elsewhere.
-    """
-    found: list[tuple[str, list[str]]] = []
-    done: set[str] = set()
-    for root in graph:
-        if root in done:
-            continue
-        path: list[str] = [root]
-        on_path: set[str] = {root}
-        edges: list[int] = [0]  # per path entry: the next fallback index to follow
-        while path:
-            node = path[-1]
-            index, targets = graph[node]
-            j = edges[-1]
-            if j == len(targets):
-                done.add(node)
-                on_path.discard(node)
-                path.pop()
-                edges.pop()
-                continue
-            edges[-1] = j + 1
-            target = targets[j]
-            if target == node or target not in graph or target in done:
-                continue
-            if target in on_path:
-                cycle = path[path.index(target) :] + [target]
-                found.append((f"models[{index}].fallbacks[{j}]", cycle))
-                continue
-            path.append(target)
-            on_path.add(target)
-            edges.append(0)
-    return found
 
 
 def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
@@ -546,6 +510,32 @@ def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalTok
                 err.non_negative(f"{path}.{name}", value)
         if entry.share is not None and entry.share < 1:
             err.add(f"{path}.share", f"must be >= 1 (got {entry.share})")
+    _check_limits_backend(err, limits)
+
+
+def _check_limits_backend(err: _Errors, limits: LimitsSection) -> None:
+    """``limits.backend`` and its store (issue #21).  The URL is never echoed: it holds a password."""
+    for name in ("backend_timeout", "lease_ttl"):
+        value = getattr(limits, name)
+        if not (math.isfinite(value) and 0 < value <= MAX_EJECT_SECONDS):
+            err.add(f"limits.{name}", f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (got {value})")
+    if limits.backend_timeout >= limits.lease_ttl / 3:
+        err.add(
+            "limits.backend_timeout",
+            f"must be below limits.lease_ttl / 3 ({limits.lease_ttl / 3:g}): a lease renewal "
+            "must end before the next one is due",
+        )
+    url = limits.redis_url
+    if limits.backend == "redis" and not url:
+        err.add("limits.redis_url", "required when limits.backend is redis")
+    if url:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme not in ("redis", "rediss") or not parts.hostname:
+            err.add(
+                "limits.redis_url",
+                "must be redis://[user:password@]host[:port][/db] or rediss://... "
+                "(the value is not shown: it may hold a password)",
+            )
 
 
 def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:

@@ -50,14 +50,24 @@ decide.  Every call is O(1) amortized except a rejection, whose
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
 
 from iopd.config.schema import LimitsSection
-from iopd.edge.ratelimit_headers import format_reset, ratelimit_trio
+from iopd.edge.limit_decisions import (
+    Limits,
+    NeverFits,
+    PrincipalStatus,
+    Rejection,
+    Settlement,
+    WindowStatus,
+    headers_of,
+    limits_from_config,
+    reserved_tokens,
+    window_status,
+)
+from iopd.edge.ratelimit_headers import format_reset
 from iopd.edge.token_reservation import Reservation
 from iopd.vocabulary import LimitName
 
@@ -75,7 +85,10 @@ __all__ = [
     "Settlement",
     "WindowStatus",
     "format_reset",
+    "headers_of",
     "limits_from_config",
+    "reserved_tokens",
+    "window_status",
 ]
 
 WINDOW_S = 60.0
@@ -83,55 +96,6 @@ DAY_S = 86_400
 #: Token-log entries a rejection examines for an exact ``Retry-After``; past
 #: that it answers with the time the whole log has expired (always enough).
 RETRY_SCAN_LIMIT = 64
-
-
-
-# ------------------------------------------------------------------ limits
-
-
-@dataclass(frozen=True)
-class Limits:
-    """One principal's limits in force (0 = unlimited)."""
-
-    max_concurrent: int = 0
-    requests_per_minute: int = 0
-    tokens_per_minute: int = 0
-    tokens_per_day: int = 0
-    share: int = 1
-
-    @property
-    def rate_limited(self) -> bool:
-        """True when a rate or budget is in force (the response then carries headers)."""
-        return bool(self.requests_per_minute or self.tokens_per_minute or self.tokens_per_day)
-
-    @property
-    def token_cap(self) -> int:
-        """The smallest token limit in force, 0 when neither is."""
-        caps = [v for v in (self.tokens_per_minute, self.tokens_per_day) if v > 0]
-        return min(caps) if caps else 0
-
-
-def limits_from_config(section: LimitsSection) -> tuple[Limits, dict[str, Limits]]:
-    """``limits.default`` and each principal's limits, a left-out key taking the default's."""
-    d = section.default
-    default = Limits(
-        d.max_concurrent, d.requests_per_minute, d.tokens_per_minute, d.tokens_per_day, d.share
-    )
-    principals: dict[str, Limits] = {}
-    for p in section.principals:
-        principals[p.principal_ref] = Limits(
-            *(
-                default_value if value is None else value
-                for value, default_value in (
-                    (p.max_concurrent, default.max_concurrent),
-                    (p.requests_per_minute, default.requests_per_minute),
-                    (p.tokens_per_minute, default.tokens_per_minute),
-                    (p.tokens_per_day, default.tokens_per_day),
-                    (p.share, default.share),
-                )
-            )
-        )
-    return default, principals
 
 
 # ------------------------------------------------------------------ results
@@ -149,85 +113,6 @@ class Admission:
     _entry: _TokenEntry | None = field(repr=False)
     running: bool = False
     settled: bool = False
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """Over a rate or budget: answer 429 ``rate_limit_exceeded`` with ``Retry-After``."""
-
-    principal_ref: str
-    limit: LimitName  # the one that keeps the request out longest
-    limit_value: int
-    used: int  # in that limit's window, before this request
-    requested: int  # 1 for requests, the reservation for tokens
-    retry_after_s: float  # when it would fit if nothing else changed; >= 0
-
-    @property
-    def type(self) -> Literal["requests", "tokens"]:
-        """The OpenAI error ``type``."""
-        return "requests" if self.limit == "requests_per_minute" else "tokens"
-
-    @property
-    def retry_after_header(self) -> str:
-        """The ``Retry-After`` value: whole seconds, rounded up, at least 1."""
-        return str(max(1, math.ceil(self.retry_after_s)))
-
-    @property
-    def message(self) -> str:
-        what = self.limit.replace("_", " ")
-        return (
-            f"Rate limit reached for {what} of principal {self.principal_ref!r}: "
-            f"limit {self.limit_value}, used {self.used}, requested {self.requested}. "
-            f"Please try again in {format_reset(self.retry_after_s)}."
-        )
-
-
-@dataclass(frozen=True)
-class NeverFits:
-    """The reservation alone exceeds a token limit: 400, no ``Retry-After`` (waiting cannot help)."""
-
-    principal_ref: str
-    limit: LimitName
-    limit_value: int
-    requested: int
-    param: str | None
-
-    @property
-    def message(self) -> str:
-        what = self.limit.replace("_", " ")
-        hint = f" (lower {self.param})" if self.param else ""
-        return (
-            f"This request needs {self.requested} tokens, more than the {what} limit "
-            f"({self.limit_value}) of principal {self.principal_ref!r}{hint}."
-        )
-
-
-@dataclass(frozen=True)
-class Settlement:
-    """What settling an admission did."""
-
-    returned_tokens: int  # reservation given back (used < reserved)
-    debt_tokens: int  # usage beyond the reservation, charged at settlement
-    freed_slot: bool  # a concurrency slot was given back (the pool re-examines)
-
-
-@dataclass(frozen=True)
-class WindowStatus:
-    limit: int  # 0 = unlimited
-    used: int
-    remaining: int | None  # None when unlimited
-    reset_s: float  # until the window is back to its initial (empty) state
-
-
-@dataclass(frozen=True)
-class PrincipalStatus:
-    principal_ref: str
-    limits: Limits
-    in_flight: int  # started, not finished
-    admitted: int  # admitted, not yet settled (in flight or waiting)
-    requests_per_minute: WindowStatus
-    tokens_per_minute: WindowStatus
-    tokens_per_day: WindowStatus
 
 
 # ------------------------------------------------------------------ state
@@ -371,22 +256,9 @@ class PrincipalLimiter:
         """Admit a request against every rate and budget at once, or say why not."""
         now = self._clock(now)
         limits = self.limits_for(principal_ref)
-        tokens = reservation.tokens
-        cap = limits.token_cap
-        if cap and tokens > cap:
-            tokens = max(reservation.required, cap)
-        token_limits: tuple[tuple[LimitName, int], ...] = (
-            ("tokens_per_minute", limits.tokens_per_minute),
-            ("tokens_per_day", limits.tokens_per_day),
-        )
-        for name, value in token_limits:
-            if value and tokens > value:
-                param = (
-                    reservation.input_param
-                    if reservation.input_tokens > value or reservation.output_param is None
-                    else reservation.output_param
-                )
-                return NeverFits(principal_ref, name, value, tokens, param)
+        tokens = reserved_tokens(principal_ref, limits, reservation)
+        if isinstance(tokens, NeverFits):
+            return tokens
         state = self._state(principal_ref, now, limits)
         rejection = self._over_limit(principal_ref, state, limits, tokens, now)
         if rejection is not None:
@@ -513,17 +385,7 @@ class PrincipalLimiter:
         limits = self.limits_for(principal_ref)
         if not limits.rate_limited:
             return []
-        st = self._status_of(principal_ref, now, limits)
-        shown: list[tuple[str, WindowStatus]] = []
-        if limits.requests_per_minute:
-            shown.append(("requests", st.requests_per_minute))
-        if limits.tokens_per_minute or limits.tokens_per_day:
-            day_only = not limits.tokens_per_minute
-            shown.append(("tokens", st.tokens_per_day if day_only else st.tokens_per_minute))
-        out: list[tuple[str, str]] = []
-        for kind, w in shown:
-            out += ratelimit_trio(kind, w.limit, w.remaining, w.reset_s)
-        return out
+        return headers_of(self._status_of(principal_ref, now, limits))
 
     def status(self, now: float) -> dict[str, PrincipalStatus]:
         """Every configured or active principal, sorted by ref."""
@@ -585,13 +447,9 @@ class PrincipalLimiter:
             limits=limits,
             in_flight=state.running,
             admitted=state.admitted,
-            requests_per_minute=_window(
+            requests_per_minute=window_status(
                 limits.requests_per_minute, len(state.requests), requests_reset
             ),
-            tokens_per_minute=_window(limits.tokens_per_minute, state.tokens.total, tokens_reset),
-            tokens_per_day=_window(tpd, state.day_total, day_reset),
+            tokens_per_minute=window_status(limits.tokens_per_minute, state.tokens.total, tokens_reset),
+            tokens_per_day=window_status(tpd, state.day_total, day_reset),
         )
-
-
-def _window(limit: int, used: int, reset_s: float) -> WindowStatus:
-    return WindowStatus(limit, used, max(0, limit - used) if limit else None, reset_s)

@@ -12,9 +12,10 @@ from __future__ import annotations
 from typing import TypedDict
 
 from iopd.config.schema import EdgeConfig, LimitDefaults, LimitsSection, PrincipalLimit
+from iopd.edge.limit_decisions import Limits, WindowStatus, limits_from_config
+from iopd.edge.limits_backend import LimitsBackend
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.scheduler import PrincipalPolicy
-from iopd.edge.principal_limits import PrincipalLimiter, WindowStatus
 
 __all__ = [
     "PrincipalRow",
@@ -26,10 +27,17 @@ __all__ = [
 
 
 def rates_in_force(section: LimitsSection) -> bool:
-    """True when ``limits`` sets a rate or a budget for anyone."""
+    """True when a request must go through the limits backend: ``limits`` sets a
+    rate or a budget for anyone, or a ``max_concurrent`` the store shares
+    (``limits.backend: redis``)."""
     entries: list[LimitDefaults | PrincipalLimit] = [section.default, *section.principals]
+    shared_slots = section.backend == "redis"
     return any(
-        e.requests_per_minute or e.tokens_per_minute or e.tokens_per_day for e in entries
+        e.requests_per_minute
+        or e.tokens_per_minute
+        or e.tokens_per_day
+        or (shared_slots and e.max_concurrent)
+        for e in entries
     )
 
 
@@ -47,18 +55,18 @@ def principal_policies(
     """``limits`` as the pool sees it: each principal's ``share`` and ``max_concurrent``.
 
     The pool is the one owner of concurrency: it counts the slots a principal
-    holds and keeps one more request waiting in its queue.
+    holds and keeps one more request waiting in its queue.  With
+    ``limits.backend: redis`` the store holds ``max_concurrent`` for every
+    edge (a request takes its slot there before it queues), so the pool's
+    cap is off; ``share`` stays the pool's.
     """
-    d = section.default
-    default = PrincipalPolicy(share=d.share, max_concurrent=d.max_concurrent)
-    principals = {
-        p.principal_ref: PrincipalPolicy(
-            share=d.share if p.share is None else p.share,
-            max_concurrent=d.max_concurrent if p.max_concurrent is None else p.max_concurrent,
-        )
-        for p in section.principals
-    }
-    return default, principals
+    default, principals = limits_from_config(section)
+    shared = section.backend == "redis"
+
+    def policy(lim: Limits) -> PrincipalPolicy:
+        return PrincipalPolicy(share=lim.share, max_concurrent=0 if shared else lim.max_concurrent)
+
+    return policy(default), {ref: policy(lim) for ref, lim in principals.items()}
 
 
 class WindowRow(TypedDict):
@@ -93,32 +101,31 @@ def _window_row(w: WindowStatus) -> WindowRow:
 
 
 def principal_rows(
-    cfg: EdgeConfig, pool: ProviderPool, limiter: PrincipalLimiter, now: float
+    cfg: EdgeConfig, pool: ProviderPool, limits: LimitsBackend
 ) -> list[PrincipalRow]:
     """Every configured principal and every active one: the pool's counts
-    (in flight, queued: the one owner of concurrency) and the limiter's windows."""
+    (in flight, queued on this edge) and the limits backend's windows."""
     loads = pool.principal_loads()
-    windows = limiter.status(now)
+    windows = limits.status()
     refs = sorted(
         {t.principal_ref for t in cfg.openai.principal_tokens}
         | {p.principal_ref for p in cfg.limits.principals}
         | loads.keys()
         | windows.keys()
     )
-    policy = pool.snapshot.principal
     rows: list[PrincipalRow] = []
     for ref in refs:
         running, queued = loads.get(ref, (0, 0))
         st = windows.get(ref)
         if st is None:
-            st = limiter.status_of(ref, now)
+            st = limits.status_of(ref)
         rows.append(
             {
                 "principal_ref": ref,
                 "in_flight": running,
                 "queued": queued,
-                "max_concurrent": policy(ref).max_concurrent,
-                "share": policy(ref).share,
+                "max_concurrent": st.limits.max_concurrent,
+                "share": st.limits.share,
                 "requests_per_minute": _window_row(st.requests_per_minute),
                 "tokens_per_minute": _window_row(st.tokens_per_minute),
                 "tokens_per_day": _window_row(st.tokens_per_day),

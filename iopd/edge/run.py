@@ -121,6 +121,7 @@ async def run_edge(
     async with trio.open_nursery() as nursery:
         await nursery.start(_scrub_secrets_from_logs, rt)
         await nursery.start(rt.pool.run_outlier_timer)  # ejections that run out wake waiters
+        await nursery.start(rt.limits.run)  # the shared limits store's client, renewals, probes
         wire_addr = await _listen(
             nursery,
             cfg.edge.node_listen,

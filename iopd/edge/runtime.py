@@ -29,6 +29,8 @@ from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.activity import ActivityRecorder
 from iopd.edge.controls import OverrideView, RuntimeControls
+from iopd.edge.limits_backend import BackendRow, LimitsBackend
+from iopd.edge.limits_shared import limits_backend_for
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
@@ -42,7 +44,7 @@ from iopd.edge.principal_status import (
     principals_in_flight,
     rates_in_force,
 )
-from iopd.redact import Scrubber
+from iopd.redact import Scrubber, url_secrets
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
 from wire.messages import NodeConfig, ProviderStatus
 
@@ -71,9 +73,11 @@ class Snapshot:
 
 
 def config_secrets(cfg: EdgeConfig) -> list[str]:
-    """The secrets an edge config holds in clear: provider API keys, the legacy bearer."""
+    """The secrets an edge config holds in clear: provider API keys, the legacy bearer,
+    the password of ``limits.redis_url``."""
     keys = [p.api_key for n in cfg.nodes for p in n.providers if p.api_key]
-    return keys + ([cfg.openai.bearer_token] if cfg.openai.bearer_token else [])
+    keys += [cfg.openai.bearer_token] if cfg.openai.bearer_token else []
+    return keys + url_secrets(cfg.limits.redis_url)
 
 
 def _make_snapshot(cfg: EdgeConfig, version: int, embedded: Mapping[str, str]) -> Snapshot:
@@ -184,6 +188,7 @@ class StatusDocument(TypedDict):
     models: list[ModelRow]
     queue: QueueRow
     principals: list[PrincipalRow]
+    limits_backend: BackendRow
 
 
 class RefreshReport(TypedDict):
@@ -218,9 +223,9 @@ class EdgeRuntime:
     #: Retries per model group over the last minute (issue #16), shared by
     #: every request; its policy follows the snapshot on refresh.
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
-    #: Rates and budgets per principal (``limits``), in memory: kept across a
-    #: refresh, lost by a restart.  Concurrency and share are the pool's.
+    #: Per-principal limits (``limits``) in memory (kept across a refresh, lost by a restart).
     limiter: PrincipalLimiter = field(default_factory=PrincipalLimiter)
+    limits: LimitsBackend = field(init=False)  # the request path's: ``limiter`` or the store
     #: The limiter's clock: wall-clock seconds, because the day budget follows
     #: the calendar day in UTC (tests drive it directly).
     limits_clock: Callable[[], float] = time.time
@@ -244,6 +249,7 @@ class EdgeRuntime:
             limiter=PrincipalLimiter(cfg.limits, now=time.time()),
         )
         rt.activity = ActivityRecorder(scrub=rt.scrub)
+        rt.limits = limits_backend_for(cfg, rt.limiter, lambda: rt.limits_clock(), metrics)
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
@@ -428,7 +434,8 @@ class EdgeRuntime:
                 "queued_bytes": self.pool.queued_bytes,
                 "max_queued_bytes": self.pool.max_queued_bytes,
             },
-            "principals": principal_rows(snap.config, self.pool, self.limiter, self.limits_clock()),
+            "principals": principal_rows(snap.config, self.pool, self.limits),
+            "limits_backend": self.limits.backend_row(),
         }
 
     def _model_rows(self) -> list[ModelRow]:
@@ -513,7 +520,7 @@ class EdgeRuntime:
         new = _make_snapshot(cfg, version=version, embedded=self.embedded_tokens)
         self.snapshot = new  # the one atomic swap
         self._allow_metric_ids(cfg)
-        self.limiter.apply_config(cfg.limits, self.limits_clock())  # counters are kept
+        self.limits.apply_config(cfg.limits)  # counters are kept
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
         self.retry_budget.set_policy(retry_budget_policy(cfg))

@@ -254,7 +254,7 @@ class OpenAIApp:
             )
         finally:
             if call is not None and call.admission is not None:
-                limits.settle(self.rt.limiter, call, self.rt.limits_clock())
+                await limits.settle(self.rt, call)
             finish(self.rt.metrics, out, self.rt.activity)
 
     # --------------------------------------------------------------- routing

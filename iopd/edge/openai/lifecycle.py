@@ -30,10 +30,10 @@ import trio
 
 from iopd import errors
 from iopd.edge.activity import ActivityRecorder
+from iopd.edge.limits_backend import AnyAdmission
 from iopd.edge.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.errors import error_sse_event, render_error
-from iopd.edge.principal_limits import Admission
 from iopd.edge.runtime import Snapshot
 from iopd.edge.usage import UsageItem
 from iopd.http.server import AbortResponse, Responder
@@ -152,7 +152,7 @@ class Call:
         self.sse_open = False
         #: Its admission against the principal's rates and budgets (issue #17),
         #: held once for its whole life; settled when it ends (``limits.settle``).
-        self.admission: Admission | None = None
+        self.admission: AnyAdmission | None = None
         #: A provider was leased for it (a request that never got one used no tokens).
         self.leased = False
 

@@ -23,20 +23,22 @@ glue, in three calls the request's life makes:
   (then nothing ran: 0 tokens).
 
 Nothing here runs while ``limits`` sets no rate or budget
-(``Snapshot.rates_limited``); ``max_concurrent`` and ``share`` are the
-pool's (the lease carries the principal).
+(``Snapshot.rates_limited``; with ``limits.backend: redis``, no shared
+``max_concurrent`` either); otherwise ``max_concurrent`` and ``share`` are
+the pool's (the lease carries the principal).  The backend
+(``iopd.edge.limits_backend``) decides where the counters live.
 """
 
 from __future__ import annotations
 
 from iopd import errors
+from iopd.edge.limit_decisions import NeverFits, Rejection
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.lifecycle import Call
-from iopd.edge.principal_limits import Admission, NeverFits, PrincipalLimiter, Rejection
 from iopd.edge.runtime import EdgeRuntime
 from iopd.edge.token_reservation import Reservation, reservation_for
 from iopd.edge.usage import UsageItem
-from iopd.http.server import HeadContext
+from iopd.http.server import HeadContext, Request
 
 __all__ = ["RATELIMIT_PREFIX", "admit", "reservation_of", "settle", "show_limits", "withdraw"]
 
@@ -48,7 +50,7 @@ _COUNTED = ("input", "output")
 def show_limits(rt: EdgeRuntime, context: object, principal_ref: str) -> None:
     """Put the principal's ``x-ratelimit-*`` headers, as things stand, on every response."""
     if isinstance(context, HeadContext):
-        _set_headers(context, rt.limiter.headers(principal_ref, rt.limits_clock()))
+        _set_headers(context, rt.limits.headers(principal_ref))
 
 
 def _set_headers(context: HeadContext, headers: list[tuple[str, str]]) -> None:
@@ -80,48 +82,55 @@ def reservation_of(body: AnyBody, path: str, estimate: int) -> Reservation:
     return reservation_for(estimate, limit, n=n, output_param=field, input_param=input_param)
 
 
-def admit(
-    rt: EdgeRuntime, call: Call, context: object, principal_ref: str, reservation: Reservation
+async def admit(
+    rt: EdgeRuntime,
+    call: Call,
+    request: Request,
+    principal_ref: str,
+    body: AnyBody,
+    estimate: int,
+    queue_timeout: float,
 ) -> None:
-    """Admit the request against its principal's rates and budgets, or raise.
+    """Admit the request against its principal's limits, or raise.
 
     Raises ``RateLimited`` (429, ``Retry-After``) when a window is full and
     ``InvalidRequest`` (400, no ``Retry-After``) when the reservation alone
     exceeds a token limit.  Either way, and on admission, the response's
     ``x-ratelimit-*`` headers are redone (after an admission, ``remaining``
-    counts this request).
+    counts this request).  With a shared ``max_concurrent`` (``limits.backend:
+    redis``) it then waits for a slot, at most ``queue_timeout`` seconds
+    (``QueueTimeout``, as in the pool's queue).
     """
-    limiter = rt.limiter
-    now = rt.limits_clock()
-    decision = limiter.try_admit(principal_ref, reservation, now)
-    if isinstance(context, HeadContext):
-        _set_headers(context, limiter.headers(principal_ref, now))
-    if isinstance(decision, Admission):
-        call.admission = decision
-        return
+    backend = rt.limits
+    decision = await backend.admit(principal_ref, reservation_of(body, request.path, estimate))
+    if isinstance(request.context, HeadContext):
+        _set_headers(request.context, backend.headers(principal_ref))
     if isinstance(decision, Rejection):
         rt.metrics.count_limit_rejection(principal_ref, decision.limit)
         raise errors.RateLimited(
             decision.message, kind=decision.type, retry_after=decision.retry_after_header
         )
-    assert isinstance(decision, NeverFits)
-    raise errors.InvalidRequest(decision.message, param=decision.param)
+    if isinstance(decision, NeverFits):
+        raise errors.InvalidRequest(decision.message, param=decision.param)
+    call.admission = decision
+    if decision is not None:
+        await backend.hold_slot(decision, queue_timeout)
 
 
-def withdraw(rt: EdgeRuntime, call: Call) -> None:
+async def withdraw(rt: EdgeRuntime, call: Call) -> None:
     """The pool found no live candidate: the request never counted."""
     if call.admission is not None:
-        rt.limiter.withdraw(call.admission, rt.limits_clock())
-        call.admission = None
+        admission, call.admission = call.admission, None
+        await rt.limits.withdraw(admission)
 
 
-def settle(limiter: PrincipalLimiter, call: Call, now: float) -> None:
+async def settle(rt: EdgeRuntime, call: Call) -> None:
     """End the request's admission with its metered usage (see the module doc)."""
     admission = call.admission
     if admission is None:
         return
     call.admission = None
-    limiter.settle(admission, _used_tokens(call.out.usage, leased=call.leased), now)
+    await rt.limits.settle(admission, _used_tokens(call.out.usage, leased=call.leased))
 
 
 def _used_tokens(usage: list[UsageItem], *, leased: bool) -> int | None:

@@ -7,18 +7,16 @@ on every endpoint):
     parse the body → resolve the model group → the caller's provider
     credentials → what the endpoint needs of a provider → workspace →
     estimate input tokens / context class → generation limits, when the
-    request can only be relayed raw (a 400 before it queues) → admission
-    against the principal's rates and budgets (``limits``: 429, or 400 for a
-    reservation that can never fit; only when ``limits`` sets any) → lease a
-    provider (may queue; the request's deadline is parked meanwhile) → the
-    node session and the path (raw relay or normalized), with the generation
-    parameters of that path.
+    request can only be relayed raw (a 400 before it queues) → on entering:
+    admission against the principal's limits (``limits``: 429, or 400 for a
+    reservation that can never fit; a shared ``max_concurrent`` slot) → lease
+    a provider (may queue; the request's deadline is parked meanwhile) → the
+    node session and the path (raw relay or normalized).
 
 ``async with prepare(...) as leased`` holds the lease for the block and
 gives a frozen :class:`LeasedRequest`: everything the relay and the
-normalized paths read, typed.  It is a class-based context manager (no
-generator frame) around the pool's lease: the hot path stays as cheap as
-when every endpoint opened the lease itself.
+normalized paths read, typed.  A class-based context manager (no generator
+frame) around the pool's lease keeps the hot path cheap.
 
 Attempts (issue #16).  The ``Leasing`` is also the request's attempt loop:
 the paths report how each attempt ended (``leased.leasing.succeeded()`` or
@@ -29,11 +27,9 @@ not failed this request remains and the group's ``RetryBudget`` allows it
 -- ``failed`` returns True and the path calls ``next_attempt()``: the
 failed lease is released and another candidate of the group (or of its
 fallback groups) is leased under the same queue rules, with the failed
-providers excluded.  A request carrying the caller's provider credentials
-never goes to a provider of another ``base_url`` origin.  A provider that
-failed to be reached because its node had no session is retried the same
-way.  Nothing here writes to the caller: the paths decide before their
-first byte.
+providers excluded (never to another ``base_url`` origin with the caller's
+credentials).  A provider whose node had no session is retried the same
+way.  Nothing here writes to the caller before the paths' first byte.
 """
 
 from __future__ import annotations
@@ -189,9 +185,6 @@ class Leasing(Generic[Body]):
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         principal_ref = principal.label_principal_ref
-        if call.snap.rates_limited:  # its rates and budgets: 429/400 before queueing
-            reservation = limits.reservation_of(body, request.path, needs.estimate)
-            limits.admit(rt, call, request.context, principal_ref, reservation)
         self._rt = rt
         self._call = call
         self._principal_ref = principal_ref
@@ -211,21 +204,28 @@ class Leasing(Generic[Body]):
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
         """The pool's lease for the next attempt (waits like any request)."""
         group = self._group
-        bound = self._rt.pool.scheduler.queue_timeout_for(group.id, group.queue_timeout)
         return self._rt.pool.lease(
             group.id,
             context_class=self._needs.context_class,
             requires=self._needs.requires,
             exclude=exclude,
-            queue_timeout=min(bound, self._call.park_deadline()),
+            queue_timeout=self._queue_timeout(),
             body_bytes=len(self._request.body),
             fallbacks=self._chain,
             fallback_on_queue_timeout=group.fallback_on_queue_timeout,
             principal=self._principal_ref,  # its share and max_concurrent: the pool's
         )
 
+    def _queue_timeout(self) -> float:
+        bound = self._rt.pool.scheduler.queue_timeout_for(self._group.id, self._group.queue_timeout)
+        return min(bound, self._call.park_deadline())
+
     async def __aenter__(self) -> LeasedRequest[Body]:
-        self._rt.retry_budget.note_request(self._group.id, trio.current_time())
+        rt, call, request = self._rt, self._call, self._request
+        if call.snap.rates_limited:  # its limits: 429/400 (or a shared slot) before queueing
+            estimate, timeout = self._needs.estimate, self._queue_timeout()
+            await limits.admit(rt, call, request, self._principal_ref, self._body, estimate, timeout)
+        rt.retry_budget.note_request(self._group.id, trio.current_time())
         return await self._enter()
 
     async def _enter(self) -> LeasedRequest[Body]:
@@ -235,7 +235,7 @@ class Leasing(Generic[Body]):
                 lease = await self._lease_cm.__aenter__()
             except errors.NodeDispatchError:
                 if not self._call.leased:  # no live candidate: it never counted
-                    limits.withdraw(self._rt, self._call)
+                    await limits.withdraw(self._rt, self._call)
                 raise
             self._lease, self._reported = lease, False
             try:
