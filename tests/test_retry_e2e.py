@@ -106,6 +106,18 @@ def _chat_requests(mock: MockOpenAIServer) -> int:
     return sum(1 for r in mock.requests if r.path.endswith("/chat/completions"))
 
 
+async def _first_probes_reported(gw: Gateway) -> None:
+    """Wait until the node reported every provider's first health probe.
+
+    The tests then change a mock (or the pool's view of a provider): a probe
+    report arriving after that change would undo it, and the request would go
+    elsewhere (seen under load as "p-bad never tried").
+    """
+    await wait_until(
+        lambda: all(p["health"] not in ("unknown", "disconnected") for p in gw.runtime.status()["providers"])
+    )
+
+
 def _assert_no_lease_held(gw: Gateway) -> None:
     loads = gw.runtime.pool.provider_loads()
     assert all(load.in_flight == 0 and load.long_in_flight == 0 for load in loads.values())
@@ -154,6 +166,7 @@ async def test_refused_connection_and_429_are_retried() -> None:
             async with running_gateway(_yaml(closed_port_url(), good.base_url, spare.base_url)) as gw:
                 # Its first health probe failed: make it a candidate as the
                 # probe had passed (a provider that went down since).
+                await _first_probes_reported(gw)
                 gw.runtime.pool.set_provider_health("p-bad", "healthy")
                 resp = await _chat(gw)
                 assert resp.status == 200, resp.body
@@ -392,6 +405,7 @@ async def test_a_reset_while_the_request_is_written_is_retried_as_reset() -> Non
         body = dict(CHAT, messages=[{"role": "user", "content": "x" * (6 * 1024 * 1024)}])
         with trio.fail_after(30):
             async with running_gateway(_yaml(bad.base_url, good.base_url, spare.base_url)) as gw:
+                await _first_probes_reported(gw)
                 bad.mode = "reset_unread"  # after the health probe passed
                 resp = await _chat(gw, body)
                 assert resp.status == 200, resp.body[:200]
