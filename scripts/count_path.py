@@ -6,7 +6,7 @@ load; what a request *does* does not.  This script starts the mock provider
 of ``scripts/bench_gateway.py``, ``python -m iopd edge`` and ``python -m
 iopd node`` (each under a trio ``Instrument`` that counts task steps by
 task, run-loop rounds and the rounds that waited for I/O), sends requests
-one at a time, and prints per unit (a request, or a chunk):
+one at a time (or over ``--concurrency`` connections), and prints per unit (a request, or a chunk):
 
 * task steps of each daemon (a step = one task resumed by the scheduler:
   the task switches), and which tasks took them (``--tasks``);
@@ -163,7 +163,16 @@ class Daemon:
         raise SystemExit(f"{self.name} did not dump its counters")
 
 
-async def _requests(port: int, body: bytes, count: int, gap: float) -> None:
+async def _requests(port: int, body: bytes, count: int, gap: float, concurrency: int) -> None:
+    """``count`` requests over ``concurrency`` connections, each one at a time."""
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            share = count // concurrency + (1 if i < count % concurrency else 0)
+            if share:
+                nursery.start_soon(_one_client, port, body, share, gap)
+
+
+async def _one_client(port: int, body: bytes, count: int, gap: float) -> None:
     client = await bg.Client.open("127.0.0.1", port, bg.TOKEN)
     try:
         for _ in range(count):
@@ -256,6 +265,7 @@ def main() -> None:
     parser.add_argument("--gap", type=float, default=0.02, help="seconds between requests")
     parser.add_argument("--chunks", type=int, default=20, help="chunks per paced stream")
     parser.add_argument("--interval", type=float, default=0.01, help="seconds between chunks")
+    parser.add_argument("--concurrency", type=int, default=1, help="connections at once")
     parser.add_argument("--strace", action="store_true", help="count system calls too")
     parser.add_argument("--tasks", action="store_true", help="steps per task")
     args, rest = parser.parse_known_args()
@@ -306,11 +316,12 @@ def main() -> None:
         plain = bg._chat_body("bench", stream=False)
         streamed = bg._chat_body("bench", stream=True)
         paced = bg._chat_body("slow", stream=True)
+        c = args.concurrency
         drives = {
-            "plain": (lambda n: _requests(edge_port, plain, n, args.gap), args.requests),
-            "stream": (lambda n: _requests(edge_port, streamed, n, args.gap), args.requests),
+            "plain": (lambda n: _requests(edge_port, plain, n, args.gap, c), args.requests),
+            "stream": (lambda n: _requests(edge_port, streamed, n, args.gap, c), args.requests),
             "paced": (
-                lambda n: _requests(edge_port, paced, max(1, n // args.chunks), args.gap),
+                lambda n: _requests(edge_port, paced, max(1, n // args.chunks), args.gap, c),
                 max(1, args.requests // args.chunks) * args.chunks,
             ),
         }
