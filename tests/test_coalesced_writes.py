@@ -216,6 +216,12 @@ class _FakeConnection:
         await trio.lowlevel.checkpoint()
         self.sends.append(data)
 
+    unsent = False
+
+    def send_now(self, data: bytes) -> bool:
+        self.sends.append(data)
+        return True
+
 
 async def test_held_head_and_body_leave_with_the_end_in_one_send() -> None:
     conn = _FakeConnection()

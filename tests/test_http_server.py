@@ -1031,3 +1031,33 @@ async def test_a_slow_reader_that_keeps_reading_is_never_cut() -> None:
                     await trio.sleep(0.05)  # ~1.3 MB/s
                 assert received > size
     assert took and took[0] > 2 * limits.send_timeout
+
+
+async def test_a_write_from_another_task_the_socket_took_in_part_is_finished_first() -> None:
+    """``Responder.write_nowait`` (the relay's wire reader writing a chunk): when
+    the kernel takes only part, the rest leaves with the handler's next write,
+    before it (or alone, by ``send_unsent``), so the caller reads every byte in
+    order; an idle socket takes a small piece at once."""
+    big = bytes(range(256)) * (16 * 1024)  # 4 MiB: more than the socket takes at once
+    results: list[tuple[bool, bool]] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.start(200, [("content-type", "text/event-stream")])
+        took = responder.write_nowait(big)
+        results.append((took, responder.unsent))
+        await responder.write(b"tail")  # the rest of ``big`` first
+        results.append((responder.write_nowait(big), responder.unsent))
+        await responder.send_unsent()
+        results.append((responder.write_nowait(b"small"), responder.unsent))
+        await responder.end()
+
+    with trio.fail_after(30):
+        async with running(handler) as (port, _):
+            async with connect(port) as client:
+                client.stream.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)
+                await client.send(get())
+                await trio.sleep(0.1)  # let the socket buffers fill
+                status, _headers, body = await client.response()
+    assert status == 200
+    assert body == big + b"tail" + big + b"small"
+    assert results == [(True, True), (True, True), (True, False)]

@@ -11,6 +11,13 @@ Why it looks like this:
   ``RunStream`` (``RunEvent``s), ``open_stream(ProviderTunnelRequest)`` a
   ``TunnelStream`` (``ProviderTunnelFrame``s).  The wire's state table
   already rejects a reply of the wrong kind for its stream, so the type holds.
+* A consumer that only copies some replies out (the passthrough relay's
+  body frames) may give its stream a ``DirectWriter``: while the consumer
+  is parked with nothing buffered, the reader offers each reply to it and
+  a reply it wrote (to the caller's socket, without awaiting) is consumed
+  there and then, so a streamed chunk crosses the edge in one task step
+  instead of two (the reader's, then the woken handler's).  Anything it
+  declines is buffered and the consumer woken, as without it.
 * The hub's reader hands each reply to its stream's buffer without ever
   blocking (``window`` frames + the terminal; the wire's credit accounting
   guarantees it fits — a node that sends past its window is a protocol
@@ -30,7 +37,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Generic, TypeVar, cast, overload
+from typing import Generic, Protocol, TypeVar, cast, overload
 
 import msgspec
 import trio
@@ -52,12 +59,31 @@ from wire.messages import (
     is_terminal,
 )
 
-__all__ = ["NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
+__all__ = ["DirectWriter", "NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
 
 Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
 """What a node sends on a stream the edge opened."""
 
 R_co = TypeVar("R_co", bound=Reply, covariant=True)
+R_contra = TypeVar("R_contra", bound=Reply, contravariant=True)
+
+
+class DirectWriter(Protocol[R_contra]):
+    """Writes some replies out from the hub's reader, for a parked consumer.
+
+    ``write_now`` runs in the reader (synchronous, never blocking, never
+    raising): True when the reply was written (it counts as consumed), False
+    to have it buffered for the consumer.  When it wrote only part,
+    ``pending`` is True until the consumer's ``settle`` (awaited before the
+    consumer looks at its buffer again) writes the rest.
+    """
+
+    @property
+    def pending(self) -> bool: ...
+
+    def write_now(self, msg: R_contra) -> bool: ...
+
+    async def settle(self) -> None: ...
 
 
 class NodeStream(Generic[R_co]):
@@ -83,6 +109,8 @@ class NodeStream(Generic[R_co]):
         self.terminal_received = False  # by the reader
         self.terminal_consumed = False  # by the consumer
         self.error: NodeDispatchError | None = None
+        #: Set by the consumer: replies written from the reader while it is parked.
+        self.direct: DirectWriter[R_co] | None = None
 
     def buffered(self) -> int:
         """Replies that arrived and were not read yet (0: the next read may wait)."""
@@ -106,15 +134,22 @@ class NodeStream(Generic[R_co]):
                 raise NodeDispatchError(f"node {self.node_id} disconnected")
             wakeup = self._wakeup = trio.Event()
             await wakeup.wait()
+            direct = self.direct
+            if direct is not None and direct.pending:
+                await direct.settle()
         msg = self._buf.popleft()
         if is_terminal(msg):
             self.terminal_consumed = True
         else:
-            self._unreported += 1
-            if self._unreported >= self._credit_batch:
-                self._post(Credit(stream_id=self.stream_id, frames=self._unreported))
-                self._unreported = 0
+            self._consumed()
         return msg
+
+    def _consumed(self) -> None:
+        """One non-terminal reply consumed: its credit goes back in batches."""
+        self._unreported += 1
+        if self._unreported >= self._credit_batch:
+            self._post(Credit(stream_id=self.stream_id, frames=self._unreported))
+            self._unreported = 0
 
     # -- the session's side (sync, never blocks)
 
@@ -123,7 +158,20 @@ class NodeStream(Generic[R_co]):
         if self._done or len(self._buf) > self.window:
             raise RemoteProtocolError(f"node overran the buffer of stream {self.stream_id}")
         # The wire's state table admits only this stream's kind of reply.
-        self._buf.append(cast(R_co, msg))
+        reply = cast(R_co, msg)
+        direct = self.direct
+        if (
+            direct is not None
+            and self._wakeup is not None  # the consumer is parked: nothing of it in flight
+            and not self._buf
+            and not direct.pending
+            and direct.write_now(reply)
+        ):
+            self._consumed()  # (a DirectWriter never takes the terminal)
+            if direct.pending:
+                self._wake()  # the consumer writes the rest
+            return
+        self._buf.append(reply)
         if is_terminal(msg):
             self.terminal_received = True
             self._done = True
@@ -141,6 +189,7 @@ class NodeStream(Generic[R_co]):
         self._unreported = 0
         self._buf.clear()
         self._done = True
+        self.direct = None
         return refund
 
     def _wake(self) -> None:

@@ -66,6 +66,14 @@ class ResponseSink(Protocol):
         """Write ``data``; a broken connection cancels ``scope`` and raises
         :class:`ClientDisconnected`."""
 
+    def send_now(self, data: bytes) -> bool:
+        """Write ``data`` without awaiting if the socket takes it now (else False);
+        a part the kernel did not take is written by the next ``send_bytes``."""
+
+    @property
+    def unsent(self) -> bool:
+        """Part of a ``send_now`` waits for the next ``send_bytes``."""
+
 
 _date_second = -1
 _date_value = ""
@@ -197,6 +205,33 @@ class Responder:
         if self._chunked:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         await self._emit(data, hold)
+
+    def write_nowait(self, data: bytes) -> bool:
+        """Write one piece of a streamed response without awaiting, from any task.
+
+        For a producer in another task while the handler is parked between
+        two writes (the passthrough relay's wire reader): True when the
+        piece went to the socket (or its start did: then the handler must
+        call :meth:`send_unsent` before anything else); False when nothing
+        was written and the handler must :meth:`write` it as usual (the
+        socket is full or broken, bytes are held, the response is not
+        streaming yet or is over).
+        """
+        if not self.started or self.finished or self._held or self._head_only or not data:
+            return False
+        if self._chunked:
+            data = b"%x\r\n%b\r\n" % (len(data), data)
+        return self._conn.send_now(data)
+
+    @property
+    def unsent(self) -> bool:
+        """A :meth:`write_nowait` left bytes for :meth:`send_unsent`."""
+        return self._conn.unsent
+
+    async def send_unsent(self) -> None:
+        """Write what a :meth:`write_nowait` could not (under ``send_timeout``)."""
+        if self._conn.unsent:
+            await self._conn.send_bytes(b"", self._scope)
 
     async def end(self) -> None:
         """Finish a streamed response."""

@@ -117,6 +117,7 @@ class ServedConnection:
         "eof",
         "active",
         "torn",
+        "_unsent",
         "_loop_waiter",
         "_space",
         "_reader_waiter",
@@ -134,6 +135,9 @@ class ServedConnection:
         self.eof = False  # the client closed (or reset) its side
         self.active = False  # a request is being read or answered (counted in flight)
         self.torn = False  # a write was cut halfway: the connection must close
+        # The rest of a ``send_now`` the kernel took only part of: the next
+        # ``send_bytes`` writes it first (the connection is torn until then).
+        self._unsent: bytes | None = None
         self._loop_waiter: trio.lowlevel.Task | None = None
         self._space: trio.Event | None = None
         self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
@@ -239,7 +243,11 @@ class ServedConnection:
         was full) leaves the connection ``torn``: half a piece is on the
         wire, so nothing may be written after it and the connection closes.
         """
-        if self.torn:
+        unsent = self._unsent
+        if unsent is not None:  # the rest of a ``send_now`` goes first
+            self._unsent = None
+            data = unsent + data
+        elif self.torn:
             raise AbortResponse("an earlier write to the client was cut halfway")
         await trio.lowlevel.checkpoint_if_cancelled()  # a cut here leaves nothing behind
         try:
@@ -247,7 +255,7 @@ class ServedConnection:
             if written < len(data):
                 self.torn = True  # until the rest is out
                 await self._send_rest(data, written)
-                self.torn = False
+            self.torn = False
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.eof = True
             if scope is not None:
@@ -263,6 +271,40 @@ class ServedConnection:
             if scope is not None:
                 scope.cancel()
             raise ClientDisconnected("client stopped reading") from None
+
+    @property
+    def unsent(self) -> bool:
+        """Part of a ``send_now`` is still to be written (by ``send_bytes``)."""
+        return self._unsent is not None
+
+    def send_now(self, data: bytes) -> bool:
+        """Write ``data`` without awaiting, from any task, while the handler is
+        parked between two writes; False (nothing written) when it cannot.
+
+        For a producer that runs in another task (the edge's wire reader
+        relaying a chunk): the bytes leave without waking the handler.  When
+        the kernel takes only part, the rest is kept, the connection is torn
+        until the handler's next ``send_bytes`` writes it (under
+        ``send_timeout``), and True is returned: the caller must make the
+        handler do that write (``Responder.send_unsent``).  A broken or
+        closing connection, or a cancelled handler, gets False: the handler's
+        own write finds out what happened.
+        """
+        if self.torn or self.eof:
+            return False
+        scope = self.handler_scope
+        if scope is not None and scope.cancel_called:
+            return False
+        try:
+            written = fastsend.write_now(self.stream, data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return False
+        if written == 0:
+            return False
+        if written < len(data):
+            self._unsent = data[written:]
+            self.torn = True
+        return True
 
     async def _send_rest(self, data: bytes, written: int) -> None:
         """Write ``data[written:]`` as the socket takes it; raise :class:`_SendStalled`

@@ -13,13 +13,6 @@ Why it looks like this:
   socket did not take, by a ``send_all`` shielded from cancellation: a
   cancelled caller must never leave half a frame on the wire.  A write that blocks forever (peer not reading) is ended by the
   heartbeat watchdog, which closes the stream under it.
-* Frames that become ready together leave together (``send``): while the
-  channel is busy (a write went out less than ``COALESCE_SECONDS`` ago), a
-  frame is committed and left for the coalescing task, which writes every
-  frame the other tasks of that scheduler round committed in one write at
-  the start of the next round.  An idle channel writes at once: only a
-  frame that follows another within that window may wait, and for at most
-  one scheduler round.
 * Heartbeats: every ``heartbeat_interval`` we send ``Heartbeat``; any traffic
   from the peer counts as life; nothing for ``heartbeat_timeout`` seconds means
   a dead peer and the channel closes.
@@ -35,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import ssl
-import time
 from collections import deque
 from collections.abc import Callable
 from typing import Literal
@@ -53,10 +45,6 @@ log = logging.getLogger("iopd.transport")
 READ_SIZE = 65536
 #: Messages the outbox may hold before the peer is considered stuck.
 MAX_OUTBOX = 10_000
-#: A frame sent within this many seconds of the last write waits for the
-#: coalescing task (at most one scheduler round) to leave with the frames the
-#: other tasks of its round send; an idle channel writes at once.
-COALESCE_SECONDS = 0.0002
 
 CloseKind = Literal["eof", "broken", "protocol", "heartbeat", "local", "closed"]
 
@@ -132,9 +120,6 @@ class WireChannel:
         self._last_rx = trio.current_time()
         self._hb_seq = 0
         self._serve_scope: trio.CancelScope | None = None
-        self._last_write = 0.0  # time.perf_counter() of the last write
-        # Set by ``serve``: wakes the coalescing task (None: every send writes).
-        self._coalesce: trio.Event | None = None
 
     @property
     def closed(self) -> bool:
@@ -212,7 +197,6 @@ class WireChannel:
                     if written < len(batch):
                         with trio.CancelScope(shield=True):
                             await self.stream.send_all(memoryview(batch)[written:])
-                    self._last_write = time.perf_counter()
                 except _MAPPED as exc:
                     closed = _map_error("send", exc)
                     self._mark_closed(closed)
@@ -239,17 +223,6 @@ class WireChannel:
             return
         self._outbox.append(msg)
         self._outbox_wakeup.set()
-
-    async def _write_coalesced(self, coalesce: trio.Event) -> None:
-        """The coalescing task: writes what ``send`` left to it, once per round."""
-        while True:
-            await coalesce.wait()
-            coalesce = self._coalesce = trio.Event()
-            try:
-                await self.flush()
-            except ChannelClosed as exc:
-                self._fail(exc)
-                return
 
     async def _drain_outbox(self) -> None:
         while True:
@@ -325,8 +298,6 @@ class WireChannel:
                 if self._closed is not None:
                     nursery.cancel_scope.cancel()
                 nursery.start_soon(self._drain_outbox)
-                self._coalesce = trio.Event()
-                nursery.start_soon(self._write_coalesced, self._coalesce)
                 nursery.start_soon(self._heartbeat, heartbeat_interval)
                 nursery.start_soon(self._watchdog, heartbeat_timeout)
                 try:
@@ -338,7 +309,6 @@ class WireChannel:
                 except ChannelClosed as exc:
                     self._fail(exc)
         finally:
-            self._coalesce = None
             await self.aclose()
         assert self._closed is not None
         raise self._closed

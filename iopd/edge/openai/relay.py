@@ -17,6 +17,11 @@ caller talks to, and the backend's software stays private), and
 own error is told from the edge's (whose responses never carry it) while
 the body stays byte-exact.
 
+A streamed body's chunks mostly never reach the loop below: while it waits,
+the edge's wire reader writes each body frame to the caller's socket itself
+(``_BodyWriter``, ``NodeStream.direct``), falling back to the loop for a
+frame the socket does not take at once.
+
 Retries (issue #16): the head is looked at before anything is written.  A
 429, 502 or 503 head, or an error frame before any head that says the
 provider was never reached (``provider_unreachable``, ``provider_reset``),
@@ -123,6 +128,7 @@ async def _relay(
                         headers.append(("X-Accel-Buffering", "no"))
                     await responder.start(fr.status, headers, hold=frames.buffered() > 0)
                     out.http_status = fr.status
+                    frames.direct = _BodyWriter(responder)
                 elif kind == "usage":
                     body_usage = fr.body_usage or body_usage
                     frame_usage = fr.usage or frame_usage
@@ -143,6 +149,29 @@ async def _relay(
             (body_usage and body_usage.reasoning_tokens)
             or (frame_usage and frame_usage.reasoning_tokens)
         )
+
+
+class _BodyWriter:
+    """Body frames written to the caller by the edge's wire reader itself while
+    this relay waits (``NodeStream.direct``): a streamed chunk then costs the
+    edge one task step, not a second one in this handler.  Only data of a
+    started response with nothing held back; a frame the socket does not take
+    at once (or anything else) comes to the loop above as before."""
+
+    __slots__ = ("_responder",)
+
+    def __init__(self, responder: Responder) -> None:
+        self._responder = responder
+
+    @property
+    def pending(self) -> bool:
+        return self._responder.unsent
+
+    def write_now(self, msg: ProviderTunnelFrame) -> bool:
+        return msg.kind == "body" and self._responder.write_nowait(msg.data)
+
+    async def settle(self) -> None:
+        await self._responder.send_unsent()
 
 
 def _retry_on_head(leasing: Leasing[Body], fr: ProviderTunnelFrame) -> bool:

@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Counts per request and per chunk through edge + node that do not depend on load.
+
+Wall-clock figures on a shared two-core machine move with the neighbours'
+load; what a request *does* does not.  This script starts the mock provider
+of ``scripts/bench_gateway.py``, ``python -m iopd edge`` and ``python -m
+iopd node`` (each under a trio ``Instrument`` that counts task steps by
+task, run-loop rounds and the rounds that waited for I/O), sends requests
+one at a time (or over ``--concurrency`` connections), and prints per unit (a request, or a chunk):
+
+* task steps of each daemon (a step = one task resumed by the scheduler:
+  the task switches), and which tasks took them (``--tasks``);
+* run-loop rounds, and the rounds that had to wait for I/O (``waits``: the
+  wake-ups of the process);
+* on-CPU µs of each daemon (``/proc/<pid>/task/*/schedstat``; this one
+  moves with load and cache temperature);
+* with ``--strace``, the system calls of each daemon by name (``strace -c
+  -f`` attached for the measured phase only).
+
+Phases (``--phases``):
+
+* ``plain``: non-streaming chat completions (the cold path when
+  ``--gap`` leaves the daemons idle between requests);
+* ``stream``: streamed completions of 16 chunks the provider sends in two
+  writes (bench_gateway's ``stream`` phase);
+* ``paced``: streams of ``--chunks`` chunks, one every ``--interval``
+  seconds (so each chunk crosses an idle path alone); counted per chunk.
+
+To compare two trees run it once per tree, e.g. ``PYTHONPATH=<other tree>
+.venv/bin/python scripts/count_path.py``: the daemons import ``iopd`` from
+``PYTHONPATH``.
+
+    .venv/bin/python scripts/count_path.py
+    .venv/bin/python scripts/count_path.py --phases plain --requests 300 --strace --tasks
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import bench_gateway as bg
+import trio
+
+DUMP_SIGNAL = signal.SIGUSR2
+
+# ------------------------------------------------------------ the daemons' side
+
+
+class StepCounter(trio.abc.Instrument):
+    """Task steps by task name, run-loop rounds, rounds that waited for I/O."""
+
+    def __init__(self) -> None:
+        self.steps: Counter[str] = Counter()
+        self.rounds = 0
+        self.waits = 0
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.steps[task.name] += 1
+
+    def before_io_wait(self, timeout: float) -> None:
+        self.rounds += 1
+        if timeout > 0:
+            self.waits += 1
+
+    def dump(self, path: str) -> None:
+        doc = {"steps": dict(self.steps), "rounds": self.rounds, "waits": self.waits}
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(doc, f)
+        os.replace(tmp, path)
+
+
+def _run_daemon(argv: list[str], dump_path: str) -> None:
+    """``python -m iopd <argv>`` with a ``StepCounter`` in its trio run."""
+    counter = StepCounter()
+    signal.signal(DUMP_SIGNAL, lambda *_: counter.dump(dump_path))
+    real_run = trio.run
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        kwargs["instruments"] = [*kwargs.get("instruments", ()), counter]
+        return real_run(*args, **kwargs)
+
+    trio.run = run  # type: ignore[assignment]
+    from iopd.cli import main
+
+    sys.exit(main(argv))
+
+
+class PacedProvider(bg.MockProvider):
+    """bench_gateway's provider; ``"model":"slow"`` streams ``chunks`` chunks,
+    one every ``interval`` seconds, then ends the response."""
+
+    def __init__(self, chunks: int, interval: float) -> None:
+        super().__init__()
+        self.chunks = chunks
+        self.interval = interval
+
+    async def handle(self, stream: trio.SocketStream) -> None:
+        buf = bytearray()
+        try:
+            while (request := await bg.read_request(stream, buf)) is not None:
+                head, body = request
+                if b'"model":"slow"' in body:
+                    await self._paced(stream)
+                elif head.startswith(b"get /v1/models"):
+                    await stream.send_all(bg._MODELS_RESPONSE)
+                elif b'"stream":true' in body:
+                    await stream.send_all(bg._SSE_HEAD + bg._SSE_FIRST)
+                    await stream.send_all(bg._SSE_REST)
+                else:
+                    await stream.send_all(bg._COMPLETION_RESPONSE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+    async def _paced(self, stream: trio.SocketStream) -> None:
+        await stream.send_all(bg._SSE_HEAD)
+        for i in range(self.chunks):
+            await trio.sleep(self.interval)
+            await stream.send_all(bg._chunked(bg._sse_chunk(i, " paced")))
+        await trio.sleep(self.interval)
+        await stream.send_all(bg._chunked(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+
+
+async def _serve_provider(chunks: int, interval: float) -> None:
+    provider = PacedProvider(chunks, interval)
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    print(listeners[0].socket.getsockname()[1], flush=True)
+    await trio.serve_listeners(provider.handle, listeners)
+
+
+# ------------------------------------------------------------ the orchestrator
+
+
+class Daemon:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], dump_path: Path) -> None:
+        self.name = name
+        self.proc = proc
+        self.dump_path = dump_path
+
+    def counts(self) -> dict[str, Any]:
+        """Ask the daemon for its counters and wait for the file."""
+        before = self.dump_path.stat().st_mtime_ns if self.dump_path.exists() else 0
+        os.kill(self.proc.pid, DUMP_SIGNAL)
+        deadline = time.monotonic() + bg.GUARD_S
+        while time.monotonic() < deadline:
+            if self.dump_path.exists() and self.dump_path.stat().st_mtime_ns != before:
+                doc: dict[str, Any] = json.loads(self.dump_path.read_text())
+                doc["cpu_s"] = bg.run_seconds(self.proc.pid)
+                return doc
+            time.sleep(0.01)
+        raise SystemExit(f"{self.name} did not dump its counters")
+
+
+async def _requests(port: int, body: bytes, count: int, gap: float, concurrency: int) -> None:
+    """``count`` requests over ``concurrency`` connections, each one at a time."""
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            share = count // concurrency + (1 if i < count % concurrency else 0)
+            if share:
+                nursery.start_soon(_one_client, port, body, share, gap)
+
+
+async def _one_client(port: int, body: bytes, count: int, gap: float) -> None:
+    client = await bg.Client.open("127.0.0.1", port, bg.TOKEN)
+    try:
+        for _ in range(count):
+            with trio.fail_after(bg.GUARD_S):
+                status = await client.request(body)
+            if status != 200:
+                raise SystemExit(f"request failed with status {status}")
+            if gap:
+                await trio.sleep(gap)
+    finally:
+        await client.aclose()
+
+
+def _strace_start(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        ["strace", "-c", "-f", "-o", str(out), "-p", str(pid)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # attached
+    return proc
+
+
+def _strace_stop(proc: subprocess.Popen[bytes], out: Path) -> dict[str, int]:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=bg.GUARD_S)
+    calls: dict[str, int] = {}
+    for line in out.read_text().splitlines():
+        parts = line.split()
+        # % time, seconds, usecs/call, calls, [errors], syscall
+        if len(parts) >= 5 and parts[0][0].isdigit() and parts[-1] != "total":
+            calls[parts[-1]] = int(parts[3])
+    return calls
+
+
+def _phase(
+    name: str,
+    daemons: list[Daemon],
+    drive: Any,
+    units: int,
+    args: argparse.Namespace,
+    tmp: Path,
+) -> None:
+    trio.run(drive, args.warmup)  # warm-up, not counted
+    tracers = {d.name: _strace_start(d.proc.pid, tmp / f"{d.name}.strace") for d in daemons}
+    if not args.strace:
+        for t in tracers.values():
+            t.kill()
+            t.wait()
+        tracers = {}
+    before = {d.name: d.counts() for d in daemons}
+    trio.run(drive, args.requests)
+    after = {d.name: d.counts() for d in daemons}
+    syscalls = {n: _strace_stop(t, tmp / f"{n}.strace") for n, t in tracers.items()}
+    unit = "chunk" if name == "paced" else "request"
+    print(f"{name}: {units} {unit}s", flush=True)
+    for d in daemons:
+        b, a = before[d.name], after[d.name]
+        steps = Counter(a["steps"])
+        steps.subtract(b["steps"])
+        total = sum(steps.values())
+        line = (
+            f"  {d.name:<5} task steps/{unit} {total / units:6.2f}  "
+            f"rounds {(a['rounds'] - b['rounds']) / units:6.2f}  "
+            f"waits {(a['waits'] - b['waits']) / units:5.2f}  "
+            f"CPU {(a['cpu_s'] - b['cpu_s']) * 1e6 / units:6.0f} µs"
+        )
+        if d.name in syscalls:
+            calls = syscalls[d.name]
+            line += f"  syscalls {sum(calls.values()) / units:5.1f}: " + ", ".join(
+                f"{k} {v / units:.2f}"
+                for k, v in sorted(calls.items(), key=lambda kv: -kv[1])
+                if v / units >= 0.05
+            )
+        print(line, flush=True)
+        if args.tasks:
+            for task, n in steps.most_common():
+                if n / units >= 0.05:
+                    print(f"      {n / units:6.2f}  {task}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--role", choices=["provider", "daemon"], help=argparse.SUPPRESS)
+    parser.add_argument("--dump", help=argparse.SUPPRESS)
+    parser.add_argument("--phases", default="plain,stream,paced")
+    parser.add_argument("--requests", type=int, default=200, help="requests (streams) per phase")
+    parser.add_argument("--warmup", type=int, default=30)
+    parser.add_argument("--gap", type=float, default=0.02, help="seconds between requests")
+    parser.add_argument("--chunks", type=int, default=20, help="chunks per paced stream")
+    parser.add_argument("--interval", type=float, default=0.01, help="seconds between chunks")
+    parser.add_argument("--concurrency", type=int, default=1, help="connections at once")
+    parser.add_argument("--strace", action="store_true", help="count system calls too")
+    parser.add_argument("--tasks", action="store_true", help="steps per task")
+    args, rest = parser.parse_known_args()
+    if args.role == "provider":
+        trio.run(_serve_provider, args.chunks, args.interval)
+        return
+    if args.role == "daemon":
+        _run_daemon(rest, args.dump)
+        return
+
+    me = [sys.executable, __file__]
+    with tempfile.TemporaryDirectory(prefix="iopd-count-") as tmp_dir, bg.processes() as procs:
+        tmp = Path(tmp_dir)
+        provider = procs.start(
+            me + ["--role", "provider", "--chunks", str(args.chunks)]
+            + ["--interval", str(args.interval)]
+        )
+        assert provider.stdout is not None
+        provider_port = int(provider.stdout.readline())
+        edge_cfg = tmp / "edge.yaml"
+        edge_cfg.write_text(
+            bg.EDGE_YAML.format(
+                caller_hash=bg._sha256(bg.TOKEN),
+                node_hash=bg._sha256(bg.NODE_TOKEN),
+                provider_port=provider_port,
+                log_level="info",
+            )
+        )
+        edge_proc = procs.start(
+            me + ["--role", "daemon", "--dump", str(tmp / "edge.json")]
+            + ["edge", "--config", str(edge_cfg)],
+            tmp / "edge.log",
+        )
+        m = bg._wait_log(tmp / "edge.log", r"event=edge_started .*wire=\S*:(\d+) .*openai=\S*:(\d+)")
+        wire_port, edge_port = int(m.group(1)), int(m.group(2))
+        node_cfg = tmp / "node.yaml"
+        node_cfg.write_text(
+            bg.NODE_YAML.format(wire_port=wire_port, node_token=bg.NODE_TOKEN, log_level="info")
+        )
+        node_proc = procs.start(
+            me + ["--role", "daemon", "--dump", str(tmp / "node.json")]
+            + ["node", "--config", str(node_cfg)],
+            tmp / "node.log",
+        )
+        bg._wait_log(tmp / "edge.log", r"event=node_connected")
+        time.sleep(1.0)  # the first health probe
+        daemons = [Daemon("edge", edge_proc, tmp / "edge.json"), Daemon("node", node_proc, tmp / "node.json")]
+        plain = bg._chat_body("bench", stream=False)
+        streamed = bg._chat_body("bench", stream=True)
+        paced = bg._chat_body("slow", stream=True)
+        c = args.concurrency
+        drives = {
+            "plain": (lambda n: _requests(edge_port, plain, n, args.gap, c), args.requests),
+            "stream": (lambda n: _requests(edge_port, streamed, n, args.gap, c), args.requests),
+            "paced": (
+                lambda n: _requests(edge_port, paced, max(1, n // args.chunks), args.gap, c),
+                max(1, args.requests // args.chunks) * args.chunks,
+            ),
+        }
+        for name in args.phases.split(","):
+            drive, units = drives[name]
+            _phase(name, daemons, drive, units, args, tmp)
+
+
+if __name__ == "__main__":
+    main()
