@@ -173,6 +173,7 @@ async def test_load_over_two_edges_never_runs_a_provider_past_its_capacity() -> 
                         callers.start_soon(call, i)
                 assert statuses == [200] * 12
                 assert mock.peak_in_flight == 2, mock.peak_in_flight
+                print(f"12 callers over 2 edges, capacity 2: peak {mock.peak_in_flight}")
                 slots = fleet.node_handles["node-a"].sessions.slots
                 await wait_until(lambda: slots.totals("local-1") == (0, 0))  # nothing leaked
                 for gw in fleet.edges:
@@ -208,8 +209,14 @@ async def test_an_edge_lost_frees_its_node_slots_for_the_other_edges_waiters() -
                     pool2 = fleet.edges[1].runtime.pool
                     await wait_until(lambda: pool2.queue_depth == 1)  # waits: the node is full
                     channel = _edge_session_channel(fleet, 0)
+                    closed_at = trio.current_time()
                     await trio.aclose_forcefully(channel.stream)  # type: ignore[attr-defined]
                     await mock.wait_client_close(1)  # edge 1's stream was cancelled
+                    await wait_until(lambda: sum(r.method == "POST" for r in mock.requests) == 2)
+                    print(
+                        "edge link closed -> the other edge's waiter at the provider: "
+                        f"{trio.current_time() - closed_at:.3f} s"
+                    )
                 assert getattr(results[1], "status", None) == 200, results[1]
                 assert mock.peak_in_flight == 1
                 assert sum(r.method == "POST" for r in mock.requests) == 2

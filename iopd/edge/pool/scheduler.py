@@ -372,8 +372,9 @@ class Scheduler:
     def set_node_connected(
         self, node_id: str, connected: bool, now: float | None = None
     ) -> list[Waiter]:
-        """A node session came up or went away (its load reports are forgotten)."""
-        self._index.clear_remote(node_id)
+        """A node session came up or went away (then its load reports are forgotten)."""
+        if not connected:
+            self._index.clear_remote(node_id)
         changed = self._index.set_connected(node_id, connected)
         return self._liveness_changed(changed, self._clock(now)) if changed else []
 
@@ -399,8 +400,7 @@ class Scheduler:
     def provider_busy(
         self, node_id: str, provider_id: str, in_flight: int, long_in_flight: int, offered: int
     ) -> None:
-        """``node_id`` refused a stream on ``provider_id`` (its load then): nothing
-        more goes there until its next report."""
+        """``node_id`` refused ``provider_id`` (its load then): blocked till its next report."""
         self._index.set_remote(provider_id, node_id, in_flight, long_in_flight, offered, blocked=True)
 
     def set_provider_health(
