@@ -144,6 +144,8 @@ class MockHTTPServer:
         self.client_closed_at: list[float] = []
         self._close_event = trio.Event()
         self.port = 0
+        self.in_flight = 0  # POSTs read and not yet answered to their end
+        self.peak_in_flight = 0  # the most at once (a capacity must bound it)
 
     @property
     def base_url(self) -> str:
@@ -226,7 +228,14 @@ class MockHTTPServer:
                     return
                 self.requests.append(req)
                 reply = self._reply_for(req)
-                if not await self._send_reply(conn, stream, reply):
+                work = req.method == "POST"  # (health probes are GETs)
+                self.in_flight += work
+                self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+                try:
+                    sent = await self._send_reply(conn, stream, reply)
+                finally:
+                    self.in_flight -= work
+                if not sent:
                     return
                 if reply.close or reply.drop_after or conn.our_state is h11.MUST_CLOSE:
                     return

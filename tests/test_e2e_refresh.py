@@ -684,9 +684,12 @@ async def test_capacity_increase_admits_queued_waiters_at_once(tmp_path: Path) -
                 await wait_until(lambda: edge.gw.runtime.pool.queue_depth == 2)
                 with not_before(first_done, "waiters must be admitted while the first runs"):
                     await edge.apply(**{**base, "cap1": 3})
-                    # Admitted by the apply itself, not by the first lease's release.
+                    # Admitted by the apply, not by the first lease's release.  The
+                    # node owns admission: an open that overtakes the node's new
+                    # config is answered Busy and leased again at the node's next
+                    # load report, still while the first runs (hence a wait).
+                    await wait_until(lambda: edge.in_flight()["echo-1"] == 3)
                     assert edge.gw.runtime.pool.queue_depth == 0
-                    assert edge.in_flight()["echo-1"] == 3
                     await wait_until(lambda: len(done) == 2)
                 assert sorted(done) == ["q0", "q1"]
             assert done[-1] == "first"

@@ -4,7 +4,10 @@ Each edge holds its own ``token_verifier`` of the node's token (its own
 salt).  What must hold: every edge serves through the node; when one edge's
 link closes mid-stream the node cancels that edge's streams at once (the
 model server sees its request aborted) while the other edge's stream
-completes untouched.
+completes untouched.  The node is the authority for its providers' slots
+(issue #20): load spread over both edges never runs a provider past its
+``capacity``, and the slots of an edge that is lost go to the other edge's
+waiters.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from wire import scram
 WORDS = 40
 
 
-def edge_yaml(edge_id: str, base_url: str) -> str:
+def edge_yaml(edge_id: str, base_url: str, capacity: int = 4) -> str:
     verifier = scram.Verifier.create(node_token("node-a"), iterations=TEST_ITERATIONS).encode()
     return f"""
 edge:
@@ -45,7 +48,7 @@ nodes:
         type: openai
         base_url: {base_url}
         models: [served]
-        capacity: 4
+        capacity: {capacity}
 """
 
 
@@ -54,11 +57,14 @@ def chat(stream: bool) -> dict[str, object]:
 
 
 async def _fleet_with_mock(
-    nursery: trio.Nursery,
+    nursery: trio.Nursery, capacity: int = 4
 ) -> tuple[MockOpenAIServer, list[str]]:
     mock = MockOpenAIServer()
     await nursery.start(mock.serve)
-    return mock, [edge_yaml("edge-1", mock.base_url), edge_yaml("edge-2", mock.base_url)]
+    return mock, [
+        edge_yaml("edge-1", mock.base_url, capacity),
+        edge_yaml("edge-2", mock.base_url, capacity),
+    ]
 
 
 async def test_a_node_with_two_edges_serves_both() -> None:
@@ -140,4 +146,79 @@ async def test_an_edge_link_lost_mid_stream_cancels_only_that_edges_streams() ->
                 await wait_until(
                     lambda: fleet.edges[0].runtime.hub.connected_since("node-a") is not None
                 )
+            nursery.cancel_scope.cancel()
+
+
+async def test_load_over_two_edges_never_runs_a_provider_past_its_capacity() -> None:
+    """Capacity 2, 12 streaming callers split over both edges: every call
+    succeeds and the model server never sees more than 2 at once (each edge
+    alone would have admitted 2: 4 without the node's admission)."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            mock, yamls = await _fleet_with_mock(nursery, capacity=2)
+            mock.reply_text = "one two three four five"
+            mock.chunk_delay = 0.02
+            async with running_edges(yamls, nodes=["node-a"]) as fleet:
+                statuses: list[int] = []
+
+                async def call(i: int) -> None:
+                    resp = await http_request(
+                        fleet.edges[i % 2].host_port, "POST", "/v1/chat/completions", body=chat(True)
+                    )
+                    assert resp.body.decode().rstrip().endswith("data: [DONE]"), resp.body
+                    statuses.append(resp.status)
+
+                async with trio.open_nursery() as callers:
+                    for i in range(12):
+                        callers.start_soon(call, i)
+                assert statuses == [200] * 12
+                assert mock.peak_in_flight == 2, mock.peak_in_flight
+                print(f"12 callers over 2 edges, capacity 2: peak {mock.peak_in_flight}")
+                slots = fleet.node_handles["node-a"].sessions.slots
+                await wait_until(lambda: slots.totals("local-1") == (0, 0))  # nothing leaked
+                for gw in fleet.edges:
+                    assert gw.runtime.pool.scheduler.active_grants == frozenset()
+            nursery.cancel_scope.cancel()
+
+
+async def test_an_edge_lost_frees_its_node_slots_for_the_other_edges_waiters() -> None:
+    """Capacity 1: edge 1 streams, edge 2's caller waits for the slot; edge 1's
+    link closes abruptly (as when its process is killed) and edge 2's caller
+    gets the slot the node freed, and succeeds."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            mock, yamls = await _fleet_with_mock(nursery, capacity=1)
+            mock.reply_text = " ".join(f"w{i}" for i in range(WORDS))
+            mock.chunk_delay = 0.05  # about 2 s of streaming for edge 1's call
+            async with running_edges(yamls, nodes=["node-a"]) as fleet:
+                slots = fleet.node_handles["node-a"].sessions.slots
+                results: dict[int, object] = {}
+
+                async def call(i: int) -> None:
+                    try:
+                        results[i] = await http_request(
+                            fleet.edges[i].host_port, "POST", "/v1/chat/completions", body=chat(True)
+                        )
+                    except (h11.RemoteProtocolError, trio.BrokenResourceError, OSError) as exc:
+                        results[i] = exc
+
+                async with trio.open_nursery() as callers:
+                    callers.start_soon(call, 0)
+                    await wait_until(lambda: mock.in_flight == 1)
+                    callers.start_soon(call, 1)
+                    pool2 = fleet.edges[1].runtime.pool
+                    await wait_until(lambda: pool2.queue_depth == 1)  # waits: the node is full
+                    channel = _edge_session_channel(fleet, 0)
+                    closed_at = trio.current_time()
+                    await trio.aclose_forcefully(channel.stream)  # type: ignore[attr-defined]
+                    await mock.wait_client_close(1)  # edge 1's stream was cancelled
+                    await wait_until(lambda: sum(r.method == "POST" for r in mock.requests) == 2)
+                    print(
+                        "edge link closed -> the other edge's waiter at the provider: "
+                        f"{trio.current_time() - closed_at:.3f} s"
+                    )
+                assert getattr(results[1], "status", None) == 200, results[1]
+                assert mock.peak_in_flight == 1
+                assert sum(r.method == "POST" for r in mock.requests) == 2
+                await wait_until(lambda: slots.totals("local-1") == (0, 0))
             nursery.cancel_scope.cancel()

@@ -52,7 +52,7 @@ def echo_config(delay_ms: int = 0, *extra: ProviderSpec) -> NodeConfig:
     return NodeConfig(
         stream_id=1,
         version=1,
-        providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms), *extra],
+        providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms, capacity=8), *extra],
     )
 
 

@@ -28,6 +28,7 @@ TABLE: list[tuple[AttemptFailure, bool, FailureReason | None, TrackerEffect]] = 
     (AttemptFailure(K.CONNECT_FAILED), True, R.CONNECT, E.FAILURE),
     (AttemptFailure(K.RESET_BEFORE_SEND), True, R.RESET, E.FAILURE),
     (AttemptFailure(K.NODE_LOST_BEFORE_RUN), True, R.CONNECT, E.NONE),
+    (AttemptFailure(K.NODE_BUSY), True, None, E.NONE),  # not a failure (Leasing.failed)
     (AttemptFailure(K.PROVIDER_STATUS, 429), True, R.STATUS_429, E.SATURATED),
     (AttemptFailure(K.PROVIDER_STATUS, 502), True, R.STATUS_5XX, E.FAILURE),
     (AttemptFailure(K.PROVIDER_STATUS, 503), True, R.STATUS_5XX, E.FAILURE),

@@ -17,7 +17,9 @@ Streams: only the edge opens streams (``RunRequest``, ``ProviderTunnelRequest``,
 ``NodeConfig``), with strictly increasing ``stream_id`` (so "closed" needs no
 memory: an id at or below the highest opened one that is not open is closed).
 The node replies only on open streams, with the reply type of the stream, and
-ends each with exactly one terminal message (``wire.messages.is_terminal``).
+ends each with exactly one terminal message (``wire.messages.is_terminal``);
+``Busy`` (the node did not admit it) is a terminal reply to a run or a tunnel.
+Session messages of admission: ``LoadReport`` (node) and ``Waiting`` (edge).
 ``Cancel`` and ``Credit`` on a stream that already ended are legal and ignored
 (they race the terminal).  Credit: a request's ``window`` is how many
 non-terminal replies the node may send; ``Credit(frames)`` adds to it.  The
@@ -38,12 +40,14 @@ from wire.errors import (
 from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
+    Busy,
     Cancel,
     Challenge,
     Credit,
     Heartbeat,
     Hello,
     HelloAck,
+    LoadReport,
     Message,
     NodeConfig,
     NodeConfigAck,
@@ -55,6 +59,7 @@ from wire.messages import (
     Refused,
     RunEvent,
     RunRequest,
+    Waiting,
     is_terminal,
 )
 
@@ -123,6 +128,7 @@ _EDGE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     ProviderTunnelRequest,
     Cancel,
     Credit,
+    Waiting,
 )
 _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Heartbeat,
@@ -131,6 +137,8 @@ _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     NodeConfigAck,
     RunEvent,
     ProviderTunnelFrame,
+    LoadReport,
+    Busy,
 )
 
 #: state -> (sender, message type) -> next state.  Anything absent is illegal.
@@ -179,10 +187,12 @@ _OPENERS: dict[type[Message], str] = {
     ProviderTunnelRequest: "tunnel",
     NodeConfig: "config",
 }
-_REPLIES: dict[type[Message], str] = {
-    RunEvent: "run",
-    ProviderTunnelFrame: "tunnel",
-    NodeConfigAck: "config",
+#: reply type -> the kinds of stream it may answer.
+_REPLIES: dict[type[Message], frozenset[str]] = {
+    RunEvent: frozenset({"run"}),
+    ProviderTunnelFrame: frozenset({"tunnel"}),
+    NodeConfigAck: frozenset({"config"}),
+    Busy: frozenset({"run", "tunnel"}),  # the node did not admit it (terminal)
 }
 
 
@@ -366,7 +376,7 @@ class Connection:
         if info is None:  # CLOSED stream: the ignored Cancel/Credit race
             return
         if event is StreamEvent.REPLY or event is StreamEvent.TERMINAL:
-            if _REPLIES[msg_type] != info.kind:
+            if info.kind not in _REPLIES[msg_type]:
                 raise _Illegal(f"{name} is not a reply to the {info.kind} stream {stream_id}")
             if event is StreamEvent.REPLY:
                 if info.credit <= 0:

@@ -7,14 +7,15 @@ a field is never renamed or retyped, unknown fields are ignored on decode.
 Streams: the edge opens every stream (RunRequest, ProviderTunnelRequest,
 NodeConfig) with a fresh ``stream_id``; all replies carry the same id. A stream
 ends with exactly one terminal message: RunEvent kind ``complete``/``error``,
-ProviderTunnelFrame kind ``end``/``error``, or NodeConfigAck.
+ProviderTunnelFrame kind ``end``/``error``, or NodeConfigAck; a run or tunnel
+the node does not admit ends with ``Busy`` instead (see the admission block).
 Flow control is credit based: a request carries ``window`` (frames the node may
 send before waiting), the edge returns credit with ``Credit`` as it consumes.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -136,6 +137,9 @@ class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
     health_command: list[str] | None = None
     kill_grace: float = 5.0
     delay_ms: int = 0
+    #: Slots of ``capacity`` that long-context requests may hold (the node admits
+    #: against both; see the admission block below).
+    long_context_capacity: int = 0
 
 
 class NodeConfig(_Msg, tag=True):
@@ -179,6 +183,8 @@ class RunRequest(_Msg, tag=True):
     workspace: str | None = None
     stream: bool = False
     window: int = 64
+    #: The request's context class is ``long``: it holds a long-context slot too.
+    long_context: bool = False
 
 
 RunEventKind = Literal["text", "reasoning", "tool_call", "usage", "complete", "error"]
@@ -215,6 +221,8 @@ class ProviderTunnelRequest(_Msg, tag=True):
     headers: list[tuple[str, str]] = msgspec.field(default_factory=list)
     body: bytes = b""
     window: int = 64
+    #: The request's context class is ``long``: it holds a long-context slot too.
+    long_context: bool = False
 
 
 TunnelFrameKind = Literal["head", "body", "usage", "end", "error"]
@@ -261,6 +269,67 @@ class Credit(_Msg, tag=True):
     frames: int
 
 
+# ----------------------------------------------------------------- admission
+#
+# The node is the authority for its providers' slots (issue #20).  It admits
+# every RunRequest/ProviderTunnelRequest against its own counters or ends the
+# stream at once with ``Busy``.  It pushes each edge the load that edge cannot
+# see itself (``LoadReport``: the other edges' streams and the slots held for
+# their waiters), and an edge says which of the node's providers it has
+# waiters for (``Waiting``), so that a freed slot is held for one waiting
+# edge at a time.  Every field is bounded: a peer cannot make the other
+# allocate more than these caps (and the frame cap) allow.
+
+#: Most providers one LoadReport may carry (a node has far fewer).
+MAX_LOAD_ENTRIES = 1024
+#: Longest provider id accepted in an admission message.
+MAX_PROVIDER_ID_CHARS = 256
+_Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+_ProviderId = Annotated[str, msgspec.Meta(max_length=MAX_PROVIDER_ID_CHARS)]
+
+
+class SlotLoad(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One provider's slots as one edge must count them, besides its own streams.
+
+    ``in_flight``/``long_in_flight``: streams of the *other* edges on the
+    provider; ``offered``: slots the node holds for other edges' waiters.  An
+    edge adds its own streams (which it knows exactly and sooner) to these.
+    """
+
+    provider_id: _ProviderId
+    in_flight: _Count = 0
+    long_in_flight: _Count = 0
+    offered: _Count = 0
+
+
+class LoadReport(_Msg, tag=True):
+    """Node -> edge: the load of some of its providers, for this edge (coalesced)."""
+
+    providers: Annotated[list[SlotLoad], msgspec.Meta(max_length=MAX_LOAD_ENTRIES)] = (
+        msgspec.field(default_factory=list)
+    )
+
+
+class Busy(_Msg, tag=True):
+    """Node -> edge: the terminal reply of a run or tunnel the node did not admit.
+
+    Sent at once, before anything ran: the provider is full (``capacity`` or
+    ``long_context_capacity``) counting every edge's streams.  ``load`` is the
+    provider's load as this edge must count it now.
+    """
+
+    stream_id: int
+    load: SlotLoad
+
+
+class Waiting(_Msg, tag=True):
+    """Edge -> node: the edge has (``waiting``) or no longer has waiters that
+    ``provider_id`` could serve; the node offers freed slots in this order."""
+
+    provider_id: _ProviderId
+    waiting: bool = True
+
+
 Message = (
     Hello
     | Challenge
@@ -278,6 +347,9 @@ Message = (
     | ProviderTunnelFrame
     | Cancel
     | Credit
+    | LoadReport
+    | Busy
+    | Waiting
 )
 
 TERMINAL_RUN_KINDS = frozenset({"complete", "error"})
@@ -290,4 +362,4 @@ def is_terminal(msg: Message) -> bool:
         return msg.kind in TERMINAL_RUN_KINDS
     if isinstance(msg, ProviderTunnelFrame):
         return msg.kind in TERMINAL_TUNNEL_KINDS
-    return isinstance(msg, NodeConfigAck)
+    return isinstance(msg, NodeConfigAck | Busy)

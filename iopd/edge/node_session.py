@@ -28,6 +28,9 @@ Why it looks like this:
   ``open_stream`` before the terminal sends ``Cancel`` (queued, never
   blocking the caller) and refunds the credit of unread frames; late replies
   of abandoned streams are credited and dropped.
+* A node that does not admit a stream answers ``Busy`` (``deliver_busy``):
+  the stream ends with an ``error`` of code ``node_busy`` of its own kind,
+  so every path handles it where it handles a failure before any output.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from iopd.transport.channel import ChannelClosed, WireChannel
 from wire.connection import StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
+    Busy,
     Cancel,
     Credit,
     Message,
@@ -59,7 +63,10 @@ from wire.messages import (
     is_terminal,
 )
 
-__all__ = ["DirectWriter", "NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
+__all__ = ["NODE_BUSY", "DirectWriter", "NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
+
+#: The error code a stream ends with when its node answered ``Busy``.
+NODE_BUSY = "node_busy"
 
 Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
 """What a node sends on a stream the edge opened."""
@@ -95,10 +102,17 @@ class NodeStream(Generic[R_co]):
     """
 
     def __init__(
-        self, node_id: str, stream_id: int, window: int, post: Callable[[Message], None]
+        self,
+        node_id: str,
+        stream_id: int,
+        window: int,
+        post: Callable[[Message], None],
+        *,
+        tunnel: bool = False,
     ) -> None:
         self.node_id = node_id
         self.stream_id = stream_id
+        self.tunnel = tunnel  # carries ProviderTunnelFrames (else RunEvents)
         self.window = window
         self._post = post  # queue a message to the node, never blocking
         self._buf: deque[R_co] = deque()
@@ -277,7 +291,9 @@ class NodeSession:
         self._next_stream_id += 1
         stream_id = self._next_stream_id
         post = self._channel.post
-        stream: NodeStream[Reply] = NodeStream(self.node_id, stream_id, window, post)
+        stream: NodeStream[Reply] = NodeStream(
+            self.node_id, stream_id, window, post, tunnel=isinstance(req, ProviderTunnelRequest)
+        )
         self._streams[stream_id] = stream
         try:
             try:
@@ -311,6 +327,22 @@ class NodeSession:
         elif not is_terminal(msg):
             # Abandoned stream: drop the late reply, give its credit back.
             self._channel.post(Credit(stream_id=msg.stream_id, frames=1))
+
+    def deliver_busy(self, msg: Busy) -> None:
+        """The node did not admit the stream: end it with the error ``node_busy``."""
+        stream = self._streams.get(msg.stream_id)
+        if stream is None:
+            return  # abandoned meanwhile; Busy needs no credit back
+        text = f"provider {msg.load.provider_id} is busy on node {self.node_id}"
+        stream.deliver(
+            ProviderTunnelFrame(stream_id=msg.stream_id, kind="error", code=NODE_BUSY, message=text)
+            if stream.tunnel
+            else RunEvent(stream_id=msg.stream_id, kind="error", code=NODE_BUSY, message=text)
+        )
+
+    def post(self, msg: Message) -> None:
+        """Queue a session message for the node (never blocks; dropped once closed)."""
+        self._channel.post(msg)
 
     def mark_ready(self) -> None:
         """The node acknowledged its first config: the session may be used."""

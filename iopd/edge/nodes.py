@@ -23,6 +23,9 @@ Why it looks like this:
   contract with the owner: ``node_disconnected`` first (the pool stops
   admitting to the node), then the session's streams fail and free their
   leases, whose release re-examines the queue.
+* Admission (issue #20): a node's ``LoadReport`` goes to ``provider_load``;
+  its ``Busy`` to ``provider_busy`` and then ends its stream with the error
+  code ``node_busy``, which the request path answers by leasing again.
 * Metering: ``wire_frames(direction, n)`` for every frame the edge's wire
   ``Connection`` encodes (``out``) or decodes (``in``), and ``wire_error``
   once per connection closed for a wire problem, with ``reason`` one of
@@ -53,8 +56,10 @@ from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
+    Busy,
     Hello,
     HelloAck,
+    LoadReport,
     Message,
     NodeConfig,
     NodeConfigAck,
@@ -94,6 +99,14 @@ class HubOwner(Protocol):
 
     def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
         """``node_id`` reported the health of its providers."""
+        ...
+
+    def provider_load(self, node_id: str, msg: LoadReport) -> None:
+        """``node_id`` reported what the other edges hold of some of its providers."""
+        ...
+
+    def provider_busy(self, node_id: str, msg: Busy) -> None:
+        """``node_id`` did not admit a stream (told before the stream ends with it)."""
         ...
 
     def wire_frames(self, direction: FrameDirection, n: int) -> None:
@@ -353,6 +366,13 @@ class NodeHub:
                 session.deliver(msg)
             elif isinstance(msg, ProviderStatus):
                 self._call("provider_status", owner.provider_status, session.node_id, msg)
+            elif isinstance(msg, LoadReport):
+                self._call("provider_load", owner.provider_load, session.node_id, msg)
+            elif isinstance(msg, Busy):
+                # The pool blocks the provider first, then the stream ends: the
+                # request's next lease already avoids it.
+                self._call("provider_busy", owner.provider_busy, session.node_id, msg)
+                session.deliver_busy(msg)
 
         settings = self.settings
         try:

@@ -46,7 +46,7 @@ from iopd.edge.principal_status import (
 )
 from iopd.redact import Scrubber, url_secrets
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
-from wire.messages import NodeConfig, ProviderStatus
+from wire.messages import Busy, LoadReport, NodeConfig, ProviderStatus, Waiting
 
 log = logging.getLogger("iopd.edge")
 
@@ -253,6 +253,7 @@ class EdgeRuntime:
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
+        pool.on_waiting = rt._tell_node_waiting
         rt.controls = RuntimeControls(pool, metrics, known_nodes=lambda: rt.snapshot.nodes)
         metrics.set_status_source(rt._gateway_status)
         return rt
@@ -284,6 +285,24 @@ class EdgeRuntime:
         # Synchronous, before the node's streams fail (the hub's order): the
         # leases they free re-examine the queue without this node.
         self.pool.set_node_connected(node_id, False)
+
+    def provider_load(self, node_id: str, msg: LoadReport) -> None:
+        for load in msg.providers:
+            self.pool.set_remote_load(
+                node_id, load.provider_id, load.in_flight, load.long_in_flight, load.offered
+            )
+
+    def provider_busy(self, node_id: str, msg: Busy) -> None:
+        load = msg.load
+        self.pool.provider_busy(
+            node_id, load.provider_id, load.in_flight, load.long_in_flight, load.offered
+        )
+
+    def _tell_node_waiting(self, node_id: str, provider_id: str, waiting: bool) -> None:
+        """The pool's ``on_waiting``: tell the node (told again when it reconnects)."""
+        session = self.hub.session(node_id)
+        if session is not None:
+            session.post(Waiting(provider_id=provider_id, waiting=waiting))
 
     def wire_frames(self, direction: FrameDirection, n: int) -> None:
         self.metrics.count_wire_frames(direction, n)
@@ -366,9 +385,11 @@ class EdgeRuntime:
                 ProviderGaugeRow(
                     node_id=ref.node_id,
                     provider_id=pid,
-                    in_flight=load.in_flight if load else 0,
+                    # This edge's share: Prometheus sums the edges (``/status``
+                    # shows the node's total across them).
+                    in_flight=load.own_in_flight if load else 0,
                     capacity=load.capacity if load else ref.config.capacity,
-                    long_in_flight=load.long_in_flight if load else 0,
+                    long_in_flight=load.own_long_in_flight if load else 0,
                     long_capacity=ref.config.long_context_capacity,
                     health=self._shown_health(ref.node_id, pid).health,
                     enabled=ref.config.enabled,

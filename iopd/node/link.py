@@ -22,6 +22,12 @@ Why it looks like this:
   the nursery, so every run of that session stops.
 * ``_StreamSender.send`` enforces the credit window: it waits while the
   stream has no credit left (the terminal message never waits).
+* Admission (``iopd.node.admission``, given as ``admission``): the reader
+  admits every run and tunnel against the node's slots before spawning it,
+  or answers ``Busy`` at once.  The slot goes back just before the stream's
+  terminal is sent (so the edge, which frees its lease on reading it, never
+  opens its next stream before the node freed the slot), or when the stream's
+  task ends without one (cancelled with the link).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import trio
 
 from iopd.config.schema import NodeSection
 from iopd.http.client import EarlyStart
+from iopd.node.admission import AdmissionView, Slot
 from iopd.node.handler import NodeHandler
 from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.transport.channel import ChannelClosed, WireChannel
@@ -43,9 +50,11 @@ from iopd.transport.tls import client_ssl_context
 from wire.connection import Connection, Role, StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
+    Busy,
     Cancel,
     Credit,
     HelloAck,
+    LoadReport,
     Message,
     NodeConfig,
     NodeConfigAck,
@@ -55,6 +64,8 @@ from wire.messages import (
     Refused,
     RunEvent,
     RunRequest,
+    SlotLoad,
+    Waiting,
     is_terminal,
 )
 
@@ -82,10 +93,22 @@ def parse_host_port(address: str) -> tuple[str, int]:
 class _StreamSender:
     """``iopd.node.handler.StreamSender`` for one stream: credit-aware sends."""
 
-    def __init__(self, channel: WireChannel, stream_id: int) -> None:
+    def __init__(
+        self,
+        channel: WireChannel,
+        stream_id: int,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         self._channel = channel
         self.stream_id = stream_id
         self._credit_changed = trio.Event()
+        self._release = release  # gives the stream's node slot back (once)
+
+    def release_slot(self) -> None:
+        """Give the stream's slot back now (idempotent)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
     def credit_arrived(self) -> None:
         self._credit_changed.set()
@@ -108,6 +131,8 @@ class _StreamSender:
             # Held frames must reach the edge before it can return their credit.
             await self._channel.flush()
             await self._credit_changed.wait()
+        if self._release is not None and is_terminal(msg):
+            self.release_slot()  # before the edge can read the terminal and open anew
         try:
             await self._channel.send(msg)
         except LocalProtocolError as exc:
@@ -147,12 +172,15 @@ class NodeLink:
         software_version: str,
         edge: str | None = None,
         salted: SaltedPasswords | None = None,
+        admission: AdmissionView | None = None,
         connect_timeout: float = 10.0,
         handshake_timeout: float = 10.0,
         rng: Callable[[], float] = random.random,
     ) -> None:
         """``edge``: the address to dial (default: ``cfg.edge``, else the first of
-        ``cfg.edges``); ``salted``: derived keys shared by the node's links."""
+        ``cfg.edges``); ``salted``: derived keys shared by the node's links;
+        ``admission``: the node's slots as this edge's streams take them (None:
+        nothing is counted, every stream is admitted)."""
         self.cfg = cfg
         self.handler = handler
         self.software_version = software_version
@@ -161,6 +189,7 @@ class NodeLink:
         self.edge = edge or cfg.edge or cfg.edges[0]
         self.host, self.port = parse_host_port(self.edge)
         self._salted = salted if salted is not None else SaltedPasswords()
+        self.admission = admission
         self._ssl_context = client_ssl_context(cfg.tls)
         self.backoff = Backoff(cfg.reconnect_initial_backoff, cfg.reconnect_max_backoff, rng=rng)
         self._channel: WireChannel | None = None
@@ -210,8 +239,9 @@ class NodeLink:
                 return
             await self.wait_disconnected()
 
-    def send_status(self, msg: ProviderStatus) -> None:
-        """Queue a provider status for the edge; a no-op while disconnected."""
+    def send_status(self, msg: ProviderStatus | LoadReport) -> None:
+        """Queue a provider status or load report for the edge; a no-op while
+        disconnected."""
         channel = self._channel
         if self.connected and channel is not None and not channel.closed:
             channel.post(msg)
@@ -339,6 +369,8 @@ class NodeLink:
             self._configs = config_send
             self._senders = {}
             self._set_connected(ack)
+            if self.admission is not None:
+                self.admission.connected()
             nursery.start_soon(self._apply_configs, channel, config_recv)
             try:
                 await channel.serve(
@@ -350,6 +382,8 @@ class NodeLink:
                 closed = exc
             finally:
                 self._set_disconnected()
+                if self.admission is not None:
+                    self.admission.disconnected()
                 nursery.cancel_scope.cancel()
         raise closed or ChannelClosed("session ended", "closed")
 
@@ -360,12 +394,22 @@ class NodeLink:
         channel, nursery = self._channel, self._nursery
         assert channel is not None and nursery is not None
         if isinstance(msg, RunRequest | ProviderTunnelRequest):
-            sender = _StreamSender(channel, msg.stream_id)
+            release: Callable[[], None] | None = None
+            admission = self.admission
+            if admission is not None:
+                verdict = admission.admit(msg.provider_id, msg.long_context)
+                if isinstance(verdict, SlotLoad):  # full: the edge routes it elsewhere
+                    channel.post(Busy(stream_id=msg.stream_id, load=verdict))
+                    return
+                if verdict is not None:
+                    release = _releaser(admission, verdict)
+            sender = _StreamSender(channel, msg.stream_id, release)
             self._senders[msg.stream_id] = sender
             early = self.handler.start_early(msg)  # may write it to the provider now
             try:
                 nursery.start_soon(self._serve_stream, channel, msg, sender, early)
             except BaseException:
+                sender.release_slot()
                 if early is not None:
                     early.abandon()
                 raise
@@ -379,6 +423,9 @@ class NodeLink:
                     self.handler.cancel(msg.stream_id, msg.reason)
                 except Exception:
                     log.exception("event=cancel_failed stream=%d", msg.stream_id)
+        elif isinstance(msg, Waiting):
+            if self.admission is not None:
+                self.admission.set_waiting(msg.provider_id, msg.waiting)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
@@ -403,6 +450,7 @@ class NodeLink:
         except Exception:
             log.exception("event=serve_stream_failed stream=%d", stream_id)
         finally:
+            sender.release_slot()
             self._senders.pop(stream_id, None)
         if channel.conn.stream_state(stream_id) in (StreamState.OPEN, StreamState.CANCELLED):
             # The executor ended without a terminal: close the stream for it.
@@ -434,6 +482,8 @@ class NodeLink:
             try:
                 ack = await self.handler.on_config(cfg)
                 ack = msgspec.structs.replace(ack, stream_id=cfg.stream_id)
+                if self.admission is not None:
+                    self.admission.reconfigured()  # a capacity may have grown
             except Exception as exc:
                 log.exception("event=node_config_failed version=%d", cfg.version)
                 ack = NodeConfigAck(
@@ -477,3 +527,8 @@ class NodeLink:
         self._channel = None
         self._nursery = None
         self._configs = None
+
+
+def _releaser(admission: AdmissionView, slot: Slot) -> Callable[[], None]:
+    """The callable that gives ``slot`` back (bound once per admitted stream)."""
+    return lambda: admission.release(slot)

@@ -7,23 +7,29 @@ the node's).  An edge lost ends only its own session, and with it only that
 edge's streams (``iopd.node.executor.EdgeStreams`` keeps each edge's streams
 apart); the others keep serving.  Health reports go to every connected edge.
 
-Everything that is per edge but node-wide in scope (today: the sessions and
-the derived keys of the handshake) lives here, so that per-edge state added
-later (e.g. admission per edge) has one owner.
+Everything that is per edge but node-wide in scope (the sessions, the
+derived keys of the handshake, the providers' slots across edges) lives here.
+Admission (``iopd.node.admission``): one ``SlotTable`` for the node, one
+``AdmissionView`` per link; the load reports it makes due are pushed by one
+task (``_push_loads``), coalesced: every change of one scheduler round goes
+in one ``LoadReport`` per edge.  With one edge nothing is ever due but after
+a ``Busy`` (the edge counts its own streams itself).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 import trio
 
 from iopd.config.schema import NodeSection, node_edge_addresses
+from iopd.node.admission import AdmissionView, SlotTable
 from iopd.node.executor import NodeExecutor
 from iopd.node.handshake import SaltedPasswords
 from iopd.node.link import NodeLink
-from wire.messages import ProviderStatus
+from wire.messages import LoadReport, ProviderStatus
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +46,8 @@ class EdgeSessions:
         link_factory: Callable[..., NodeLink] = NodeLink,
     ) -> None:
         salted = SaltedPasswords()  # one derivation per edge verifier, node-wide
+        self.slots = SlotTable(_limits_of(executor))
+        self._loads_changed = trio.Event()
         self.links: list[NodeLink] = [
             link_factory(
                 cfg,
@@ -47,6 +55,9 @@ class EdgeSessions:
                 software_version=software_version,
                 edge=address,
                 salted=salted,
+                admission=AdmissionView(
+                    self.slots, address, clock=trio.current_time, changed=self._wake_push
+                ),
             )
             for address in node_edge_addresses(cfg)
         ]
@@ -71,15 +82,49 @@ class EdgeSessions:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every session until cancelled; reported started at once (no edge needed)."""
         async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._push_loads)
             for link in self.links:
                 await nursery.start(link.run)
             task_status.started()
+
+    def _wake_push(self) -> None:
+        self._loads_changed.set()
+
+    async def _push_loads(self) -> None:
+        """Send each edge the load reports due to it; lapse offers on time."""
+        slots = self.slots
+        while True:
+            expiry = slots.next_expiry()
+            with trio.move_on_at(math.inf if expiry is None else expiry):
+                await self._loads_changed.wait()
+            # Coalesce: the changes of this scheduler round leave together.
+            await trio.lowlevel.checkpoint()
+            self._loads_changed = trio.Event()
+            slots.expire(trio.current_time())
+            for link in self.links:
+                due = slots.take_reports(link.edge)
+                if due:
+                    link.send_status(LoadReport(providers=due))
 
     async def shutdown(self, timeout: float = 2.0) -> None:
         """End every session cleanly, together (see ``NodeLink.shutdown``)."""
         async with trio.open_nursery() as nursery:
             for link in self.links:
                 nursery.start_soon(link.shutdown, timeout)
+
+
+def _limits_of(executor: NodeExecutor) -> Callable[[str], tuple[int, int] | None]:
+    """A provider's ``(capacity, long_context_capacity)`` in the executor's current
+    registry (None: not served here)."""
+
+    def limits(provider_id: str) -> tuple[int, int] | None:
+        registry = executor.registry
+        adapter = registry.get(provider_id) if registry is not None else None
+        if adapter is None:
+            return None
+        return adapter.spec.capacity, adapter.spec.long_context_capacity
+
+    return limits
 
 
 __all__ = ["EdgeSessions"]

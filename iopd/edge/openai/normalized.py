@@ -493,6 +493,7 @@ def _run_request(
         metadata=md,
         workspace=req.workspace,
         stream=stream,
+        long_context=lease.long,
     )
 
 

@@ -80,8 +80,7 @@ __all__ = [
 
 log = logging.getLogger("iopd.edge.request")
 
-#: On every response of a leased request: the model group that served it
-#: (a fallback group's id when one did).
+#: On every response of a leased request: the model group that served it (or fallback).
 MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
 
 ContextClass = Literal["normal", "long"]
@@ -282,12 +281,14 @@ class Leasing(Generic[Body]):
 
         Synchronous (the path decides while its stream is still open, before
         writing anything).  ``retry_after``: a 429's bounded ``Retry-After``.
-        True spends one retry of the group's budget.
+        True spends one retry of the group's budget (a node's ``Busy``: none).
         """
         lease = self._lease
         if lease is None or self._reported:
             return False
         self._reported = True
+        if failure.kind is FailureKind.NODE_BUSY:  # node full: lease again, not a failure
+            return True
         rt, out = self._rt, self._call.out
         pool_cfg = self._call.snap.config.provider_pool
         verdict = classify_failure(

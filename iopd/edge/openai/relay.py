@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 
-from iopd.edge.node_session import NodeSession
+from iopd.edge.node_session import NODE_BUSY, NodeSession
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
 from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
@@ -72,6 +72,7 @@ async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome)
             path=request.path,
             headers=headers,
             body=rq.rewrite_model(leased.body.raw, leased.lease.target),
+            long_context=leased.lease.long,
         )
         if not await _relay(leased, treq, responder, out):
             return
@@ -200,6 +201,8 @@ def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
     (or anything after the head) is a failure after the provider had the request."""
     if fr.code == "bad_request":
         return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
+    if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Leasing.failed)
+        return AttemptFailure(FailureKind.NODE_BUSY)
     if head_sent:
         kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND
         return AttemptFailure(kind)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 
 from iopd import errors
+from iopd.edge.node_session import NODE_BUSY
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from wire.messages import RunEvent
@@ -37,6 +38,8 @@ def run_failure(ev: RunEvent, provider_type: str, produced: bool) -> AttemptFail
     code = ev.code
     if code in ("cancelled", "node_lost", "node_dispatch_error"):
         return None
+    if code == NODE_BUSY:  # not admitted: nothing ran (see Leasing.failed)
+        return AttemptFailure(FailureKind.NODE_BUSY)
     if code == "bad_request":
         return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
     if code == "provider_timeout":

@@ -16,6 +16,14 @@ provider.  When every candidate is excluded, the tracker's ``last_resort``
 picks the one to use, so ejection alone never leaves a request without a
 provider.  Providers the tracker holds no exclusion for are never asked
 (``flagged``), so the common path costs one set test.
+
+Several edges (issue #20): the node is the authority for a provider's slots.
+A provider's counters hold this edge's own leases (exact, at once) plus what
+its node last reported of the *other* edges (``others``: their streams and
+the slots held for their waiters; ``others_long``).  A provider is full when
+the two together reach its capacity.  After the node answered ``Busy`` the
+provider is ``blocked`` until the node's next report for it, so a request
+never bounces between the edge's stale view and the node's refusal.
 """
 
 from __future__ import annotations
@@ -125,13 +133,33 @@ class WaitKey(NamedTuple):
 
 
 class _Counters:
-    """Per-provider slot usage; lives as long as the provider or its leases."""
+    """Per-provider slot usage; lives as long as the provider or its leases.
 
-    __slots__ = ("in_flight", "long_in_flight")
+    ``in_flight``/``long_in_flight``: this edge's leases.  ``others``,
+    ``others_long``, ``others_running`` and ``blocked``: the node's last word
+    on the other edges (see the module doc).
+    """
+
+    __slots__ = (
+        "in_flight",
+        "long_in_flight",
+        "others",
+        "others_long",
+        "others_running",
+        "blocked",
+    )
 
     def __init__(self) -> None:
         self.in_flight = 0
         self.long_in_flight = 0
+        self.others = 0  # slots other edges hold: their streams + offers held for them
+        self.others_long = 0  # long-context slots other edges' streams hold
+        self.others_running = 0  # other edges' streams (the node's total minus ours)
+        self.blocked = False  # answered Busy; waits for the node's next report
+
+    def clear_remote(self) -> None:
+        self.others = self.others_long = self.others_running = 0
+        self.blocked = False
 
 
 @dataclass(frozen=True)
@@ -187,6 +215,45 @@ class CandidateIndex:
     def in_flight(self, provider_id: str) -> tuple[int, int]:
         c = self._counters.get(provider_id)
         return (c.in_flight, c.long_in_flight) if c is not None else (0, 0)
+
+    def others_in_flight(self, provider_id: str) -> tuple[int, int]:
+        """The other edges' ``(in_flight, long_in_flight)`` as the node last reported."""
+        c = self._counters.get(provider_id)
+        return (c.others_running, c.others_long) if c is not None else (0, 0)
+
+    def set_remote(
+        self,
+        provider_id: str,
+        node_id: str,
+        in_flight: int,
+        long_in_flight: int,
+        offered: int,
+        *,
+        blocked: bool,
+    ) -> bool | None:
+        """Record the node's report (or ``Busy``) for one of its providers.
+
+        None: not a provider of ``node_id`` (ignored); True: the provider may
+        have room it did not have (its waiters are worth a look).
+        """
+        slot = self.snapshot.providers.get(provider_id)
+        c = self._counters.get(provider_id)
+        if slot is None or slot.node_id != node_id or c is None:
+            return None
+        others = in_flight + offered
+        roomier = (
+            (c.blocked and not blocked) or others < c.others or long_in_flight < c.others_long
+        )
+        c.others, c.others_long, c.others_running = others, long_in_flight, in_flight
+        c.blocked = blocked
+        return roomier
+
+    def clear_remote(self, node_id: str) -> None:
+        """Forget what ``node_id`` reported (its session ended or began)."""
+        for pid, slot in self.snapshot.providers.items():
+            c = self._counters.get(pid)
+            if slot.node_id == node_id and c is not None:
+                c.clear_remote()
 
     def health(self, provider_id: str) -> Health:
         return self._health.get(provider_id, "unknown")
@@ -367,11 +434,12 @@ class CandidateIndex:
             e = entries[(start + i) % n]
             c = e.counters
             slot = e.slot
-            if c.in_flight >= slot.capacity:
+            used = c.in_flight + c.others  # others: 0 with one edge
+            if used >= slot.capacity or c.blocked:
                 continue
-            if use_long and c.long_in_flight >= slot.long_context_capacity:
+            if use_long and c.long_in_flight + c.others_long >= slot.long_context_capacity:
                 continue
-            ratio = c.in_flight / slot.capacity
+            ratio = used / slot.capacity
             if (
                 best is None
                 or ratio < best_ratio

@@ -7,7 +7,11 @@ timeout, shutdown), passes ``trio.current_time()`` as the scheduler's ``now``,
 and runs the one timer passive ejection needs (``run_outlier_timer``: wake
 waiters when an ejection or a 429 saturation runs out).  It also keeps the
 operator's runtime controls (``controls.ControlTable``) and hands the
-scheduler the config under them, so the scheduler never knows of them.  All scheduler calls
+scheduler the config under them, so the scheduler never knows of them.
+With several edges (issue #20) it takes the nodes' load reports and ``Busy``
+answers (``set_remote_load``, ``provider_busy``) and tells the nodes which
+providers it has waiters for (``on_waiting``, only the changes, only when
+something waits or waited: nothing on the hot path of an idle queue).  All scheduler calls
 are synchronous, so the cleanup in ``finally`` blocks needs no shielding and
 cannot be interrupted half-way.
 """
@@ -39,10 +43,13 @@ from .scheduler import (
     WaiterState,
 )
 
-__all__ = ["Lease", "ProviderPool", "WaitObserver"]
+__all__ = ["Lease", "ProviderPool", "WaitObserver", "WaitingObserver"]
 
 #: ``on_wait_done(group_id, waited_seconds, outcome)``: called once per ``lease()`` attempt.
 WaitObserver = Callable[[str, float, DispatchOutcome], None]
+#: ``on_waiting(node_id, provider_id, waiting)``: this edge now has (or no longer
+#: has) waiters ``provider_id`` could serve; sent to its node (``wire.Waiting``).
+WaitingObserver = Callable[[str, str, bool], None]
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +91,13 @@ class ProviderPool:
     provider health starts ``unknown`` (available).
     """
 
-    def __init__(self, snapshot: PoolSnapshot, *, on_wait_done: WaitObserver | None = None) -> None:
+    def __init__(
+        self,
+        snapshot: PoolSnapshot,
+        *,
+        on_wait_done: WaitObserver | None = None,
+        on_waiting: WaitingObserver | None = None,
+    ) -> None:
         #: The config's snapshot and the runtime controls over it (issue #19);
         #: the scheduler decides on ``self._controls.effective()``.
         self._controls = ControlTable(snapshot)
@@ -92,6 +105,9 @@ class ProviderPool:
         self._events: dict[Waiter, trio.Event] = {}
         self._on_wait_done = on_wait_done
         self._outliers_changed = trio.Event()
+        self.on_waiting = on_waiting
+        #: Providers the nodes were told this edge waits for, with their node.
+        self._waiting_told: dict[str, str] = {}
 
     # ------------------------------------------------------------ leases
 
@@ -173,6 +189,8 @@ class ProviderPool:
         except NodeDispatchError:
             self._observe(group_id, 0.0, "dispatch_error")
             raise
+        if not isinstance(outcome, Grant):
+            self._tell_waiting()
         while not isinstance(outcome, Grant):
             waiter = outcome
             await self._wait(waiter, group_id, started)
@@ -208,9 +226,11 @@ class ProviderPool:
                     )
                     self._observe(group_id, trio.current_time() - started, outcome_name)
                     raise
+                self._tell_waiting()
                 continue
             # Timed out.
             self._scheduler.cancel(waiter)
+            self._tell_waiting()
             grant = self._fallback_now(rest, want) if fallback_on_queue_timeout else None
             if grant is not None:
                 outcome = grant
@@ -238,6 +258,7 @@ class ProviderPool:
                 self._release(waiter.grant)
             else:
                 self._scheduler.cancel(waiter)
+                self._tell_waiting()
             self._observe(group_id, trio.current_time() - started, "cancelled")
             raise
         finally:
@@ -260,6 +281,30 @@ class ProviderPool:
             event = self._events.get(waiter)
             if event is not None:
                 event.set()
+        if resolved:
+            self._tell_waiting()
+
+    def _tell_waiting(self) -> None:
+        """Tell the nodes what changed in the set of providers this edge waits for."""
+        told = self._waiting_told
+        if self.on_waiting is None or (not told and not self._scheduler.queue_depth):
+            return
+        now = self._scheduler.waiting_providers()
+        providers = self._scheduler.snapshot.providers
+        for pid in now.difference(told):
+            slot = providers.get(pid)
+            if slot is not None:
+                told[pid] = slot.node_id
+                self._notify_waiting(slot.node_id, pid, True)
+        for pid in [p for p in told if p not in now]:
+            self._notify_waiting(told.pop(pid), pid, False)
+
+    def _notify_waiting(self, node_id: str, provider_id: str, waiting: bool) -> None:
+        assert self.on_waiting is not None
+        try:
+            self.on_waiting(node_id, provider_id, waiting)
+        except Exception:
+            logger.exception("event=callback_failed component=pool callback=on_waiting")
 
     def _observe(self, group_id: str, waited: float, outcome: DispatchOutcome) -> None:
         # A failing metrics hook must never cost a lease (or leak one).
@@ -319,8 +364,30 @@ class ProviderPool:
     # ------------------------------------------------------------ state feeds
 
     def set_node_connected(self, node_id: str, connected: bool) -> None:
-        """A node session came up (True) or went away (False); re-examines waiters."""
+        """A node session came up (True) or went away (False); re-examines waiters.
+
+        A new session knows nothing of this edge's waiters: they are told again.
+        """
+        for pid in [p for p, n in self._waiting_told.items() if n == node_id]:
+            del self._waiting_told[pid]
         self._wake(self._scheduler.set_node_connected(node_id, connected, trio.current_time()))
+        self._tell_waiting()
+
+    def set_remote_load(
+        self, node_id: str, provider_id: str, in_flight: int, long_in_flight: int, offered: int
+    ) -> None:
+        """``node_id``'s load report for ``provider_id`` (see ``Scheduler.set_remote_load``)."""
+        self._wake(
+            self._scheduler.set_remote_load(
+                node_id, provider_id, in_flight, long_in_flight, offered, trio.current_time()
+            )
+        )
+
+    def provider_busy(
+        self, node_id: str, provider_id: str, in_flight: int, long_in_flight: int, offered: int
+    ) -> None:
+        """``node_id`` answered ``Busy`` for ``provider_id``: blocked until its next report."""
+        self._scheduler.provider_busy(node_id, provider_id, in_flight, long_in_flight, offered)
 
     def set_provider_health(self, provider_id: str, health: Health) -> None:
         """Record a provider's probe result (unknown | healthy | unhealthy); re-examines.

@@ -73,6 +73,9 @@ class FailureKind(enum.Enum):
     RUN_ERROR_AFTER_EVENT = "run_error_after_event"
     #: A ``cli`` run failed after its process had started (it may have acted).
     CLI_PROCESS_STARTED = "cli_process_started"
+    #: The node did not admit the stream (the provider is full across edges):
+    #: nothing ran; the request leases again, which is no retry and no failure.
+    NODE_BUSY = "node_busy"
 
 
 #: Provider statuses that say "not done, try elsewhere": retried.
@@ -116,6 +119,7 @@ _RULES: dict[FailureKind, _Rule] = {
     FailureKind.RUN_ERROR_BEFORE_EVENT: _Rule(True, FailureReason.RUN_ERROR, TrackerEffect.FAILURE),
     FailureKind.RUN_ERROR_AFTER_EVENT: _Rule(False, FailureReason.RUN_ERROR, TrackerEffect.FAILURE),
     FailureKind.CLI_PROCESS_STARTED: _Rule(False, FailureReason.RUN_ERROR, TrackerEffect.FAILURE),
+    FailureKind.NODE_BUSY: _Rule(True, None, TrackerEffect.NONE),
 }
 
 

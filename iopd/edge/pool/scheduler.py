@@ -32,6 +32,10 @@ the candidate index).  What this module adds:
 * **Attempts**: every grant carries the tracker's ticket; the request path
   reports its verdict (``attempt_succeeded/failed/saturated``), and a grant
   released without one is abandoned.
+* **Node-reported load** (issue #20): ``set_remote_load`` records what a
+  node says the other edges hold and re-examines the provider's lanes when
+  it has more room; ``provider_busy`` blocks a provider until the node's
+  next report; ``waiting_providers`` is what the edge tells nodes it waits for.
 
 The queue is bounded twice: by count (``max_queue``) and by the request-body
 bytes its waiters hold (``max_queued_bytes``), because a queued request keeps
@@ -43,11 +47,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import NamedTuple
 
 from iopd.errors import GatewayError, NodeDispatchError
-from iopd.vocabulary import HEALTH_STATES, Health, load_ratio
+from iopd.vocabulary import HEALTH_STATES, Health
 
 from .candidates import (
     CandidateIndex,
@@ -61,6 +64,7 @@ from .candidates import (
     no_candidate_error,
 )
 from .fair_queue import FairQueue, Lane, Waiter, WaiterState
+from .load_view import ProviderLoad, provider_loads, waiting_providers
 from .outliers import Attempt, EjectionStatus, OutlierTracker, Transition
 from .retry_rules import FailureReason
 
@@ -77,18 +81,6 @@ __all__ = [
     "Waiter",
     "WaiterState",
 ]
-
-
-@dataclass(frozen=True)
-class ProviderLoad:
-    """A provider's current load, for the status view and metrics."""
-
-    in_flight: int
-    long_in_flight: int
-    queued: int  # waiters whose live candidates include this provider
-    capacity: int
-    long_context_capacity: int
-    load_ratio: float  # ``iopd.vocabulary.load_ratio``
 
 
 class AttemptOutcome(NamedTuple):
@@ -207,25 +199,11 @@ class Scheduler:
 
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Load of every provider in the current snapshot."""
-        queued: dict[str, int] = {}
-        for (key, _), q in self._queue.lanes.items():
-            cands = self._index.candidates(key)
-            if cands is None:
-                continue
-            for pid in cands.provider_ids:
-                queued[pid] = queued.get(pid, 0) + len(q)
-        loads: dict[str, ProviderLoad] = {}
-        for pid, slot in self.snapshot.providers.items():
-            in_flight, long_in_flight = self.in_flight(pid)
-            loads[pid] = ProviderLoad(
-                in_flight=in_flight,
-                long_in_flight=long_in_flight,
-                queued=queued.get(pid, 0),
-                capacity=slot.capacity,
-                long_context_capacity=slot.long_context_capacity,
-                load_ratio=load_ratio(in_flight, slot.capacity),
-            )
-        return loads
+        return provider_loads(self._index, self._queue)
+
+    def waiting_providers(self) -> set[str]:
+        """Providers some waiter could run on (what this edge tells their nodes)."""
+        return waiting_providers(self._index, self._queue)
 
     # ------------------------------------------------------------ admissions
 
@@ -394,9 +372,36 @@ class Scheduler:
     def set_node_connected(
         self, node_id: str, connected: bool, now: float | None = None
     ) -> list[Waiter]:
-        """A node session came up or went away."""
+        """A node session came up or went away (then its load reports are forgotten)."""
+        if not connected:
+            self._index.clear_remote(node_id)
         changed = self._index.set_connected(node_id, connected)
         return self._liveness_changed(changed, self._clock(now)) if changed else []
+
+    def set_remote_load(
+        self,
+        node_id: str,
+        provider_id: str,
+        in_flight: int,
+        long_in_flight: int,
+        offered: int,
+        now: float | None = None,
+    ) -> list[Waiter]:
+        """``node_id`` reported the other edges' streams (long ones too) and the
+        slots held for them on its ``provider_id``; ends a ``provider_busy``
+        block and admits the waiters that now fit (another node's: ignored)."""
+        roomier = self._index.set_remote(
+            provider_id, node_id, in_flight, long_in_flight, offered, blocked=False
+        )
+        if not roomier or not self._queue.lanes:
+            return []
+        return self._reexamine(self._lanes_listing(provider_id), self._clock(now))
+
+    def provider_busy(
+        self, node_id: str, provider_id: str, in_flight: int, long_in_flight: int, offered: int
+    ) -> None:
+        """``node_id`` refused ``provider_id`` (its load then): blocked till its next report."""
+        self._index.set_remote(provider_id, node_id, in_flight, long_in_flight, offered, blocked=True)
 
     def set_provider_health(
         self, provider_id: str, health: Health, now: float | None = None
