@@ -40,6 +40,8 @@ from wire.messages import (
     PROTOCOL_VERSION,
     Cancel,
     Challenge,
+    ControlState,
+    ControlUpdate,
     Credit,
     Heartbeat,
     Hello,
@@ -47,6 +49,7 @@ from wire.messages import (
     Message,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     Pong,
     Proof,
     ProviderStatus,
@@ -123,6 +126,7 @@ _EDGE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     ProviderTunnelRequest,
     Cancel,
     Credit,
+    ControlUpdate,
 )
 _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Heartbeat,
@@ -131,6 +135,8 @@ _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     NodeConfigAck,
     RunEvent,
     ProviderTunnelFrame,
+    NodeConfigState,
+    ControlState,
 )
 
 #: state -> (sender, message type) -> next state.  Anything absent is illegal.

@@ -10,7 +10,7 @@ Why it looks like this:
 * The hub talks to the edge that runs it through one interface, ``HubOwner``:
   two queries (the node registry, a node's config) and the events
   ``node_connected``, ``node_disconnected``, ``provider_status``,
-  ``wire_frames`` and ``wire_error``.  The edge's runtime implements it.
+  ``node_config_state``, ``node_controls``, ``wire_frames`` and ``wire_error``.  The edge's runtime implements it.
 * A session is "ready" (returned by ``session()``, announced with
   ``node_connected``) only after the node acknowledged its first
   ``NodeConfig``.  A node that rejects it (its adapters could not be built)
@@ -53,11 +53,13 @@ from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
+    ControlState,
     Hello,
     HelloAck,
     Message,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     ProviderStatus,
     ProviderTunnelFrame,
     Refused,
@@ -94,6 +96,14 @@ class HubOwner(Protocol):
 
     def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
         """``node_id`` reported the health of its providers."""
+        ...
+
+    def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
+        """``node_id`` told the config revision in force on it."""
+        ...
+
+    def node_controls(self, node_id: str, msg: ControlState) -> None:
+        """``node_id``'s runtime controls (the first precede ``node_connected``)."""
         ...
 
     def wire_frames(self, direction: FrameDirection, n: int) -> None:
@@ -353,6 +363,10 @@ class NodeHub:
                 session.deliver(msg)
             elif isinstance(msg, ProviderStatus):
                 self._call("provider_status", owner.provider_status, session.node_id, msg)
+            elif isinstance(msg, NodeConfigState):
+                self._call("node_config_state", owner.node_config_state, session.node_id, msg)
+            elif isinstance(msg, ControlState):
+                self._call("node_controls", owner.node_controls, session.node_id, msg)
 
         settings = self.settings
         try:
@@ -382,7 +396,7 @@ class NodeHub:
             # A refresh applied while that ack was pending skipped this session
             # (not ready yet): send the newer provider set before announcing.
             latest = self._owner.node_config(session.node_id)
-            while latest.providers != cfg.providers:
+            while (latest.providers, latest.revision) != (cfg.providers, cfg.revision):
                 cfg = latest
                 ack = await session.push_config(cfg, timeout=timeout)
                 latest = self._owner.node_config(session.node_id)

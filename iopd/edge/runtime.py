@@ -30,6 +30,7 @@ from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.activity import ActivityRecorder
 from iopd.edge.controls import OverrideView, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
+from iopd.edge.node_shared_state import NodeConfigStates, apply_node_controls, send_controls
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
@@ -44,7 +45,7 @@ from iopd.edge.principal_status import (
 )
 from iopd.redact import Scrubber
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
-from wire.messages import NodeConfig, ProviderStatus
+from wire.messages import ControlState, NodeConfig, NodeConfigState, ProviderStatus
 
 log = logging.getLogger("iopd.edge")
 
@@ -123,6 +124,11 @@ class NodeRow(TypedDict):
     connected: bool
     connected_since: float | None
     providers: list[str]
+    #: The config revision in force on the node (None until it told this edge).
+    config_revision: int | None
+    #: This edge pushed the node a lower revision, or another config at the
+    #: same revision: it serves with the node's config (issue #20).
+    config_mismatch: bool
 
 
 class ProviderRow(TypedDict):
@@ -179,6 +185,7 @@ class StatusDocument(TypedDict):
 
     edge_id: str
     config_version: int
+    config_revision: int  # ``edge.config_revision`` of this edge's config
     nodes: list[NodeRow]
     providers: list[ProviderRow]
     models: list[ModelRow]
@@ -225,6 +232,8 @@ class EdgeRuntime:
     #: the calendar day in UTC (tests drive it directly).
     limits_clock: Callable[[], float] = time.time
     activity: ActivityRecorder = field(init=False)  # recent usage and errors (web console)
+    #: Each node's config revision in force, as it last told (issue #20).
+    node_states: NodeConfigStates = field(default_factory=NodeConfigStates)
     stopping: trio.Event = field(default_factory=trio.Event)  # set at drain: /events end
 
     @classmethod
@@ -247,7 +256,12 @@ class EdgeRuntime:
         rt._allow_metric_ids(cfg)
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
-        rt.controls = RuntimeControls(pool, metrics, known_nodes=lambda: rt.snapshot.nodes)
+        rt.controls = RuntimeControls(
+            pool,
+            metrics,
+            known_nodes=lambda: rt.snapshot.nodes,
+            send=lambda node_id, msg: send_controls(rt.hub, node_id, msg),
+        )
         metrics.set_status_source(rt._gateway_status)
         return rt
 
@@ -278,6 +292,17 @@ class EdgeRuntime:
         # Synchronous, before the node's streams fail (the hub's order): the
         # leases they free re-examine the queue without this node.
         self.pool.set_node_connected(node_id, False)
+        self.node_states.forget(node_id)
+
+    def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
+        self.node_states.update(node_id, msg, self.snapshot.config)
+
+    def config_mismatch(self, node_id: str) -> bool:
+        """``node_id`` runs another config than this edge's (``/status``)."""
+        return self.node_states.mismatch(node_id, self.snapshot.config)
+
+    def node_controls(self, node_id: str, msg: ControlState) -> None:
+        apply_node_controls(self.pool, self.snapshot.catalog, node_id, msg)
 
     def wire_frames(self, direction: FrameDirection, n: int) -> None:
         self.metrics.count_wire_frames(direction, n)
@@ -384,6 +409,8 @@ class EdgeRuntime:
                     "connected": since is not None,
                     "connected_since": since,
                     "providers": [p.id for p in node.providers],
+                    "config_revision": self.node_states.revision(node.id),
+                    "config_mismatch": self.config_mismatch(node.id),
                 }
             )
         providers: list[ProviderRow] = []
@@ -419,6 +446,7 @@ class EdgeRuntime:
         return {
             "edge_id": snap.config.edge.id,
             "config_version": snap.version,
+            "config_revision": snap.config.edge.config_revision,
             "nodes": nodes,
             "providers": providers,
             "models": self._model_rows(),

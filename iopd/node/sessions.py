@@ -7,8 +7,9 @@ the node's).  An edge lost ends only its own session, and with it only that
 edge's streams (``iopd.node.executor.EdgeStreams`` keeps each edge's streams
 apart); the others keep serving.  Health reports go to every connected edge.
 
-Everything that is per edge but node-wide in scope (today: the sessions and
-the derived keys of the handshake) lives here, so that per-edge state added
+Everything that is per edge but node-wide in scope (today: the sessions, the
+derived keys of the handshake, and the broadcast of what every edge must
+agree on: ``iopd.node.shared_state``) lives here, so that per-edge state added
 later (e.g. admission per edge) has one owner.
 """
 
@@ -23,7 +24,7 @@ from iopd.config.schema import NodeSection, node_edge_addresses
 from iopd.node.executor import NodeExecutor
 from iopd.node.handshake import SaltedPasswords
 from iopd.node.link import NodeLink
-from wire.messages import ProviderStatus
+from wire.messages import Message, ProviderStatus
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,9 @@ class EdgeSessions:
             )
             for address in node_edge_addresses(cfg)
         ]
+        # The config in force and the runtime controls are the node's, for
+        # every edge: their changes go to all (iopd.node.shared_state).
+        executor.shared.broadcast = self.broadcast
 
     def link(self, edge: str) -> NodeLink:
         """The session with ``edge`` (an address of the config); ``KeyError`` if none."""
@@ -65,8 +69,12 @@ class EdgeSessions:
 
     def send_status(self, msg: ProviderStatus) -> None:
         """Report provider health to every connected edge (a no-op for the others)."""
+        self.broadcast(msg)
+
+    def broadcast(self, msg: Message) -> None:
+        """Send ``msg`` to every connected edge (a no-op for the others)."""
         for link in self.links:
-            link.send_status(msg)
+            link.post(msg)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every session until cancelled; reported started at once (no edge needed)."""
