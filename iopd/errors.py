@@ -57,6 +57,13 @@ class ResourceNotFound(GatewayError):
     status, type, code, metric_status = 404, "invalid_request_error", "not_found", "client_error"
 
 
+class NodeDisconnected(GatewayError):
+    """A runtime control for a node that has no session with this edge (issue #20):
+    the node holds the controls, so nothing can be set while it is away."""
+
+    status, type, code, metric_status = 409, "invalid_request_error", "node_disconnected", "client_error"
+
+
 class UnsupportedMediaType(GatewayError):
     """A state-changing admin route got a body that is not ``application/json``."""
 

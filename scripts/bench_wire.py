@@ -35,10 +35,13 @@ from wire.framing import FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
+    ControlState,
+    ControlUpdate,
     Hello,
     HelloAck,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     Proof,
     ProviderStatus,
     ProviderTunnelRequest,
@@ -110,6 +113,15 @@ class OneShotHandler:
     def current_status(self) -> ProviderStatus:
         return ProviderStatus()
 
+    def on_controls(self, msg: ControlUpdate) -> None:
+        pass
+
+    def config_state(self) -> NodeConfigState:
+        return NodeConfigState(revision=0, digest="")
+
+    def control_state(self) -> ControlState:
+        return ControlState()
+
 
 class BenchHubOwner:
     """The hub's owner (``HubOwner``): one node ``n``, events ignored."""
@@ -129,6 +141,12 @@ class BenchHubOwner:
         pass
 
     def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+        pass
+
+    def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
+        pass
+
+    def node_controls(self, node_id: str, msg: ControlState) -> None:
         pass
 
     def wire_frames(self, direction: FrameDirection, n: int) -> None:

@@ -248,6 +248,8 @@ class EdgeFleet:
     edge_scopes: list[trio.CancelScope]
     node_scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
     node_handles: dict[str, Any] = field(default_factory=dict)
+    #: edge index -> set when that edge's task has ended
+    _stopped: dict[int, trio.Event] = field(default_factory=dict)
 
     def wire_addresses(self) -> list[str]:
         return [f"{gw.handle.wire[0]}:{gw.handle.wire[1]}" for gw in self.edges]
@@ -264,6 +266,24 @@ class EdgeFleet:
         fields.update(section)
         return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
 
+    async def restart_edge(self, i: int, yaml_text: str) -> Gateway:
+        """Stop edge ``i`` at once (its in-memory state is gone, like a crash) and
+        start it again from ``yaml_text`` on the same wire address, which its
+        nodes redial; returns the new edge (also ``edges[i]``)."""
+        host, port = self.edges[i].handle.wire
+        self.edge_scopes[i].cancel()
+        await self._stopped.pop(i).wait()
+        cfg = edge_config(yaml_text)
+        cfg = msgspec.structs.replace(
+            cfg, edge=msgspec.structs.replace(cfg.edge, node_listen=f"{host}:{port}")
+        )
+        stopped = trio.Event()
+        scope, handle = await self.nursery.start(_run_edge_scoped, cfg, stopped)
+        self._stopped[i] = stopped
+        self.edges[i] = Gateway(handle=handle, nursery=self.nursery, node_scopes={})
+        self.edge_scopes[i] = scope
+        return self.edges[i]
+
     async def start_node(self, node_id: str, **section: Any) -> None:
         """Start ``node_id`` dialing every edge; returns once every edge has it."""
         scope, handle = await self.nursery.start(
@@ -276,12 +296,19 @@ class EdgeFleet:
 
 
 async def _run_edge_scoped(
-    cfg: Any, *, task_status: trio.TaskStatus[tuple[trio.CancelScope, EdgeHandle]]
+    cfg: Any,
+    stopped: trio.Event | None = None,
+    *,
+    task_status: trio.TaskStatus[tuple[trio.CancelScope, EdgeHandle]],
 ) -> None:
-    with trio.CancelScope() as scope:
-        async with trio.open_nursery() as nursery:
-            handle = await nursery.start(functools.partial(run_edge, cfg, None))
-            task_status.started((scope, handle))
+    try:
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+                handle = await nursery.start(functools.partial(run_edge, cfg, None))
+                task_status.started((scope, handle))
+    finally:
+        if stopped is not None:
+            stopped.set()
 
 
 @asynccontextmanager
@@ -290,11 +317,13 @@ async def running_edges(yaml_texts: list[str], *, nodes: list[str]) -> AsyncIter
     async with trio.open_nursery() as nursery:
         edges: list[Gateway] = []
         scopes: list[trio.CancelScope] = []
-        for text in yaml_texts:
-            scope, handle = await nursery.start(_run_edge_scoped, edge_config(text))
+        stopped: dict[int, trio.Event] = {}
+        for i, text in enumerate(yaml_texts):
+            stopped[i] = trio.Event()
+            scope, handle = await nursery.start(_run_edge_scoped, edge_config(text), stopped[i])
             edges.append(Gateway(handle=handle, nursery=nursery, node_scopes={}))
             scopes.append(scope)
-        fleet = EdgeFleet(edges=edges, nursery=nursery, edge_scopes=scopes)
+        fleet = EdgeFleet(edges=edges, nursery=nursery, edge_scopes=scopes, _stopped=stopped)
         for node_id in nodes:
             await fleet.start_node(node_id)
         try:

@@ -23,8 +23,16 @@ from tests.gateway import http_request, node_token, running_gateway, token_hash,
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
 #: Beyond the SPEC: the runtime's snapshot version, bumped by every applied refresh.
-STATUS_EXTRA_KEYS = {"config_version", "models", "principals", "limits_backend"}
-NODE_KEYS = {"id", "alias", "connected", "connected_since", "providers"}
+STATUS_EXTRA_KEYS = {"config_version", "config_revision", "models", "principals", "limits_backend"}
+NODE_KEYS = {
+    "id",
+    "alias",
+    "connected",
+    "connected_since",
+    "providers",
+    "config_revision",
+    "config_mismatch",
+}
 PROVIDER_KEYS = {
     "ejected_until",
     "node_id",

@@ -37,17 +37,23 @@ async def test_controls_answer_the_new_view_and_show_in_status() -> None:
                 "override": {"capacity": None, "priority": None},
                 "in_flight": 0,
             }
+            # node-b is away: it holds echo-2's controls, so none can be set now.
             r = await http_request(
                 adm, "POST", "/providers/echo-2/override", body={"capacity": 5, "priority": 2}
+            )
+            assert r.status == 409, r.body
+            assert r.json()["error"]["code"] == "node_disconnected"
+            r = await http_request(
+                adm, "POST", "/providers/echo-off/override", body={"capacity": 5, "priority": 2}
             )
             assert r.status == 200 and r.json()["capacity"] == 5
             doc = (await http_request(adm, "GET", "/status")).json()
             rows = provider_rows(doc)
             assert (rows["echo-1"]["state"], rows["echo-1"]["enabled"]) == ("disabled", True)
-            assert rows["echo-2"]["capacity"] == 5 and rows["echo-2"]["priority"] == 2
-            assert rows["echo-2"]["override"] == {"capacity": 5, "priority": 2}
+            assert rows["echo-off"]["capacity"] == 5 and rows["echo-off"]["priority"] == 2
+            assert rows["echo-off"]["override"] == {"capacity": 5, "priority": 2}
             assert rows["echo-off"]["state"] == "active"  # the config's enabled is apart
-            assert rows["echo-off"]["override"] == {"capacity": None, "priority": None}
+            assert rows["echo-2"]["override"] == {"capacity": None, "priority": None}
 
             # echo-1 is the connected node's only candidate: new requests get a 502.
             r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
@@ -92,7 +98,8 @@ async def test_control_route_errors_are_envelopes() -> None:
                 ("text/plain", 415),
                 ("application/x-www-form-urlencoded", 415),  # a browser form's
                 (None, 415),
-                ("application/json; charset=utf-8", 200),
+                # past the media-type check: no node is connected to hold it
+                ("application/json; charset=utf-8", 409),
             ]:
                 line = f"content-type: {ctype}\r\n" if ctype else ""
                 got, doc = await raw_admin(
@@ -133,7 +140,8 @@ async def test_controls_survive_a_refresh(tmp_path: Path) -> None:
     path = tmp_path / "edge.yaml"
     path.write_text(two_node_yaml())
     with trio.fail_after(30):
-        async with running_gateway(path.read_text(), nodes=[], config_path=str(path)) as gw:
+        nodes = ["node-a", "node-b"]  # the nodes hold the controls
+        async with running_gateway(path.read_text(), nodes=nodes, config_path=str(path)) as gw:
             adm = gw.handle.admin
             post = functools.partial(http_request, adm, "POST")
             assert (await post("/providers/echo-1/override", body={"capacity": 9})).status == 200
@@ -160,7 +168,7 @@ async def test_control_routes_want_the_admin_token(tmp_path: Path) -> None:
         f"  admin_listen: 127.0.0.1:0\n  admin_token_hash_sha256: {token_hash('adm-tok')}\n",
     )
     with trio.fail_after(30):
-        async with running_gateway(text, nodes=[]) as gw:
+        async with running_gateway(text, nodes=["node-a"]) as gw:
             adm = gw.handle.admin
             body = {"state": "disabled"}
             r = await http_request(adm, "POST", "/providers/echo-1/state", body=body)

@@ -165,6 +165,11 @@ CASES: list[tuple[str, Mutation, str]] = [
         "nodes[0].providers[0].priority: must be >= 0 (got -1)",
     ),
     (
+        "config_revision >= 0",
+        set_in(["edge", "config_revision"], -1),
+        "edge.config_revision: must be >= 0 (got -1)",
+    ),
+    (
         "max_queue >= 0",
         set_in(["provider_pool", "max_queue"], -1),
         "provider_pool.max_queue: must be >= 0 (got -1)",

@@ -18,11 +18,31 @@ from iopd.edge.controls import RECENT_EVENTS, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.pool import Lease, ProviderPool
 from tests.test_pool_trio import hold, make_pool
+from wire.messages import ControlUpdate, ProviderControlSpec
 
 
-def controls_of(pool: ProviderPool) -> tuple[RuntimeControls, GatewayMetrics]:
+class NodeWire:
+    """Stands in for ``NodeHub.send_controls``: records each update, or refuses
+    with 409 like a hub whose node is away."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, ControlUpdate]] = []
+        self.away: set[str] = set()
+
+    def __call__(self, node_id: str, update: ControlUpdate) -> None:
+        if node_id in self.away:
+            raise errors.NodeDisconnected(f"node {node_id} is not connected")
+        self.sent.append((node_id, update))
+
+
+def controls_of(
+    pool: ProviderPool, wire: NodeWire | None = None
+) -> tuple[RuntimeControls, GatewayMetrics]:
     metrics = GatewayMetrics("edge-c")
-    return RuntimeControls(pool, metrics, lambda: {"n1", "n2", "n3"}, clock=lambda: 1000.0), metrics
+    controls = RuntimeControls(
+        pool, metrics, lambda: {"n1", "n2", "n3"}, send=wire or NodeWire(), clock=lambda: 1000.0
+    )
+    return controls, metrics
 
 
 def actions(metrics: GatewayMetrics) -> dict[str, float]:
@@ -197,3 +217,40 @@ async def test_recent_events_are_bounded() -> None:
     assert len(events) == RECENT_EVENTS
     assert events[0]["new"]["capacity"] == 7 and events[-1]["new"]["capacity"] == RECENT_EVENTS + 6
     assert actions(metrics) == {"override": RECENT_EVENTS + 7}
+
+
+async def test_each_change_goes_to_the_providers_node_before_the_pool() -> None:
+    """The node holds the controls (issue #20): every change is sent to it, as
+    the whole resulting control of each provider, one message per action."""
+    wire = NodeWire()
+    c, _ = controls_of(make_pool(), wire)
+    c.set_state("a", b'{"state": "disabled"}')
+    c.set_override("a", b'{"capacity": 4}')
+    c.reset("b")
+    c.drain_node("n1")
+    spec = ProviderControlSpec
+    assert wire.sent == [
+        ("n1", ControlUpdate(controls=[spec(provider_id="a", state="disabled")])),
+        ("n1", ControlUpdate(controls=[spec(provider_id="a", state="disabled", capacity=4)])),
+        ("n2", ControlUpdate(controls=[spec(provider_id="b")])),
+        ("n1", ControlUpdate(controls=[spec(provider_id="a", state="draining", capacity=4)])),
+    ]
+
+
+async def test_a_node_away_is_a_409_and_changes_nothing() -> None:
+    wire = NodeWire()
+    wire.away.add("n1")
+    c, metrics = controls_of(make_pool(), wire)
+    for call in (
+        lambda: c.set_state("a", b'{"state": "disabled"}'),
+        lambda: c.set_override("a", b'{"capacity": 1}'),
+        lambda: c.reset("a"),
+        lambda: c.drain_node("n1"),
+    ):
+        with pytest.raises(errors.NodeDisconnected) as info:
+            call()
+        assert (info.value.status, info.value.code) == (409, "node_disconnected")
+    assert c.view("a")["state"] == "active" and c.recent_events() == []
+    assert actions(metrics) == {}
+    with pytest.raises(errors.InvalidRequest):  # a bad body is still a 400 first
+        c.set_state("a", b'{"state": "off"}')

@@ -15,13 +15,15 @@ import trio
 
 from iopd.admin_client import format_control
 from iopd.cli import build_parser
-from tests.gateway import running_gateway, token_hash
+from tests.gateway import running_gateway, token_hash, wait_until
 from tests.test_status_cli import edge_from_file, edge_yaml, iopd, row_of
 
 
 async def test_provider_and_node_commands_change_the_running_edge(tmp_path: Path) -> None:
     with trio.fail_after(60):
         async with edge_from_file(tmp_path) as (gw, _):
+            await gw.start_node("node-b")  # the nodes hold the controls
+            await wait_until(lambda: gw.runtime.hub.session("node-b") is not None)
             admin = ("--admin", gw.admin_url)
             pool = gw.runtime.pool
             code, out, err = await iopd("provider", "drain", "echo-1", *admin)
@@ -45,7 +47,7 @@ async def test_provider_and_node_commands_change_the_running_edge(tmp_path: Path
 
             code, out, _ = await iopd("status", *admin)
             assert row_of(out, "echo-1")[5] == "drained"
-            assert row_of(out, "echo-2")[5:7] == ["active", "disconnected"]
+            assert row_of(out, "echo-2")[5] == "active"
             assert row_of(out, "echo-2")[11] == "prio=3"
 
             code, out, _ = await iopd("provider", "reset", "echo-2", *admin)
@@ -59,6 +61,12 @@ async def test_provider_and_node_commands_change_the_running_edge(tmp_path: Path
             assert pool.control("remote-1").state == "draining"
             code, out, _ = await iopd("node", "drain", "node-a", "--json", *admin)
             assert code == 0 and '"providers"' in out
+
+            gw.kill_node("node-b")
+            await wait_until(lambda: gw.runtime.hub.session("node-b") is None)
+            code, out, err = await iopd("provider", "disable", "echo-2", *admin)
+            assert (code, out) == (1, "")
+            assert err.startswith("iopd provider disable: admin API answered 409: \"node 'node-b'")
 
 
 @pytest.mark.parametrize(
@@ -94,7 +102,7 @@ async def test_commands_send_the_admin_token_from_the_environment(tmp_path: Path
         f"  admin_listen: 127.0.0.1:0\n  admin_token_hash_sha256: {token_hash(token)}\n",
     )
     with trio.fail_after(60):
-        async with running_gateway(text, nodes=[]) as gw:
+        async with running_gateway(text, nodes=["node-a"]) as gw:
             admin = ("--admin", gw.admin_url)
             code, _, err = await iopd("provider", "drain", "echo-1", *admin)
             assert code == 1 and "admin API answered 401" in err

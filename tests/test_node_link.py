@@ -17,10 +17,13 @@ from iopd.node.link import NodeLink, parse_host_port
 from tests.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
+    ControlState,
+    ControlUpdate,
     Credit,
     Hello,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     ProviderHealth,
     ProviderSpec,
     ProviderStatus,
@@ -45,6 +48,7 @@ class ScriptedHandler:
         self.scopes: dict[int, trio.CancelScope] = {}
         self.started = trio.Event()
         self.fail_config = False
+        self.control_updates: list[ControlUpdate] = []
 
     async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
         if self.fail_config:
@@ -54,6 +58,15 @@ class ScriptedHandler:
 
     def start_early(self, req: RunRequest | ProviderTunnelRequest) -> None:
         return None
+
+    def on_controls(self, msg: ControlUpdate) -> None:
+        self.control_updates.append(msg)
+
+    def config_state(self) -> NodeConfigState:
+        return NodeConfigState(revision=0, digest="")
+
+    def control_state(self) -> ControlState:
+        return ControlState()
 
     async def serve_stream(
         self,

@@ -280,3 +280,11 @@ def test_report_never_contains_secret_values() -> None:
     diff = diff_of(lambda d: (d["openai"].update(bearer_token="SECRET"), prov(d, 0, 0).update(api_key="KEY")))
     assert diff.restart_required == ["openai.bearer_token", "nodes[0].providers[0].api_key"]
     assert "SECRET" not in repr(diff) and "KEY" not in repr(diff)
+
+
+def test_a_new_config_revision_is_live_and_pushes_every_node() -> None:
+    """Several edges (issue #20): a node applies the highest revision it has
+    seen, so a raised ``edge.config_revision`` goes to every node, changed or not."""
+    diff = diff_of(lambda d: d["edge"].update(config_revision=4))
+    assert diff == RefreshDiff(["node-a", "node-b"], [], [], [])
+    assert diff.live_ok

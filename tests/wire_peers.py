@@ -65,11 +65,13 @@ from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
     Challenge,
+    ControlState,
     Hello,
     HelloAck,
     Message,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     Proof,
     ProviderStatus,
     ProviderTunnelFrame,
@@ -489,6 +491,8 @@ class HubRecorder:
     statuses: list[tuple[str, ProviderStatus]] = field(default_factory=list)
     frames: dict[str, int] = field(default_factory=lambda: {"in": 0, "out": 0})
     wire_errors: list[tuple[str, str]] = field(default_factory=list)
+    config_states: list[tuple[str, NodeConfigState]] = field(default_factory=list)
+    control_states: list[tuple[str, ControlState]] = field(default_factory=list)
 
     @property
     def errors(self) -> list[str]:
@@ -524,6 +528,12 @@ class HubRecorder:
 
     def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
         self.statuses.append((node_id, msg))
+
+    def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
+        self.config_states.append((node_id, msg))
+
+    def node_controls(self, node_id: str, msg: ControlState) -> None:
+        self.control_states.append((node_id, msg))
 
     def wire_frames(self, direction: str, n: int) -> None:
         self.frames[direction] += n

@@ -43,6 +43,8 @@ from wire.messages import (
     Busy,
     Cancel,
     Challenge,
+    ControlState,
+    ControlUpdate,
     Credit,
     Heartbeat,
     Hello,
@@ -51,6 +53,7 @@ from wire.messages import (
     Message,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     Pong,
     Proof,
     ProviderStatus,
@@ -129,6 +132,7 @@ _EDGE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Cancel,
     Credit,
     Waiting,
+    ControlUpdate,
 )
 _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Heartbeat,
@@ -139,6 +143,8 @@ _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     ProviderTunnelFrame,
     LoadReport,
     Busy,
+    NodeConfigState,
+    ControlState,
 )
 
 #: state -> (sender, message type) -> next state.  Anything absent is illegal.

@@ -15,6 +15,7 @@ send before waiting), the edge returns credit with ``Credit`` as it consumes.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -148,6 +149,9 @@ class NodeConfig(_Msg, tag=True):
     stream_id: int
     version: int
     providers: list[ProviderSpec] = msgspec.field(default_factory=list)
+    #: The edge's ``edge.config_revision`` (issue #20): the node applies the
+    #: highest revision it has received (see ``NodeConfigState``).
+    revision: int = 0
 
 
 class NodeConfigAck(_Msg, tag=True):
@@ -330,6 +334,72 @@ class Waiting(_Msg, tag=True):
     waiting: bool = True
 
 
+# ============================================ several edges (issue #20)
+# What every edge of a fleet must agree on is held by the node, the one
+# place all of them talk to: the config revision in force and the operator's
+# runtime controls.  Neither is on a stream: the node sends its state when it
+# changes and after each session's first config; the edge sends a control
+# change when an operator asks for one.
+
+
+def node_config_digest(providers: list[ProviderSpec]) -> str:
+    """A digest of a node's provider set, the same on edge and node.
+
+    Taken over the typed round trip of the msgpack encoding, so a value the
+    edge built as an ``int`` where the field is a ``float`` digests as the
+    node decodes it.
+    """
+    data = msgspec.msgpack.encode(providers)
+    canonical = msgspec.msgpack.encode(msgspec.msgpack.decode(data, type=list[ProviderSpec]))
+    return hashlib.sha256(canonical).hexdigest()[:32]
+
+
+class NodeConfigState(_Msg, tag=True):
+    """Node -> edge: the config in force on the node.
+
+    Sent to the pushing edge after each ``NodeConfigAck``, and to every edge
+    when the config in force changes.  ``revision`` is the highest
+    ``NodeConfig.revision`` applied, ``digest`` the ``node_config_digest`` of
+    its providers: an edge whose own push differs is flagged
+    ``config_mismatch`` and keeps serving with the node's config.
+    """
+
+    revision: int
+    digest: str
+
+
+ControlName = Literal["active", "draining", "disabled"]
+_Override = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+#: Most providers one control message may name (a node has a handful).
+MAX_CONTROLS = 4096
+
+
+class ProviderControlSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One provider's runtime control: its state and overrides (None: configured value)."""
+
+    provider_id: str
+    state: ControlName = "active"
+    capacity: _Override | None = None
+    priority: _Override | None = None
+
+
+class ControlUpdate(_Msg, tag=True):
+    """Edge -> node: an operator set these providers' controls (last write wins)."""
+
+    controls: Annotated[list[ProviderControlSpec], msgspec.Meta(max_length=MAX_CONTROLS)] = (
+        msgspec.field(default_factory=list)
+    )
+
+
+class ControlState(_Msg, tag=True):
+    """Node -> edge: every control the node holds; a provider not named is active
+    with no override.  Sent to every edge on each change and at each session's start."""
+
+    controls: Annotated[list[ProviderControlSpec], msgspec.Meta(max_length=MAX_CONTROLS)] = (
+        msgspec.field(default_factory=list)
+    )
+
+
 Message = (
     Hello
     | Challenge
@@ -350,6 +420,9 @@ Message = (
     | LoadReport
     | Busy
     | Waiting
+    | NodeConfigState
+    | ControlUpdate
+    | ControlState
 )
 
 TERMINAL_RUN_KINDS = frozenset({"complete", "error"})

@@ -205,5 +205,6 @@ def node_config_for(cfg: EdgeConfig, node_id: str, version: int, stream_id: int 
                 stream_id=stream_id,
                 version=version,
                 providers=[provider_spec_for(p) for p in node.providers],
+                revision=cfg.edge.config_revision,
             )
     raise KeyError(node_id)

@@ -33,7 +33,7 @@ LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
     {"capacity", "long_context_capacity", "priority", "enabled"}
 )
 #: ``edge.*`` keys a refresh applies without a restart (read per request).
-LIVE_EDGE_KEYS: frozenset[str] = frozenset({"admin_token_hash_sha256"})
+LIVE_EDGE_KEYS: frozenset[str] = frozenset({"admin_token_hash_sha256", "config_revision"})
 #: ``openai.*`` keys a refresh applies without a restart.
 LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
     {
@@ -187,6 +187,10 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
     for node in old.nodes:
         if node.id not in new_ids:
             restart.append(f"nodes[{node.id}]")
+    if old.edge.config_revision != new.edge.config_revision:
+        # A new revision is pushed to every node, changed or not: each node
+        # applies the highest revision it has seen (several edges, issue #20).
+        changed_nodes.update(n.id for n in new.nodes if n.id in old_nodes)
 
     old_groups = {m.id: m for m in old.models}
     new_groups = {m.id: m for m in new.models}

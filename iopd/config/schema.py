@@ -69,6 +69,9 @@ class EdgeSection(_Section):
     handshake_timeout: float = 10.0
     max_frame_bytes: int = 16 * 1024 * 1024
     tls: EdgeTLS = msgspec.field(default_factory=EdgeTLS)
+    #: Raised by the operator with each config change on every edge: a node
+    #: applies the highest revision it has received (issue #20).
+    config_revision: int = 0
 
 
 class PrincipalToken(_Section):

@@ -227,6 +227,7 @@ def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
         )
     err.positive("edge.handshake_timeout", e.handshake_timeout)
     err.positive("edge.max_frame_bytes", e.max_frame_bytes)
+    err.non_negative("edge.config_revision", e.config_revision)
     _check_edge_tls(err, e.tls)
 
 

@@ -8,9 +8,14 @@ few lines on whichever server serves the admin side, and the behaviour is
 tested without one.
 
 What the pool does with a control is in ``iopd.edge.pool.controls``.
-Controls live in memory only: they survive ``POST /refresh`` (a provider the
-refresh removes loses its own) and are gone after a restart, which starts
-from the config file alone.
+Where a control lives (issue #20): in the memory of the provider's node.  A
+change is sent to the node (``ControlUpdate``; 409 ``node_disconnected``
+while the node is away) and applied to this edge's pool at once; the node
+keeps the last write of any edge and sends its whole table to every edge
+(``EdgeRuntime.node_controls`` applies it), at each change and at the start
+of each session.  So every edge sees every control, an edge restart gets
+them back from the node, and a node restart clears them.  They survive
+``POST /refresh`` (a provider the refresh removes loses its own).
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from iopd import errors
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.pool import ControlState, ProviderControl, ProviderPool, ShownState
 from iopd.vocabulary import AdminAction
+from wire.messages import ControlUpdate, ProviderControlSpec
 
 log = logging.getLogger("iopd.edge.controls")
 
@@ -159,9 +165,14 @@ class RuntimeControls:
         metrics: GatewayMetrics,
         known_nodes: Callable[[], Collection[str]],
         *,
+        send: Callable[[str, ControlUpdate], None],
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``send(node_id, update)`` hands a change to the node that holds it
+        (``NodeHub.send_controls``); it raises ``NodeDisconnected`` (409) while
+        the node is away, and then nothing changes."""
         self._pool = pool
+        self._send = send
         self._metrics = metrics
         self._known_nodes = known_nodes
         self._clock = clock
@@ -176,7 +187,7 @@ class RuntimeControls:
         state = _decode(body, _StateBody, shape, empty_ok=False).state
         old = self._pool.control(provider_id)
         new = ProviderControl(state, old.capacity, old.priority)
-        self._apply(_STATE_ACTIONS[state], provider_id, new)
+        self._apply(_STATE_ACTIONS[state], {provider_id: new})
         self._metrics.count_admin_action(_STATE_ACTIONS[state])
         return self.view(provider_id)
 
@@ -198,7 +209,7 @@ class RuntimeControls:
             old.capacity if asked.capacity is msgspec.UNSET else asked.capacity,
             old.priority if asked.priority is msgspec.UNSET else asked.priority,
         )
-        self._apply("override", provider_id, new)
+        self._apply("override", {provider_id: new})
         self._metrics.count_admin_action("override")
         return self.view(provider_id)
 
@@ -206,7 +217,7 @@ class RuntimeControls:
         """``POST /providers/{id}/reset``: back to ``active``, every override cleared."""
         self._check_provider(provider_id)
         _decode(body, _EmptyBody, "{} (or no body)", empty_ok=True)
-        self._apply("reset", provider_id, ProviderControl())
+        self._apply("reset", {provider_id: ProviderControl()})
         self._metrics.count_admin_action("reset")
         return self.view(provider_id)
 
@@ -218,9 +229,11 @@ class RuntimeControls:
             )
         _decode(body, _EmptyBody, "{} (or no body)", empty_ok=True)
         pids = self._providers_of(node_id)
+        drained = {}
         for pid in pids:
             old = self._pool.control(pid)
-            self._apply("node_drain", pid, ProviderControl("draining", old.capacity, old.priority))
+            drained[pid] = ProviderControl("draining", old.capacity, old.priority)
+        self._apply("node_drain", drained, node_id=node_id)
         self._metrics.count_admin_action("node_drain")
         return {"id": node_id, "providers": [self.view(pid) for pid in pids]}
 
@@ -258,11 +271,35 @@ class RuntimeControls:
     def _providers_of(self, node_id: str) -> list[str]:
         return [p for p, s in self._pool.configured.providers.items() if s.node_id == node_id]
 
-    def _apply(self, action: AdminAction, provider_id: str, new: ProviderControl) -> None:
-        """Set ``new`` on the pool; one log line and one recent event."""
+    def _apply(
+        self, action: AdminAction, changes: dict[str, ProviderControl], *, node_id: str = ""
+    ) -> None:
+        """Send ``changes`` (providers of one node) to their node, then set them on
+        the pool; one log line and one recent event per provider.
+
+        The node answers with its whole table, which every edge applies (this
+        one included: the same values, unless another edge wrote meanwhile,
+        and then the last write wins everywhere).
+        """
+        configured = self._pool.configured.providers
+        node_id = node_id or configured[next(iter(changes))].node_id
+        self._send(
+            node_id,
+            ControlUpdate(
+                controls=[
+                    ProviderControlSpec(
+                        provider_id=pid, state=c.state, capacity=c.capacity, priority=c.priority
+                    )
+                    for pid, c in changes.items()
+                ]
+            ),
+        )
+        for provider_id, new in changes.items():
+            self._set(action, node_id, provider_id, new)
+
+    def _set(self, action: AdminAction, node_id: str, provider_id: str, new: ProviderControl) -> None:
         old = self._pool.control(provider_id)
         self._pool.set_control(provider_id, new)
-        node_id = self._pool.configured.providers[provider_id].node_id
         log.info(
             "event=admin_action action=%s node=%s provider=%s state=%s->%s "
             "capacity=%s->%s priority=%s->%s",

@@ -52,6 +52,7 @@ from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
     Busy,
     Cancel,
+    ControlUpdate,
     Credit,
     Message,
     NodeConfig,
@@ -279,6 +280,15 @@ class NodeSession:
             f"node {self.node_id} did not acknowledge config version {msg.version} "
             f"within {timeout:g}s"
         )
+
+    def send_controls(self, msg: ControlUpdate) -> None:
+        """Queue an operator's control change for the node (never blocks).
+
+        Raises ``NodeDispatchError`` once the session has ended.
+        """
+        if not self.alive or self._channel.closed:
+            raise NodeDispatchError(f"node {self.node_id} disconnected")
+        self._channel.post(msg)
 
     @asynccontextmanager
     async def _open(

@@ -10,7 +10,7 @@ Why it looks like this:
 * The hub talks to the edge that runs it through one interface, ``HubOwner``:
   two queries (the node registry, a node's config) and the events
   ``node_connected``, ``node_disconnected``, ``provider_status``,
-  ``wire_frames`` and ``wire_error``.  The edge's runtime implements it.
+  ``node_config_state``, ``node_controls``, ``wire_frames`` and ``wire_error``.  The edge's runtime implements it.
 * A session is "ready" (returned by ``session()``, announced with
   ``node_connected``) only after the node acknowledged its first
   ``NodeConfig``.  A node that rejects it (its adapters could not be built)
@@ -38,14 +38,12 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterable
 
 import msgspec
 import trio
 
-from iopd.config.schema import EdgeSection, NodeEntry
+from iopd.edge.hub_contract import HubOwner, HubSettings
 from iopd.edge.node_handshake import NodeVerifiers, Refusal, RefuseCode, challenge_node
 from iopd.edge.node_session import NodeSession, Reply
 from iopd.errors import NodeDispatchError
@@ -57,12 +55,14 @@ from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
     PROTOCOL_VERSION,
     Busy,
+    ControlState,
     Hello,
     HelloAck,
     LoadReport,
     Message,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     ProviderStatus,
     ProviderTunnelFrame,
     Refused,
@@ -70,77 +70,6 @@ from wire.messages import (
 )
 
 log = logging.getLogger("iopd.edge.nodes")
-
-
-class HubOwner(Protocol):
-    """What ``NodeHub`` needs from the edge that runs it (``EdgeRuntime``).
-
-    Every method is called synchronously from the hub (never awaited), so it
-    must not block; an exception is logged and the hub goes on.
-    """
-
-    def known_nodes(self) -> Mapping[str, NodeEntry]:
-        """The configured nodes by id, as of now (read at every Hello)."""
-        ...
-
-    def node_config(self, node_id: str) -> NodeConfig:
-        """The ``NodeConfig`` to push to ``node_id`` now (its stream id is replaced)."""
-        ...
-
-    def node_connected(self, node_id: str) -> None:
-        """``node_id``'s session is ready: requests may be routed to it."""
-        ...
-
-    def node_disconnected(self, node_id: str) -> None:
-        """``node_id``'s session ended.  Told *before* its streams fail: when this
-        returns the node must be out of routing (the leases those streams free
-        re-examine the queue, which must not admit a waiter to the dead node)."""
-        ...
-
-    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
-        """``node_id`` reported the health of its providers."""
-        ...
-
-    def provider_load(self, node_id: str, msg: LoadReport) -> None:
-        """``node_id`` reported what the other edges hold of some of its providers."""
-        ...
-
-    def provider_busy(self, node_id: str, msg: Busy) -> None:
-        """``node_id`` did not admit a stream (told before the stream ends with it)."""
-        ...
-
-    def wire_frames(self, direction: FrameDirection, n: int) -> None:
-        """``n`` frames went ``out`` to or came ``in`` from nodes."""
-        ...
-
-    def wire_error(self, reason: WireErrorReason, detail: str) -> None:
-        """A connection closed for a wire problem; ``detail`` says what, for a log."""
-        ...
-
-    def scrub(self, text: str) -> str:
-        """``text`` without any piece of the edge's secrets (a node's error text)."""
-        ...
-
-
-@dataclass(frozen=True)
-class HubSettings:
-    """The hub's fixed settings (the ``edge`` section; restart-only)."""
-
-    edge_id: str
-    heartbeat_interval: float
-    heartbeat_timeout: float
-    handshake_timeout: float
-    max_frame_bytes: int
-
-    @classmethod
-    def from_config(cls, edge: EdgeSection) -> HubSettings:
-        return cls(
-            edge_id=edge.id,
-            heartbeat_interval=edge.heartbeat_interval,
-            heartbeat_timeout=edge.heartbeat_timeout,
-            handshake_timeout=edge.handshake_timeout,
-            max_frame_bytes=edge.max_frame_bytes,
-        )
 
 
 class _MeteredConnection(Connection):
@@ -373,6 +302,10 @@ class NodeHub:
                 # request's next lease already avoids it.
                 self._call("provider_busy", owner.provider_busy, session.node_id, msg)
                 session.deliver_busy(msg)
+            elif isinstance(msg, NodeConfigState):
+                self._call("node_config_state", owner.node_config_state, session.node_id, msg)
+            elif isinstance(msg, ControlState):
+                self._call("node_controls", owner.node_controls, session.node_id, msg)
 
         settings = self.settings
         try:
@@ -402,7 +335,7 @@ class NodeHub:
             # A refresh applied while that ack was pending skipped this session
             # (not ready yet): send the newer provider set before announcing.
             latest = self._owner.node_config(session.node_id)
-            while latest.providers != cfg.providers:
+            while (latest.providers, latest.revision) != (cfg.providers, cfg.revision):
                 cfg = latest
                 ack = await session.push_config(cfg, timeout=timeout)
                 latest = self._owner.node_config(session.node_id)

@@ -18,7 +18,7 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final, TypedDict
+from typing import Final
 
 import msgspec
 import trio
@@ -28,10 +28,11 @@ from iopd.config.load import ConfigError, load_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.activity import ActivityRecorder
-from iopd.edge.controls import OverrideView, RuntimeControls
-from iopd.edge.limits_backend import BackendRow, LimitsBackend
+from iopd.edge.controls import RuntimeControls
+from iopd.edge.limits_backend import LimitsBackend
 from iopd.edge.limits_shared import limits_backend_for
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
+from iopd.edge.node_shared_state import NodeConfigStates, apply_node_controls, send_controls
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
@@ -39,14 +40,29 @@ from iopd.edge.pool.retry_budget import RetryBudget
 from iopd.edge.pool_config import pool_snapshot, retry_budget_policy
 from iopd.edge.principal_limits import PrincipalLimiter
 from iopd.edge.principal_status import (
-    PrincipalRow,
     principal_rows,
     principals_in_flight,
     rates_in_force,
 )
+from iopd.edge.status_document import (
+    ModelProviderRow,
+    ModelRow,
+    NodeRow,
+    ProviderRow,
+    RefreshReport,
+    StatusDocument,
+)
 from iopd.redact import Scrubber, url_secrets
 from iopd.vocabulary import FrameDirection, ShownHealth, WireErrorReason, load_ratio
-from wire.messages import Busy, LoadReport, NodeConfig, ProviderStatus, Waiting
+from wire.messages import (
+    Busy,
+    ControlState,
+    LoadReport,
+    NodeConfig,
+    NodeConfigState,
+    ProviderStatus,
+    Waiting,
+)
 
 log = logging.getLogger("iopd.edge")
 
@@ -119,90 +135,6 @@ class ProviderHealthState:
 DISCONNECTED: Final = "disconnected"
 
 
-class NodeRow(TypedDict):
-    """One node of ``GET /status``."""
-
-    id: str
-    alias: str
-    connected: bool
-    connected_since: float | None
-    providers: list[str]
-
-
-class ProviderRow(TypedDict):
-    """One provider of ``GET /status``."""
-
-    node_id: str
-    id: str
-    type: str
-    category: str
-    models: list[str]
-    enabled: bool  # as configured (``enabled: false`` in the config)
-    state: str  # runtime control: active | draining | drained | disabled
-    health: str
-    capacity: int  # in force: the runtime override, else the configured one
-    priority: int  # in force, as ``capacity``
-    override: OverrideView  # the raw runtime overrides (null: none)
-    in_flight: int
-    queued: int
-    load_ratio: float
-    long_context_capacity: int
-    long_in_flight: int
-    lifecycle_capabilities: list[str]
-    last_error: str
-    ejected_until: float | None  # Unix time; set while ``health`` is ``ejected``
-
-
-class ModelProviderRow(TypedDict):
-    """One provider of a model group in ``GET /status``."""
-
-    provider: str
-    served: str  # the model name the provider is asked for
-    type: str
-
-
-class ModelRow(TypedDict):
-    """One model group of ``GET /status``: the id callers send, and where it goes."""
-
-    id: str
-    source: str  # models (``models[]``), route (legacy route), fallback
-    providers: list[ModelProviderRow]
-
-
-class QueueRow(TypedDict):
-    """The global queue in ``GET /status``."""
-
-    depth: int
-    max_queue: int
-    queued_bytes: int
-    max_queued_bytes: int
-
-
-class StatusDocument(TypedDict):
-    """The admin ``GET /status`` document (SPEC §10)."""
-
-    edge_id: str
-    config_version: int
-    nodes: list[NodeRow]
-    providers: list[ProviderRow]
-    models: list[ModelRow]
-    queue: QueueRow
-    principals: list[PrincipalRow]
-    limits_backend: BackendRow
-
-
-class RefreshReport(TypedDict):
-    """The admin ``POST /refresh`` answer (SPEC §6)."""
-
-    mode: str
-    applied: bool
-    changed_nodes: list[str]
-    changed_providers: list[str]
-    changed_models: list[str]
-    restart_required: list[str]
-    errors: list[str]
-
-
 @dataclass
 class EdgeRuntime:
     """Owns the snapshot, the pool, the node hub and the metrics of one edge."""
@@ -230,6 +162,8 @@ class EdgeRuntime:
     #: the calendar day in UTC (tests drive it directly).
     limits_clock: Callable[[], float] = time.time
     activity: ActivityRecorder = field(init=False)  # recent usage and errors (web console)
+    #: Each node's config revision in force, as it last told (issue #20).
+    node_states: NodeConfigStates = field(default_factory=NodeConfigStates)
     stopping: trio.Event = field(default_factory=trio.Event)  # set at drain: /events end
 
     @classmethod
@@ -254,7 +188,12 @@ class EdgeRuntime:
         rt.retry_budget.set_policy(retry_budget_policy(cfg))
         rt.hub = NodeHub(HubSettings.from_config(cfg.edge), owner=rt)
         pool.on_waiting = rt._tell_node_waiting
-        rt.controls = RuntimeControls(pool, metrics, known_nodes=lambda: rt.snapshot.nodes)
+        rt.controls = RuntimeControls(
+            pool,
+            metrics,
+            known_nodes=lambda: rt.snapshot.nodes,
+            send=lambda node_id, msg: send_controls(rt.hub, node_id, msg),
+        )
         metrics.set_status_source(rt._gateway_status)
         return rt
 
@@ -285,6 +224,17 @@ class EdgeRuntime:
         # Synchronous, before the node's streams fail (the hub's order): the
         # leases they free re-examine the queue without this node.
         self.pool.set_node_connected(node_id, False)
+        self.node_states.forget(node_id)
+
+    def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
+        self.node_states.update(node_id, msg, self.snapshot.config)
+
+    def config_mismatch(self, node_id: str) -> bool:
+        """``node_id`` runs another config than this edge's (``/status``)."""
+        return self.node_states.mismatch(node_id, self.snapshot.config)
+
+    def node_controls(self, node_id: str, msg: ControlState) -> None:
+        apply_node_controls(self.pool, self.snapshot.catalog, node_id, msg)
 
     def provider_load(self, node_id: str, msg: LoadReport) -> None:
         for load in msg.providers:
@@ -411,6 +361,8 @@ class EdgeRuntime:
                     "connected": since is not None,
                     "connected_since": since,
                     "providers": [p.id for p in node.providers],
+                    "config_revision": self.node_states.revision(node.id),
+                    "config_mismatch": self.config_mismatch(node.id),
                 }
             )
         providers: list[ProviderRow] = []
@@ -446,6 +398,7 @@ class EdgeRuntime:
         return {
             "edge_id": snap.config.edge.id,
             "config_version": snap.version,
+            "config_revision": snap.config.edge.config_revision,
             "nodes": nodes,
             "providers": providers,
             "models": self._model_rows(),

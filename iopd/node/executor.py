@@ -39,10 +39,14 @@ from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutp
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
+from iopd.node.shared_state import SharedState
 from iopd.redact import Scrubber
 from wire.messages import (
+    ControlState,
+    ControlUpdate,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -214,19 +218,37 @@ class NodeExecutor:
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
+        #: What every edge must agree on (issue #20): the config revision in
+        #: force and the runtime controls.
+        self.shared = SharedState()
 
     # ------------------------------------------------------------ config
 
-    async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
-        """Build a registry for ``msg`` and swap it in; the old one drains, then closes."""
+    async def on_config(self, msg: NodeConfig, *, edge: str = "") -> NodeConfigAck:
+        """Build a registry for ``edge``'s push ``msg`` and swap it in; the old one
+        drains, then closes.
+
+        A push that ``ConfigInForce`` does not admit (a lower revision, or
+        another edge's different config at the same revision) is acknowledged
+        and not applied: the edge learns from ``NodeConfigState`` that it differs.
+        """
+        shared = self.shared
         async with self._config_lock:
             current = self.registry
-            if (
-                current is not None
-                and current.version == msg.version
-                and current.specs == list(msg.providers)
-            ):
-                return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+            ack = NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+            if current is not None and not shared.config.admits(edge, msg):
+                log.warning(
+                    "event=node_config_not_applied edge=%s revision=%d in_force=%d source=%s",
+                    edge,
+                    msg.revision,
+                    shared.config.revision,
+                    shared.config.source,
+                )
+                return ack
+            if current is not None and current.specs == list(msg.providers):
+                if shared.config.applied(edge, msg):
+                    shared.broadcast(shared.config.state())
+                return ack
             try:
                 new = AdapterRegistry.build(msg.providers, version=msg.version)
             except RegistryError as exc:
@@ -239,14 +261,20 @@ class NodeExecutor:
             self.registry = new
             self._scrub_secrets_of(new)
             self.health.set_registry(new)
+            shared.config.applied(edge, msg)
+            shared.controls.retain(new.adapters)
             log.info(
-                "event=node_config_applied version=%d providers=%s",
+                "event=node_config_applied version=%d revision=%d edge=%s providers=%s",
                 msg.version,
+                msg.revision,
+                edge,
                 ",".join(new.adapters) or "-",
             )
+            shared.broadcast(shared.config.state())
+            shared.broadcast(shared.controls.state())
             if current is not None:
                 await current.retire()
-            return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
+            return ack
 
     @property
     def secrets(self) -> Scrubber:
@@ -510,7 +538,18 @@ class EdgeStreams:
         self.edge = edge
 
     async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
-        return await self.executor.on_config(msg)
+        return await self.executor.on_config(msg, edge=self.edge)
+
+    def on_controls(self, msg: ControlUpdate) -> None:
+        registry = self.executor.registry
+        providers = registry.adapters if registry is not None else {}
+        self.executor.shared.set_controls(msg, providers, self.edge)
+
+    def config_state(self) -> NodeConfigState:
+        return self.executor.shared.config.state()
+
+    def control_state(self) -> ControlState:
+        return self.executor.shared.controls.state()
 
     def start_early(self, req: RunRequest | ProviderTunnelRequest) -> EarlyStart | None:
         return self.executor.start_early(req)

@@ -14,8 +14,11 @@ from typing import Protocol
 
 from iopd.http.client import EarlyStart
 from wire.messages import (
+    ControlState,
+    ControlUpdate,
     NodeConfig,
     NodeConfigAck,
+    NodeConfigState,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -72,4 +75,16 @@ class NodeHandler(Protocol):
 
     def current_status(self) -> ProviderStatus:
         """Health of every provider; sent after each (re)connect."""
+        ...
+
+    def on_controls(self, msg: ControlUpdate) -> None:
+        """An operator's runtime control from this edge (kept node-wide; never blocks)."""
+        ...
+
+    def config_state(self) -> NodeConfigState:
+        """The config revision in force; sent to the edge after each ``NodeConfigAck``."""
+        ...
+
+    def control_state(self) -> ControlState:
+        """Every runtime control held; sent before a session's first ``NodeConfigAck``."""
         ...

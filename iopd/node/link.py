@@ -18,7 +18,9 @@ Why it looks like this:
   from the reader (early start: a passthrough request may leave for the
   provider right there) and runs ``handler.serve_stream(req, sender, early)``
   in its own task; config pushes are
-  applied one at a time, in order, by a single task.  Losing the link cancels
+  applied one at a time, in order, by a single task; each ack is followed by
+  the node's config state (``NodeConfigState``), and the session's first ack
+  is preceded by its control state (``ControlState``; issue #20).  Losing the link cancels
   the nursery, so every run of that session stops.
 * ``_StreamSender.send`` enforces the credit window: it waits while the
   stream has no credit left (the terminal message never waits).
@@ -52,6 +54,7 @@ from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import (
     Busy,
     Cancel,
+    ControlUpdate,
     Credit,
     HelloAck,
     LoadReport,
@@ -242,6 +245,11 @@ class NodeLink:
     def send_status(self, msg: ProviderStatus | LoadReport) -> None:
         """Queue a provider status or load report for the edge; a no-op while
         disconnected."""
+        self.post(msg)
+
+    def post(self, msg: Message) -> None:
+        """Queue a session message (status, load, config or control state) for the
+        edge; a no-op while disconnected."""
         channel = self._channel
         if self.connected and channel is not None and not channel.closed:
             channel.post(msg)
@@ -426,6 +434,11 @@ class NodeLink:
         elif isinstance(msg, Waiting):
             if self.admission is not None:
                 self.admission.set_waiting(msg.provider_id, msg.waiting)
+        elif isinstance(msg, ControlUpdate):
+            try:
+                self.handler.on_controls(msg)
+            except Exception:
+                log.exception("event=control_update_failed edge=%s", self.edge)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
@@ -493,7 +506,13 @@ class NodeLink:
                     error=f"{type(exc).__name__}: {str(exc)[:200]}",
                 )
             try:
+                if first:
+                    # Before the ack that makes the session routable on the
+                    # edge: a provider drained from another edge is never
+                    # offered a request here in between.
+                    channel.queue(self.handler.control_state())
                 await channel.send(ack)
+                await channel.send(self.handler.config_state())
                 if first:
                     first = False
                     await channel.send(self.handler.current_status())

@@ -7,8 +7,10 @@ the node's).  An edge lost ends only its own session, and with it only that
 edge's streams (``iopd.node.executor.EdgeStreams`` keeps each edge's streams
 apart); the others keep serving.  Health reports go to every connected edge.
 
-Everything that is per edge but node-wide in scope (the sessions, the
-derived keys of the handshake, the providers' slots across edges) lives here.
+Everything that is per edge but node-wide in scope lives here: the
+sessions, the derived keys of the handshake, the broadcast of what every edge
+must agree on (``iopd.node.shared_state``: the config revision in force, the
+runtime controls), and the providers' slots across edges.
 Admission (``iopd.node.admission``): one ``SlotTable`` for the node, one
 ``AdmissionView`` per link; the load reports it makes due are pushed by one
 task (``_push_loads``), coalesced: every change of one scheduler round goes
@@ -29,7 +31,7 @@ from iopd.node.admission import AdmissionView, SlotTable
 from iopd.node.executor import NodeExecutor
 from iopd.node.handshake import SaltedPasswords
 from iopd.node.link import NodeLink
-from wire.messages import LoadReport, ProviderStatus
+from wire.messages import LoadReport, Message, ProviderStatus
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,10 @@ class EdgeSessions:
             )
             for address in node_edge_addresses(cfg)
         ]
+        # The config in force and the runtime controls are the node's, for
+        # every edge: their changes go to all (iopd.node.shared_state).
+        executor.shared.broadcast = self.broadcast
+        executor.shared.controls_changed = self._controls_changed
 
     def link(self, edge: str) -> NodeLink:
         """The session with ``edge`` (an address of the config); ``KeyError`` if none."""
@@ -76,8 +82,12 @@ class EdgeSessions:
 
     def send_status(self, msg: ProviderStatus) -> None:
         """Report provider health to every connected edge (a no-op for the others)."""
+        self.broadcast(msg)
+
+    def broadcast(self, msg: Message) -> None:
+        """Send ``msg`` to every connected edge (a no-op for the others)."""
         for link in self.links:
-            link.send_status(msg)
+            link.post(msg)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every session until cancelled; reported started at once (no edge needed)."""
@@ -86,6 +96,11 @@ class EdgeSessions:
             for link in self.links:
                 await nursery.start(link.run)
             task_status.started()
+
+    def _controls_changed(self) -> None:
+        """A control changed a capacity or a state: offer what is now free."""
+        self.slots.reconfigured(trio.current_time())
+        self._wake_push()
 
     def _wake_push(self) -> None:
         self._loads_changed.set()
@@ -115,14 +130,26 @@ class EdgeSessions:
 
 def _limits_of(executor: NodeExecutor) -> Callable[[str], tuple[int, int] | None]:
     """A provider's ``(capacity, long_context_capacity)`` in the executor's current
-    registry (None: not served here)."""
+    registry under the operator's controls (None: not served here).
+
+    The node admits against what every edge must see: a capacity override in
+    force replaces the configured capacity, and a provider ``draining`` or
+    ``disabled`` admits nothing new (a stream in flight finishes).
+    """
 
     def limits(provider_id: str) -> tuple[int, int] | None:
         registry = executor.registry
         adapter = registry.get(provider_id) if registry is not None else None
         if adapter is None:
             return None
-        return adapter.spec.capacity, adapter.spec.long_context_capacity
+        capacity, long_capacity = adapter.spec.capacity, adapter.spec.long_context_capacity
+        control = executor.shared.controls.get(provider_id)
+        if control is not None:
+            if control.state != "active":
+                return 0, 0
+            if control.capacity is not None:
+                capacity = control.capacity
+        return capacity, long_capacity
 
     return limits
 
