@@ -53,6 +53,7 @@ KEY_PREFIX = "iopd:limits:"
 DONE_TTL_S = 120
 
 _PRELUDE = """
+-- Never a unary minus on a count: Lua's -0 reaches the server as '-0', which HINCRBY refuses.
 local R, T, A, S, C, G = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local WINDOW, DAY = 60, 86400
 local function fmt(x) return string.format('%.6f', x) end
@@ -77,7 +78,7 @@ local function advance(now, tpd)
     for _, id in ipairs(old) do gone = gone + tonumber(redis.call('HGET', A, id) or '0') end
     redis.call('HDEL', A, unpack(old))
     redis.call('ZREM', T, unpack(old))
-    redis.call('HINCRBY', S, 'tok', -gone)
+    redis.call('HINCRBY', S, 'tok', 0 - gone)
   end
   local today = math.floor(now / DAY)
   local day = tonumber(redis.call('HGET', S, 'day') or today)
@@ -135,8 +136,8 @@ local id = ARGV[1]
 local rpm, tpm, tpd = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, cap, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = clock()
-if done(now, id) then return {'done', status(now)} end
 local today = advance(now, tpd)
+if done(now, id) then return {'done', status(now)} end
 local worst = nil
 local function consider(name, value, used, requested, wait)
   if worst == nil or wait > worst[5] then worst = {name, value, used, requested, wait} end
@@ -155,9 +156,10 @@ if tpm > 0 and total + tokens > tpm then
     excess = excess - tonumber(redis.call('HGET', A, entries[i]) or '0')
     if excess <= 0 then wait = tonumber(entries[i + 1]) + WINDOW - now break end
   end
-  if wait == nil then
+  if wait == nil then  -- beyond the first 64 entries, or more than the limit itself
     local last = redis.call('ZRANGE', T, -1, -1, 'WITHSCORES')
-    wait = tonumber(last[2]) + WINDOW - now
+    wait = WINDOW
+    if #last > 0 then wait = tonumber(last[2]) + WINDOW - now end
   end
   consider('tokens_per_minute', tpm, total, tokens, wait)
 end
@@ -188,10 +190,10 @@ _SETTLE = """
 local id, reserved, used = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local tpd, admitted_day = tonumber(ARGV[4]), tonumber(ARGV[5])
 local now = clock()
+local today = advance(now, tpd)
 if done(now, id) then return {'done', status(now)} end
 mark_done(now, id)
 redis.call('ZREM', C, id)
-local today = advance(now, tpd)
 local amount = tonumber(redis.call('HGET', A, id) or '-1')
 if amount >= 0 and used < amount then
   redis.call('HSET', A, id, used)
@@ -213,13 +215,17 @@ return {'settled', status(now)}
 """
 
 #: ARGV: id, reserved, tpd, admitted day (-1: unknown, the admission may never have arrived).
+#: With the day unknown, the admission is found by its entry in the minute's
+#: request log; once that has expired (an outage over a minute), the store
+#: cannot tell whether it ever arrived, and leaves the day total as it is:
+#: the reservation stays counted for the day (never under-counted).
 _WITHDRAW = """
 local id, reserved, tpd, admitted_day = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = clock()
+local today = advance(now, tpd)
 if done(now, id) then return {'done', status(now)} end
 mark_done(now, id)
 redis.call('ZREM', C, id)
-local today = advance(now, tpd)
 local stamp = redis.call('ZSCORE', R, id)
 if stamp then
   redis.call('ZREM', R, id)
@@ -229,9 +235,9 @@ local amount = redis.call('HGET', A, id)
 if amount then
   redis.call('HDEL', A, id)
   redis.call('ZREM', T, id)
-  redis.call('HINCRBY', S, 'tok', -tonumber(amount))
+  redis.call('HINCRBY', S, 'tok', 0 - tonumber(amount))
 end
-if admitted_day == today then redis.call('HINCRBY', S, 'day_total', -reserved) end
+if admitted_day == today then redis.call('HINCRBY', S, 'day_total', 0 - reserved) end
 keep(now, tpd)
 return {'withdrawn', status(now)}
 """
