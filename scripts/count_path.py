@@ -292,6 +292,7 @@ def main() -> None:
                 node_hash=bg._sha256(bg.NODE_TOKEN),
                 provider_port=provider_port,
                 log_level="info",
+                limits="",  # no per-principal limits: the request path alone
             )
         )
         edge_proc = procs.start(
