@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -285,6 +286,30 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
                 assert status == 200
                 paths.append(json.loads(body)["path"])
             assert paths == ["/1", "/2", "/3"]
+
+
+async def test_a_request_arriving_as_a_handler_ends_is_read_by_the_next_one() -> None:
+    """The next request's bytes arrive in the scheduler round in which the
+    handler ends: the watcher (woken by them) or the request loop (taking
+    the socket back) reads them, never neither.  The handler writes the
+    next request from the client's socket itself and yields once, so both
+    orders of that round occur over the iterations."""
+    client_fd: list[int] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.send(200, [], request.path.encode())
+        n = int(request.path[1:])
+        if n < 40:
+            os.write(client_fd[0], get(f"/{n + 1}"))  # (a small write: all taken)
+            await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            client_fd.append(client.stream.socket.fileno())
+            await client.send(get("/0"))
+            for n in range(41):
+                status, _, body = await client.response()
+                assert status == 200 and body == f"/{n}".encode()
 
 
 async def test_expect_100_continue() -> None:
