@@ -57,15 +57,23 @@ DUMP_SIGNAL = signal.SIGUSR2
 
 
 class StepCounter(trio.abc.Instrument):
-    """Task steps by task name, run-loop rounds, rounds that waited for I/O."""
+    """Task steps by task name (and their wall µs: a step's length, which
+    includes any preemption of a loaded machine), run-loop rounds, rounds
+    that waited for I/O."""
 
     def __init__(self) -> None:
         self.steps: Counter[str] = Counter()
+        self.step_ns: Counter[str] = Counter()
+        self._step_start = 0
         self.rounds = 0
         self.waits = 0
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self.steps[task.name] += 1
+        self._step_start = time.perf_counter_ns()
+
+    def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.step_ns[task.name] += time.perf_counter_ns() - self._step_start
 
     def before_io_wait(self, timeout: float) -> None:
         self.rounds += 1
@@ -73,7 +81,12 @@ class StepCounter(trio.abc.Instrument):
             self.waits += 1
 
     def dump(self, path: str) -> None:
-        doc = {"steps": dict(self.steps), "rounds": self.rounds, "waits": self.waits}
+        doc = {
+            "steps": dict(self.steps),
+            "step_ns": dict(self.step_ns),
+            "rounds": self.rounds,
+            "waits": self.waits,
+        }
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)
@@ -250,9 +263,12 @@ def _phase(
             )
         print(line, flush=True)
         if args.tasks:
+            step_ns = Counter(a["step_ns"])
+            step_ns.subtract(b["step_ns"])
             for task, n in steps.most_common():
                 if n / units >= 0.05:
-                    print(f"      {n / units:6.2f}  {task}")
+                    us = step_ns[task] / 1000 / units
+                    print(f"      {n / units:6.2f}  {us:6.0f} µs  {task}")
 
 
 def main() -> None:
@@ -292,6 +308,7 @@ def main() -> None:
                 node_hash=bg._sha256(bg.NODE_TOKEN),
                 provider_port=provider_port,
                 log_level="info",
+                limits="",  # no per-principal limits: the request path alone
             )
         )
         edge_proc = procs.start(

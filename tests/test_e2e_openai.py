@@ -509,3 +509,45 @@ async def test_passthrough_on_a_warm_connection_is_started_early_and_stays_byte_
             assert mock.connections_opened == 1
             posts = [req for req in mock.requests if req.method == "POST"]
             assert [req.json()["model"] for req in posts] == ["served-a"] * 4
+
+
+async def test_a_whole_passthrough_reply_is_written_by_the_edges_wire_reader(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A non-streaming reply with a final status leaves the edge from its wire
+    reader (``NodeStream.direct``), head to end, without waking the handler
+    to write it; a 5xx head is the handler's to look at (retry rules), and
+    the handler writes that reply itself.  Both are what the provider sent."""
+    from iopd.http.transport import ServedConnection
+
+    writers: list[tuple[str, str]] = []  # (task, which write) per write to a caller
+    send_now, send_bytes = ServedConnection.send_now, ServedConnection.send_bytes
+
+    def record(how: str) -> None:
+        writers.append((trio.lowlevel.current_task().name, how))
+
+    def traced_send_now(self: ServedConnection, data: bytes) -> bool:
+        record("send_now")
+        return send_now(self, data)
+
+    async def traced_send_bytes(
+        self: ServedConnection, data: bytes, scope: trio.CancelScope | None
+    ) -> None:
+        record("send_bytes")
+        await send_bytes(self, data, scope)
+
+    monkeypatch.setattr(ServedConnection, "send_now", traced_send_now)
+    monkeypatch.setattr(ServedConnection, "send_bytes", traced_send_bytes)
+    body = {"model": "direct", "messages": [{"role": "user", "content": "hi"}]}
+    with trio.fail_after(30):
+        async with mixed_gateway() as (mock, gw):
+            writers.clear()
+            r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+            assert r.status == 200 and json.loads(r.body)["object"] == "chat.completion"
+            assert writers and all(how == "send_now" for _, how in writers)
+            assert all(task.endswith("_serve_session") for task, _ in writers)
+            mock.mode = "error500"
+            writers.clear()
+            r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+            assert r.status == 500 and r.header("x-iopd-upstream-status") == "500"
+            assert writers and all(how == "send_bytes" for _, how in writers)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -285,6 +286,30 @@ async def test_pipelined_requests_are_answered_in_order() -> None:
                 assert status == 200
                 paths.append(json.loads(body)["path"])
             assert paths == ["/1", "/2", "/3"]
+
+
+async def test_a_request_arriving_as_a_handler_ends_is_read_by_the_next_one() -> None:
+    """The next request's bytes arrive in the scheduler round in which the
+    handler ends: the watcher (woken by them) or the request loop (taking
+    the socket back) reads them, never neither.  The handler writes the
+    next request from the client's socket itself and yields once, so both
+    orders of that round occur over the iterations."""
+    client_fd: list[int] = []
+
+    async def handler(request: Request, responder: Responder) -> None:
+        await responder.send(200, [], request.path.encode())
+        n = int(request.path[1:])
+        if n < 40:
+            os.write(client_fd[0], get(f"/{n + 1}"))  # (a small write: all taken)
+            await trio.lowlevel.checkpoint()
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, _), connect(port) as client:
+            client_fd.append(client.stream.socket.fileno())
+            await client.send(get("/0"))
+            for n in range(41):
+                status, _, body = await client.response()
+                assert status == 200 and body == f"/{n}".encode()
 
 
 async def test_expect_100_continue() -> None:
@@ -1034,21 +1059,28 @@ async def test_a_slow_reader_that_keeps_reading_is_never_cut() -> None:
 
 
 async def test_a_write_from_another_task_the_socket_took_in_part_is_finished_first() -> None:
-    """``Responder.write_nowait`` (the relay's wire reader writing a chunk): when
-    the kernel takes only part, the rest leaves with the handler's next write,
-    before it (or alone, by ``send_unsent``), so the caller reads every byte in
-    order; an idle socket takes a small piece at once."""
+    """``Responder.flush_nowait`` (the relay's wire reader writing what it
+    held): when the kernel takes only part, the rest leaves with the
+    handler's next write, before it (or alone, by ``send_unsent``), so the
+    caller reads every byte in order; while a part waits nothing more is
+    written without awaiting (it stays held for ``flush``); an idle socket
+    takes a small piece at once."""
     big = bytes(range(256)) * (16 * 1024)  # 4 MiB: more than the socket takes at once
     results: list[tuple[bool, bool]] = []
 
+    def write_held(responder: Responder, data: bytes) -> None:
+        responder.write_held(data)
+        results.append((responder.flush_nowait(), responder.unsent))
+
     async def handler(request: Request, responder: Responder) -> None:
         await responder.start(200, [("content-type", "text/event-stream")])
-        took = responder.write_nowait(big)
-        results.append((took, responder.unsent))
+        write_held(responder, big)
         await responder.write(b"tail")  # the rest of ``big`` first
-        results.append((responder.write_nowait(big), responder.unsent))
+        write_held(responder, big)
+        write_held(responder, b"held")  # a part waits: not written, kept
         await responder.send_unsent()
-        results.append((responder.write_nowait(b"small"), responder.unsent))
+        await responder.flush()
+        write_held(responder, b"small")
         await responder.end()
 
     with trio.fail_after(30):
@@ -1059,5 +1091,5 @@ async def test_a_write_from_another_task_the_socket_took_in_part_is_finished_fir
                 await trio.sleep(0.1)  # let the socket buffers fill
                 status, _headers, body = await client.response()
     assert status == 200
-    assert body == big + b"tail" + big + b"small"
-    assert results == [(True, True), (True, True), (True, False)]
+    assert body == big + b"tail" + big + b"held" + b"small"
+    assert results == [(True, True), (True, True), (False, True), (True, False)]

@@ -11,13 +11,17 @@ Why it looks like this:
   ``RunStream`` (``RunEvent``s), ``open_stream(ProviderTunnelRequest)`` a
   ``TunnelStream`` (``ProviderTunnelFrame``s).  The wire's state table
   already rejects a reply of the wrong kind for its stream, so the type holds.
-* A consumer that only copies some replies out (the passthrough relay's
-  body frames) may give its stream a ``DirectWriter``: while the consumer
-  is parked with nothing buffered, the reader offers each reply to it and
-  a reply it wrote (to the caller's socket, without awaiting) is consumed
-  there and then, so a streamed chunk crosses the edge in one task step
-  instead of two (the reader's, then the woken handler's).  Anything it
-  declines is buffered and the consumer woken, as without it.
+* A consumer that only copies replies out (the passthrough relay: head,
+  body, end) may give its stream a ``DirectWriter``: while the consumer
+  is parked with nothing buffered, the reader offers each reply to it; one
+  it takes is consumed there and then (its bytes held), and at the end of
+  the reader's batch (``flush_direct``: whatever the read brought in) the
+  writer writes what it holds to the caller's socket without awaiting.  A
+  streamed chunk, or a whole non-streaming reply, then crosses the edge in
+  the reader's task step instead of waking the handler to write it.
+  Anything it declines is buffered and the consumer woken, as without it.
+  A consumer that is cancelled stops being parked at once (its wait is
+  aborted), so nothing is written for a request past its deadline.
 * The hub's reader hands each reply to its stream's buffer without ever
   blocking (``window`` frames + the terminal; the wire's credit accounting
   guarantees it fits — a node that sends past its window is a protocol
@@ -77,11 +81,14 @@ R_contra = TypeVar("R_contra", bound=Reply, contravariant=True)
 
 
 class DirectWriter(Protocol[R_contra]):
-    """Writes some replies out from the hub's reader, for a parked consumer.
+    """Writes replies out from the hub's reader, for a parked consumer.
 
-    ``write_now`` runs in the reader (synchronous, never blocking, never
-    raising): True when the reply was written (it counts as consumed), False
-    to have it buffered for the consumer.  When it wrote only part,
+    ``write_now`` and ``flush_now`` run in the reader (synchronous, never
+    blocking, never raising).  ``write_now``: True when the writer took the
+    reply (it counts as consumed), False to have it buffered for the
+    consumer (it may still have held bytes for it, e.g. a response's end).
+    ``flush_now``, at the end of a batch in which the writer was offered
+    a reply: write what it holds.  When that left anything unwritten,
     ``pending`` is True until the consumer's ``settle`` (awaited before the
     consumer looks at its buffer again) writes the rest.
     """
@@ -90,6 +97,8 @@ class DirectWriter(Protocol[R_contra]):
     def pending(self) -> bool: ...
 
     def write_now(self, msg: R_contra) -> bool: ...
+
+    def flush_now(self) -> None: ...
 
     async def settle(self) -> None: ...
 
@@ -117,7 +126,7 @@ class NodeStream(Generic[R_co]):
         self.window = window
         self._post = post  # queue a message to the node, never blocking
         self._buf: deque[R_co] = deque()
-        self._wakeup: trio.Event | None = None
+        self._parked: trio.lowlevel.Task | None = None  # the consumer, waiting for a reply
         self._done = False  # no more deliveries (terminal, failure or abandoned)
         self._credit_batch = max(1, window // 4)
         self._unreported = 0  # consumed frames whose credit was not returned yet
@@ -126,6 +135,7 @@ class NodeStream(Generic[R_co]):
         self.error: NodeDispatchError | None = None
         #: Set by the consumer: replies written from the reader while it is parked.
         self.direct: DirectWriter[R_co] | None = None
+        self._flush_due = False  # the writer was offered a reply in the reader's batch
 
     def buffered(self) -> int:
         """Replies that arrived and were not read yet (0: the next read may wait)."""
@@ -147,8 +157,8 @@ class NodeStream(Generic[R_co]):
                 break
             if self._done:
                 raise NodeDispatchError(f"node {self.node_id} disconnected")
-            wakeup = self._wakeup = trio.Event()
-            await wakeup.wait()
+            self._parked = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._unpark)
             direct = self.direct
             if direct is not None and direct.pending:
                 await direct.settle()
@@ -159,6 +169,11 @@ class NodeStream(Generic[R_co]):
             self._consumed()
         return msg
 
+    def _unpark(self, _: object) -> trio.lowlevel.Abort:
+        """The parked consumer was cancelled: it is no longer parked."""
+        self._parked = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
     def _consumed(self) -> None:
         """One non-terminal reply consumed: its credit goes back in batches."""
         self._unreported += 1
@@ -168,30 +183,48 @@ class NodeStream(Generic[R_co]):
 
     # -- the session's side (sync, never blocks)
 
-    def deliver(self, msg: Reply) -> None:
-        """Buffer one reply; a node that overruns the window broke the protocol."""
+    def deliver(self, msg: Reply) -> bool:
+        """Buffer one reply, or give it to the direct writer; True when the
+        writer was offered it (call ``flush_direct`` at the end of the batch).
+
+        A node that overruns the window broke the protocol.
+        """
         if self._done or len(self._buf) > self.window:
             raise RemoteProtocolError(f"node overran the buffer of stream {self.stream_id}")
         # The wire's state table admits only this stream's kind of reply.
         reply = cast(R_co, msg)
         direct = self.direct
+        offered = False
         if (
             direct is not None
-            and self._wakeup is not None  # the consumer is parked: nothing of it in flight
+            and self._parked is not None  # nothing of the consumer's in flight
             and not self._buf
             and not direct.pending
-            and direct.write_now(reply)
         ):
-            self._consumed()  # (a DirectWriter never takes the terminal)
-            if direct.pending:
-                self._wake()  # the consumer writes the rest
-            return
+            offered = not self._flush_due
+            self._flush_due = True
+            if direct.write_now(reply):
+                self._consumed()  # (a DirectWriter never takes the terminal)
+                return offered
         self._buf.append(reply)
         if is_terminal(msg):
             self.terminal_received = True
             self._done = True
         self._wake()
+        return offered
 
+    def flush_direct(self) -> None:
+        """The reader's batch is over: the direct writer writes what it holds
+        (the consumer has not run since it was offered the replies)."""
+        if not self._flush_due:
+            return
+        self._flush_due = False
+        direct = self.direct
+        if direct is None:
+            return
+        direct.flush_now()
+        if direct.pending:
+            self._wake()  # the consumer writes the rest
     def fail(self, error: NodeDispatchError) -> None:
         if self.error is None:
             self.error = error
@@ -208,9 +241,10 @@ class NodeStream(Generic[R_co]):
         return refund
 
     def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
+        task = self._parked
+        if task is not None:
+            self._parked = None
+            trio.lowlevel.reschedule(task)
 
 
 RunStream = NodeStream[RunEvent]
@@ -228,6 +262,7 @@ class NodeSession:
         self.session_id = secrets.token_hex(8)
         self._channel = channel
         self._streams: dict[int, NodeStream[Reply]] = {}
+        self._flush_due: list[NodeStream[Reply]] = []  # direct writers to flush after a batch
         self._next_stream_id = 0
         #: Wall-clock epoch seconds since the node acknowledged its first config.
         self.connected_since: float | None = None
@@ -333,7 +368,8 @@ class NodeSession:
         """
         stream = self._streams.get(msg.stream_id)
         if stream is not None:
-            stream.deliver(msg)
+            if stream.deliver(msg):
+                self._flush_due.append(stream)
         elif not is_terminal(msg):
             # Abandoned stream: drop the late reply, give its credit back.
             self._channel.post(Credit(stream_id=msg.stream_id, frames=1))
@@ -353,6 +389,15 @@ class NodeSession:
     def post(self, msg: Message) -> None:
         """Queue a session message for the node (never blocks; dropped once closed)."""
         self._channel.post(msg)
+
+    def end_of_batch(self) -> None:
+        """The hub's reader handled everything one read brought in: the direct
+        writers it fed write what they hold (one write per stream per read)."""
+        due = self._flush_due
+        if due:
+            self._flush_due = []
+            for stream in due:
+                stream.flush_direct()
 
     def mark_ready(self) -> None:
         """The node acknowledged its first config: the session may be used."""

@@ -313,6 +313,7 @@ class NodeHub:
                 dispatch,
                 heartbeat_interval=settings.heartbeat_interval,
                 heartbeat_timeout=settings.heartbeat_timeout,
+                end_of_batch=session.end_of_batch,
             )
         except ChannelClosed as exc:
             if exc.kind == "protocol":

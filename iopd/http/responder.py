@@ -185,13 +185,9 @@ class Responder:
         for a caller that already has the next piece in hand, so the whole
         response leaves in one send.
         """
-        headers = [(k, v) for k, v in headers if k.lower() not in _FRAMING_HEADERS]
-        if self._chunked:
-            framing = [("transfer-encoding", "chunked")]
-        else:
-            framing = []
-            self.keep_alive = False  # the close ends the body
-        await self._emit(self._head(status, headers, framing), hold)
+        self.start_held(status, headers)
+        if not hold:
+            await self._emit(b"", False)
 
     async def write(self, data: bytes, *, hold: bool = False) -> None:
         """Write one piece of a streamed response (empty data is ignored).
@@ -206,30 +202,63 @@ class Responder:
             data = b"%x\r\n%b\r\n" % (len(data), data)
         await self._emit(data, hold)
 
-    def write_nowait(self, data: bytes) -> bool:
-        """Write one piece of a streamed response without awaiting, from any task.
+    # -- The same steps without awaiting, for a producer in another task while
+    # the handler is parked (the passthrough relay's wire reader): the pieces
+    # are held, then ``flush_nowait`` writes them in one go if the socket
+    # takes them; what it cannot write is left to the handler.
 
-        For a producer in another task while the handler is parked between
-        two writes (the passthrough relay's wire reader): True when the
-        piece went to the socket (or its start did: then the handler must
-        call :meth:`send_unsent` before anything else); False when nothing
-        was written and the handler must :meth:`write` it as usual (the
-        socket is full or broken, bytes are held, the response is not
-        streaming yet or is over).
-        """
-        if not self.started or self.finished or self._held or self._head_only or not data:
-            return False
+    def start_held(self, status: int, headers: list[tuple[str, str]]) -> None:
+        """:meth:`start` with ``hold=True``, without awaiting."""
+        headers = [(k, v) for k, v in headers if k.lower() not in _FRAMING_HEADERS]
         if self._chunked:
-            data = b"%x\r\n%b\r\n" % (len(data), data)
-        return self._conn.send_now(data)
+            framing = [("transfer-encoding", "chunked")]
+        else:
+            framing = []
+            self.keep_alive = False  # the close ends the body
+        self._held += self._head(status, headers, framing)
+
+    def write_held(self, data: bytes) -> bool:
+        """:meth:`write` with ``hold=True``, without awaiting; False (nothing
+        done) outside a started, unfinished response."""
+        if not self.started or self.finished:
+            return False
+        if data and not self._head_only:
+            self._held += b"%x\r\n%b\r\n" % (len(data), data) if self._chunked else data
+        return True
+
+    def end_held(self) -> bool:
+        """:meth:`end` with its last bytes held, without awaiting; False
+        (nothing done) before the start or after the end."""
+        if not self.started or self.finished:
+            return False
+        self.finished = True
+        if self._chunked and not self._head_only:
+            self._held += _CHUNKED_END
+        return True
+
+    def flush_nowait(self) -> bool:
+        """Write what is held without awaiting, if the socket takes it now.
+
+        True when it went (or its start did: then the handler must call
+        :meth:`send_unsent` before anything else) or nothing was held; False
+        when nothing was written and it stays held for the handler's
+        :meth:`flush` (the socket is full or broken, the connection is torn,
+        the handler was cancelled).
+        """
+        if not self._held:
+            return True
+        if self._conn.send_now(self._held):
+            self._held = b""
+            return True
+        return False
 
     @property
     def unsent(self) -> bool:
-        """A :meth:`write_nowait` left bytes for :meth:`send_unsent`."""
+        """A :meth:`flush_nowait` left bytes for :meth:`send_unsent`."""
         return self._conn.unsent
 
     async def send_unsent(self) -> None:
-        """Write what a :meth:`write_nowait` could not (under ``send_timeout``)."""
+        """Write what a :meth:`flush_nowait` could not (under ``send_timeout``)."""
         if self._conn.unsent:
             await self._conn.send_bytes(b"", self._scope)
 

@@ -17,8 +17,8 @@ Three layers, each in its own module:
   timeout or a refusal does, whether the connection is reused.
 * ``iopd.http.responder``: the one writer of responses and renderer of heads,
   for the handler's responses and this layer's refusals alike.
-* ``iopd.http.transport``: the trio side of one connection: one reader task,
-  the deadline scope, the handler's cancel scope, writes bounded by
+* ``iopd.http.transport``: the trio side of one connection: the request
+  loop reading requests, a watcher task while a handler runs, the deadline scope, the handler's cancel scope, writes bounded by
   ``send_timeout``;
 * this module: listening, the accept loop (``max_connections``), requests in
   flight and graceful shutdown.

@@ -5,15 +5,20 @@ receive under the deadline the state names, write ``100 Continue``, run the
 handler in a cancel scope, answer a refusal and linger, write responses with
 a bound on stalls (``send_timeout``).
 
-The reader hand-off (measured): one reader task per connection keeps a
-receive outstanding, so EOF or a reset is seen at once and cancels the
-handler (a reader per connection instead of a watcher task per request saved
-~50 µs of CPU per request).  It hands bytes to the request loop by
-rescheduling the parked task directly (``trio.lowlevel``) rather than through
-an ``Event`` or a channel, and after a handover it waits to be released
-before it receives again, so re-arming the receive (a failed ``recv`` and a
-poller update) happens while the handler runs, not between a request's
-arrival and its parsing.
+Who receives (measured): the request loop reads the request itself, so
+the task that wakes on a request's bytes parses it and runs its handler in
+the same step (when a separate reader handed the bytes over, that cost a
+scheduler round between a request's arrival and its parsing, on every
+request's critical path).  While a handler runs, a second task per
+connection, the watcher, keeps a receive outstanding, so EOF or a reset is
+seen at once and cancels the handler (one watcher per connection, parked
+between handlers, instead of a task per request saved ~50 µs of CPU per
+request); it buffers what a client pipelines meanwhile.  When the handler is
+done the loop takes the socket back: the watcher's wait is cancelled (which
+takes it off the socket at once), and a watcher that was already woken
+leaves the bytes unread for the loop.  The price is two poller updates
+per request (the watcher's wait cancelled, the loop's own armed), off the
+critical path.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ RECEIVE_SIZE = 65536
 PIPELINE_BUFFER_CAP = 65536
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _IDLE = ConnState.IDLE
-_LINGER = ConnState.LINGER
 _NEED_DATA = Signal.NEED_DATA
 _SEND_CONTINUE = Signal.SEND_CONTINUE
 _CLOSE = Signal.CLOSE
@@ -94,15 +98,15 @@ class ConnectionOwner(Protocol):
 
 
 class ServedConnection:
-    """The trio side of one client connection: its reader task, deadlines,
+    """The trio side of one client connection: its request loop and watcher, deadlines,
     handler and writes, around an :class:`~iopd.http.connection.HttpConnection`.
 
-    A reader task owns the socket's receive side for the connection's whole
-    life: it moves bytes into ``pending`` (bounded: at the cap it stops reading,
-    which is TCP backpressure) and wakes the request loop.  Because a receive
-    is (almost) always outstanding, EOF or a reset is seen at once, also while
-    a handler runs, and cancels that handler.  Only the request loop feeds the
-    state machine.
+    The request loop receives while it reads a request (under the deadline
+    the state machine names); while a handler runs, the watcher task does,
+    moving bytes into ``pending`` (bounded: at the cap it stops reading, which
+    is TCP backpressure).  A receive is always outstanding, so EOF or a
+    reset is seen at once, also while a handler runs, and cancels that
+    handler.  Only the request loop feeds the state machine.
     """
 
     __slots__ = (
@@ -118,9 +122,10 @@ class ServedConnection:
         "active",
         "torn",
         "_unsent",
-        "_loop_waiter",
+        "_watching",
+        "_watcher",
+        "_watch_scope",
         "_space",
-        "_reader_waiter",
     )
 
     def __init__(self, server: ConnectionOwner, stream: trio.SocketStream, client: tuple[str, int]):
@@ -138,9 +143,10 @@ class ServedConnection:
         # The rest of a ``send_now`` the kernel took only part of: the next
         # ``send_bytes`` writes it first (the connection is torn until then).
         self._unsent: bytes | None = None
-        self._loop_waiter: trio.lowlevel.Task | None = None
-        self._space: trio.Event | None = None
-        self._reader_waiter: trio.lowlevel.Task | None = None  # reader parked after a handover
+        self._watching = False  # a handler runs: the watcher owns the receive side
+        self._watcher: trio.lowlevel.Task | None = None  # the watcher, parked
+        self._watch_scope: trio.CancelScope | None = None  # the watcher's wait
+        self._space: trio.Event | None = None  # the watcher waits for pending to drain
 
     def close_if_idle(self) -> None:
         """Shutdown: end the connection if it waits for a next request."""
@@ -149,7 +155,7 @@ class ServedConnection:
 
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._read_loop)
+            nursery.start_soon(self._watch_loop)
             try:
                 while await self._serve_one():
                     pass
@@ -159,72 +165,21 @@ class ServedConnection:
 
     # ------------------------------------------------------------ receiving
 
-    async def _read_loop(self) -> None:
-        stream = self.stream
-        discarded = 0
-        try:
-            while True:
-                lingering = self.http.state is _LINGER
-                if len(self.pending) >= PIPELINE_BUFFER_CAP and not lingering:
-                    self._space = trio.Event()
-                    await self._space.wait()
-                    continue
-                data = await fastsend.receive_some(stream, RECEIVE_SIZE)
-                if not data:
-                    break
-                if self.http.state is _LINGER:  # drop what arrives after a refusal
-                    discarded += len(data)
-                    if discarded > LINGER_MAX_BYTES:
-                        break
-                else:
-                    self.pending += data
-                    if self._loop_waiter is not None:
-                        # Hand over, and re-arm only once the loop lets go.
-                        self._wake_loop()
-                        self._reader_waiter = trio.lowlevel.current_task()
-                        await trio.lowlevel.wait_task_rescheduled(self._abort_reader_wait)
-                        continue
-                self._wake_loop()
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        self.eof = True
-        if self.handler_scope is not None:
-            self.handler_scope.cancel()
-        self._wake_loop()
-
-    def _wake_loop(self) -> None:
-        task = self._loop_waiter
-        if task is not None:
-            self._loop_waiter = None
-            trio.lowlevel.reschedule(task)
-
-    def _abort_reader_wait(self, _: object) -> trio.lowlevel.Abort:
-        self._reader_waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    def _release_reader(self) -> None:
-        """Let the reader receive again (it waits after handing bytes over)."""
-        task = self._reader_waiter
-        if task is not None:
-            self._reader_waiter = None
-            trio.lowlevel.reschedule(task)
-
-    def _abort_wait(self, _: object) -> trio.lowlevel.Abort:
-        self._loop_waiter = None
-        return trio.lowlevel.Abort.SUCCEEDED
-
-    async def _wait_for_reader(self) -> None:
-        self._release_reader()
-        self._loop_waiter = trio.lowlevel.current_task()
-        await trio.lowlevel.wait_task_rescheduled(self._abort_wait)
-
     async def _receive(self) -> bytes:
-        """The client's next bytes (everything buffered); b"" once it closed."""
-        while not self.pending:
-            if self.eof:
-                return b""
-            await self._wait_for_reader()
-        return self._take_pending()
+        """The client's next bytes (request loop only, no handler running):
+        what the watcher buffered during the last response, else one read of
+        the socket; b"" once the client closed."""
+        if self.pending:
+            return self._take_pending()
+        if self.eof:
+            return b""
+        try:
+            data = await fastsend.receive_some(self.stream, RECEIVE_SIZE)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.eof = True
+        return data
 
     def _take_pending(self) -> bytes:
         data = bytes(self.pending)
@@ -233,6 +188,71 @@ class ServedConnection:
             self._space.set()
             self._space = None
         return data
+
+    def _start_watch(self) -> None:
+        """A handler starts: the watcher takes over the socket's receive side."""
+        self._watching = True
+        task = self._watcher
+        if task is not None:
+            self._watcher = None
+            trio.lowlevel.reschedule(task)
+
+    def _stop_watch(self) -> None:
+        """The handler is done: the request loop takes the socket back.
+
+        Cancelling the watcher's wait takes it off the socket at once, so the
+        loop's own wait may start right after; a watcher already woken by
+        bytes finds ``_watching`` false and leaves them unread (the socket
+        stays readable for the loop).
+        """
+        self._watching = False
+        scope = self._watch_scope
+        if scope is not None:
+            scope.cancel()
+
+    async def _watch_loop(self) -> None:
+        """The watcher task: while a handler runs, keep a receive outstanding."""
+        try:
+            while True:
+                if not self._watching:
+                    self._watcher = trio.lowlevel.current_task()
+                    await trio.lowlevel.wait_task_rescheduled(self._abort_park)
+                    continue
+                with trio.CancelScope() as scope:
+                    self._watch_scope = scope
+                    if await self._watch():
+                        break  # the client closed
+                self._watch_scope = None
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        self._watch_scope = None
+        self.eof = True
+        if self.handler_scope is not None:
+            self.handler_scope.cancel()
+
+    async def _watch(self) -> bool:
+        """Buffer what the client sends while the handler runs (pipelined
+        bytes, up to the cap: beyond it, TCP backpressure); True at EOF."""
+        stream = self.stream
+        while self._watching:
+            if len(self.pending) >= PIPELINE_BUFFER_CAP:
+                self._space = trio.Event()
+                await self._space.wait()
+                continue
+            fd = await fastsend.wait_readable(stream)
+            if not self._watching:
+                break  # the loop took the socket back: the bytes are its
+            data = fastsend.read_ready(stream, RECEIVE_SIZE, fd)
+            if data is None:
+                continue
+            if not data:
+                return True
+            self.pending += data
+        return False
+
+    def _abort_park(self, _: object) -> trio.lowlevel.Abort:
+        self._watcher = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     # -------------------------------------------------------------- sending
 
@@ -370,6 +390,7 @@ class ServedConnection:
     async def _read_request(self, deadline: trio.CancelScope) -> Request | Refuse | Signal:
         """Feed the state machine until it has a request, a refusal or a close."""
         http = self.http
+        self._stop_watch()  # (the last response is out: the socket is the loop's)
         if self.pending:  # pipelined bytes that arrived during the last response
             http.receive_pipelined(self._take_pending())
         armed: ConnState | None = None
@@ -414,7 +435,7 @@ class ServedConnection:
         crashed: BaseException | None = None
         refusal: Refusal | None = None  # the owner's error, for the owner to render
         self.handler_scope = handler_scope
-        self._release_reader()  # watch for a disconnect while the handler runs
+        self._start_watch()  # a disconnect cancels the handler
         try:
             with handler_scope:
                 try:
@@ -504,11 +525,13 @@ class ServedConnection:
         # closing does not reset the connection before it read the response.
         self.http.refusal_sent()
         self.pending.clear()
-        if self._space is not None:
-            self._space.set()
+        discarded = 0
         with trio.move_on_after(LINGER_SECONDS):
-            while not self.eof:
-                await self._wait_for_reader()
+            while discarded <= LINGER_MAX_BYTES:
+                data = await self._receive()
+                if not data:
+                    break
+                discarded += len(data)
 
 
 def _owner_refusal(group: BaseExceptionGroup[Exception]) -> Refusal | None:

@@ -280,13 +280,16 @@ class WireChannel:
         *,
         heartbeat_interval: float,
         heartbeat_timeout: float,
+        end_of_batch: Callable[[], None] | None = None,
     ) -> None:
         """Run the session: reader, outbox writer, heartbeats.  Never returns normally.
 
         ``dispatch`` is called for every message except Heartbeat/Pong (handled
         here), in order, from the reader task; it must not block.  It may
-        raise ``RemoteProtocolError`` to reject a message.  Ends by raising
-        ``ChannelClosed`` (the stream is closed by then).
+        raise ``RemoteProtocolError`` to reject a message.  ``end_of_batch``
+        (never blocking either) is called once the messages of one read have
+        been dispatched, so a consumer can write what they brought in one go.
+        Ends by raising ``ChannelClosed`` (the stream is closed by then).
         """
         self._last_rx = trio.current_time()
         try:
@@ -304,8 +307,13 @@ class WireChannel:
                     while self._pending:
                         self._dispatch_one(dispatch, self._pending.popleft())
                     while True:
-                        for msg in await self._read_more():
-                            self._dispatch_one(dispatch, msg)
+                        msgs = await self._read_more()
+                        try:
+                            for msg in msgs:
+                                self._dispatch_one(dispatch, msg)
+                        finally:
+                            if end_of_batch is not None:
+                                end_of_batch()
                 except ChannelClosed as exc:
                     self._fail(exc)
         finally:

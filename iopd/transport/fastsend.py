@@ -58,22 +58,41 @@ async def receive_some(stream: trio.abc.ReceiveStream, max_bytes: int) -> bytes:
     """
     if type(stream) is not trio.SocketStream:
         return bytes(await stream.receive_some(max_bytes))  # (a copy only off the fast path)
-    sock = stream.socket
     while True:
-        fd = sock.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("this socket was already closed")
-        await trio.lowlevel.wait_readable(fd)
-        if sock.fileno() != fd:  # closed meanwhile (its number may be reused)
-            raise trio.ClosedResourceError("this socket was already closed")
-        try:
-            return os.read(fd, max_bytes)
-        except BlockingIOError:
-            continue  # a spurious wake-up: wait again
-        except OSError as exc:
-            if exc.errno in _CLOSED_ERRNOS:
-                raise trio.ClosedResourceError("this socket was already closed") from None
-            raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+        fd = await wait_readable(stream)
+        data = read_ready(stream, max_bytes, fd)
+        if data is not None:
+            return data
+        # a spurious wake-up: wait again
+
+
+async def wait_readable(stream: trio.SocketStream) -> int:
+    """Wait until the socket is readable (a checkpoint); its file descriptor.
+
+    For a task that decides after the wait whether to read at all (the HTTP
+    server's watcher, ``iopd.http.transport``): a socket left unread stays
+    readable for the next task that waits on it.
+    """
+    fd = stream.socket.fileno()
+    if fd < 0:
+        raise trio.ClosedResourceError("this socket was already closed")
+    await trio.lowlevel.wait_readable(fd)
+    return fd
+
+
+def read_ready(stream: trio.SocketStream, max_bytes: int, fd: int) -> bytes | None:
+    """One non-blocking ``read(2)`` after :func:`wait_readable` returned ``fd``:
+    at most ``max_bytes``, ``b""`` at EOF, None when nothing is there (yet)."""
+    if stream.socket.fileno() != fd:  # closed meanwhile (its number may be reused)
+        raise trio.ClosedResourceError("this socket was already closed")
+    try:
+        return os.read(fd, max_bytes)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in _CLOSED_ERRNOS:
+            raise trio.ClosedResourceError("this socket was already closed") from None
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
 def write_now(stream: trio.abc.SendStream, data: bytes | memoryview) -> int:

@@ -17,10 +17,16 @@ caller talks to, and the backend's software stays private), and
 own error is told from the edge's (whose responses never carry it) while
 the body stays byte-exact.
 
-A streamed body's chunks mostly never reach the loop below: while it waits,
-the edge's wire reader writes each body frame to the caller's socket itself
-(``_BodyWriter``, ``NodeStream.direct``), falling back to the loop for a
-frame the socket does not take at once.
+Most frames never reach the loop below: while it waits, the edge's wire
+reader writes them to the caller's socket itself (``_Reply``, the stream's
+``NodeStream.direct`` writer): a head whose status cannot be retried, the
+body, the end, each read's worth in one write, and notes the usage.  A whole
+non-streaming reply then leaves the edge in the reader's task step, without
+waking this handler first; it wakes for the end and finishes the request
+(the attempt's verdict, the outcome) after the caller has its answer.  What
+the reader does not take (a 429/5xx head, an error, anything once a frame
+is buffered or while the handler is busy), and bytes the socket does not
+take at once, come to the loop as before.
 
 Retries (issue #16): the head is looked at before anything is written.  A
 429, 502 or 503 head, or an error frame before any head that says the
@@ -109,10 +115,10 @@ async def _relay(
     """
     session: NodeSession = leased.session
     leasing = leased.leasing
-    body_usage: Usage | None = None
-    frame_usage: Usage | None = None
+    reply = _Reply(responder, out)
     try:
         async with session.open_stream(treq) as frames:
+            frames.direct = reply
             async for fr in frames:
                 kind = fr.kind
                 # hold: the next frame is already here, so write both at once.
@@ -122,21 +128,14 @@ async def _relay(
                 elif kind == "head":
                     if _retry_on_head(leasing, fr):
                         return True
-                    headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
-                    headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
-                    ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
-                    if ctype.startswith(_STREAMING_TYPES):
-                        headers.append(("X-Accel-Buffering", "no"))
-                    await responder.start(fr.status, headers, hold=frames.buffered() > 0)
-                    out.http_status = fr.status
-                    frames.direct = _BodyWriter(responder)
+                    reply.start(fr)
+                    if not frames.buffered():
+                        await responder.flush()
                 elif kind == "usage":
-                    body_usage = fr.body_usage or body_usage
-                    frame_usage = fr.usage or frame_usage
-                    out.reasoning_chars += fr.reasoning_chars
+                    reply.note_usage(fr)
                 elif kind == "end":
                     leasing.succeeded()
-                    await responder.end()
+                    await responder.end()  # (already written when the reader took the end)
                     out.answered(out.http_status)
                     return False
                 else:  # error
@@ -145,40 +144,92 @@ async def _relay(
                     raise provider_error(fr.code, fr.message)
         return False  # (the node ends every stream with end or error)
     finally:
-        out.usage = tunnel_usage(body_usage, frame_usage)
+        out.usage = tunnel_usage(reply.body_usage, reply.frame_usage)
         out.reasoning_reported = bool(
-            (body_usage and body_usage.reasoning_tokens)
-            or (frame_usage and frame_usage.reasoning_tokens)
+            (reply.body_usage and reply.body_usage.reasoning_tokens)
+            or (reply.frame_usage and reply.frame_usage.reasoning_tokens)
         )
 
 
-class _BodyWriter:
-    """Body frames written to the caller by the edge's wire reader itself while
-    this relay waits (``NodeStream.direct``): a streamed chunk then costs the
-    edge one task step, not a second one in this handler.  Only data of a
-    started response with nothing held back; a frame the socket does not take
-    at once (or anything else) comes to the loop above as before."""
+class _Reply:
+    """The relayed response, written by whichever task has the frame: the
+    handler's loop above, or the edge's wire reader while the loop waits
+    (``NodeStream.direct``).
 
-    __slots__ = ("_responder",)
+    The reader takes a head that needs no retry decision (below 500, not
+    429), body frames of a started response and usage frames, holding the
+    bytes; it appends the end's last bytes but leaves the end frame itself
+    to the loop (the request is finished there); ``flush_now``, at the end
+    of the read, writes what is held in one non-blocking write.  When the
+    socket takes nothing, or only part, ``pending`` makes the loop ``settle``
+    it (under ``send_timeout``) before it looks at the next frame.
+    """
 
-    def __init__(self, responder: Responder) -> None:
+    __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage")
+
+    def __init__(self, responder: Responder, out: Outcome) -> None:
         self._responder = responder
+        self._out = out
+        self._stuck = False  # flush_now wrote nothing: held bytes wait for the loop
+        self.body_usage: Usage | None = None
+        self.frame_usage: Usage | None = None
+
+    def start(self, fr: ProviderTunnelFrame) -> None:
+        """Hold the response's head: the provider's status and end-to-end headers."""
+        headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
+        headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
+        ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
+        if ctype.startswith(_STREAMING_TYPES):
+            headers.append(("X-Accel-Buffering", "no"))
+        self._responder.start_held(fr.status, headers)
+        self._out.http_status = fr.status
+
+    def note_usage(self, fr: ProviderTunnelFrame) -> None:
+        self.body_usage = fr.body_usage or self.body_usage
+        self.frame_usage = fr.usage or self.frame_usage
+        self._out.reasoning_chars += fr.reasoning_chars
+
+    # -- DirectWriter (the wire reader, synchronous)
 
     @property
     def pending(self) -> bool:
-        return self._responder.unsent
+        return self._stuck or self._responder.unsent
 
     def write_now(self, msg: ProviderTunnelFrame) -> bool:
-        return msg.kind == "body" and self._responder.write_nowait(msg.data)
+        kind = msg.kind
+        responder = self._responder
+        if kind == "body":
+            return responder.write_held(msg.data)
+        if kind == "usage":
+            self.note_usage(msg)
+            return True
+        if kind == "head":
+            if responder.started or _may_retry(msg.status):
+                return False
+            self.start(msg)
+            return True
+        if kind == "end":
+            responder.end_held()
+        return False
+
+    def flush_now(self) -> None:
+        self._stuck = not self._responder.flush_nowait()
 
     async def settle(self) -> None:
+        self._stuck = False
         await self._responder.send_unsent()
+        await self._responder.flush()
+
+
+def _may_retry(status: int) -> bool:
+    """A head the attempt loop must see before anything is written (429, 5xx)."""
+    return status >= 500 or status == 429
 
 
 def _retry_on_head(leasing: Leasing[Body], fr: ProviderTunnelFrame) -> bool:
     """A provider error status, before the head is written: report it; True to retry."""
     status = fr.status
-    if status < 500 and status != 429:
+    if not _may_retry(status):
         return False  # a success, or the caller's own 4xx: relayed (success at its end)
     retry_after = 0.0
     if status == 429:
