@@ -374,6 +374,7 @@ def main() -> None:
                 caller_hash=bg._sha256(bg.TOKEN),
                 node_hash=bg._sha256(bg.NODE_TOKEN),
                 provider_port=provider_port,
+                limits="",  # no per-principal limits: the streaming path alone
             )
             .replace("capacity: 256", "capacity: 4096")
             .replace("max_queue: 1024", "max_queue: 4096")
