@@ -267,6 +267,18 @@ def _expect(doc: Any, keys: frozenset[str], admin: str) -> dict[str, Any]:
     return doc
 
 
+#: What reading an answer raises when the admin API could not say: its own error,
+#: or (from ``_expect`` and the formatters) an answer not shaped like the admin API's.
+_ANSWER_ERRORS = (AdminError, KeyError, TypeError, ValueError, AttributeError)
+
+
+def _failed(command: str, admin: str, exc: Exception) -> int:
+    """Print on stderr why ``iopd COMMAND`` has no answer; its exit status (1)."""
+    why = str(exc) if isinstance(exc, AdminError) else f"{admin} did not answer like the admin API"
+    print(f"iopd {command}: {why}", file=sys.stderr)
+    return 1
+
+
 def status_main(admin: str, *, as_json: bool = False, principals: bool = False) -> int:
     """``iopd status``: print the catalog (``principals``: the per-principal
     limits instead); exit 1 when the admin API cannot say."""
@@ -279,12 +291,8 @@ def status_main(admin: str, *, as_json: bool = False, principals: bool = False) 
             text = json.dumps(shown, indent=2) if as_json else format_principals(doc)
         else:
             text = json.dumps(doc, indent=2) if as_json else format_status(doc)
-    except AdminError as exc:
-        print(f"iopd status: {exc}", file=sys.stderr)
-        return 1
-    except (KeyError, TypeError, ValueError, AttributeError):
-        print(f"iopd status: {admin} did not answer like the admin API", file=sys.stderr)
-        return 1
+    except _ANSWER_ERRORS as exc:
+        return _failed("status", admin, exc)
     print(text)
     return 0
 
@@ -300,12 +308,8 @@ def refresh_main(admin: str, *, dry_run: bool = False) -> int:
     try:
         doc = _expect(_call(admin, "POST", "/refresh", {"mode": mode}), REPORT_KEYS, admin)
         text = format_report(doc)
-    except AdminError as exc:
-        print(f"iopd refresh: {exc}", file=sys.stderr)
-        return 1
-    except (KeyError, TypeError, ValueError, AttributeError):
-        print(f"iopd refresh: {admin} did not answer like the admin API", file=sys.stderr)
-        return 1
+    except _ANSWER_ERRORS as exc:
+        return _failed("refresh", admin, exc)
     print(text)
     refused = bool(doc.get("errors") or doc.get("restart_required"))
     if dry_run:
@@ -349,12 +353,8 @@ def _control(admin: str, command: str, path: str, body: dict[str, Any], as_json:
         else:
             views = [_expect(doc, CONTROL_KEYS, admin)]
         text = json.dumps(doc, indent=2) if as_json else "\n".join(map(format_control, views))
-    except AdminError as exc:
-        print(f"iopd {command}: {exc}", file=sys.stderr)
-        return 1
-    except (KeyError, TypeError, ValueError, AttributeError):
-        print(f"iopd {command}: {admin} did not answer like the admin API", file=sys.stderr)
-        return 1
+    except _ANSWER_ERRORS as exc:
+        return _failed(command, admin, exc)
     print(text or f"node {doc['id']} has no providers")
     return 0
 

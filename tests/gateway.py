@@ -37,6 +37,23 @@ def node_token(node_id: str) -> str:
     return f"test-token-{node_id}"
 
 
+def quick_node_config(
+    node_id: str, dials: dict[str, Any], section: dict[str, Any]
+) -> NodeConfigFile:
+    """``node_id``'s config, dialling per ``dials`` (its ``edge`` or ``edges``), with
+    quick reconnects and drain; ``section`` overrides any field."""
+    fields: dict[str, Any] = dict(
+        id=node_id,
+        token=node_token(node_id),
+        reconnect_initial_backoff=0.05,
+        reconnect_max_backoff=0.5,
+        drain_timeout=1.0,
+    )
+    fields.update(dials)
+    fields.update(section)
+    return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
+
+
 @dataclass
 class Gateway:
     handle: EdgeHandle
@@ -78,16 +95,7 @@ class Gateway:
 
     def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
         host, port = self.handle.wire
-        fields: dict[str, Any] = dict(
-            id=node_id,
-            edge=f"{host}:{port}",
-            token=node_token(node_id),
-            reconnect_initial_backoff=0.05,
-            reconnect_max_backoff=0.5,
-            drain_timeout=1.0,
-        )
-        fields.update(section)
-        return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
+        return quick_node_config(node_id, {"edge": f"{host}:{port}"}, section)
 
     def sdk(self, **kwargs: Any) -> Any:
         """A sync ``openai.OpenAI`` client (use it inside ``trio.to_thread.run_sync``)."""
@@ -255,16 +263,7 @@ class EdgeFleet:
         return [f"{gw.handle.wire[0]}:{gw.handle.wire[1]}" for gw in self.edges]
 
     def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
-        fields: dict[str, Any] = dict(
-            id=node_id,
-            edges=self.wire_addresses(),
-            token=node_token(node_id),
-            reconnect_initial_backoff=0.05,
-            reconnect_max_backoff=0.5,
-            drain_timeout=1.0,
-        )
-        fields.update(section)
-        return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
+        return quick_node_config(node_id, {"edges": self.wire_addresses()}, section)
 
     async def restart_edge(self, i: int, yaml_text: str) -> Gateway:
         """Stop edge ``i`` at once (its in-memory state is gone, like a crash) and

@@ -11,7 +11,7 @@ log as a traceback.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 import trio
@@ -65,6 +65,23 @@ async def read_until_eof(stream: trio.SocketStream) -> bytes:
     return data
 
 
+async def get_and_close(addr: tuple[str, int], path: str) -> bytes:
+    """The whole reply to ``GET path`` sent with ``Connection: close``."""
+    stream = await trio.open_tcp_stream(*addr)
+    await stream.send_all(head("GET", path, "connection: close"))
+    return await read_until_eof(stream)
+
+
+async def serve_one_get(app: QuartTrio, path: str) -> bytes:
+    """Serve ``app`` with ``FAST`` limits for one ``GET path``; its whole reply."""
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server, addr = await serve(nursery, app)
+            data = await get_and_close(addr, path)
+            server.shutdown()
+    return data
+
+
 def add_stream_route(
     app: QuartTrio, make: Callable[[AsyncIterator[bytes]], Response], ended: trio.Event
 ) -> None:
@@ -111,9 +128,7 @@ async def test_lifespan_startup_and_shutdown_run() -> None:
         async with trio.open_nursery() as nursery:
             server, addr = await serve(nursery, app)
             assert seen == ["startup"]
-            stream = await trio.open_tcp_stream(*addr)
-            await stream.send_all(head("GET", "/healthz", "connection: close"))
-            assert b'{"status":"ok"}' in await read_until_eof(stream)
+            assert b'{"status":"ok"}' in await get_and_close(addr, "/healthz")
             server.shutdown()
             await server.stopped.wait()
         assert seen == ["startup", "shutdown"]
@@ -145,15 +160,9 @@ async def test_the_admin_app_has_no_response_timeout() -> None:
     assert app.config["RESPONSE_TIMEOUT"] is None  # Quart's default is 60 s
     ended = trio.Event()
     add_stream_route(app, plain, ended)
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server, addr = await serve(nursery, app)
-            stream = await trio.open_tcp_stream(*addr)
-            await stream.send_all(head("GET", "/test-stream", "connection: close"))
-            data = await read_until_eof(stream)
-            assert all(f"data: {i}\n\n".encode() in data for i in range(CHUNKS))
-            assert data.endswith(b"0\r\n\r\n")  # the chunked body's proper end
-            server.shutdown()
+    data = await serve_one_get(app, "/test-stream")
+    assert all(f"data: {i}\n\n".encode() in data for i in range(CHUNKS))
+    assert data.endswith(b"0\r\n\r\n")  # the chunked body's proper end
 
 
 @pytest.mark.parametrize(("make", "whole"), [(helper, True), (plain, False)])
@@ -165,14 +174,8 @@ async def test_streaming_response_ignores_a_response_timeout(
     app.config["RESPONSE_TIMEOUT"] = 0.15
     ended = trio.Event()
     add_stream_route(app, make, ended)
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server, addr = await serve(nursery, app)
-            stream = await trio.open_tcp_stream(*addr)
-            await stream.send_all(head("GET", "/test-stream", "connection: close"))
-            data = await read_until_eof(stream)
-            assert (f"data: {CHUNKS - 1}\n\n".encode() in data) is whole
-            server.shutdown()
+    data = await serve_one_get(app, "/test-stream")
+    assert (f"data: {CHUNKS - 1}\n\n".encode() in data) is whole
 
 
 # ------------------------------------------------------------- connections
@@ -183,10 +186,8 @@ async def test_connection_close_closes_the_socket() -> None:
         async with trio.open_nursery() as nursery:
             server, addr = await serve(nursery, admin_app(), AdminLimits(keep_alive_timeout=60))
             for path in ("/status", "/nope"):
-                stream = await trio.open_tcp_stream(*addr)
-                await stream.send_all(head("GET", path, "connection: close"))
                 # EOF well before the 60 s keep-alive timeout: the server closed it.
-                data = await read_until_eof(stream)
+                data = await get_and_close(addr, path)
                 assert data.startswith((b"HTTP/1.1 200", b"HTTP/1.1 404"))
             server.shutdown()
 
@@ -279,13 +280,7 @@ async def test_a_failing_handler_is_a_500_envelope_and_one_log_line(
 
     app.add_url_rule("/test-broken", view_func=broken, methods=["GET"])
     caplog.set_level(logging.DEBUG)
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server, addr = await serve(nursery, app)
-            stream = await trio.open_tcp_stream(*addr)
-            await stream.send_all(head("GET", "/test-broken", "connection: close"))
-            data = await read_until_eof(stream)
-            server.shutdown()
+    data = await serve_one_get(app, "/test-broken")
     assert data.startswith(b"HTTP/1.1 500")
     assert b'"type":"server_error"' in data and b"secret-looking" not in data
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
@@ -296,23 +291,10 @@ async def test_a_failing_handler_is_a_500_envelope_and_one_log_line(
 
 
 async def test_access_lines_only_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    async def one_request(addr: tuple[str, int]) -> None:
-        stream = await trio.open_tcp_stream(*addr)
-        await stream.send_all(head("GET", "/healthz", "connection: close"))
-        await read_until_eof(stream)
-
     for level, expected in ((logging.INFO, 0), (logging.DEBUG, 1)):
         caplog.clear()
         caplog.set_level(level)
-        await _with_server(one_request)
+        await serve_one_get(admin_app(), "/healthz")
         access = [r for r in caplog.records if r.name == "iopd.edge.admin.access"]
         assert len(access) == expected
         assert not [r for r in caplog.records if r.name.startswith("hypercorn")]
-
-
-async def _with_server(body: Callable[[tuple[str, int]], Awaitable[None]]) -> None:
-    with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            server, addr = await serve(nursery, admin_app())
-            await body(addr)
-            server.shutdown()

@@ -231,21 +231,14 @@ async def test_a_stream_ends_at_its_max_age(autojump_clock: trio.abc.Clock) -> N
 async def test_finished_requests_are_noted_in_the_activity() -> None:
     with trio.fail_after(20):
         async with running_gateway(two_node_yaml()) as gw:
-            host_port = gw.host_port
-            ok = await http_request(
-                host_port,
-                "POST",
-                "/v1/chat/completions",
-                body={"model": "echo", "messages": [{"role": "user", "content": "one two three"}]},
-            )
-            assert ok.status == 200
-            missing = await http_request(
-                host_port,
-                "POST",
-                "/v1/chat/completions",
-                body={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
-            )
-            assert missing.status == 404
+            for model, content, status in (
+                ("echo", "one two three", 200),
+                ("no-such-model", "x", 404),
+            ):
+                messages = [{"role": "user", "content": content}]
+                body = {"model": model, "messages": messages}
+                reply = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+                assert reply.status == status, model
             view = console_view(gw.runtime)
     usage = {(u["principal"], u["model"]): u for u in view["usage"]}
     assert usage[("unmapped", "echo")]["requests"] == 1

@@ -14,9 +14,11 @@ directory and, when ``IOPD_ARTIFACTS`` names a directory, copied there.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +120,9 @@ nodes:
 """
 
 
-def keep_screenshot(path: Path) -> None:
-    """Copy a screenshot to ``$IOPD_ARTIFACTS`` when it is set."""
+def take_screenshot(page: Any, path: Path, *, full_page: bool = True) -> None:
+    """Screenshot ``page`` to ``path``, copied to ``$IOPD_ARTIFACTS`` when it is set."""
+    page.screenshot(path=str(path), full_page=full_page)
     target = os.environ.get("IOPD_ARTIFACTS")
     if target:
         Path(target).mkdir(parents=True, exist_ok=True)
@@ -147,6 +150,15 @@ async def in_browser(sync_api: Any, drive: Callable[[Any, Any], None]) -> None:
     await trio.to_thread.run_sync(run)
 
 
+def open_live_page(browser: Any, url: str, expect: Any) -> Any:
+    """A desktop-sized page on the console, in a context of its own, once its stream is live."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.set_default_timeout(UI_TIMEOUT_MS)
+    page.goto(url + "/")
+    expect(page.locator("#live")).to_have_text("live", timeout=UI_TIMEOUT_MS)
+    return page
+
+
 def in_flight_cell(page: Any, provider: str) -> Any:
     return page.locator(f'tr[data-provider="{provider}"] [data-field="in-flight"]')
 
@@ -162,95 +174,96 @@ async def slow_call(gw: Gateway, results: list[int]) -> None:
     results.append(resp.status)
 
 
+@dataclasses.dataclass
+class GatedConsole:
+    """A running gateway whose ``slow`` model waits on ``mock``, and its console at ``url``."""
+
+    mock: GatedOpenAI
+    gw: Gateway
+    url: str
+    nursery: trio.Nursery
+    #: The HTTP status of each slow call, once it has ended.
+    results: list[int] = dataclasses.field(default_factory=list)
+
+    def start_slow_call(self) -> None:
+        """From the browser's thread: one chat completion to the gated provider, left waiting."""
+        trio.from_thread.run_sync(self.nursery.start_soon, slow_call, self.gw, self.results)
+
+    def release_slow_calls(self) -> None:
+        """From the browser's thread: let the gated provider answer."""
+        trio.from_thread.run_sync(self.mock.release.set)
+
+
+@asynccontextmanager
+async def gated_console() -> AsyncIterator[GatedConsole]:
+    """The gated mock, an edge and node using it, and the console, all stopped on exit."""
+    mock = GatedOpenAI()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(mock.serve)
+        async with running_gateway(console_yaml(mock.base_url)) as gw:
+            async with serving_console(gw) as url:
+                yield GatedConsole(mock, gw, url, nursery)
+        nursery.cancel_scope.cancel()
+
+
 async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
     tmp_path: Path,
 ) -> None:
     sync_api = browser_or_skip()
-    mock = GatedOpenAI()
-    results: list[int] = []
     with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(mock.serve)
-            async with running_gateway(console_yaml(mock.base_url)) as gw:
-                async with serving_console(gw) as url:
+        async with gated_console() as console:
 
-                    def drive(browser: Any, expect: Any) -> None:
-                        # Without any script: the server's page names every provider.
-                        static = browser.new_context(java_script_enabled=False)
-                        page = static.new_page()
-                        page.goto(url + "/")
-                        for pid in PROVIDERS:
-                            expect(page.locator(f'tr[data-provider="{pid}"] .pid')).to_have_text(pid)
-                        static.close()
+            def drive(browser: Any, expect: Any) -> None:
+                # Without any script: the server's page names every provider.
+                static = browser.new_context(java_script_enabled=False)
+                page = static.new_page()
+                page.goto(console.url + "/")
+                for pid in PROVIDERS:
+                    expect(page.locator(f'tr[data-provider="{pid}"] .pid')).to_have_text(pid)
+                static.close()
 
-                        context = browser.new_context(viewport={"width": 1280, "height": 900})
-                        page = context.new_page()
-                        page.set_default_timeout(UI_TIMEOUT_MS)
-                        page.goto(url + "/")
-                        expect(page.locator("#live")).to_have_text("live", timeout=UI_TIMEOUT_MS)
-                        expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
+                page = open_live_page(browser, console.url, expect)
+                expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
 
-                        trio.from_thread.run_sync(nursery.start_soon, slow_call, gw, results)
-                        expect(in_flight_cell(page, "slow-1")).to_have_text(
-                            "1 / 2", timeout=UI_TIMEOUT_MS
-                        )
-                        shot = tmp_path / "console-in-flight.png"
-                        page.screenshot(path=str(shot), full_page=True)
-                        keep_screenshot(shot)
+                console.start_slow_call()
+                expect(in_flight_cell(page, "slow-1")).to_have_text("1 / 2", timeout=UI_TIMEOUT_MS)
+                take_screenshot(page, tmp_path / "console-in-flight.png")
 
-                        trio.from_thread.run_sync(mock.release.set)
-                        expect(in_flight_cell(page, "slow-1")).to_have_text(
-                            "0 / 2", timeout=UI_TIMEOUT_MS
-                        )
-                        usage = page.locator("#usage tr", has_text="slow")
-                        expect(usage).to_have_count(1, timeout=UI_TIMEOUT_MS)
+                console.release_slow_calls()
+                expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2", timeout=UI_TIMEOUT_MS)
+                usage = page.locator("#usage tr", has_text="slow")
+                expect(usage).to_have_count(1, timeout=UI_TIMEOUT_MS)
 
-                        page.set_viewport_size({"width": 390, "height": 844})  # a phone
-                        shot = tmp_path / "console-phone.png"
-                        page.screenshot(path=str(shot), full_page=True)
-                        keep_screenshot(shot)
-                        context.close()
+                page.set_viewport_size({"width": 390, "height": 844})  # a phone
+                take_screenshot(page, tmp_path / "console-phone.png")
+                page.context.close()
 
-                    await in_browser(sync_api, drive)
-            nursery.cancel_scope.cancel()
-    assert results == [200]
+            await in_browser(sync_api, drive)
+    assert console.results == [200]
     assert (tmp_path / "console-in-flight.png").stat().st_size > 0
 
 
 async def test_a_drain_clicked_in_the_browser_lets_the_request_finish(tmp_path: Path) -> None:
     sync_api = browser_or_skip()
-    mock = GatedOpenAI()
-    results: list[int] = []
     with trio.fail_after(90):
-        async with trio.open_nursery() as nursery:
-            await nursery.start(mock.serve)
-            async with running_gateway(console_yaml(mock.base_url)) as gw:
-                async with serving_console(gw) as url:
+        async with gated_console() as console:
 
-                    def drive(browser: Any, expect: Any) -> None:
-                        page = browser.new_page(viewport={"width": 1280, "height": 900})
-                        page.set_default_timeout(UI_TIMEOUT_MS)
-                        page.goto(url + "/")
-                        expect(page.locator("#live")).to_have_text("live", timeout=UI_TIMEOUT_MS)
-                        trio.from_thread.run_sync(nursery.start_soon, slow_call, gw, results)
-                        expect(in_flight_cell(page, "slow-1")).to_have_text(
-                            "1 / 2", timeout=UI_TIMEOUT_MS
-                        )
-                        state = page.locator('tr[data-provider="slow-1"] [data-field="state"]')
-                        page.click('button[data-action="drain"][data-provider-id="slow-1"]')
-                        expect(state).to_have_text("draining", timeout=UI_TIMEOUT_MS)
-                        shot = tmp_path / "console-draining.png"
-                        page.screenshot(path=str(shot), full_page=True)
-                        keep_screenshot(shot)
+            def drive(browser: Any, expect: Any) -> None:
+                page = open_live_page(browser, console.url, expect)
+                console.start_slow_call()
+                expect(in_flight_cell(page, "slow-1")).to_have_text("1 / 2", timeout=UI_TIMEOUT_MS)
+                state = page.locator('tr[data-provider="slow-1"] [data-field="state"]')
+                page.click('button[data-action="drain"][data-provider-id="slow-1"]')
+                expect(state).to_have_text("draining", timeout=UI_TIMEOUT_MS)
+                take_screenshot(page, tmp_path / "console-draining.png")
 
-                        trio.from_thread.run_sync(mock.release.set)
-                        expect(state).to_have_text("drained", timeout=UI_TIMEOUT_MS)
-                        expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
-                        expect(page.locator("#notice.notice-error")).to_have_count(0)
+                console.release_slow_calls()
+                expect(state).to_have_text("drained", timeout=UI_TIMEOUT_MS)
+                expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
+                expect(page.locator("#notice.notice-error")).to_have_count(0)
 
-                    await in_browser(sync_api, drive)
-            nursery.cancel_scope.cancel()
-    assert results == [200]  # the caller saw no error
+            await in_browser(sync_api, drive)
+    assert console.results == [200]  # the caller saw no error
 
 
 async def test_a_refused_control_shows_the_error_envelope(tmp_path: Path) -> None:
@@ -292,9 +305,7 @@ async def test_a_refused_control_shows_the_error_envelope(tmp_path: Path) -> Non
                     expect(notice).to_contain_text("HTTP 409 state_refused: provider echo-2 refuses")
                     page.click('button[data-action="node-drain"][data-node-id="node-b"]')
                     expect(page.locator("#notice.notice-ok")).to_contain_text("node node-b: done")
-                    shot = tmp_path / "console-error.png"
-                    page.screenshot(path=str(shot))
-                    keep_screenshot(shot)
+                    take_screenshot(page, tmp_path / "console-error.png", full_page=False)
 
                 await in_browser(sync_api, drive)
     assert posted == [

@@ -12,6 +12,9 @@ while the consumer is busy or once it was cancelled.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
 import trio
 import trio.testing
 
@@ -52,76 +55,82 @@ def _body(data: bytes) -> ProviderTunnelFrame:
     return ProviderTunnelFrame(stream_id=1, kind="body", data=data)
 
 
+def _stream(
+    writer: _Writer, post: Callable[[Message], None] = lambda _m: None
+) -> NodeStream[ProviderTunnelFrame]:
+    """Stream 1 of node ``n`` (8 frames of credit), ``writer`` its direct writer."""
+    stream: NodeStream[ProviderTunnelFrame] = NodeStream("n", 1, 8, post)
+    stream.direct = writer
+    return stream
+
+
 async def _consume(stream: NodeStream[ProviderTunnelFrame], got: list[ProviderTunnelFrame]) -> None:
     async for msg in stream:
         got.append(msg)
 
 
-async def test_replies_for_a_parked_consumer_are_written_by_the_reader_once_per_batch() -> None:
-    posted: list[Message] = []
-    stream: NodeStream[ProviderTunnelFrame] = NodeStream("n", 1, 8, posted.append)
-    writer = _Writer()
-    stream.direct = writer
+@asynccontextmanager
+async def _parked_consumer(
+    stream: NodeStream[ProviderTunnelFrame],
+) -> AsyncIterator[tuple[trio.Nursery, list[ProviderTunnelFrame]]]:
+    """A consumer task parked on ``stream``; yields its nursery and what it has received."""
     got: list[ProviderTunnelFrame] = []
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_consume, stream, got)
             await trio.testing.wait_all_tasks_blocked()
-            offered = [stream.deliver(_body(b"%d" % i)) for i in range(3)]
-            assert offered == [True, False, False]  # flush once, at the end of the batch
-            assert writer.written == []  # held until then
-            stream.flush_direct()
-            stream.deliver(_body(b"3"))
-            stream.flush_direct()
-            assert writer.written == [[b"0", b"1", b"2"], [b"3"]]
-            assert stream.buffered() == 0 and got == []  # the consumer never woke
-            assert posted == [Credit(stream_id=1, frames=2), Credit(stream_id=1, frames=2)]
-            stream.deliver(ProviderTunnelFrame(stream_id=1, kind="usage"))
-            stream.deliver(_body(b"4"))  # the consumer is woken, not parked: buffered
-            stream.deliver(ProviderTunnelFrame(stream_id=1, kind="end"))
-            stream.flush_direct()
+            yield nursery, got
+
+
+async def test_replies_for_a_parked_consumer_are_written_by_the_reader_once_per_batch() -> None:
+    posted: list[Message] = []
+    writer = _Writer()
+    stream = _stream(writer, posted.append)
+    async with _parked_consumer(stream) as (_nursery, got):
+        offered = [stream.deliver(_body(b"%d" % i)) for i in range(3)]
+        assert offered == [True, False, False]  # flush once, at the end of the batch
+        assert writer.written == []  # held until then
+        stream.flush_direct()
+        stream.deliver(_body(b"3"))
+        stream.flush_direct()
+        assert writer.written == [[b"0", b"1", b"2"], [b"3"]]
+        assert stream.buffered() == 0 and got == []  # the consumer never woke
+        assert posted == [Credit(stream_id=1, frames=2), Credit(stream_id=1, frames=2)]
+        stream.deliver(ProviderTunnelFrame(stream_id=1, kind="usage"))
+        stream.deliver(_body(b"4"))  # the consumer is woken, not parked: buffered
+        stream.deliver(ProviderTunnelFrame(stream_id=1, kind="end"))
+        stream.flush_direct()
     assert [m.kind for m in got] == ["usage", "body", "end"]
     assert got[1].data == b"4" and writer.written == [[b"0", b"1", b"2"], [b"3"]]
 
 
 async def test_a_part_left_unwritten_is_settled_before_the_next_reply() -> None:
-    stream: NodeStream[ProviderTunnelFrame] = NodeStream("n", 1, 8, lambda _m: None)
     writer = _Writer(partial=True)
-    stream.direct = writer
-    got: list[ProviderTunnelFrame] = []
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_consume, stream, got)
-            await trio.testing.wait_all_tasks_blocked()
-            stream.deliver(_body(b"a"))
-            stream.flush_direct()  # written in part: the consumer is woken to settle
-            stream.deliver(_body(b"b"))  # not offered while a part is pending
-            assert writer.written == [[b"a"]] and stream.buffered() == 1
-            await trio.testing.wait_all_tasks_blocked()
-            assert writer.settled == 1 and [m.data for m in got] == [b"b"]
-            stream.deliver(ProviderTunnelFrame(stream_id=1, kind="end"))
+    stream = _stream(writer)
+    async with _parked_consumer(stream) as (_nursery, got):
+        stream.deliver(_body(b"a"))
+        stream.flush_direct()  # written in part: the consumer is woken to settle
+        stream.deliver(_body(b"b"))  # not offered while a part is pending
+        assert writer.written == [[b"a"]] and stream.buffered() == 1
+        await trio.testing.wait_all_tasks_blocked()
+        assert writer.settled == 1 and [m.data for m in got] == [b"b"]
+        stream.deliver(ProviderTunnelFrame(stream_id=1, kind="end"))
     assert [m.kind for m in got] == ["body", "end"]
 
 
 async def test_a_cancelled_consumer_is_offered_nothing() -> None:
     """A request past its deadline (its scope cancelled while it waits) gets
     no write from the reader, even before its task runs again."""
-    stream: NodeStream[ProviderTunnelFrame] = NodeStream("n", 1, 8, lambda _m: None)
     writer = _Writer()
-    stream.direct = writer
-    got: list[ProviderTunnelFrame] = []
-    with trio.fail_after(5):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_consume, stream, got)
-            await trio.testing.wait_all_tasks_blocked()
-            nursery.cancel_scope.cancel()
-            assert stream.deliver(_body(b"late")) is False
-            stream.flush_direct()
+    stream = _stream(writer)
+    async with _parked_consumer(stream) as (nursery, _got):
+        nursery.cancel_scope.cancel()
+        assert stream.deliver(_body(b"late")) is False
+        stream.flush_direct()
     assert writer.held == [] and writer.written == [] and stream.buffered() == 1
 
 
 async def test_an_abandoned_stream_drops_its_writer() -> None:
-    stream: NodeStream[ProviderTunnelFrame] = NodeStream("n", 1, 8, lambda _m: None)
-    stream.direct = _Writer()
+    stream = _stream(_Writer())
     stream.abandon()
     assert stream.direct is None

@@ -13,6 +13,17 @@ def table(capacity: int = 1, long_capacity: int = 0) -> SlotTable:
     return t
 
 
+def freed_while_b_then_c_wait() -> SlotTable:
+    """One slot, taken by edge a; b, then c, start waiting; a releases it (held for b)."""
+    t = table()
+    slot = t.admit("a", "p", False, 0.0)
+    assert isinstance(slot, Slot)
+    t.set_waiting("b", "p", True, 0.0)
+    t.set_waiting("c", "p", True, 0.0)
+    t.release(slot, 0.0)
+    return t
+
+
 def test_a_full_provider_answers_busy_with_what_the_edge_must_count() -> None:
     t = table(capacity=2)
     assert isinstance(t.admit("a", "p", False, 0.0), Slot)
@@ -31,12 +42,7 @@ def test_long_context_slots_are_counted_apart() -> None:
 
 
 def test_a_freed_slot_is_held_for_one_waiting_edge_at_a_time_in_order() -> None:
-    t = table()
-    first = t.admit("a", "p", False, 0.0)
-    assert isinstance(first, Slot)
-    t.set_waiting("b", "p", True, 0.0)
-    t.set_waiting("c", "p", True, 0.0)
-    t.release(first, 0.0)
+    t = freed_while_b_then_c_wait()
     # Held for b (first to wait): c sees it taken and is refused; b gets it.
     assert t.view("c", "p").offered == 1 and t.view("b", "p").offered == 0
     assert isinstance(t.admit("c", "p", False, 0.0), SlotLoad)
@@ -48,12 +54,7 @@ def test_a_freed_slot_is_held_for_one_waiting_edge_at_a_time_in_order() -> None:
 
 
 def test_an_unused_offer_lapses_and_goes_to_the_next_edge() -> None:
-    t = table()
-    slot = t.admit("a", "p", False, 0.0)
-    assert isinstance(slot, Slot)
-    t.set_waiting("b", "p", True, 0.0)
-    t.set_waiting("c", "p", True, 0.0)
-    t.release(slot, 0.0)
+    t = freed_while_b_then_c_wait()
     assert t.next_expiry() == OFFER_HOLD
     t.expire(OFFER_HOLD)
     assert t.view("b", "p").offered == 1  # c holds it now
@@ -62,12 +63,7 @@ def test_an_unused_offer_lapses_and_goes_to_the_next_edge() -> None:
 
 
 def test_an_edge_lost_gives_its_offer_to_the_next_edge() -> None:
-    t = table()
-    slot = t.admit("a", "p", False, 0.0)
-    assert isinstance(slot, Slot)
-    t.set_waiting("b", "p", True, 0.0)
-    t.set_waiting("c", "p", True, 0.0)
-    t.release(slot, 0.0)
+    t = freed_while_b_then_c_wait()
     t.remove_edge("b", 0.0)
     assert t.view("a", "p").offered == 1 and t.view("c", "p").offered == 0
 

@@ -10,7 +10,7 @@ that proves it holds the node's verifier.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import msgspec
@@ -120,6 +120,15 @@ async def record_handshake(port: int, form_secret: str) -> tuple[Hello, Proof, M
         return hello(nonce), proof, await node.recv()
 
 
+async def replay_handshake(port: int, recorded_hello: Hello, recorded_proof: Proof) -> Message:
+    """Send a recorded Hello, then its recorded Proof whatever the new challenge; the reply."""
+    async with RawNode.connect(port) as replay:
+        await replay.send(recorded_hello)  # same Hello, same nonce
+        assert isinstance(await replay.recv(), Challenge)
+        await replay.send(recorded_proof)
+        return await replay.recv()
+
+
 # ------------------------------------------------------------------ replay
 
 
@@ -132,12 +141,7 @@ async def test_a_recorded_handshake_replayed_is_refused(form: str) -> None:
             recorded_hello, recorded_proof, reply = await record_handshake(port, secret)
             assert isinstance(reply, HelloAck)  # the honest handshake got through
             await wait_until(lambda: hub.session("node-a") is None)  # it hung up
-            async with RawNode.connect(port) as replay:
-                await replay.send(recorded_hello)  # same Hello, same nonce
-                challenge = await replay.recv()
-                assert isinstance(challenge, Challenge)
-                await replay.send(recorded_proof)
-                refused = await replay.recv()
+            refused = await replay_handshake(port, recorded_hello, recorded_proof)
             assert isinstance(refused, Refused) and refused.code == "bad_token"
             assert hub.session("node-a") is None
             assert rec.events.count(("connect", "node-a")) <= 1
@@ -152,11 +156,7 @@ async def test_a_handshake_recorded_at_one_edge_is_refused_at_another() -> None:
         ):
             recorded_hello, recorded_proof, reply = await record_handshake(port1, TOKEN)
             assert isinstance(reply, HelloAck)
-            async with RawNode.connect(port2) as replay:
-                await replay.send(recorded_hello)
-                assert isinstance(await replay.recv(), Challenge)
-                await replay.send(recorded_proof)
-                refused = await replay.recv()
+            refused = await replay_handshake(port2, recorded_hello, recorded_proof)
             assert isinstance(refused, Refused) and refused.code == "bad_token"
             assert hub2.session("node-a") is None and rec2.events == []
 
@@ -306,6 +306,32 @@ async def test_a_node_logs_one_clear_line_when_refused_for_its_version(
 # ------------------------------------------------------ the node checks the edge
 
 
+@asynccontextmanager
+async def serving_edge(handler: Callable[[trio.abc.Stream], Awaitable[None]]) -> AsyncIterator[int]:
+    """``handler`` serving wire connections on a port 0 listener; yields the port."""
+    async with trio.open_nursery() as nursery:
+        _host, port = await nursery.start(serve_wire, handler, "127.0.0.1", 0)
+        yield port
+        nursery.cancel_scope.cancel()
+
+
+async def handshake_as_node_a(port: int) -> HelloAck:
+    """The real node side of the handshake, as ``node-a``, on a new connection to ``port``."""
+    stream = await dial("127.0.0.1", port, ssl_context=None, connect_timeout=5)
+    channel = WireChannel(stream, Connection(Role.NODE), name="n")
+    try:
+        return await client_handshake(
+            channel,
+            node_id="node-a",
+            token=TOKEN,
+            software_version="1",
+            timeout=5,
+            salted=SaltedPasswords(),
+        )
+    finally:
+        await channel.aclose()
+
+
 async def _impostor_edge(stream: trio.abc.Stream) -> None:
     """Acks any proof with a signature it cannot have made (it lacks the verifier)."""
     channel = WireChannel(stream, Connection(Role.EDGE), name="impostor")
@@ -320,23 +346,11 @@ async def _impostor_edge(stream: trio.abc.Stream) -> None:
 
 async def test_a_node_does_not_trust_an_edge_that_cannot_sign() -> None:
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            _host, port = await nursery.start(serve_wire, _impostor_edge, "127.0.0.1", 0)
-            stream = await dial("127.0.0.1", port, ssl_context=None, connect_timeout=5)
-            channel = WireChannel(stream, Connection(Role.NODE), name="n")
+        async with serving_edge(_impostor_edge) as port:
             with pytest.raises(HandshakeFailed) as info:
-                await client_handshake(
-                    channel,
-                    node_id="node-a",
-                    token=TOKEN,
-                    software_version="1",
-                    timeout=5,
-                    salted=SaltedPasswords(),
-                )
-            assert info.value.event == "edge_not_trusted" and info.value.slow
-            assert TOKEN not in info.value.reason
-            await channel.aclose()
-            nursery.cancel_scope.cancel()
+                await handshake_as_node_a(port)
+    assert info.value.event == "edge_not_trusted" and info.value.slow
+    assert TOKEN not in info.value.reason
 
 
 async def test_a_node_refuses_a_challenge_with_absurd_iterations() -> None:
@@ -349,36 +363,14 @@ async def test_a_node_refuses_a_challenge_with_absurd_iterations() -> None:
         await trio.sleep_forever()
 
     with trio.fail_after(10):
-        async with trio.open_nursery() as nursery:
-            _host, port = await nursery.start(serve_wire, greedy_edge, "127.0.0.1", 0)
-            stream = await dial("127.0.0.1", port, ssl_context=None, connect_timeout=5)
-            channel = WireChannel(stream, Connection(Role.NODE), name="n")
+        async with serving_edge(greedy_edge) as port:
             with pytest.raises(HandshakeFailed) as info:
-                await client_handshake(
-                    channel,
-                    node_id="node-a",
-                    token=TOKEN,
-                    software_version="1",
-                    timeout=5,
-                    salted=SaltedPasswords(),
-                )
-            assert info.value.event == "edge_bad_challenge" and "iterations" in info.value.reason
-            await channel.aclose()
-            nursery.cancel_scope.cancel()
+                await handshake_as_node_a(port)
+    assert info.value.event == "edge_bad_challenge" and "iterations" in info.value.reason
 
 
 async def test_verifier_form_end_to_end_with_the_real_node_handshake() -> None:
     with trio.fail_after(10):
         async with running_hub({"node-a": verifier()}) as (_hub, port, _rec):
-            stream = await dial("127.0.0.1", port, ssl_context=None, connect_timeout=5)
-            channel = WireChannel(stream, Connection(Role.NODE), name="n")
-            ack = await client_handshake(
-                channel,
-                node_id="node-a",
-                token=TOKEN,
-                software_version="1",
-                timeout=5,
-                salted=SaltedPasswords(),
-            )
-            assert ack.edge_id == "edge-1" and len(ack.server_signature) == 32
-            await channel.aclose()
+            ack = await handshake_as_node_a(port)
+    assert ack.edge_id == "edge-1" and len(ack.server_signature) == 32

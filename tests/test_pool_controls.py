@@ -19,22 +19,39 @@ from iopd.errors import NodeDispatchError
 from tests.test_pool_trio import hold, in_flight, make_pool
 
 
+@dataclasses.dataclass
+class Holders:
+    """Tasks that each take a lease from ``pool`` and hold it until ``release_all``."""
+
+    pool: ProviderPool
+    nursery: trio.Nursery
+    release: trio.Event = dataclasses.field(default_factory=trio.Event)
+    #: The leases granted so far, in grant order (a queued holder has none yet).
+    got: list[Lease] = dataclasses.field(default_factory=list)
+
+    async def start(self, group: str, count: int = 1) -> None:
+        """``count`` more holders on ``group``, then wait until each has its lease or queues."""
+        for _ in range(count):
+            await self.nursery.start(hold, self.pool, group, self.release, self.got)
+        await trio.testing.wait_all_tasks_blocked()
+
+    def release_all(self) -> None:
+        self.release.set()
+
+
 async def test_capacity_increase_admits_a_waiter_at_once(autojump_clock: trio.abc.Clock) -> None:
     pool = make_pool(capacity=1)
-    release = trio.Event()
-    got: list[Lease] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(hold, pool, "only-a", release, got)
-        await nursery.start(hold, pool, "only-a", release, got)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 1 and pool.queue_depth == 1
+        holders = Holders(pool, nursery)
+        await holders.start("only-a", count=2)
+        assert len(holders.got) == 1 and pool.queue_depth == 1
         started = trio.current_time()
         pool.set_control("a", ProviderControl(capacity=2))
         await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 2 and pool.queue_depth == 0
+        assert len(holders.got) == 2 and pool.queue_depth == 0
         assert trio.current_time() == started  # woken by the change, not by a timer
         assert in_flight(pool, "a") == 2
-        release.set()
+        holders.release_all()
     assert in_flight(pool, "a") == 0
 
 
@@ -42,11 +59,9 @@ async def test_draining_takes_no_new_request_and_is_drained_at_zero(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     pool = make_pool(capacity=2)
-    release = trio.Event()
-    got: list[Lease] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(hold, pool, "only-a", release, got)
-        await trio.testing.wait_all_tasks_blocked()
+        holders = Holders(pool, nursery)
+        await holders.start("only-a")
         pool.set_control("a", ProviderControl(state="draining"))
         assert pool.shown_state("a") == "draining"
         with pytest.raises(NodeDispatchError):  # its group's only provider takes nothing new
@@ -55,7 +70,7 @@ async def test_draining_takes_no_new_request_and_is_drained_at_zero(
         async with pool.lease("m") as lease:  # the group's other provider serves
             assert lease.provider_id == "b"
         assert in_flight(pool, "a") == 1  # the lease in flight is untouched
-        release.set()
+        holders.release_all()
     assert in_flight(pool, "a") == 0
     assert pool.shown_state("a") == "drained"
 
@@ -64,18 +79,16 @@ async def test_disabled_refuses_new_requests_while_in_flight_finish(
     autojump_clock: trio.abc.Clock,
 ) -> None:
     pool = make_pool(capacity=2)
-    release = trio.Event()
-    got: list[Lease] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(hold, pool, "m", release, got)
-        await trio.testing.wait_all_tasks_blocked()
-        assert got[0].provider_id == "a"
+        holders = Holders(pool, nursery)
+        await holders.start("m")
+        assert holders.got[0].provider_id == "a"
         pool.set_control("a", ProviderControl(state="disabled"))
         assert pool.shown_state("a") == "disabled"
         for _ in range(3):
             async with pool.lease("m") as lease:
                 assert lease.provider_id == "b"
-        release.set()
+        holders.release_all()
     assert pool.shown_state("a") == "disabled"  # never "drained": that is draining's
     pool.set_control("a", ProviderControl())
     async with pool.lease("only-a") as lease:
@@ -84,40 +97,32 @@ async def test_disabled_refuses_new_requests_while_in_flight_finish(
 
 async def test_re_enabling_admits_a_waiter(autojump_clock: trio.abc.Clock) -> None:
     pool = make_pool(capacity=1)
-    release = trio.Event()
-    got: list[Lease] = []
     async with trio.open_nursery() as nursery:
-        await nursery.start(hold, pool, "m", release, got)
-        await nursery.start(hold, pool, "m", release, got)
-        await trio.testing.wait_all_tasks_blocked()
-        assert {lease.provider_id for lease in got} == {"a", "b"}
+        holders = Holders(pool, nursery)
+        await holders.start("m", count=2)
+        assert {lease.provider_id for lease in holders.got} == {"a", "b"}
         pool.set_control("a", ProviderControl(state="disabled", capacity=5))
-        await nursery.start(hold, pool, "m", release, got)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 2 and pool.queue_depth == 1  # b is full, a is out
+        await holders.start("m")
+        assert len(holders.got) == 2 and pool.queue_depth == 1  # b is full, a is out
         pool.set_control("a", ProviderControl(capacity=5))
         await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 3 and got[2].provider_id == "a"
-        release.set()
+        assert len(holders.got) == 3 and holders.got[2].provider_id == "a"
+        holders.release_all()
 
 
 async def test_capacity_below_in_flight_lets_leases_finish(autojump_clock: trio.abc.Clock) -> None:
     pool = make_pool(capacity=3)
-    release = trio.Event()
-    got: list[Lease] = []
     async with trio.open_nursery() as nursery:
-        for _ in range(3):
-            await nursery.start(hold, pool, "only-a", release, got)
-        await trio.testing.wait_all_tasks_blocked()
+        holders = Holders(pool, nursery)
+        await holders.start("only-a", count=3)
         pool.set_control("a", ProviderControl(capacity=1))
         assert pool.provider_loads()["a"].capacity == 1
         assert in_flight(pool, "a") == 3
-        await nursery.start(hold, pool, "only-a", release, got)
-        await trio.testing.wait_all_tasks_blocked()
-        assert len(got) == 3 and pool.queue_depth == 1
-        release.set()
+        await holders.start("only-a")
+        assert len(holders.got) == 3 and pool.queue_depth == 1
+        holders.release_all()
     assert in_flight(pool, "a") == 0 and pool.queue_depth == 0
-    assert len(got) == 4  # the waiter ran once the three were back under 1
+    assert len(holders.got) == 4  # the waiter ran once the three were back under 1
 
 
 async def test_priority_override_changes_the_tie_break() -> None:
