@@ -231,6 +231,85 @@ async def test_max_concurrent_holds_across_edges_and_waiters_get_freed_slots(
             assert (await store_view(redis))[2] == 0
 
 
+TEAM_B = "sk-shared-limits-team-b-0002"
+
+
+def two_providers_yaml(edge_id: str, url: str) -> str:
+    """Model ``slow`` on ``x-1`` (one slot, 2 s a reply), ``echo`` on ``y-1``;
+    team-a may run one request at once on every edge together, team-b has no limits."""
+    return f"""
+edge:
+  id: {edge_id}
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+  principal_tokens:
+    - {{token_ref: a-1, token_hash_sha256: {token_hash(TEAM_A)}, principal_ref: team-a}}
+    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
+models:
+  - id: slow
+    providers: {{x-1: slow}}
+  - id: echo
+    providers: {{y-1: echo}}
+nodes:
+  - id: here
+    embedded: true
+    providers:
+      - {{id: x-1, type: echo, models: [slow], capacity: 1, delay_ms: 2000}}
+      - {{id: y-1, type: echo, models: [echo], capacity: 8}}
+limits:
+  backend: redis
+  redis_url: {url}
+  backend_timeout: 0.2
+  lease_ttl: 1.5
+  principals:
+    - {{principal_ref: team-a, max_concurrent: 1}}
+"""
+
+
+async def test_a_request_waiting_for_a_provider_holds_no_shared_slot(
+    redis: RedisServer,
+) -> None:
+    """As with ``memory``, ``max_concurrent`` counts running requests only: team-a's
+    request queued behind team-b's on the full ``x-1`` leaves team-a's one slot to
+    its next request, on another edge, which runs at once (while team-b's runs)."""
+    with trio.fail_after(60):
+        async with contextlib.AsyncExitStack() as stack:
+            gws = [
+                await stack.enter_async_context(
+                    running_gateway(two_providers_yaml(f"edge-{i}", redis.url), nodes=[])
+                )
+                for i in range(2)
+            ]
+            for gw in gws:
+                await wait_until(lambda gw=gw: gw.runtime.hub.connected_since("here") is not None)
+            pool = gws[0].runtime.pool
+            statuses: dict[str, int] = {}
+
+            async def send(name: str, gw: Gateway, token: str, model: str) -> None:
+                resp = await http_request(
+                    gw.host_port,
+                    "POST",
+                    CHAT,
+                    body={**chat(), "model": model},
+                    headers=[("authorization", f"Bearer {token}")],
+                )
+                statuses[name] = resp.status
+
+            async with trio.open_nursery() as n:
+                n.start_soon(send, "b-on-x", gws[0], TEAM_B, "slow")
+                await wait_until(lambda: sum(f for f, _q in pool.principal_loads().values()) == 1)
+                n.start_soon(send, "a-waits-for-x", gws[0], TEAM_A, "slow")
+                await wait_until(lambda: pool.queue_depth == 1)
+                await send("a-on-y", gws[1], TEAM_A, "echo")
+                # It ran while team-a's first request was still waiting for x-1.
+                assert statuses == {"a-on-y": 200}
+                assert pool.queue_depth == 1
+            assert statuses == {"a-on-y": 200, "b-on-x": 200, "a-waits-for-x": 200}
+            assert (await store_view(redis))[2] == 0
+
+
 async def test_an_edge_killed_holding_slots_frees_them_within_the_ttl(
     redis: RedisServer,
 ) -> None:

@@ -113,7 +113,7 @@ class Model:
 
     def take(self, key: str) -> bool:
         self.advance()
-        if len(self.slots) >= LIMITS.max_concurrent:
+        if key not in self.slots and len(self.slots) >= LIMITS.max_concurrent:
             return False
         self.slots[key] = self.now + int(TTL)
         return True
@@ -240,6 +240,17 @@ class StoreMachine(RuleBasedStateMachine):
         )
         held.slot = self.model.take(held.key)
         assert taken == (1 if held.slot else 0)
+
+    @precondition(lambda self: any(h.slot for h in self.live.values()))
+    @rule(data=st.data())
+    def free_slot(self, data: st.DataObject) -> None:
+        """The request queues for a provider again: its lease is given back, it stays admitted."""
+        held = self.live[data.draw(st.sampled_from(sorted(k for k, h in self.live.items() if h.slot)))]
+        freed = run(self.server, held.edge, lambda s: s.free_slot(REF, held.key))
+        self.model.advance()
+        was_held = self.model.slots.pop(held.key, None) is not None
+        held.slot = False
+        assert freed == (1 if was_held else 0)
 
     @rule(edge=st.integers(0, EDGES - 1))
     def renew(self, edge: int) -> None:

@@ -7,7 +7,8 @@ limiter of issue #17 (its calls do no I/O; concurrency and the fair queue
 stay the pool's).  ``limits.backend: redis`` is
 ``iopd.edge.limits_shared.SharedLimits``: the same rules run as scripts in a
 Redis/Valkey server every edge shares, and a principal's ``max_concurrent``
-is held there as leases (:meth:`LimitsBackend.hold_slot`), so N edges
+is held there as leases (:meth:`LimitsBackend.hold_slot`, ``try_slot``,
+``free_slot``: one per running request), so N edges
 enforce each principal's limits as one edge would.
 
 The rules both follow are in ``iopd.edge.limit_decisions`` (how much a
@@ -80,6 +81,14 @@ class LimitsBackend(Protocol):
         when ``max_concurrent`` is shared; a no-op when the pool holds it."""
         ...
 
+    async def try_slot(self, admission: AnyAdmission) -> bool:
+        """One try at that slot, without waiting (True: held, or none needed)."""
+        ...
+
+    async def free_slot(self, admission: AnyAdmission) -> None:
+        """Give a held slot back: the request waits for a provider again."""
+        ...
+
     async def withdraw(self, admission: AnyAdmission) -> None:
         """Undo an admission (no live candidate: the request never counted)."""
         ...
@@ -129,6 +138,12 @@ class MemoryLimits:
         return self.limiter.try_admit(principal_ref, reservation, self._clock())
 
     async def hold_slot(self, admission: AnyAdmission, timeout: float) -> None:
+        return None
+
+    async def try_slot(self, admission: AnyAdmission) -> bool:
+        return True
+
+    async def free_slot(self, admission: AnyAdmission) -> None:
         return None
 
     async def withdraw(self, admission: AnyAdmission) -> None:

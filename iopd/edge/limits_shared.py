@@ -14,11 +14,18 @@ it, and nothing is decided twice:
 * **Concurrency** (``max_concurrent``) is a lease per running request in the
   store, with a TTL of ``limits.lease_ttl`` renewed every TTL/3 while the
   request runs, so an edge that dies frees its slots within the TTL.  A
-  request over the cap waits here, before it queues for a provider, FIFO
-  per principal on this edge (a fair ``trio.Lock``); the head of that line
-  asks the store every :data:`SLOT_POLL_S` seconds, so a slot freed on any
-  edge is taken within that.  ``share`` and the fair queue across
-  principals stay the pool's, per edge.
+  request never holds a slot while it waits for a provider, nor a provider
+  while it waits for a slot, so the cap counts running requests, as the
+  pool counts them with ``memory``.  A slot free at admission is taken
+  with it (one round trip); one that is not is waited for here, FIFO per
+  principal on this edge (a fair ``trio.Lock``), the head of that line
+  asking the store every :data:`SLOT_POLL_S` seconds, so a slot freed on
+  any edge is taken within that.  Then the request leases a provider; if
+  it has to queue, its slot is given back meanwhile (:meth:`free_slot`)
+  and taken again when the pool grants one (:meth:`try_slot`); refused
+  then, it lets the provider go and waits here again
+  (``iopd.edge.openai.limits.lease_with_slot``).  ``share`` and the fair
+  queue across principals stay the pool's, per edge.
 * **Outage**: a store call that fails or takes over ``limits.backend_timeout``
   starts one.  It is logged once, counted in ``iop_limits_backend_errors_total``
   and shown in ``/status`` (``limits_backend``); the store is asked again
@@ -36,6 +43,7 @@ last call for the principal (no extra round trip), aged by the time since.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import secrets
@@ -256,6 +264,25 @@ class SharedLimits:
         raise errors.QueueTimeout(
             f"timed out waiting for a slot of principal {ref!r} (limits max_concurrent)"
         )
+
+    async def try_slot(self, admission: AnyAdmission) -> bool:
+        if not isinstance(admission, _Held) or admission.slot or admission.local_slot:
+            return True
+        return await self._try_slot(admission)
+
+    async def free_slot(self, admission: AnyAdmission) -> None:
+        if not isinstance(admission, _Held) or admission.settled:
+            return
+        ref, key = admission.principal_ref, admission.key
+        if admission.local_slot is not None:
+            admission.local_slot.give(ref)
+            admission.local_slot = None
+        if not admission.slot:
+            return
+        admission.slot = False
+        self._leases.pop(key, None)  # not renewed from now on
+        with contextlib.suppress(_StoreDown):  # then it expires within the TTL (or settles)
+            await self._call(lambda: self.store.free_slot(ref, key))
 
     async def _try_slot(self, held: _Held) -> bool:
         """One try at a slot: the store's, or during an outage the mode's."""

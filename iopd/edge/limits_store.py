@@ -24,7 +24,10 @@ cluster keeps them on one shard)::
 ``done`` makes every step idempotent and exact when an edge cannot know
 whether a call reached the server (a timeout, a cancel): a settle or
 withdraw sent again does nothing, and an admission or slot that arrives
-after its request was withdrawn is refused.  Every key expires on its own
+after its request was withdrawn is refused.  A slot is given back
+(``free_slot``) while its request waits for a provider, the admission
+untouched, and an id taking a slot it still holds keeps it (a renewal
+that crossed the give-back put it back).  Every key expires on its own
 (the minute logs after 61 s, the day after its debt is paid, the slots after
 ``lease_ttl``), so an idle principal leaves nothing behind.
 
@@ -121,7 +124,7 @@ local function mark_done(now, id)
 end
 local function take(now, id, cap, ttl)
   redis.call('ZREMRANGEBYSCORE', C, '-inf', now)
-  if redis.call('ZCARD', C) >= cap then return 0 end
+  if not redis.call('ZSCORE', C, id) and redis.call('ZCARD', C) >= cap then return 0 end
   redis.call('ZADD', C, now + ttl, id)
   redis.call('PEXPIRE', C, math.ceil(ttl * 1000) + 1000)
   return 1
@@ -249,6 +252,10 @@ if done(now, ARGV[1]) then return -1 end
 return take(now, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 """
 
+#: ARGV: id -> 1 given back, 0 not held.  The request waits for a provider
+#: again; it stays admitted (nothing is marked done).
+_FREE_SLOT = "return redis.call('ZREM', C, ARGV[1])"
+
 #: ARGV: lease_ttl, ids... -> leases renewed.  A lease that expired meanwhile
 #: (an outage longer than the TTL) is put back: its request is still running.
 _RENEW = """
@@ -361,6 +368,7 @@ class LimitsStore:
     _settle = _Script(_SETTLE)
     _withdraw = _Script(_WITHDRAW)
     _take_slot = _Script(_TAKE_SLOT)
+    _free_slot = _Script(_FREE_SLOT)
     _renew = _Script(_RENEW)
     _slots_held = _Script("return redis.call('ZCOUNT', C, server_now(), '+inf')")
 
@@ -415,6 +423,9 @@ class LimitsStore:
 
     async def take_slot(self, ref: str, key: str, cap: int, ttl: float) -> int:
         return int(await self._take_slot(self.client, self.keys(ref), [key, cap, ttl]))
+
+    async def free_slot(self, ref: str, key: str) -> int:
+        return int(await self._free_slot(self.client, self.keys(ref), [key]))
 
     async def renew(self, ref: str, keys: list[str], ttl: float) -> int:
         return int(await self._renew(self.client, self.keys(ref), [ttl, *keys]))

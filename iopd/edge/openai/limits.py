@@ -17,6 +17,9 @@ glue, in three calls the request's life makes:
   :class:`~iopd.edge.openai.lifecycle.Call`: once per request, however many
   leases it takes.  :func:`withdraw` undoes it when the pool then finds no
   live candidate (a 502 before it counts).
+* :func:`lease_with_slot` around each of the request's pool leases: with a
+  shared ``max_concurrent`` (``limits.backend: redis``), the principal's
+  slot is held with the provider, and only then.
 * :func:`settle` in the handler's ``finally``, on every path (answer, error,
   cancel, node loss): the metered usage replaces the reservation; no usage
   metered keeps the full reservation, unless no provider was ever leased
@@ -31,16 +34,32 @@ the pool's (the lease carries the principal).  The backend
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from types import TracebackType
+
+import trio
+
 from iopd import errors
 from iopd.edge.limit_decisions import NeverFits, Rejection
+from iopd.edge.limits_backend import SharedAdmission
 from iopd.edge.openai import requests as rq
 from iopd.edge.openai.lifecycle import Call
+from iopd.edge.pool.pool import Lease
 from iopd.edge.runtime import EdgeRuntime
 from iopd.edge.token_reservation import Reservation, reservation_for
 from iopd.edge.usage import UsageItem
 from iopd.http.server import HeadContext, Request
 
-__all__ = ["RATELIMIT_PREFIX", "admit", "reservation_of", "settle", "show_limits", "withdraw"]
+__all__ = [
+    "RATELIMIT_PREFIX",
+    "admit",
+    "lease_with_slot",
+    "reservation_of",
+    "settle",
+    "show_limits",
+    "withdraw",
+]
 
 #: OpenAI's rate-limit headers all start so.
 RATELIMIT_PREFIX = "x-ratelimit-"
@@ -89,7 +108,6 @@ async def admit(
     principal_ref: str,
     body: AnyBody,
     estimate: int,
-    queue_timeout: float,
 ) -> None:
     """Admit the request against its principal's limits, or raise.
 
@@ -97,9 +115,8 @@ async def admit(
     ``InvalidRequest`` (400, no ``Retry-After``) when the reservation alone
     exceeds a token limit.  Either way, and on admission, the response's
     ``x-ratelimit-*`` headers are redone (after an admission, ``remaining``
-    counts this request).  With a shared ``max_concurrent`` (``limits.backend:
-    redis``) it then waits for a slot, at most ``queue_timeout`` seconds
-    (``QueueTimeout``, as in the pool's queue).
+    counts this request).  A shared ``max_concurrent`` slot is
+    :func:`leased_with_slot`'s (taken here only when free, in the same call).
     """
     backend = rt.limits
     decision = await backend.admit(principal_ref, reservation_of(body, request.path, estimate))
@@ -113,8 +130,81 @@ async def admit(
     if isinstance(decision, NeverFits):
         raise errors.InvalidRequest(decision.message, param=decision.param)
     call.admission = decision
-    if decision is not None:
-        await backend.hold_slot(decision, queue_timeout)
+
+
+def lease_with_slot(
+    rt: EdgeRuntime,
+    call: Call,
+    open_lease: Callable[..., AbstractAsyncContextManager[Lease]],
+    queue_timeout: float,
+) -> AbstractAsyncContextManager[Lease]:
+    """The pool's lease (``open_lease(queue_timeout=, on_queued=)``), holding
+    the principal's shared ``max_concurrent`` slot with it (``limits.backend:
+    redis``): the request waits for a slot (holding no provider), then
+    leases; if it has to queue, the slot is given back meanwhile and taken
+    again when the pool grants a provider; refused then, the provider is
+    let go and it starts over, all within ``queue_timeout``.  So a request
+    counts against ``max_concurrent`` only while it holds a provider, as
+    the pool counts it with ``memory`` (there, or without limits, this is
+    the pool's lease alone).  Decided on entering: the request is admitted
+    after its lease is set up."""
+    return _SlotLease(rt, call, open_lease, queue_timeout)
+
+
+class _SlotLease:
+    """:func:`lease_with_slot` (a class: no generator frame on the hot path)."""
+
+    __slots__ = ("_call", "_cm", "_open_lease", "_queue_timeout", "_rt")
+
+    def __init__(
+        self,
+        rt: EdgeRuntime,
+        call: Call,
+        open_lease: Callable[..., AbstractAsyncContextManager[Lease]],
+        queue_timeout: float,
+    ) -> None:
+        self._rt, self._call = rt, call
+        self._open_lease, self._queue_timeout = open_lease, queue_timeout
+        self._cm: AbstractAsyncContextManager[Lease] | None = None
+
+    async def __aenter__(self) -> Lease:
+        admission = self._call.admission
+        if isinstance(admission, SharedAdmission):
+            deadline = trio.current_time() + self._queue_timeout
+            self._cm = _shared_slot_lease(self._rt, admission, self._open_lease, deadline)
+        else:
+            self._cm = self._open_lease(queue_timeout=self._queue_timeout)
+        return await self._cm.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        assert self._cm is not None
+        return await self._cm.__aexit__(exc_type, exc, tb)
+
+
+@asynccontextmanager
+async def _shared_slot_lease(
+    rt: EdgeRuntime,
+    admission: SharedAdmission,
+    open_lease: Callable[..., AbstractAsyncContextManager[Lease]],
+    deadline: float,
+) -> AsyncIterator[Lease]:
+    backend = rt.limits
+
+    async def give_back() -> None:
+        await backend.free_slot(admission)
+
+    while True:
+        await backend.hold_slot(admission, max(0.0, deadline - trio.current_time()))
+        left = max(0.0, deadline - trio.current_time())
+        async with open_lease(queue_timeout=left, on_queued=give_back) as lease:
+            if await backend.try_slot(admission):
+                yield lease
+                return
 
 
 async def withdraw(rt: EdgeRuntime, call: Call) -> None:

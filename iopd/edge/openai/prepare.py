@@ -9,9 +9,9 @@ on every endpoint):
     estimate input tokens / context class → generation limits, when the
     request can only be relayed raw (a 400 before it queues) → on entering:
     admission against the principal's limits (``limits``: 429, or 400 for a
-    reservation that can never fit; a shared ``max_concurrent`` slot) → lease
-    a provider (may queue; the request's deadline is parked meanwhile) → the
-    node session and the path (raw relay or normalized).
+    reservation that can never fit) → lease a provider (may queue; the
+    request's deadline is parked meanwhile; with it, a shared
+    ``max_concurrent`` slot) → the node session and the path.
 
 ``async with prepare(...) as leased`` holds the lease for the block and
 gives a frozen :class:`LeasedRequest`: everything the relay and the
@@ -34,6 +34,7 @@ way.  Nothing here writes to the caller before the paths' first byte.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from contextlib import AbstractAsyncContextManager
@@ -193,8 +194,7 @@ class Leasing(Generic[Body]):
         self._relay_only = relay_only
         self._needs = needs
         self._chain = snap.catalog.fallback_chain(group.id)
-        #: Providers that failed this request (never leased again for it).
-        self._failed: frozenset[str] = frozenset()
+        self._failed: frozenset[str] = frozenset()  # providers that failed it (never again)
         self._retries = 0
         self._lease: Lease | None = None  # the lease held now
         self._reported = False  # this attempt's verdict went to the tracker
@@ -202,18 +202,18 @@ class Leasing(Generic[Body]):
 
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
         """The pool's lease for the next attempt (waits like any request)."""
-        group = self._group
-        return self._rt.pool.lease(
-            group.id,
+        open_lease = functools.partial(
+            self._rt.pool.lease,
+            self._group.id,
             context_class=self._needs.context_class,
             requires=self._needs.requires,
             exclude=exclude,
-            queue_timeout=self._queue_timeout(),
             body_bytes=len(self._request.body),
             fallbacks=self._chain,
-            fallback_on_queue_timeout=group.fallback_on_queue_timeout,
-            principal=self._principal_ref,  # its share and max_concurrent: the pool's
+            fallback_on_queue_timeout=self._group.fallback_on_queue_timeout,
+            principal=self._principal_ref,  # its share (and, memory, max_concurrent): the pool's
         )
+        return limits.lease_with_slot(self._rt, self._call, open_lease, self._queue_timeout())
 
     def _queue_timeout(self) -> float:
         bound = self._rt.pool.scheduler.queue_timeout_for(self._group.id, self._group.queue_timeout)
@@ -221,9 +221,9 @@ class Leasing(Generic[Body]):
 
     async def __aenter__(self) -> LeasedRequest[Body]:
         rt, call, request = self._rt, self._call, self._request
-        if call.snap.rates_limited:  # its limits: 429/400 (or a shared slot) before queueing
-            estimate, timeout = self._needs.estimate, self._queue_timeout()
-            await limits.admit(rt, call, request, self._principal_ref, self._body, estimate, timeout)
+        if call.snap.rates_limited:  # its limits: 429/400 before queueing
+            estimate = self._needs.estimate
+            await limits.admit(rt, call, request, self._principal_ref, self._body, estimate)
         rt.retry_budget.note_request(self._group.id, trio.current_time())
         return await self._enter()
 

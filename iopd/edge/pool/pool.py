@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -124,6 +124,7 @@ class ProviderPool:
         principal: str = "",
         fallbacks: Sequence[str] = (),
         fallback_on_queue_timeout: bool = False,
+        on_queued: Callable[[], Awaitable[None]] | None = None,
     ) -> AsyncIterator[Lease]:
         """Hold one slot of a provider of ``group_id`` for the body of the block.
 
@@ -134,7 +135,9 @@ class ProviderPool:
         when its last candidate goes away while the request waits, and --
         with ``fallback_on_queue_timeout`` -- for an immediate slot when the
         wait runs out.  ``body_bytes`` (the request body's size) counts
-        against ``max_queued_bytes`` while the request waits.  Raises
+        against ``max_queued_bytes`` while the request waits.  ``on_queued``
+        is awaited when the request has to wait, within its wait (a shared
+        ``max_concurrent`` slot is given back then: waiting holds none).  Raises
         ``NodeDispatchError`` (no live candidate, also while waiting),
         ``QueueFull`` (would wait, queue full by count or bytes) or
         ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else
@@ -147,6 +150,7 @@ class ProviderPool:
             _Ask(context_class == "long", requires, exclude, principal),
             queue_timeout=queue_timeout,
             body_bytes=body_bytes,
+            on_queued=on_queued,
         )
         try:
             yield Lease(
@@ -171,6 +175,7 @@ class ProviderPool:
         *,
         queue_timeout: float | None,
         body_bytes: int,
+        on_queued: Callable[[], Awaitable[None]] | None,
     ) -> tuple[Grant, float]:
         chain = (group_id, *fallbacks)
         started = trio.current_time()
@@ -193,7 +198,7 @@ class ProviderPool:
             self._tell_waiting()
         while not isinstance(outcome, Grant):
             waiter = outcome
-            await self._wait(waiter, group_id, started)
+            await self._wait(waiter, group_id, started, on_queued)
             if waiter.state is WaiterState.ADMITTED and waiter.grant is not None:
                 outcome = waiter.grant
                 break
@@ -245,11 +250,20 @@ class ProviderPool:
         self._observe(group_id, waited, "admitted")
         return outcome, waited
 
-    async def _wait(self, waiter: Waiter, group_id: str, started: float) -> None:
-        """Park until the waiter is resolved or its ``queue_timeout`` runs out."""
+    async def _wait(
+        self,
+        waiter: Waiter,
+        group_id: str,
+        started: float,
+        on_queued: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        """Park until the waiter is resolved or its ``queue_timeout`` runs out
+        (``on_queued`` first: the event is set even if it resolves meanwhile)."""
         event = self._events[waiter] = trio.Event()
         try:
             with trio.move_on_after(waiter.queue_timeout):
+                if on_queued is not None:
+                    await on_queued()
                 await event.wait()
         except BaseException:
             # Cancelled from outside while waiting (or admitted at the same
