@@ -252,9 +252,15 @@ if done(now, ARGV[1]) then return -1 end
 return take(now, ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]))
 """
 
-#: ARGV: id -> 1 given back, 0 not held.  The request waits for a provider
-#: again; it stays admitted (nothing is marked done).
-_FREE_SLOT = "return redis.call('ZREM', C, ARGV[1])"
+#: ARGV: id -> 1 given back, 0 not held (a lease already past its expiry is
+#: removed too, but was not held: it counted for nobody).  The request waits
+#: for a provider again; it stays admitted (nothing is marked done).
+_FREE_SLOT = """
+local at = redis.call('ZSCORE', C, ARGV[1])
+redis.call('ZREM', C, ARGV[1])
+if at and tonumber(at) > server_now() then return 1 end
+return 0
+"""
 
 #: ARGV: lease_ttl, ids... -> leases renewed.  A lease that expired meanwhile
 #: (an outage longer than the TTL) is put back: its request is still running.
