@@ -116,7 +116,7 @@ async def admit(
     exceeds a token limit.  Either way, and on admission, the response's
     ``x-ratelimit-*`` headers are redone (after an admission, ``remaining``
     counts this request).  A shared ``max_concurrent`` slot is
-    :func:`leased_with_slot`'s (taken here only when free, in the same call).
+    :func:`lease_with_slot`'s (taken here only when free, in the same call).
     """
     backend = rt.limits
     decision = await backend.admit(principal_ref, reservation_of(body, request.path, estimate))
