@@ -130,23 +130,28 @@ class Call:
     ``scope`` is the request's ``request_timeout`` scope.  A request that runs
     out of time before it holds a lease involved no provider: that is a queue
     timeout (503 + Retry-After, counted as one by the pool's metrics), not the
-    scope's 504 ``provider_timeout``.  So while it queues the scope's deadline
-    is parked (:meth:`park_deadline`: the pool waits at most the time left)
-    and put back once it holds a lease (:meth:`resume_deadline`; a lease error
-    leaves the scope at once).  A drain cut still cancels the scope.
+    scope's 504 ``provider_timeout``.  So while it waits -- queued in the pool
+    (the pool's ``on_queued``), for a shared ``max_concurrent`` slot, or on
+    its limits' store -- the scope's deadline is parked (:meth:`park_deadline`;
+    the wait is bounded by :meth:`time_left`) and put back once it holds a
+    lease (:meth:`resume_deadline`; a lease error leaves the scope at once).
+    A request granted a provider at once never moves the deadline.  A drain
+    cut still cancels the scope.
 
     ``admission`` is what the request holds against its principal's rates and
     budgets (``iopd.edge.openai.limits``): taken once in ``prepare``, given
     back in the handler's ``finally`` whatever way the request ends.
     """
 
-    __slots__ = ("snap", "out", "scope", "deadline", "sse_open", "admission", "leased")
+    __slots__ = ("snap", "out", "scope", "deadline", "parked", "sse_open", "admission", "leased")
 
     def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
         self.snap = snap
         self.out = out
         self.scope = scope
         self.deadline = scope.deadline
+        #: The scope's deadline is lifted: the request waits (``park_deadline``).
+        self.parked = False
         #: An SSE stream of the normalized path is open: a failure can still
         #: end it with an error event.
         self.sse_open = False
@@ -156,14 +161,28 @@ class Call:
         #: A provider was leased for it (a request that never got one used no tokens).
         self.leased = False
 
-    def park_deadline(self) -> float:
-        """Lift the time limit while the request queues; the seconds it had left."""
-        self.scope.deadline = math.inf
+    def time_left(self) -> float:
+        """The seconds its time limit leaves: what bounds its wait for a lease."""
         return max(0.0, self.deadline - trio.current_time())
+
+    def park_deadline(self) -> None:
+        """Lift the time limit while the request waits (the wait itself is
+        bounded by :meth:`time_left`).  Only a request that has to wait
+        parks: moving a scope's deadline is two updates of trio's deadline
+        heap, on the path of every request otherwise."""
+        if not self.parked:
+            self.parked = True
+            self.scope.deadline = math.inf
+
+    async def park(self) -> None:
+        """:meth:`park_deadline`, as the pool's ``on_queued`` hook."""
+        self.park_deadline()
 
     def resume_deadline(self) -> None:
         """The request holds its lease: its time limit is the scope's again."""
-        self.scope.deadline = self.deadline
+        if self.parked:
+            self.parked = False
+            self.scope.deadline = self.deadline
 
 
 class AbortConnection(AbortResponse):

@@ -147,7 +147,9 @@ def lease_with_slot(
     counts against ``max_concurrent`` only while it holds a provider, as
     the pool counts it with ``memory`` (there, or without limits, this is
     the pool's lease alone).  Decided on entering: the request is admitted
-    after its lease is set up."""
+    after its lease is set up.  The request's time limit is parked while
+    it waits (``Call.park_deadline``): from the start with a shared slot,
+    else only once the pool queues it (``on_queued``)."""
     return _SlotLease(rt, call, open_lease, queue_timeout)
 
 
@@ -168,12 +170,15 @@ class _SlotLease:
         self._cm: AbstractAsyncContextManager[Lease] | None = None
 
     async def __aenter__(self) -> Lease:
-        admission = self._call.admission
+        call = self._call
+        admission = call.admission
         if isinstance(admission, SharedAdmission):
+            call.park_deadline()  # it may wait for its slot before any lease
             deadline = trio.current_time() + self._queue_timeout
             self._cm = _shared_slot_lease(self._rt, admission, self._open_lease, deadline)
         else:
-            self._cm = self._open_lease(queue_timeout=self._queue_timeout)
+            # The request's time limit is parked only if it has to queue.
+            self._cm = self._open_lease(queue_timeout=self._queue_timeout, on_queued=call.park)
         return await self._cm.__aenter__()
 
     async def __aexit__(

@@ -217,11 +217,12 @@ class Leasing(Generic[Body]):
 
     def _queue_timeout(self) -> float:
         bound = self._rt.pool.scheduler.queue_timeout_for(self._group.id, self._group.queue_timeout)
-        return min(bound, self._call.park_deadline())
+        return min(bound, self._call.time_left())
 
     async def __aenter__(self) -> LeasedRequest[Body]:
         rt, call, request = self._rt, self._call, self._request
         if call.snap.rates_limited:  # its limits: 429/400 before queueing
+            call.park_deadline()  # (its store may be remote: a wait, not the provider's time)
             estimate = self._needs.estimate
             await limits.admit(rt, call, request, self._principal_ref, self._body, estimate)
         rt.retry_budget.note_request(self._group.id, trio.current_time())
