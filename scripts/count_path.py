@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,28 +53,50 @@ import bench_gateway as bg
 import trio
 
 DUMP_SIGNAL = signal.SIGUSR2
+LATENCIES: list[float] = []
 
 # ------------------------------------------------------------ the daemons' side
 
 
 class StepCounter(trio.abc.Instrument):
-    """Task steps by task name (and their wall µs: a step's length, which
-    includes any preemption of a loaded machine), run-loop rounds, rounds
-    that waited for I/O."""
+    """Task steps by task name, their wall µs (a step's length, which
+    includes any preemption of a loaded machine) and on-CPU µs (the
+    thread's CPU clock), run-loop rounds, rounds that waited for I/O; with
+    ``split``, each step's wall and CPU ns of the tasks whose name holds it
+    (the last 4,000); with ``calls``, Python function calls and returns
+    (``sys.setprofile``: a count that does not move with load)."""
 
-    def __init__(self) -> None:
+    def __init__(self, split: str = "", calls: bool = False) -> None:
         self.steps: Counter[str] = Counter()
         self.step_ns: Counter[str] = Counter()
+        self.step_cpu_ns: Counter[str] = Counter()
         self._step_start = 0
+        self._step_cpu = 0
+        self.split = split
+        self.series: list[tuple[int, int]] = []
         self.rounds = 0
         self.waits = 0
+        self.calls = 0
+        if calls:
+            sys.setprofile(self._profile)
+
+    def _profile(self, frame: Any, event: str, arg: Any) -> None:
+        if event == "call" or event == "c_call":
+            self.calls += 1
 
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
         self.steps[task.name] += 1
         self._step_start = time.perf_counter_ns()
+        self._step_cpu = time.thread_time_ns()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
-        self.step_ns[task.name] += time.perf_counter_ns() - self._step_start
+        wall = time.perf_counter_ns() - self._step_start
+        cpu = time.thread_time_ns() - self._step_cpu
+        self.step_ns[task.name] += wall
+        self.step_cpu_ns[task.name] += cpu
+        if self.split and self.split in task.name:
+            self.series.append((wall, cpu))
+            del self.series[:-4000]
 
     def before_io_wait(self, timeout: float) -> None:
         self.rounds += 1
@@ -84,8 +107,11 @@ class StepCounter(trio.abc.Instrument):
         doc = {
             "steps": dict(self.steps),
             "step_ns": dict(self.step_ns),
+            "step_cpu_ns": dict(self.step_cpu_ns),
+            "series": self.series,
             "rounds": self.rounds,
             "waits": self.waits,
+            "calls": self.calls,
         }
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
@@ -93,9 +119,9 @@ class StepCounter(trio.abc.Instrument):
         os.replace(tmp, path)
 
 
-def _run_daemon(argv: list[str], dump_path: str) -> None:
+def _run_daemon(argv: list[str], dump_path: str, split: str, calls: bool) -> None:
     """``python -m iopd <argv>`` with a ``StepCounter`` in its trio run."""
-    counter = StepCounter()
+    counter = StepCounter(split, calls)
     signal.signal(DUMP_SIGNAL, lambda *_: counter.dump(dump_path))
     real_run = trio.run
 
@@ -189,8 +215,10 @@ async def _one_client(port: int, body: bytes, count: int, gap: float) -> None:
     client = await bg.Client.open("127.0.0.1", port, bg.TOKEN)
     try:
         for _ in range(count):
+            start = time.perf_counter()
             with trio.fail_after(bg.GUARD_S):
                 status = await client.request(body)
+            LATENCIES.append(time.perf_counter() - start)
             if status != 200:
                 raise SystemExit(f"request failed with status {status}")
             if gap:
@@ -238,7 +266,10 @@ def _phase(
             t.wait()
         tracers = {}
     before = {d.name: d.counts() for d in daemons}
+    LATENCIES.clear()
     trio.run(drive, args.requests)
+    # (The client's own wall clock: moves with load, unlike the counts.)
+    print(f"{name}: latency p50 {statistics.median(LATENCIES) * 1e3:.3f} ms", flush=True)
     after = {d.name: d.counts() for d in daemons}
     syscalls = {n: _strace_stop(t, tmp / f"{n}.strace") for n, t in tracers.items()}
     unit = "chunk" if name == "paced" else "request"
@@ -262,13 +293,28 @@ def _phase(
                 if v / units >= 0.05
             )
         print(line, flush=True)
+        if args.calls:
+            print(f"      Python calls/{unit} {(a['calls'] - b['calls']) / units:7.0f}")
+        if args.split and a.get("series"):
+            # One request at a time on one connection: its steps alternate.
+            tail = a["series"][-2 * units :]
+            for parity in (0, 1):
+                xs = tail[parity::2]
+                print(
+                    f"      every other step of {args.split} ({parity}::2): wall p50 "
+                    f"{statistics.median(x[0] for x in xs) / 1000:.0f} µs, CPU p50 "
+                    f"{statistics.median(x[1] for x in xs) / 1000:.0f} µs"
+                )
         if args.tasks:
             step_ns = Counter(a["step_ns"])
             step_ns.subtract(b["step_ns"])
+            step_cpu = Counter(a["step_cpu_ns"])
+            step_cpu.subtract(b["step_cpu_ns"])
             for task, n in steps.most_common():
                 if n / units >= 0.05:
                     us = step_ns[task] / 1000 / units
-                    print(f"      {n / units:6.2f}  {us:6.0f} µs  {task}")
+                    cpu = step_cpu[task] / 1000 / units
+                    print(f"      {n / units:6.2f}  {us:6.0f} µs wall {cpu:6.0f} µs CPU  {task}")
 
 
 def main() -> None:
@@ -284,12 +330,23 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1, help="connections at once")
     parser.add_argument("--strace", action="store_true", help="count system calls too")
     parser.add_argument("--tasks", action="store_true", help="steps per task")
+    parser.add_argument(
+        "--split",
+        default="",
+        help="task name part (e.g. _handle_connection): p50 wall/CPU of its odd and even steps",
+    )
+    parser.add_argument("--calls", action="store_true", help="count Python calls per unit")
+    parser.add_argument(
+        "--pin",
+        default="",
+        help="pin processes to cores, e.g. 'edge=0,node=1,provider=1,client=1' (default: not pinned)",
+    )
     args, rest = parser.parse_known_args()
     if args.role == "provider":
         trio.run(_serve_provider, args.chunks, args.interval)
         return
     if args.role == "daemon":
-        _run_daemon(rest, args.dump)
+        _run_daemon(rest, args.dump, args.split, args.calls)
         return
 
     me = [sys.executable, __file__]
@@ -301,6 +358,7 @@ def main() -> None:
         )
         assert provider.stdout is not None
         provider_port = int(provider.stdout.readline())
+        daemon_flags = ["--split", args.split] + (["--calls"] if args.calls else [])
         edge_cfg = tmp / "edge.yaml"
         edge_cfg.write_text(
             bg.EDGE_YAML.format(
@@ -313,6 +371,7 @@ def main() -> None:
         )
         edge_proc = procs.start(
             me + ["--role", "daemon", "--dump", str(tmp / "edge.json")]
+            + daemon_flags
             + ["edge", "--config", str(edge_cfg)],
             tmp / "edge.log",
         )
@@ -324,12 +383,19 @@ def main() -> None:
         )
         node_proc = procs.start(
             me + ["--role", "daemon", "--dump", str(tmp / "node.json")]
+            + daemon_flags
             + ["node", "--config", str(node_cfg)],
             tmp / "node.log",
         )
         bg._wait_log(tmp / "edge.log", r"event=node_connected")
         time.sleep(1.0)  # the first health probe
         daemons = [Daemon("edge", edge_proc, tmp / "edge.json"), Daemon("node", node_proc, tmp / "node.json")]
+        pins = dict(item.split("=") for item in args.pin.split(",") if item)
+        for name, proc in (("edge", edge_proc), ("node", node_proc), ("provider", provider)):
+            if name in pins:
+                os.sched_setaffinity(proc.pid, {int(pins[name])})
+        if "client" in pins:
+            os.sched_setaffinity(0, {int(pins["client"])})
         plain = bg._chat_body("bench", stream=False)
         streamed = bg._chat_body("bench", stream=True)
         paced = bg._chat_body("slow", stream=True)
