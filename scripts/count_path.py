@@ -104,6 +104,8 @@ class StepCounter(trio.abc.Instrument):
             self.waits += 1
 
     def dump(self, path: str) -> None:
+        profiling = sys.getprofile()
+        sys.setprofile(None)  # the dump itself is not the daemon's work
         doc = {
             "steps": dict(self.steps),
             "step_ns": dict(self.step_ns),
@@ -117,6 +119,7 @@ class StepCounter(trio.abc.Instrument):
         with open(tmp, "w") as f:
             json.dump(doc, f)
         os.replace(tmp, path)
+        sys.setprofile(profiling)
 
 
 def _run_daemon(argv: list[str], dump_path: str, split: str, calls: bool) -> None:
