@@ -223,8 +223,7 @@ class Leasing(Generic[Body]):
         rt, call, request = self._rt, self._call, self._request
         if call.snap.rates_limited:  # its limits: 429/400 before queueing
             call.park_deadline()  # (its store may be remote: a wait, not the provider's time)
-            estimate = self._needs.estimate
-            await limits.admit(rt, call, request, self._principal_ref, self._body, estimate)
+            await limits.admit(rt, call, request, self._principal_ref, self._body, self._needs.estimate)
         rt.retry_budget.note_request(self._group.id, trio.current_time())
         return await self._enter()
 
