@@ -49,3 +49,46 @@ def test_ndjson_done_line_after_skipped_lines() -> None:
     scanner.finish()
     assert scanner.usage is not None
     assert (scanner.usage.input_tokens, scanner.usage.output_tokens) == (5, 9)
+
+
+def _reference(body: bytes, scanner: SseUsageScanner) -> tuple[object, int]:
+    """Every line through the per-line path: what the fast path must equal."""
+    for line in body.split(b"\n"):
+        scanner._line(line.rstrip(b"\r"))
+    usage = scanner.usage
+    return (usage.input_tokens, usage.output_tokens) if usage else None, scanner.reasoning_chars
+
+
+def test_sse_any_two_pieces_give_what_every_line_gives() -> None:
+    body = _CONTENT * 2 + _REASONING + _CONTENT + _REASONING + _USAGE + _CONTENT
+    body += b": a comment\r\n" + b"data: [DONE]\n\n"
+    expected = _reference(body, SseUsageScanner())
+    assert expected == ((3, 7), 2 * len("think"))
+    for cut in range(len(body) + 1):
+        scanner = SseUsageScanner()
+        scanner.feed(body[:cut])
+        scanner.feed(body[cut:])
+        scanner.finish()
+        usage = scanner.usage
+        got = (usage.input_tokens, usage.output_tokens) if usage else None
+        assert (got, scanner.reasoning_chars) == expected, cut
+
+
+class _CountingSse(SseUsageScanner):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines = 0
+
+    def _line(self, line: bytes) -> None:
+        self.lines += 1
+        super()._line(line)
+
+
+def test_content_before_the_usage_in_one_piece_is_not_split_into_lines() -> None:
+    # The end of a stream arriving in one read: 15 content chunks, the usage, [DONE].
+    scanner = _CountingSse()
+    scanner.feed(_CONTENT * 15 + _USAGE + b"data: [DONE]\n\n")
+    scanner.finish()
+    assert scanner.usage is not None and scanner.usage.output_tokens == 7
+    # The usage line and what follows it; none of the 30 content lines.
+    assert scanner.lines <= 4, scanner.lines

@@ -210,19 +210,32 @@ class _LineScanner(BodyUsageScanner):
         return first not in data and second not in data
 
     def feed(self, data: bytes) -> None:
-        if not self._buf and data.endswith(b"\n") and self._skips(data):
-            # Whole lines, none of which would be decoded (most chunks of a
-            # stream: plain content deltas): skip the per-line work.
-            return
-        start = 0
-        while True:
+        start = 0 if self._buf else self._skip_lines(data, 0)
+        while start >= 0:
             nl = data.find(b"\n", start)
             if nl < 0:
                 self._append(data[start:])
                 return
             self._append(data[start:nl])
             self._end_line()
-            start = nl + 1
+            start = self._skip_lines(data, nl + 1)
+
+    def _skip_lines(self, data: bytes, start: int) -> int:
+        """Where the line work must resume in ``data`` (a line starts at
+        ``start``), past the whole lines holding no marker: they would never
+        be decoded (most chunks of a stream, plain content deltas, and the
+        content before the usage when the end of a stream arrives in one
+        piece).  -1: nothing left to look at."""
+        first, second = self.markers
+        at = data.find(first, start)
+        other = data.find(second, start)
+        if at < 0 or 0 <= other < at:
+            at = other
+        if at < 0:  # no marker: keep only an unfinished last line
+            if data.endswith(b"\n"):
+                return -1
+            return data.rfind(b"\n", start) + 1 or start
+        return data.rfind(b"\n", start, at) + 1 or start
 
     def _append(self, piece: bytes) -> None:
         if not piece:
