@@ -143,15 +143,13 @@ class Call:
     back in the handler's ``finally`` whatever way the request ends.
     """
 
-    __slots__ = ("snap", "out", "scope", "deadline", "parked", "sse_open", "admission", "leased")
+    __slots__ = ("snap", "out", "scope", "deadline", "sse_open", "admission", "leased")
 
     def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
         self.snap = snap
         self.out = out
         self.scope = scope
         self.deadline = scope.deadline
-        #: The scope's deadline is lifted: the request waits (``park_deadline``).
-        self.parked = False
         #: An SSE stream of the normalized path is open: a failure can still
         #: end it with an error event.
         self.sse_open = False
@@ -165,13 +163,17 @@ class Call:
         """The seconds its time limit leaves: what bounds its wait for a lease."""
         return max(0.0, self.deadline - trio.current_time())
 
+    @property
+    def parked(self) -> bool:
+        """The scope's deadline is lifted: the request waits (``park_deadline``)."""
+        return self.scope.deadline != self.deadline
+
     def park_deadline(self) -> None:
         """Lift the time limit while the request waits (the wait itself is
         bounded by :meth:`time_left`).  Only a request that has to wait
         parks: moving a scope's deadline is two updates of trio's deadline
         heap, on the path of every request otherwise."""
-        if not self.parked:
-            self.parked = True
+        if self.scope.deadline != math.inf:
             self.scope.deadline = math.inf
 
     async def park(self) -> None:
@@ -181,7 +183,6 @@ class Call:
     def resume_deadline(self) -> None:
         """The request holds its lease: its time limit is the scope's again."""
         if self.parked:
-            self.parked = False
             self.scope.deadline = self.deadline
 
 
