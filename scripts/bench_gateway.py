@@ -588,9 +588,20 @@ class Processes:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self, argv: list[str], log: Path | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv``; a daemon with a ``log`` runs in that log's folder.
+
+        (``python -m iopd`` puts its working directory first on the import
+        path: run from a checkout, it would import that checkout's ``iopd``
+        whatever ``PYTHONPATH`` says, and an A/B of two trees would compare
+        one tree with itself.)
+        """
         out = open(log, "wb") if log is not None else subprocess.PIPE  # noqa: SIM115
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=log.parent if log is not None else None,
         )
         if log is not None:
             out.close()  # type: ignore[union-attr]
