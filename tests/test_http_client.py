@@ -161,6 +161,32 @@ async def test_slow_stream_within_read_timeout_is_fine(
         assert resp.body.endswith(b"data: [DONE]\n\n")
 
 
+async def test_a_stream_that_stops_mid_way_times_out_one_read_timeout_after_its_last_piece(
+    mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """The read timeout of a body read (the client's ``ReadWatch``): pieces
+    4 s apart pass a 10 s timeout, the wait after the last piece ends at
+    exactly 10 s with ``ProviderTimeoutError``, the connection is closed and
+    nothing is left waiting."""
+    with trio.fail_after(200):
+        client = client_for(mock, read_timeout=10)
+        mock.chunk_delay = 4
+        mock.handler = lambda req: MockReply(
+            chunks=[b"one ", b"two ", b"three "], hang_after_chunks=True
+        )
+        pieces: list[tuple[bytes, float]] = []
+        async with client.stream("POST", "/v1/chat/completions", [], b"{}") as resp:
+            with pytest.raises(ProviderTimeoutError):
+                async for piece in resp.aiter_bytes():
+                    pieces.append((piece, trio.current_time()))
+            failed_at = trio.current_time()
+        assert b"".join(p for p, _ in pieces) == b"one two three "
+        assert failed_at - pieces[-1][1] == pytest.approx(10.0, abs=1e-6)
+        assert client._watch.waiting == 0
+        await mock.wait_client_close(1)
+        assert client.idle_connections == 0
+
+
 async def test_garbage_is_protocol_error(mock: MockOpenAIServer) -> None:
     with trio.fail_after(5):
         client = client_for(mock)

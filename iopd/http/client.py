@@ -13,8 +13,9 @@ client hides the last one behind pool logic; here it is explicit:
   cost ~250 µs on a streamed reply's first-chunk path, see that module);
 * every low-level failure is mapped in one place (``_map_errors``) into
   ``ProviderConnectError`` / ``ProviderTimeoutError`` / ``ProviderProtocolError``;
-* timeouts are ``fail_after`` scopes: ``connect_timeout`` around the dial,
-  ``read_timeout`` around every single receive (and send).
+* timeouts: a ``fail_after`` scope of ``connect_timeout`` around the dial and
+  of ``read_timeout`` around a send that waits; ``read_timeout`` bounds every
+  single receive through the client's ``ReadWatch`` (``read_watch.py``).
 
 A pooled connection may have been closed by the server while idle.  Before
 reuse it is checked for readability (an idle socket that is readable has
@@ -37,6 +38,7 @@ import trio
 
 from iopd.http.h1 import H1ProtocolError
 from iopd.http.h1_client import ResponseHead, ResponseReader, render_request
+from iopd.http.read_watch import ReadWatch
 from iopd.transport import fastsend
 
 __all__ = [
@@ -147,11 +149,13 @@ def _describe(exc: BaseException) -> str:
 class _Connection:
     """One TCP (or TLS) connection; ``reader`` parses the response in progress."""
 
-    def __init__(self, stream: trio.abc.Stream, sock: Any) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: Any, watch: ReadWatch) -> None:
         self.stream = stream
         self.sock = sock
         self.reader: ResponseReader | None = None  # None between exchanges
         self.reused = False
+        self._watch = watch
+        self._timed_out = False
 
     def looks_reusable(self) -> bool:
         """False when the idle socket is readable, i.e. the server closed it."""
@@ -166,21 +170,34 @@ class _Connection:
         return not readable
 
     async def receive(self, read_timeout: float) -> None:
-        """Feed the socket's next bytes (or its EOF) to ``reader``.
+        """Feed the socket's next bytes (or its EOF) to ``reader``; a wait of
+        ``read_timeout`` raises ``trio.TooSlowError``.
 
-        Once per piece of a streamed reply: a bare cancel scope (``fail_after``
-        is a generator-based context manager around one, several times its
-        cost) and ``fastsend.receive_some``.
+        Once per piece of a streamed reply, so the timeout is the client's
+        ``ReadWatch`` (a clock read and a dict entry) rather than a cancel
+        scope per read: the watch closes the socket of a wait that lasts too
+        long, which wakes this task.
         """
         assert self.reader is not None
-        with trio.CancelScope(deadline=trio.current_time() + read_timeout) as scope:
+        watch = self._watch
+        watch.begin(self, read_timeout, self._expire)
+        try:
             data = await fastsend.receive_some(self.stream, _RECEIVE_BYTES)
-        if scope.cancelled_caught:
-            raise trio.TooSlowError
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            if self._timed_out:
+                raise trio.TooSlowError from None
+            raise
+        finally:
+            watch.end(self)
         if data:
             self.reader.receive_data(data)
         else:
             self.reader.receive_eof()
+
+    def _expire(self) -> None:
+        """The watch's verdict: this wait lasted ``read_timeout``."""
+        self._timed_out = True
+        self.close_now()
 
     async def aclose(self) -> None:
         await trio.aclose_forcefully(self.stream)
@@ -353,6 +370,7 @@ class ProviderHTTPClient:
         self._idle: deque[_Connection] = deque()
         self._ssl_context = ssl_context  # https; None = system trust store
         self._closed = False
+        self._watch = ReadWatch()  # read_timeout of every receive
         #: How many connections this client has opened (tests, diagnostics).
         self.connections_opened = 0
 
@@ -373,7 +391,7 @@ class ProviderHTTPClient:
                     raise
                 stream = tls
         self.connections_opened += 1
-        return _Connection(stream, tcp.socket)
+        return _Connection(stream, tcp.socket, self._watch)
 
     async def _acquire(self) -> _Connection:
         while self._idle:
