@@ -37,8 +37,10 @@ To compare two trees run it once per tree, e.g. ``PYTHONPATH=<other tree>
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import os
+import pstats
 import signal
 import statistics
 import subprocess
@@ -66,7 +68,7 @@ class StepCounter(trio.abc.Instrument):
     (the last 4,000); with ``calls``, Python function calls and returns
     (``sys.setprofile``: a count that does not move with load)."""
 
-    def __init__(self, split: str = "", calls: bool = False) -> None:
+    def __init__(self, split: str = "", calls: bool = False, cprofile: bool = False) -> None:
         self.steps: Counter[str] = Counter()
         self.step_ns: Counter[str] = Counter()
         self.step_cpu_ns: Counter[str] = Counter()
@@ -77,8 +79,13 @@ class StepCounter(trio.abc.Instrument):
         self.rounds = 0
         self.waits = 0
         self.calls = 0
+        self.calls_on = calls
         if calls:
             sys.setprofile(self._profile)
+        self.cprofile: cProfile.Profile | None = None
+        if cprofile:
+            self.cprofile = cProfile.Profile()
+            self.cprofile.enable()
 
     def _profile(self, frame: Any, event: str, arg: Any) -> None:
         if event == "call" or event == "c_call":
@@ -104,8 +111,10 @@ class StepCounter(trio.abc.Instrument):
             self.waits += 1
 
     def dump(self, path: str) -> None:
-        profiling = sys.getprofile()
-        sys.setprofile(None)  # the dump itself is not the daemon's work
+        if self.cprofile is not None:
+            self.cprofile.disable()
+        elif self.calls_on:
+            sys.setprofile(None)  # the dump itself is not the daemon's work
         doc = {
             "steps": dict(self.steps),
             "step_ns": dict(self.step_ns),
@@ -115,16 +124,24 @@ class StepCounter(trio.abc.Instrument):
             "waits": self.waits,
             "calls": self.calls,
         }
+        if self.cprofile is not None:
+            # Each dump ends one profile and starts the next: the one
+            # written after a phase holds that phase alone.
+            self.cprofile.dump_stats(path + ".prof")
+            self.cprofile = cProfile.Profile()
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             json.dump(doc, f)
         os.replace(tmp, path)
-        sys.setprofile(profiling)
+        if self.cprofile is not None:
+            self.cprofile.enable()
+        elif self.calls_on:
+            sys.setprofile(self._profile)
 
 
-def _run_daemon(argv: list[str], dump_path: str, split: str, calls: bool) -> None:
+def _run_daemon(argv: list[str], dump_path: str, split: str, calls: bool, cprofile: bool) -> None:
     """``python -m iopd <argv>`` with a ``StepCounter`` in its trio run."""
-    counter = StepCounter(split, calls)
+    counter = StepCounter(split, calls, cprofile)
     signal.signal(DUMP_SIGNAL, lambda *_: counter.dump(dump_path))
     real_run = trio.run
 
@@ -298,6 +315,8 @@ def _phase(
         print(line, flush=True)
         if args.calls:
             print(f"      Python calls/{unit} {(a['calls'] - b['calls']) / units:7.0f}")
+        if args.cprofile:
+            _print_profile(d.dump_path.with_name(d.dump_path.name + ".prof"), units, args.cprofile)
         if args.split and a.get("series"):
             # One request at a time on one connection: its steps alternate.
             tail = a["series"][-2 * units :]
@@ -320,6 +339,21 @@ def _phase(
                     print(f"      {n / units:6.2f}  {us:6.0f} µs wall {cpu:6.0f} µs CPU  {task}")
 
 
+def _print_profile(path: Path, units: int, top: int) -> None:
+    """A phase's profile per unit: calls and own µs (cProfile's clock, so
+    inflated by the profiler itself; the shares are what to read)."""
+    stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])
+    total = sum(v[2] for v in stats.values())
+    print(f"      profile: {total * 1e6 / units:.0f} µs own time per unit (profiled)")
+    for (file, line, func), (_cc, nc, tt, ct, _callers) in rows[:top]:
+        where = f"{Path(file).parent.name}/{Path(file).name}:{line}" if line else file
+        print(
+            f"      {nc / units:6.2f} calls {tt * 1e6 / units:6.1f} µs own {ct * 1e6 / units:7.1f} cum"
+            f"  {func}  {where}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--role", choices=["provider", "daemon"], help=argparse.SUPPRESS)
@@ -340,6 +374,13 @@ def main() -> None:
     )
     parser.add_argument("--calls", action="store_true", help="count Python calls per unit")
     parser.add_argument(
+        "--cprofile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="profile each daemon (cProfile) over the phase; print its N functions of most own time",
+    )
+    parser.add_argument(
         "--pin",
         default="",
         help="pin processes to cores, e.g. 'edge=0,node=1,provider=1,client=1' (default: not pinned)",
@@ -348,8 +389,10 @@ def main() -> None:
     if args.role == "provider":
         trio.run(_serve_provider, args.chunks, args.interval)
         return
+    if args.calls and args.cprofile:
+        parser.error("--calls and --cprofile both use the profile hook: one at a time")
     if args.role == "daemon":
-        _run_daemon(rest, args.dump, args.split, args.calls)
+        _run_daemon(rest, args.dump, args.split, args.calls, args.cprofile)
         return
 
     me = [sys.executable, __file__]
@@ -362,6 +405,7 @@ def main() -> None:
         assert provider.stdout is not None
         provider_port = int(provider.stdout.readline())
         daemon_flags = ["--split", args.split] + (["--calls"] if args.calls else [])
+        daemon_flags += ["--cprofile", str(args.cprofile)]
         edge_cfg = tmp / "edge.yaml"
         edge_cfg.write_text(
             bg.EDGE_YAML.format(
