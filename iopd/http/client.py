@@ -402,8 +402,8 @@ class ProviderHTTPClient:
             await conn.aclose()
         return await self._open()
 
-    async def _release(self, conn: _Connection, response: ProviderResponse | None) -> None:
-        """Pool ``conn`` if its exchange finished cleanly, else close it."""
+    def _pool(self, conn: _Connection, response: ProviderResponse | None) -> bool:
+        """Pool ``conn`` if its exchange finished cleanly; False: close it."""
         reusable = (
             not self._closed
             and response is not None
@@ -414,8 +414,8 @@ class ProviderHTTPClient:
         conn.reader = None
         if reusable and len(self._idle) < self.max_idle_connections:
             self._idle.append(conn)
-        else:
-            await conn.aclose()
+            return True
+        return False
 
     async def aclose(self) -> None:
         """Close every idle connection; connections in use close when released."""
@@ -575,9 +575,11 @@ class ProviderHTTPClient:
             assert response is not None and conn is not None
             yield response
         finally:
-            if conn is not None:
+            # Pooled without a checkpoint (the common case, on the path of
+            # every reply: no shielded scope to enter); closed, shielded.
+            if conn is not None and not self._pool(conn, response):
                 with trio.CancelScope(shield=True):
-                    await self._release(conn, response)
+                    await conn.aclose()
 
     async def request(
         self,
