@@ -375,3 +375,32 @@ async def test_a_taken_start_is_owned_by_stream_even_when_cancelled(
         await mock.wait_connections_ended(1)  # ... and closed it: not pooled half-read
         assert client.idle_connections == 0
         await client.aclose()
+
+
+async def test_https_provider_that_hangs_mid_stream_times_out() -> None:
+    """Over TLS the read timeout closes the socket under the TLS stream; the
+    wait ends as a timeout all the same, not as a broken connection."""
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("localhost").configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            server = await nursery.start(MockOpenAIServer(ssl_context=server_ctx).serve)
+            server.handler = lambda req: MockReply(chunks=[b"one "], hang_after_chunks=True)
+            client = ProviderHTTPClient(
+                server.base_url, connect_timeout=5, read_timeout=0.3, ssl_context=client_ctx
+            )
+            pieces: list[bytes] = []
+            async with client.stream("POST", "/v1/chat/completions", [], b"{}") as resp:
+                with pytest.raises(ProviderTimeoutError):
+                    async for piece in resp.aiter_bytes():
+                        pieces.append(piece)
+            assert pieces == [b"one "]
+            assert client.idle_connections == 0
+            nursery.cancel_scope.cancel()
