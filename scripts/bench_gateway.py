@@ -738,6 +738,11 @@ def main() -> None:
     )
     parser.add_argument("--json", action="store_true", help="also print the raw results as JSON")
     parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="run the node inside the edge process (nodes[].embedded: true): one daemon",
+    )
+    parser.add_argument(
         "--limits",
         choices=["off", "memory", "redis"],
         default="off",
@@ -774,37 +779,40 @@ def main() -> None:
         assert provider.stdout is not None
         provider_port = int(provider.stdout.readline())
         edge_cfg = tmp / "edge.yaml"
-        edge_cfg.write_text(
-            EDGE_YAML.format(
-                caller_hash=_sha256(TOKEN),
-                node_hash=_sha256(NODE_TOKEN),
-                provider_port=provider_port,
-                log_level=args.log_level,
-                limits=_limits_yaml(args.limits, procs, tmp),
-            )
+        node_hash = _sha256(NODE_TOKEN)
+        edge_yaml = EDGE_YAML.format(
+            caller_hash=_sha256(TOKEN),
+            node_hash=node_hash,
+            provider_port=provider_port,
+            log_level=args.log_level,
+            limits=_limits_yaml(args.limits, procs, tmp),
         )
+        if args.embedded:  # the node runs inside the edge process
+            edge_yaml = edge_yaml.replace(f"token_hash_sha256: {node_hash}", "embedded: true")
+        edge_cfg.write_text(edge_yaml)
         edge = procs.start(
             [sys.executable, "-m", "iopd", "edge", "--config", str(edge_cfg)], tmp / "edge.log"
         )
         m = _wait_log(tmp / "edge.log", r"event=edge_started .*wire=\S*:(\d+) .*openai=\S*:(\d+)")
         wire_port, edge_port = int(m.group(1)), int(m.group(2))
-        node_cfg = tmp / "node.yaml"
-        node_cfg.write_text(
-            NODE_YAML.format(wire_port=wire_port, node_token=NODE_TOKEN, log_level=args.log_level)
-        )
-        node = procs.start(
-            [sys.executable, "-m", "iopd", "node", "--config", str(node_cfg)], tmp / "node.log"
-        )
+        daemons = {"edge": edge.pid}
+        if not args.embedded:
+            node_cfg = tmp / "node.yaml"
+            node_cfg.write_text(
+                NODE_YAML.format(
+                    wire_port=wire_port, node_token=NODE_TOKEN, log_level=args.log_level
+                )
+            )
+            node = procs.start(
+                [sys.executable, "-m", "iopd", "node", "--config", str(node_cfg)],
+                tmp / "node.log",
+            )
+            daemons["node"] = node.pid
         _wait_log(tmp / "edge.log", r"event=node_connected")
 
         direct = Target("direct", provider_port, "bench-model", {"provider": provider.pid})
-        gateway = Target(
-            "gateway",
-            edge_port,
-            "bench",
-            {"edge": edge.pid, "node": node.pid, "provider": provider.pid},
-        )
-        echo = Target("echo", edge_port, "echo", {"edge": edge.pid, "node": node.pid})
+        gateway = Target("gateway", edge_port, "bench", {**daemons, "provider": provider.pid})
+        echo = Target("echo", edge_port, "echo", dict(daemons))
         # The floor of two proxy hops: caller -> raw relay -> raw relay -> provider.
         relay_port = provider_port
         relay_pids: dict[str, int] = {}
@@ -933,13 +941,13 @@ def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Name
                 f"  gateway/direct: throughput x{g['rps'] / d['rps']:.2f}, "
                 f"p50 +{g['p50_ms'] - d['p50_ms']:.3f} ms (x{g['p50_ms'] / d['p50_ms']:.2f}), "
                 f"p99 +{g['p99_ms'] - d['p99_ms']:.3f} ms; "
-                f"edge+node CPU {g['cpu_edge_ms'] + g['cpu_node_ms']:.3f} ms/request"
+                f"edge+node CPU {g['cpu_edge_ms'] + g.get('cpu_node_ms', 0.0):.3f} ms/request"
             )
     if "idle" in results:
         r = results["idle"]["gateway"]
         print(
             f"\nidle CPU (no traffic, {args.idle_seconds:g} s): edge {r['cpu_edge_ms_per_s']:.1f} ms/s,"
-            f" node {r['cpu_node_ms_per_s']:.1f} ms/s"
+            f" node {r.get('cpu_node_ms_per_s', 0.0):.1f} ms/s"
         )
     if "cancel" in results:
         r = results["cancel"]["gateway"]
