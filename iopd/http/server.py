@@ -62,6 +62,7 @@ from collections.abc import Callable
 
 import trio
 
+from iopd.http.client_watch import ClientWatch
 from iopd.http.connection import HeadCheck, HeadContext, HttpLimits, ListenerState, Request
 from iopd.http.responder import AbortResponse, ClientDisconnected, Responder
 from iopd.http.transport import ErrorRenderer, Handler, RejectHook, ServedConnection
@@ -163,23 +164,31 @@ class HttpServer:
         """Listen on ``host:port`` (0 picks a port) until shut down or cancelled."""
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound_port = int(listeners[0].socket.getsockname()[1])
+        watch = ClientWatch()  # the clients of this listener whose handler runs
         try:
-            async with trio.open_nursery() as connections:
-                with trio.CancelScope() as accept_scope:
-                    self._accept_scope = accept_scope
-                    if self.closing:
-                        accept_scope.cancel()
-                    async with trio.open_nursery() as acceptors:
-                        for listener in listeners:
-                            acceptors.start_soon(self._accept_loop, listener, connections)
-                        task_status.started((host, bound_port))
-                for listener in listeners:
-                    await trio.aclose_forcefully(listener)
+            async with trio.open_nursery() as watching:
+                watching.start_soon(watch.run)
+                async with trio.open_nursery() as connections:
+                    with trio.CancelScope() as accept_scope:
+                        self._accept_scope = accept_scope
+                        if self.closing:
+                            accept_scope.cancel()
+                        async with trio.open_nursery() as acceptors:
+                            for listener in listeners:
+                                acceptors.start_soon(
+                                    self._accept_loop, listener, connections, watch
+                                )
+                            task_status.started((host, bound_port))
+                    for listener in listeners:
+                        await trio.aclose_forcefully(listener)
+                watching.cancel_scope.cancel()  # the last connection is done
         finally:
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
-    async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
+    async def _accept_loop(
+        self, listener: trio.SocketListener, connections: trio.Nursery, watch: ClientWatch
+    ) -> None:
         # At ``max_connections`` the loop stops accepting: new connections wait
         # in the kernel's listen backlog (backpressure that costs nothing here)
         # until one closes and ``_handle_connection`` gives its slot back.
@@ -198,9 +207,9 @@ class HttpServer:
             except BaseException:
                 slots.release()
                 raise
-            connections.start_soon(self._handle_connection, stream)
+            connections.start_soon(self._handle_connection, stream, watch)
 
-    async def _handle_connection(self, stream: trio.SocketStream) -> None:
+    async def _handle_connection(self, stream: trio.SocketStream, watch: ClientWatch) -> None:
         conn: ServedConnection | None = None
         try:
             try:
@@ -211,7 +220,7 @@ class HttpServer:
             if self.allow_peer is not None and not self.allow_peer(client[0]):
                 log.warning("event=connection_refused client=%s reason=peer_filter", client[0])
                 return
-            conn = ServedConnection(self, stream, client)
+            conn = ServedConnection(self, stream, client, watch)
             self._connections.add(conn)
             await conn.run()
         except* (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -9,16 +9,14 @@ Who receives (measured): the request loop reads the request itself, so
 the task that wakes on a request's bytes parses it and runs its handler in
 the same step (when a separate reader handed the bytes over, that cost a
 scheduler round between a request's arrival and its parsing, on every
-request's critical path).  While a handler runs, a second task per
-connection, the watcher, keeps a receive outstanding, so EOF or a reset is
-seen at once and cancels the handler (one watcher per connection, parked
-between handlers, instead of a task per request saved ~50 µs of CPU per
-request); it buffers what a client pipelines meanwhile.  When the handler is
-done the loop takes the socket back: the watcher's wait is cancelled (which
-takes it off the socket at once), and a watcher that was already woken
-leaves the bytes unread for the loop.  The price is two poller updates
-per request (the watcher's wait cancelled, the loop's own armed), off the
-critical path.
+request's critical path).  While a handler runs, the server's
+``ClientWatch`` (one task per server, ``client_watch.py``) watches the
+socket, so EOF or a reset is seen at once and cancels the handler; it
+buffers what a client pipelines meanwhile.  When the handler is done the
+loop takes the socket back: the socket leaves the watch set synchronously,
+so no bytes can be read for it after that.  (A task per request, then one
+watcher task per connection parked between handlers, cost two task steps
+and a cancel scope per request; the shared watch costs two ``epoll_ctl``.)
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from typing import Protocol
 
 import trio
 
+from iopd.http.client_watch import ClientWatch
 from iopd.http.connection import (
     LINGER_MAX_BYTES,
     LINGER_SECONDS,
@@ -98,15 +97,16 @@ class ConnectionOwner(Protocol):
 
 
 class ServedConnection:
-    """The trio side of one client connection: its request loop and watcher, deadlines,
+    """The trio side of one client connection: its request loop, deadlines,
     handler and writes, around an :class:`~iopd.http.connection.HttpConnection`.
 
     The request loop receives while it reads a request (under the deadline
-    the state machine names); while a handler runs, the watcher task does,
-    moving bytes into ``pending`` (bounded: at the cap it stops reading, which
-    is TCP backpressure).  A receive is always outstanding, so EOF or a
-    reset is seen at once, also while a handler runs, and cancels that
-    handler.  Only the request loop feeds the state machine.
+    the state machine names); while a handler runs, the server's
+    ``ClientWatch`` does, moving bytes into ``pending`` (bounded: at the cap
+    it stops reading, which is TCP backpressure).  A receive is always
+    outstanding, so EOF or a reset is seen at once, also while a handler
+    runs, and cancels that handler.  Only the request loop feeds the state
+    machine.
     """
 
     __slots__ = (
@@ -122,13 +122,17 @@ class ServedConnection:
         "active",
         "torn",
         "_unsent",
-        "_watching",
-        "_watcher",
-        "_watch_scope",
-        "_space",
+        "_watch",
+        "_watched_fd",
     )
 
-    def __init__(self, server: ConnectionOwner, stream: trio.SocketStream, client: tuple[str, int]):
+    def __init__(
+        self,
+        server: ConnectionOwner,
+        stream: trio.SocketStream,
+        client: tuple[str, int],
+        watch: ClientWatch,
+    ):
         self.server = server
         self.listener = server.listener
         self.stream = stream
@@ -143,10 +147,10 @@ class ServedConnection:
         # The rest of a ``send_now`` the kernel took only part of: the next
         # ``send_bytes`` writes it first (the connection is torn until then).
         self._unsent: bytes | None = None
-        self._watching = False  # a handler runs: the watcher owns the receive side
-        self._watcher: trio.lowlevel.Task | None = None  # the watcher, parked
-        self._watch_scope: trio.CancelScope | None = None  # the watcher's wait
-        self._space: trio.Event | None = None  # the watcher waits for pending to drain
+        self._watch = watch  # the server's (its listener's) watch
+        # The socket's number while the server's watch reads it (a handler
+        # runs and ``pending`` is under its cap); -1 when the loop owns it.
+        self._watched_fd = -1
 
     def close_if_idle(self) -> None:
         """Shutdown: end the connection if it waits for a next request."""
@@ -154,14 +158,12 @@ class ServedConnection:
             self.idle_scope.cancel()
 
     async def run(self) -> None:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_loop)
-            try:
-                while await self._serve_one():
-                    pass
-            finally:
-                nursery.cancel_scope.cancel()
-                self.http.close()  # gives back a body reservation when cancelled mid-body
+        try:
+            while await self._serve_one():
+                pass
+        finally:
+            self._stop_watch()  # before the socket is closed
+            self.http.close()  # gives back a body reservation when cancelled mid-body
 
     # ------------------------------------------------------------ receiving
 
@@ -184,75 +186,49 @@ class ServedConnection:
     def _take_pending(self) -> bytes:
         data = bytes(self.pending)
         self.pending.clear()
-        if self._space is not None:
-            self._space.set()
-            self._space = None
         return data
 
     def _start_watch(self) -> None:
-        """A handler starts: the watcher takes over the socket's receive side."""
-        self._watching = True
-        task = self._watcher
-        if task is not None:
-            self._watcher = None
-            trio.lowlevel.reschedule(task)
+        """A handler starts: the server's watch takes over the socket's receive side."""
+        if self.eof or len(self.pending) >= PIPELINE_BUFFER_CAP:
+            return  # nothing more to learn, or backpressure until the loop reads
+        try:
+            fd = self.stream.socket.fileno()
+            self._watch.watch(fd, self._on_readable)
+        except OSError:  # closed under us
+            self.eof = True
+            return
+        self._watched_fd = fd
 
     def _stop_watch(self) -> None:
-        """The handler is done: the request loop takes the socket back.
+        """The handler is done (or the cap is reached): the loop owns the socket again."""
+        fd = self._watched_fd
+        if fd >= 0:
+            self._watched_fd = -1
+            self._watch.unwatch(fd)
 
-        Cancelling the watcher's wait takes it off the socket at once, so the
-        loop's own wait may start right after; a watcher already woken by
-        bytes finds ``_watching`` false and leaves them unread (the socket
-        stays readable for the loop).
-        """
-        self._watching = False
-        scope = self._watch_scope
-        if scope is not None:
-            scope.cancel()
-
-    async def _watch_loop(self) -> None:
-        """The watcher task: while a handler runs, keep a receive outstanding."""
+    def _on_readable(self) -> None:
+        """The watch saw the socket readable while a handler runs: buffer what the
+        client pipelines (up to the cap: beyond it, TCP backpressure), or at EOF
+        or a reset cancel the handler."""
+        fd = self._watched_fd
+        if fd < 0:  # pragma: no cover - unwatched before the watch looked
+            return
         try:
-            while True:
-                if not self._watching:
-                    self._watcher = trio.lowlevel.current_task()
-                    await trio.lowlevel.wait_task_rescheduled(self._abort_park)
-                    continue
-                with trio.CancelScope() as scope:
-                    self._watch_scope = scope
-                    if await self._watch():
-                        break  # the client closed
-                self._watch_scope = None
+            data = fastsend.read_ready(self.stream, RECEIVE_SIZE, fd)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass
-        self._watch_scope = None
-        self.eof = True
-        if self.handler_scope is not None:
-            self.handler_scope.cancel()
-
-    async def _watch(self) -> bool:
-        """Buffer what the client sends while the handler runs (pipelined
-        bytes, up to the cap: beyond it, TCP backpressure); True at EOF."""
-        stream = self.stream
-        while self._watching:
-            if len(self.pending) >= PIPELINE_BUFFER_CAP:
-                self._space = trio.Event()
-                await self._space.wait()
-                continue
-            fd = await fastsend.wait_readable(stream)
-            if not self._watching:
-                break  # the loop took the socket back: the bytes are its
-            data = fastsend.read_ready(stream, RECEIVE_SIZE, fd)
-            if data is None:
-                continue
-            if not data:
-                return True
-            self.pending += data
-        return False
-
-    def _abort_park(self, _: object) -> trio.lowlevel.Abort:
-        self._watcher = None
-        return trio.lowlevel.Abort.SUCCEEDED
+            data = b""
+        if data is None:
+            return  # a spurious wake-up
+        if not data:
+            self._stop_watch()
+            self.eof = True
+            if self.handler_scope is not None:
+                self.handler_scope.cancel()
+            return
+        self.pending += data
+        if len(self.pending) >= PIPELINE_BUFFER_CAP:
+            self._stop_watch()
 
     # -------------------------------------------------------------- sending
 
