@@ -26,6 +26,9 @@ __all__ = ["ClientWatch"]
 
 log = logging.getLogger("iopd.http.server")
 
+#: Ready sockets handled per scheduler round.
+_BATCH = 64
+
 
 class ClientWatch:
     """The watched sockets of one server, by file descriptor."""
@@ -66,7 +69,9 @@ class ClientWatch:
             epoll_fd = self._epoll.fileno()
             while True:
                 await trio.lowlevel.wait_readable(epoll_fd)
-                for fd, _events in self._epoll.poll(0):
+                # At most a batch per scheduler round: a crowd of readable
+                # sockets cannot hold the loop (each read is one RECEIVE_SIZE).
+                for fd, _events in self._epoll.poll(0, _BATCH):
                     on_ready = self._ready.get(fd)
                     if on_ready is None:
                         continue
