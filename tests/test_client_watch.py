@@ -11,31 +11,42 @@ import trio
 from iopd.http.client_watch import ClientWatch
 
 
+class _Reads:
+    """An ``on_ready`` that reads its socket: what it read, and a wait for the next read."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        sock.setblocking(False)
+        self.sock = sock
+        self.got: list[bytes] = []
+        self._arrived = trio.Event()
+
+    def __call__(self) -> None:
+        self.got.append(self.sock.recv(100))
+        self._arrived.set()
+
+    async def next(self) -> bytes:
+        await self._arrived.wait()
+        self._arrived = trio.Event()
+        return self.got[-1]
+
+
 async def test_on_ready_runs_while_watched_and_never_after() -> None:
     watch = ClientWatch()
     a, b = socket.socketpair()
-    a.setblocking(False)
-    seen: list[bytes] = []
-    arrived = trio.Event()
-
-    def on_ready() -> None:
-        seen.append(a.recv(100))
-        arrived.set()
-
+    reads = _Reads(a)
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
-            watch.watch(a.fileno(), on_ready)
+            watch.watch(a.fileno(), reads)
             assert watch.watched == 1
             b.send(b"one")
-            await arrived.wait()
-            assert seen == [b"one"]
+            assert await reads.next() == b"one"
             watch.unwatch(a.fileno())
             watch.unwatch(a.fileno())  # idempotent
             assert watch.watched == 0
             b.send(b"two")
             await trio.sleep(0.05)
-            assert seen == [b"one"]  # not watched: left in the socket
+            assert reads.got == [b"one"]  # not watched: left in the socket
             assert a.recv(100) == b"two"
             nursery.cancel_scope.cancel()
     a.close()
@@ -56,50 +67,40 @@ async def test_a_closed_socket_is_unwatched_quietly_and_its_number_reusable() ->
             watch.unwatch(fd)
             assert watch.watched == 0
             c, d = socket.socketpair()  # (often given the closed socket's number)
-            c.setblocking(False)
-            arrived = trio.Event()
-
-            def on_ready() -> None:
-                calls.append(c.recv(10).decode())
-                arrived.set()
-
-            watch.watch(c.fileno(), on_ready)
+            reads = _Reads(c)
+            watch.watch(c.fileno(), reads)
             d.send(b"new")
-            await arrived.wait()
-            assert calls == ["new"]
+            assert await reads.next() == b"new"
+            assert calls == []
             watch.unwatch(c.fileno())
             nursery.cancel_scope.cancel()
     c.close()
     d.close()
 
 
-async def test_a_failing_on_ready_is_logged_and_unwatched_not_fatal(caplog: pytest.LogCaptureFixture) -> None:
+async def test_a_failing_on_ready_is_logged_and_unwatched_not_fatal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     watch = ClientWatch()
     a, b = socket.socketpair()
     good_a, good_b = socket.socketpair()
-    good_a.setblocking(False)
-    got: list[bytes] = []
-    broke, arrived = trio.Event(), trio.Event()
+    reads = _Reads(good_a)
+    broke = trio.Event()
 
     def broken() -> None:
         broke.set()
         raise RuntimeError("a bug")
 
-    def good() -> None:
-        got.append(good_a.recv(10))
-        arrived.set()
-
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch.run)
             watch.watch(a.fileno(), broken)
-            watch.watch(good_a.fileno(), good)
+            watch.watch(good_a.fileno(), reads)
             b.send(b"x")
             await broke.wait()  # (its unwatch ran in the same step)
             assert watch.watched == 1  # the broken one is off the set
             good_b.send(b"ok")
-            await arrived.wait()
-            assert got == [b"ok"]
+            assert await reads.next() == b"ok"
             assert "event=client_watch_failed" in caplog.text
             nursery.cancel_scope.cancel()
     for s in (a, b, good_a, good_b):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import ssl
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -261,9 +262,9 @@ async def test_stale_reused_connection_is_retried_once(mock: MockOpenAIServer) -
         assert client.connections_opened == 2
 
 
-async def test_https_with_custom_trust() -> None:
-    import ssl
-
+def _tls_contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """A server context with a certificate for ``localhost`` from a test CA,
+    and a client context that trusts that CA."""
     import trustme
 
     ca = trustme.CA()
@@ -271,6 +272,11 @@ async def test_https_with_custom_trust() -> None:
     ca.issue_cert("localhost").configure_cert(server_ctx)
     client_ctx = ssl.create_default_context()
     ca.configure_trust(client_ctx)
+    return server_ctx, client_ctx
+
+
+async def test_https_with_custom_trust() -> None:
+    server_ctx, client_ctx = _tls_contexts()
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
             server = await nursery.start(MockOpenAIServer(ssl_context=server_ctx).serve)
@@ -380,15 +386,7 @@ async def test_a_taken_start_is_owned_by_stream_even_when_cancelled(
 async def test_https_provider_that_hangs_mid_stream_times_out() -> None:
     """Over TLS the read timeout closes the socket under the TLS stream; the
     wait ends as a timeout all the same, not as a broken connection."""
-    import ssl
-
-    import trustme
-
-    ca = trustme.CA()
-    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert("localhost").configure_cert(server_ctx)
-    client_ctx = ssl.create_default_context()
-    ca.configure_trust(client_ctx)
+    server_ctx, client_ctx = _tls_contexts()
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             server = await nursery.start(MockOpenAIServer(ssl_context=server_ctx).serve)
