@@ -18,10 +18,13 @@ Three layers, each in its own module:
 * ``iopd.http.responder``: the one writer of responses and renderer of heads,
   for the handler's responses and this layer's refusals alike.
 * ``iopd.http.transport``: the trio side of one connection: the request
-  loop reading requests, a watcher task while a handler runs, the deadline scope, the handler's cancel scope, writes bounded by
-  ``send_timeout``;
-* this module: listening, the accept loop (``max_connections``), requests in
-  flight and graceful shutdown.
+  loop reading requests, the deadline scope, the handler's cancel scope,
+  writes bounded by ``send_timeout``;
+* ``iopd.http.client_watch``: the sockets of the handlers running now,
+  watched by one task per listener (EOF cancels the handler, pipelined
+  bytes are buffered);
+* this module: listening, the accept loop (``max_connections``), a
+  listener's ``ClientWatch``, requests in flight and graceful shutdown.
 
 What it guarantees (the states are described in ``iopd.http.connection``):
 
