@@ -588,12 +588,13 @@ async def test_pipelined_bytes_beyond_the_buffer_cap_are_backpressured_not_lost(
     )
     bodies = [b"a" * 10, b"b" * 150_000, b"c" * 150_000, b"d" * 5]
     with trio.fail_after(10):
-        async with running(handler, limits) as (port, _), connect(port) as client:
+        async with running(handler, limits) as (port, server), connect(port) as client:
             async with trio.open_nursery() as nursery:
                 # 300 kB pipelined behind a blocked handler: more than the
                 # server buffers (PIPELINE_BUFFER_CAP), the rest waits in TCP.
                 nursery.start_soon(client.send, b"".join(post(b) for b in bodies))
                 await trio.sleep(0.2)
+                assert server.watched_sockets == 0  # at the cap: no longer read
                 release.set()
                 sizes = []
                 for _ in bodies:
@@ -601,6 +602,53 @@ async def test_pipelined_bytes_beyond_the_buffer_cap_are_backpressured_not_lost(
                     assert status == 200
                     sizes.append(int(body))
             assert sizes == [len(b) for b in bodies] == seen
+
+
+async def test_the_client_watch_holds_each_running_handler_and_nothing_after() -> None:
+    """A socket is watched exactly while its handler runs: answered, pipelined
+    behind, or cancelled by its client going away, the watch ends empty."""
+    started, all_cancelled = trio.Event(), trio.Event()
+    cancelled: list[str] = []
+    blocked = 0
+
+    async def handler(request: Request, responder: Responder) -> None:
+        nonlocal blocked
+        if request.path == "/block":
+            blocked += 1
+            if blocked == 3:
+                started.set()
+            try:
+                await trio.sleep_forever()
+            except trio.Cancelled:
+                cancelled.append(request.path)
+                if len(cancelled) == 3:
+                    all_cancelled.set()
+                raise
+        await responder.send(200, [], b"ok")
+
+    with trio.fail_after(10):
+        async with running(handler) as (port, server):
+            async with connect(port) as quick:
+                for _ in range(3):  # answered, one after the other
+                    await quick.send(b"GET /q HTTP/1.1\r\nHost: x\r\n\r\n")
+                    assert (await quick.response())[0] == 200
+                await quick.send(b"GET /q HTTP/1.1\r\nHost: x\r\n\r\n" * 2)  # pipelined
+                assert (await quick.response())[0] == 200
+                assert (await quick.response())[0] == 200
+                assert server.watched_sockets == 0
+                blockers = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(3)]
+                for stream in blockers:
+                    await stream.send_all(b"GET /block HTTP/1.1\r\nHost: x\r\n\r\n")
+                await started.wait()
+                assert server.watched_sockets == 3  # one per running handler
+                for stream in blockers:
+                    await stream.aclose()  # EOF: the watch cancels each handler
+                await all_cancelled.wait()
+                assert server.watched_sockets == 0  # each left the watch before its cancel
+                assert cancelled == ["/block"] * 3
+                assert server.open_connections == 1  # the quick client's
+            await trio.sleep(0.05)
+            assert server.watched_sockets == 0 and server.in_flight == 0
 
 
 async def test_body_arriving_in_pieces_is_assembled() -> None:

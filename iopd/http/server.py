@@ -111,6 +111,7 @@ class HttpServer:
         self._idle.set()
         self._accept_scope: trio.CancelScope | None = None
         self._connections: set[ServedConnection] = set()
+        self._watches: set[ClientWatch] = set()  # one per listening ``serve``
 
     @property
     def in_flight(self) -> int:
@@ -121,6 +122,12 @@ class HttpServer:
     def open_connections(self) -> int:
         """Connections currently served."""
         return len(self._connections)
+
+    @property
+    def watched_sockets(self) -> int:
+        """Client sockets in the listeners' watch now: one per handler running
+        (below the pipelining cap), none when idle."""
+        return sum(watch.watched for watch in self._watches)
 
     @property
     def inflight_body_bytes(self) -> int:
@@ -168,6 +175,7 @@ class HttpServer:
         listeners = await trio.open_tcp_listeners(port, host=host)
         bound_port = int(listeners[0].socket.getsockname()[1])
         watch = ClientWatch()  # the clients of this listener whose handler runs
+        self._watches.add(watch)
         try:
             async with trio.open_nursery() as watching:
                 watching.start_soon(watch.run)
@@ -186,6 +194,7 @@ class HttpServer:
                         await trio.aclose_forcefully(listener)
                 watching.cancel_scope.cancel()  # the last connection is done
         finally:
+            self._watches.discard(watch)
             for listener in listeners:
                 await trio.aclose_forcefully(listener)
 
