@@ -195,8 +195,10 @@ class ServedConnection:
         try:
             fd = self.stream.socket.fileno()
             self._watch.watch(fd, self._on_readable)
-        except OSError:  # closed under us
+        except OSError:  # closed under us: as a client gone
             self.eof = True
+            if self.handler_scope is not None:
+                self.handler_scope.cancel()
             return
         self._watched_fd = fd
 
