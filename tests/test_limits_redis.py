@@ -46,6 +46,21 @@ def redis(tmp_path: Path) -> Any:
         yield server
 
 
+def edge_head(edge_id: str) -> str:
+    """An edge's own section and its OpenAI listener with team-a's token (more
+    tokens may follow)."""
+    return f"""
+edge:
+  id: {edge_id}
+  node_listen: 127.0.0.1:0
+  admin_listen: 127.0.0.1:0
+openai:
+  listen: 127.0.0.1:0
+  principal_tokens:
+    - {{token_ref: a-1, token_hash_sha256: {token_hash(TEAM_A)}, principal_ref: team-a}}
+"""
+
+
 def edge_yaml(
     edge_id: str,
     url: str,
@@ -68,16 +83,7 @@ def edge_yaml(
             " priority: 1}\n"
         )
         group = "{dead-1: echo, good-1: echo}"
-    return f"""
-edge:
-  id: {edge_id}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - {{token_ref: a-1, token_hash_sha256: {token_hash(TEAM_A)}, principal_ref: team-a}}
-models:
+    return edge_head(edge_id) + f"""models:
   - id: echo
     providers: {group}
 nodes:
@@ -237,16 +243,7 @@ TEAM_B = "sk-shared-limits-team-b-0002"
 def two_providers_yaml(edge_id: str, url: str) -> str:
     """Model ``slow`` on ``x-1`` (one slot, 2 s a reply), ``echo`` on ``y-1``;
     team-a may run one request at once on every edge together, team-b has no limits."""
-    return f"""
-edge:
-  id: {edge_id}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - {{token_ref: a-1, token_hash_sha256: {token_hash(TEAM_A)}, principal_ref: team-a}}
-    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
+    return edge_head(edge_id) + f"""    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
 models:
   - id: slow
     providers: {{x-1: slow}}
