@@ -18,7 +18,8 @@ Three layers, each in its own module:
 * ``iopd.http.responder``: the one writer of responses and renderer of heads,
   for the handler's responses and this layer's refusals alike.
 * ``iopd.http.transport``: the trio side of one connection: the request
-  loop reading requests, the deadline scope, the handler's cancel scope,
+  loop reading requests, one cancel scope per request (its deadlines while
+  it is read, then the handler's),
   writes bounded by ``send_timeout``;
 * ``iopd.http.client_watch``: the sockets of the handlers running now,
   watched by one task per listener (EOF cancels the handler, pipelined

@@ -22,6 +22,7 @@ and a cancel scope per request; the shared watch costs two ``epoll_ctl``.)
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -56,6 +57,18 @@ _IDLE = ConnState.IDLE
 _NEED_DATA = Signal.NEED_DATA
 _SEND_CONTINUE = Signal.SEND_CONTINUE
 _CLOSE = Signal.CLOSE
+
+
+class _Ran:
+    """What a handler's run leaves for the response's end: its responder, and
+    the exception it ended with (with the owner's refusal in it, if any)."""
+
+    __slots__ = ("responder", "crashed", "refusal")
+
+    def __init__(self, responder: Responder) -> None:
+        self.responder = responder
+        self.crashed: BaseException | None = None
+        self.refusal: Refusal | None = None
 
 
 class _SendStalled(Exception):
@@ -347,19 +360,27 @@ class ServedConnection:
     async def _serve_request(self) -> bool:
         http = self.http
         event: Request | Refuse | Signal = _CLOSE
-        # One scope per request whose deadline is moved to the one the state
-        # machine names as it goes (idle -> head -> body): cheaper than a
-        # scope per state on the hot path.
-        with trio.CancelScope() as deadline:
+        # One scope per request: its deadline moves to the one the state
+        # machine names as it reads (idle -> head -> body), and the handler
+        # runs in it with no deadline (a client gone cancels it).  Cheaper
+        # on the hot path than a scope per state, or one to read and one to
+        # handle.
+        with trio.CancelScope() as scope:
             try:
-                event = await self._read_request(deadline)
+                event = await self._read_request(scope)
             except ClientDisconnected:  # while writing 100 Continue
                 event = _CLOSE
-        if deadline.cancelled_caught:
+            if isinstance(event, Request):
+                if self.eof:
+                    return http.finish_response(False)  # the client is already gone
+                scope.deadline = math.inf
+                ran = _Ran(self._responder(event, scope))
+                await self._run_handler(event, ran, scope)
+        if isinstance(event, Request):
+            return await self._after_handler(event, scope, ran)
+        if scope.cancelled_caught:
             self.idle_scope = None
             event = http.timed_out()
-        if isinstance(event, Request):
-            return await self._run_handler(event)
         if isinstance(event, Refuse):
             await self._refuse(event)
         http.close()
@@ -397,45 +418,46 @@ class ServedConnection:
             else:
                 return event
 
-    async def _run_handler(self, request: Request) -> bool:
-        http = self.http
-        if self.eof:
-            return http.finish_response(False)  # the client is already gone
-        handler_scope = trio.CancelScope()
-        responder = Responder(
+    def _responder(self, request: Request, scope: trio.CancelScope) -> Responder:
+        return Responder(
             self,
             request.method == "HEAD",
-            handler_scope,
-            keep_alive=http.keep_alive,
+            scope,
+            keep_alive=self.http.keep_alive,
             chunked=request.http_version == "1.1",
             extra_headers=context_headers(request.context),
         )
-        crashed: BaseException | None = None
-        refusal: Refusal | None = None  # the owner's error, for the owner to render
-        self.handler_scope = handler_scope
+
+    async def _run_handler(self, request: Request, ran: _Ran, scope: trio.CancelScope) -> None:
+        """Run the handler in the request's ``scope`` (a disconnect cancels it),
+        noting in ``ran`` how it ended for :meth:`_after_handler`, which runs
+        outside the scope."""
+        self.handler_scope = scope
         self._start_watch()  # a disconnect cancels the handler
         try:
-            with handler_scope:
-                try:
-                    await self.server.handler(request, responder)
-                except* ClientDisconnected:
-                    pass
-                except* AbortResponse as group:
-                    crashed = group.exceptions[0]
-                except* Exception as group:
-                    crashed = group
-                    refusal = _owner_refusal(group)
-                    if refusal is None:
-                        log.error(
-                            "event=handler_failed method=%s path=%s",
-                            request.method,
-                            request.path,
-                            exc_info=group,
-                        )
+            await self.server.handler(request, ran.responder)
+        except* ClientDisconnected:
+            pass
+        except* AbortResponse as group:
+            ran.crashed = group.exceptions[0]
+        except* Exception as group:
+            ran.crashed = group
+            ran.refusal = _owner_refusal(group)
+            if ran.refusal is None:
+                log.error(
+                    "event=handler_failed method=%s path=%s",
+                    request.method,
+                    request.path,
+                    exc_info=group,
+                )
         finally:
             self.handler_scope = None
 
-        if handler_scope.cancelled_caught or self.eof or self.torn:
+    async def _after_handler(self, request: Request, scope: trio.CancelScope, ran: _Ran) -> bool:
+        """The response's end, or the error a handler that wrote nothing left;
+        True when the connection may carry another request."""
+        http, responder, crashed = self.http, ran.responder, ran.crashed
+        if scope.cancelled_caught or self.eof or self.torn:
             return http.finish_response(False)
         try:
             if not responder.started:
@@ -443,7 +465,7 @@ class ServedConnection:
                     log.error(
                         "event=handler_no_response method=%s path=%s", request.method, request.path
                     )
-                error = refusal if refusal is not None else internal_error()
+                error = ran.refusal if ran.refusal is not None else internal_error()
                 status, headers, body = self._render(error, request.context)
                 await responder.send(status, headers, body)
             elif crashed is not None:
