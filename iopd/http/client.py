@@ -551,7 +551,9 @@ class ProviderHTTPClient:
                 early.conn.close_now()
             raise ProviderConnectError("client is closed")
         target = self.path_prefix + (path if path.startswith("/") else "/" + path)
-        req_headers = self._build_headers(headers, body, method)
+        # Built only to render the request here: an early start wrote it already
+        # (``headers`` may be lazy; it is iterated at most once).
+        req_headers: list[tuple[str, str]] = []
         response: ProviderResponse | None = None
         conn: _Connection | None = None
         try:
@@ -561,6 +563,8 @@ class ProviderHTTPClient:
                     conn, rest, early = early.conn, early.rest, None
                 else:
                     conn = await self._acquire()
+                    if not req_headers:
+                        req_headers = self._build_headers(headers, body, method)
                 try:
                     with _map_errors("request"):
                         response = await self._start(

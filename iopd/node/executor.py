@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import trio
 
@@ -104,16 +104,18 @@ class _Stream:
     cancel_reason: str | None = None
     link_gone: bool = False
 
+    def __post_init__(self) -> None:
+        # ``send_held`` (the node link's sender has it) lets a frame that another
+        # follows at once leave in the same write: fewer syscalls and wakeups.
+        # Looked up once per stream, not per frame.
+        self._send_held: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
+            self.sender, "send_held", self.sender.send
+        )
+
     def _sender_for(
         self, hold: bool
     ) -> Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]]:
-        # ``send_held`` (the node link's sender has it) lets a frame that another
-        # follows at once leave in the same write: fewer syscalls and wakeups.
-        if hold:
-            held = getattr(self.sender, "send_held", None)
-            if held is not None:
-                return cast(Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]], held)
-        return self.sender.send
+        return self._send_held if hold else self.sender.send
 
     async def send(self, msg: RunEvent | ProviderTunnelFrame, *, hold: bool = False) -> None:
         """Send an output message; a broken link ends the stream's work.

@@ -13,7 +13,7 @@ and usage can be read from the body.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 
 import trio
 
@@ -168,16 +168,20 @@ class HTTPAdapter(Adapter):
         headers = end_to_end(req.headers, request=True)
         return headers + self.auth_headers(headers)
 
+    def _lazy_tunnel_headers(self, req: ProviderTunnelRequest) -> Iterator[tuple[str, str]]:
+        """The same, built only when iterated: the client needs no headers for a
+        request ``start_early`` already wrote (it does on a retry)."""
+        yield from self._tunnel_headers(req)
+
     def start_early(self, req: ProviderTunnelRequest) -> EarlyStart | None:
         return self.client.start_early(req.method, req.path, self._tunnel_headers(req), req.body)
 
     async def tunnel(
         self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
     ) -> None:
-        headers = self._tunnel_headers(req)
         with adapter_errors():
             async with self.client.stream(
-                req.method, req.path, headers, req.body, early=early
+                req.method, req.path, self._lazy_tunnel_headers(req), req.body, early=early
             ) as resp:
                 # A head that arrived with the first body bytes leaves with them.
                 await out.head(
