@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -362,6 +362,36 @@ async def test_early_start_on_a_connection_the_server_dropped_is_retried(
             assert resp.status == 200
             await resp.read()
         assert dropped == ["/v1/models"] and client.connections_opened == 2
+        await client.aclose()
+
+
+async def test_the_retry_of_a_dropped_early_start_sends_the_headers_once_built(
+    mock: MockOpenAIServer,
+) -> None:
+    """stream() builds the headers only to render the request itself: not for
+    the early start it takes, but for that start's retry on a fresh
+    connection, from a header iterator that can be read once."""
+    with trio.fail_after(5):
+        client = client_for(mock)
+        await client.request("GET", "/v1/models")
+        headers = [("Authorization", "Bearer sk-retry"), ("X-Trace", "t1")]
+        started = client.start_early("GET", "/v1/models", headers)
+        assert started is not None
+        mock.handler, dropped = drop_first_request()
+        reads: list[int] = []
+
+        def once() -> Iterator[tuple[str, str]]:
+            reads.append(1)
+            yield from headers
+
+        async with client.stream("GET", "/v1/models", once(), early=started) as resp:
+            assert resp.status == 200
+            await resp.read()
+        assert dropped == ["/v1/models"] and reads == [1]
+        first, retried = mock.requests[-2], mock.requests[-1]
+        for req in (first, retried):
+            assert req.header("authorization") == "Bearer sk-retry"
+            assert req.header("x-trace") == "t1"
         await client.aclose()
 
 
