@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from types import TracebackType
 from typing import NamedTuple
 
 import trio
@@ -111,8 +111,7 @@ class ProviderPool:
 
     # ------------------------------------------------------------ leases
 
-    @asynccontextmanager
-    async def lease(
+    def lease(
         self,
         group_id: str,
         *,
@@ -125,7 +124,7 @@ class ProviderPool:
         fallbacks: Sequence[str] = (),
         fallback_on_queue_timeout: bool = False,
         on_queued: Callable[[], Awaitable[None]] | None = None,
-    ) -> AsyncIterator[Lease]:
+    ) -> _PoolLease:
         """Hold one slot of a provider of ``group_id`` for the body of the block.
 
         ``exclude``: provider ids that already failed this request.
@@ -143,28 +142,16 @@ class ProviderPool:
         ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else
         the pool default).
         """
-        grant, waited = await self._acquire(
+        return _PoolLease(
+            self,
             group_id,
             fallbacks,
             fallback_on_queue_timeout,
             _Ask(context_class == "long", requires, exclude, principal),
-            queue_timeout=queue_timeout,
-            body_bytes=body_bytes,
-            on_queued=on_queued,
+            queue_timeout,
+            body_bytes,
+            on_queued,
         )
-        try:
-            yield Lease(
-                provider_id=grant.provider_id,
-                node_id=grant.node_id,
-                provider_type=grant.provider_type,
-                target=grant.target,
-                long=grant.long,
-                waited=waited,
-                group_id=grant.group_id,
-                grant=grant,
-            )
-        finally:
-            self._release(grant)
 
     async def _acquire(
         self,
@@ -186,7 +173,10 @@ class ProviderPool:
                 queue_timeout=queue_timeout,
                 body_bytes=body_bytes,
                 now=started,
-                **want._asdict(),
+                long=want.long,
+                requires=want.requires,
+                exclude=want.exclude,
+                principal=want.principal,
             )
         except QueueFull:
             self._observe(group_id, 0.0, "queue_full")
@@ -505,3 +495,74 @@ class ProviderPool:
     def ejection(self, provider_id: str) -> EjectionStatus | None:
         """The provider's passive ejection (times on trio's clock), or None."""
         return self._scheduler.ejection(provider_id, trio.current_time())
+
+
+class _PoolLease:
+    """:meth:`ProviderPool.lease` (a class: no generator frame on the hot path)."""
+
+    __slots__ = (
+        "_pool",
+        "_group_id",
+        "_fallbacks",
+        "_fallback_on_queue_timeout",
+        "_want",
+        "_queue_timeout",
+        "_body_bytes",
+        "_on_queued",
+        "_grant",
+    )
+
+    def __init__(
+        self,
+        pool: ProviderPool,
+        group_id: str,
+        fallbacks: Sequence[str],
+        fallback_on_queue_timeout: bool,
+        want: _Ask,
+        queue_timeout: float | None,
+        body_bytes: int,
+        on_queued: Callable[[], Awaitable[None]] | None,
+    ) -> None:
+        self._pool = pool
+        self._group_id = group_id
+        self._fallbacks = fallbacks
+        self._fallback_on_queue_timeout = fallback_on_queue_timeout
+        self._want = want
+        self._queue_timeout = queue_timeout
+        self._body_bytes = body_bytes
+        self._on_queued = on_queued
+        self._grant: Grant | None = None
+
+    async def __aenter__(self) -> Lease:
+        if self._grant is not None:
+            raise RuntimeError("a pool lease is entered once")
+        grant, waited = await self._pool._acquire(
+            self._group_id,
+            self._fallbacks,
+            self._fallback_on_queue_timeout,
+            self._want,
+            queue_timeout=self._queue_timeout,
+            body_bytes=self._body_bytes,
+            on_queued=self._on_queued,
+        )
+        self._grant = grant
+        return Lease(
+            provider_id=grant.provider_id,
+            node_id=grant.node_id,
+            provider_type=grant.provider_type,
+            target=grant.target,
+            long=grant.long,
+            waited=waited,
+            group_id=grant.group_id,
+            grant=grant,
+        )
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        grant = self._grant
+        assert grant is not None
+        self._pool._release(grant)
