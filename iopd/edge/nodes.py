@@ -75,9 +75,11 @@ log = logging.getLogger("iopd.edge.nodes")
 class _MeteredConnection(Connection):
     """A ``Connection`` that reports frame counts and remembers why the peer failed it.
 
-    Frames sent are tallied and reported together with the next batch read (a
-    node answers every request, and heartbeats at the latest) or at close, so
-    the hot send path costs an integer increment rather than a metrics call.
+    Frames are tallied as they are sent and read, and reported by
+    :meth:`report` at the end of each batch read (after the replies it
+    brought were written to their callers: a metrics call is not on their
+    path; a node answers every request, and heartbeats at the latest), at a
+    protocol error, at EOF and at close.
     """
 
     def __init__(
@@ -90,12 +92,15 @@ class _MeteredConnection(Connection):
         super().__init__(role, max_frame_bytes=max_frame_bytes)
         self._on_frames = on_frames
         self._unreported_out = 0
+        self._unreported_in = 0
         self.remote_error: RemoteProtocolError | None = None
 
-    def _report(self, frames_in: int) -> None:
+    def report(self) -> None:
+        """Report the frames counted since the last report."""
         out, self._unreported_out = self._unreported_out, 0
         if out:
             self._on_frames("out", out)
+        frames_in, self._unreported_in = self._unreported_in, 0
         if frames_in:
             self._on_frames("in", frames_in)
 
@@ -109,13 +114,13 @@ class _MeteredConnection(Connection):
             msgs = super().receive_data(data)
         except RemoteProtocolError as exc:
             self.remote_error = self.remote_error or exc
-            self._report(0)
+            self.report()
             raise
-        self._report(len(msgs))
+        self._unreported_in += len(msgs)
         return msgs
 
     def receive_eof(self) -> None:
-        self._report(0)
+        self.report()
         try:
             super().receive_eof()
         except RemoteProtocolError as exc:
@@ -123,8 +128,15 @@ class _MeteredConnection(Connection):
             raise
 
     def close(self) -> None:
-        self._report(0)
+        self.report()
         super().close()
+
+
+def _end_of_batch(session: NodeSession, conn: _MeteredConnection) -> None:
+    """The hub reader's batch is dispatched: the replies it brought are
+    written first, then its frames counted."""
+    session.end_of_batch()
+    conn.report()
 
 
 def _wire_error_reason(conn: _MeteredConnection) -> WireErrorReason:
@@ -313,7 +325,7 @@ class NodeHub:
                 dispatch,
                 heartbeat_interval=settings.heartbeat_interval,
                 heartbeat_timeout=settings.heartbeat_timeout,
-                end_of_batch=session.end_of_batch,
+                end_of_batch=lambda: _end_of_batch(session, conn),
             )
         except ChannelClosed as exc:
             if exc.kind == "protocol":
