@@ -361,6 +361,24 @@ def test_bad_values_raise_and_count_nothing(m: GatewayMetrics) -> None:
     assert series(m, "iop_dispatch_wait_seconds_count") == {}
 
 
+def test_a_dispatch_wait_series_once_made_still_refuses_bad_values(m: GatewayMetrics) -> None:
+    """Labels are checked when a series is first made; a made series does not
+    let another group, outcome or a negative wait through."""
+    m.observe_dispatch_wait("echo", 0.1, "admitted")
+    bad_calls: list[Callable[[], None]] = [
+        lambda: m.observe_dispatch_wait("echo", -1.0, "admitted"),
+        lambda: m.observe_dispatch_wait("echo", 0.1, "maybe"),
+        lambda: m.observe_dispatch_wait("not-a-group", 0.1, "admitted"),
+    ]
+    for bad in bad_calls:
+        with pytest.raises(ValueError):
+            bad()
+    m.observe_dispatch_wait("echo", 0.2, "admitted")
+    assert series(m, "iop_dispatch_wait_seconds_count") == {
+        frozenset({("edge_id", EDGE), ("model_group", "echo"), ("outcome", "admitted")}): 2.0
+    }
+
+
 def test_without_registered_ids_any_well_shaped_id_is_accepted() -> None:
     m = GatewayMetrics(EDGE)
     m.record_request(req_labels(model_group="qwen3.6:35b"), status="ok", duration=0.1)

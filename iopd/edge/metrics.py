@@ -394,11 +394,17 @@ class GatewayMetrics:
         Call once per lease attempt (the pool's ``on_wait_done`` hook).  An
         ``outcome="queue_timeout"`` also counts ``iop_queue_waiters_timed_out_total``.
         """
-        check_member("outcome", outcome, DISPATCH_OUTCOMES)
-        self._check_group(group)
         if seconds < 0:
             raise ValueError("seconds must be >= 0")
-        self._child(self._dispatch_wait, (self.edge_id, group, outcome)).observe(seconds)
+        # On the path of every lease: the labels are checked when their child is
+        # first made (ids registered once stay allowed), not at every call.
+        key = (self.edge_id, group, outcome)
+        found = self._children.get((id(self._dispatch_wait), key))
+        if not isinstance(found, Histogram):  # None: not made yet
+            check_member("outcome", outcome, DISPATCH_OUTCOMES)
+            self._check_group(group)
+            found = self._child(self._dispatch_wait, key)
+        found.observe(seconds)
         if outcome == "queue_timeout":
             self._queue_timeouts.labels(self.edge_id).inc()
 
