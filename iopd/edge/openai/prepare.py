@@ -70,13 +70,8 @@ from iopd.http.server import Request
 from iopd.tokens import estimate_input_tokens
 
 __all__ = [
-    "MODEL_GROUP_HEADER",
-    "Body",
-    "ContextClass",
-    "LeasedRequest",
-    "Leasing",
-    "model_not_found",
-    "prepare",
+    "MODEL_GROUP_HEADER", "Body", "ContextClass", "LeasedRequest", "Leasing",
+    "model_not_found", "prepare",
 ]
 
 log = logging.getLogger("iopd.edge.request")
@@ -158,6 +153,7 @@ class Leasing(Generic[Body]):
         "_failed",
         "_retries",
         "_reported",
+        "_relay_params",
     )
 
     def __init__(self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> None:
@@ -180,8 +176,8 @@ class Leasing(Generic[Body]):
             needs = _relayed_needs(snap, request, group, body)
         else:
             needs = _openai_needs(snap, request, group, body, relay_only)
-        if relay_only:
-            generation_params(body, group, relay=True)  # over a limit: 400 before queueing
+        # Over a limit: 400 before queueing (kept for the lease, when its group is this one).
+        relay_params = generation_params(body, group, relay=True) if relay_only else None
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         principal_ref = principal.label_principal_ref
@@ -198,6 +194,7 @@ class Leasing(Generic[Body]):
         self._retries = 0
         self._lease: Lease | None = None  # the lease held now
         self._reported = False  # this attempt's verdict went to the tracker
+        self._relay_params = relay_params
         self._lease_cm: AbstractAsyncContextManager[Lease] = self._open_lease(frozenset())
 
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
@@ -393,7 +390,9 @@ class Leasing(Generic[Body]):
         call.leased = True  # from here a provider may spend tokens on it
         relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
         out.mode = "passthrough" if relay else "normalized"
-        body, needs = self._body, self._needs
+        body, needs, params = self._body, self._needs, self._relay_params
+        if params is None or not relay or group is not self._group:
+            params = generation_params(body, group, relay=relay)
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         return LeasedRequest(
@@ -411,7 +410,7 @@ class Leasing(Generic[Body]):
             relay=relay,
             # In a mixed group only the lease decides the path, so a relayed
             # request's limits are checked (again) here.
-            params=generation_params(body, group, relay=relay),
+            params=params,
             leasing=self,
         )
 
