@@ -42,8 +42,9 @@ from __future__ import annotations
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 from typing import Generic, Protocol, TypeVar, cast, overload
 
 import msgspec
@@ -325,39 +326,10 @@ class NodeSession:
             raise NodeDispatchError(f"node {self.node_id} disconnected")
         self._channel.post(msg)
 
-    @asynccontextmanager
-    async def _open(
+    def _open(
         self, req: RunRequest | ProviderTunnelRequest | NodeConfig, window: int
-    ) -> AsyncIterator[NodeStream[Reply]]:
-        if not self.alive:
-            raise NodeDispatchError(f"node {self.node_id} disconnected")
-        # Ids go out in increasing order without a lock: the channel encodes
-        # (and checks) each frame synchronously, in call order.
-        self._next_stream_id += 1
-        stream_id = self._next_stream_id
-        post = self._channel.post
-        stream: NodeStream[Reply] = NodeStream(
-            self.node_id, stream_id, window, post, tunnel=isinstance(req, ProviderTunnelRequest)
-        )
-        self._streams[stream_id] = stream
-        try:
-            try:
-                await self._channel.send(msgspec.structs.replace(req, stream_id=stream_id))
-            except ChannelClosed:
-                raise NodeDispatchError(f"node {self.node_id} disconnected") from None
-            except LocalProtocolError as exc:
-                raise NodeDispatchError(
-                    f"cannot send the request to node {self.node_id}: {exc.reason}"
-                ) from None
-            yield stream
-        finally:
-            self._streams.pop(stream_id, None)
-            refund = stream.abandon()
-            opened = self._channel.conn.stream_state(stream_id) is not StreamState.IDLE
-            if self.alive and opened and not stream.terminal_received:
-                post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
-                if refund:
-                    post(Credit(stream_id=stream_id, frames=refund))
+    ) -> _OpenStream:
+        return _OpenStream(self, req, window)
 
     # ------------------------------------------------- the hub's side (nodes.py)
 
@@ -417,3 +389,79 @@ class NodeSession:
             if not stream.terminal_received:  # a finished stream keeps its replies
                 stream.fail(error)
         self._channel.close_soon(self.end_reason or "session ended")
+
+
+class _OpenStream:
+    """``NodeSession.open_stream`` (a class: no generator frame on the hot path).
+
+    Entering sends the request on a fresh stream and gives its replies;
+    leaving (also when the send failed) forgets the stream and, before its
+    terminal, sends ``Cancel`` and gives the credit of unread replies back.
+    """
+
+    __slots__ = ("_session", "_req", "_window", "_stream")
+
+    def __init__(
+        self,
+        session: NodeSession,
+        req: RunRequest | ProviderTunnelRequest | NodeConfig,
+        window: int,
+    ) -> None:
+        self._session = session
+        self._req = req
+        self._window = window
+        self._stream: NodeStream[Reply] | None = None
+
+    async def __aenter__(self) -> NodeStream[Reply]:
+        session, req = self._session, self._req
+        if self._stream is not None:
+            raise RuntimeError("a node stream is opened once")
+        if not session.alive:
+            raise NodeDispatchError(f"node {session.node_id} disconnected")
+        # Ids go out in increasing order without a lock: the channel encodes
+        # (and checks) each frame synchronously, in call order.
+        session._next_stream_id += 1
+        stream_id = session._next_stream_id
+        channel = session._channel
+        stream: NodeStream[Reply] = NodeStream(
+            session.node_id,
+            stream_id,
+            self._window,
+            channel.post,
+            tunnel=isinstance(req, ProviderTunnelRequest),
+        )
+        session._streams[stream_id] = stream
+        self._stream = stream
+        try:
+            try:
+                await channel.send(msgspec.structs.replace(req, stream_id=stream_id))
+            except ChannelClosed:
+                raise NodeDispatchError(f"node {session.node_id} disconnected") from None
+            except LocalProtocolError as exc:
+                raise NodeDispatchError(
+                    f"cannot send the request to node {session.node_id}: {exc.reason}"
+                ) from None
+        except BaseException:
+            self._leave()
+            raise
+        return stream
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._leave()
+
+    def _leave(self) -> None:
+        session, stream = self._session, self._stream
+        assert stream is not None
+        stream_id = stream.stream_id
+        session._streams.pop(stream_id, None)
+        refund = stream.abandon()
+        opened = session._channel.conn.stream_state(stream_id) is not StreamState.IDLE
+        if session.alive and opened and not stream.terminal_received:
+            session._channel.post(Cancel(stream_id=stream_id, reason="edge abandoned the stream"))
+            if refund:
+                session._channel.post(Credit(stream_id=stream_id, frames=refund))
