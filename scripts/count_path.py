@@ -15,7 +15,12 @@ one at a time (or over ``--concurrency`` connections), and prints per unit (a re
 * on-CPU µs of each daemon (``/proc/<pid>/task/*/schedstat``; this one
   moves with load and cache temperature);
 * with ``--strace``, the system calls of each daemon by name (``strace -c
-  -f`` attached for the measured phase only).
+  -f`` attached for the measured phase only);
+* with ``--calltree DIR``, every Python call (and builtin) of each daemon's
+  first ``--calltree-steps`` task steps of the measured phase, in order and
+  indented by depth, one step after another (``DIR/<phase>-<daemon>.calltree.txt``),
+  and how many call events each of those steps made: what one request does,
+  step by step, to read rather than to time.
 
 Phases (``--phases``):
 
@@ -55,6 +60,7 @@ import bench_gateway as bg
 import trio
 
 DUMP_SIGNAL = signal.SIGUSR2
+CALLTREE_SIGNAL = signal.SIGUSR1
 LATENCIES: list[float] = []
 
 # ------------------------------------------------------------ the daemons' side
@@ -82,6 +88,10 @@ class StepCounter(trio.abc.Instrument):
         self.calls_on = calls
         if calls:
             sys.setprofile(self._profile)
+        self._tree: list[str] | None = None  # the call tree being written (``--calltree``)
+        self._tree_left = 0  # task steps it still takes
+        self._tree_path = ""
+        self._depth = 0
         self.cprofile: cProfile.Profile | None = None
         if cprofile:
             self.cprofile = cProfile.Profile()
@@ -91,12 +101,45 @@ class StepCounter(trio.abc.Instrument):
         if event == "call" or event == "c_call":
             self.calls += 1
 
+    # -- the call tree (``--calltree``): armed by a signal, written after N steps
+
+    def arm_calltree(self, path: str, steps: int) -> None:
+        self._tree_path, self._tree_left = path, steps
+        self._tree = None
+
+    def _tree_hook(self, frame: Any, event: str, arg: Any) -> None:
+        tree = self._tree
+        if tree is None:
+            return
+        if event == "call":
+            code = frame.f_code
+            where = "/".join(code.co_filename.split("/")[-2:])
+            tree.append(f"{'  ' * self._depth}{code.co_qualname}  {where}:{code.co_firstlineno}")
+            self._depth += 1
+        elif event == "c_call":
+            tree.append(f"{'  ' * self._depth}C {getattr(arg, '__qualname__', arg)}")
+            self._depth += 1
+        elif self._depth:  # return, c_return, c_exception (the trace starts mid-stack)
+            self._depth -= 1
+
     def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._tree_left:
+            if self._tree is None:
+                self._tree = []
+                sys.setprofile(self._tree_hook)
+            self._depth = 0
+            self._tree.append(f"=== step {task.name}")
         self.steps[task.name] += 1
         self._step_start = time.perf_counter_ns()
         self._step_cpu = time.thread_time_ns()
 
     def after_task_step(self, task: trio.lowlevel.Task) -> None:
+        if self._tree_left and self._tree is not None:
+            self._tree_left -= 1
+            if not self._tree_left:
+                sys.setprofile(None)
+                Path(self._tree_path).write_text("\n".join(self._tree) + "\n")
+                self._tree = None
         wall = time.perf_counter_ns() - self._step_start
         cpu = time.thread_time_ns() - self._step_cpu
         self.step_ns[task.name] += wall
@@ -139,10 +182,15 @@ class StepCounter(trio.abc.Instrument):
             sys.setprofile(self._profile)
 
 
-def _run_daemon(argv: list[str], dump_path: str, split: str, calls: bool, cprofile: bool) -> None:
+def _run_daemon(
+    argv: list[str], dump_path: str, split: str, calls: bool, cprofile: bool, tree_steps: int
+) -> None:
     """``python -m iopd <argv>`` with a ``StepCounter`` in its trio run."""
     counter = StepCounter(split, calls, cprofile)
     signal.signal(DUMP_SIGNAL, lambda *_: counter.dump(dump_path))
+    signal.signal(
+        CALLTREE_SIGNAL, lambda *_: counter.arm_calltree(dump_path + ".calltree", tree_steps)
+    )
     real_run = trio.run
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -286,6 +334,9 @@ def _phase(
             t.wait()
         tracers = {}
     before = {d.name: d.counts() for d in daemons}
+    if args.calltree:
+        for d in daemons:  # traced from each one's next task step
+            os.kill(d.proc.pid, CALLTREE_SIGNAL)
     LATENCIES.clear()
     trio.run(drive, args.requests)
     # (The client's own wall clock: moves with load, unlike the counts.)
@@ -327,6 +378,8 @@ def _phase(
                     f"{statistics.median(x[0] for x in xs) / 1000:.0f} µs, CPU p50 "
                     f"{statistics.median(x[1] for x in xs) / 1000:.0f} µs"
                 )
+        if args.calltree:
+            _print_calltree(d, Path(args.calltree), name)
         if args.tasks:
             step_ns = Counter(a["step_ns"])
             step_ns.subtract(b["step_ns"])
@@ -337,6 +390,28 @@ def _phase(
                     us = step_ns[task] / 1000 / units
                     cpu = step_cpu[task] / 1000 / units
                     print(f"      {n / units:6.2f}  {us:6.0f} µs wall {cpu:6.0f} µs CPU  {task}")
+
+
+def _print_calltree(d: Daemon, out_dir: Path, phase: str) -> None:
+    """Copy the daemon's call tree to ``out_dir``; print its steps' call events."""
+    source = d.dump_path.with_name(d.dump_path.name + ".calltree")
+    if not source.exists():
+        print(f"      call tree: {d.name} ran fewer task steps than asked")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / f"{phase}-{d.name}.calltree.txt"
+    text = source.read_text()
+    target.write_text(text)
+    source.unlink()  # a later phase writes its own
+    steps: list[tuple[str, int]] = []
+    for line in text.splitlines():
+        if line.startswith("=== step "):
+            steps.append((line[len("=== step ") :], 0))
+        elif steps:
+            steps[-1] = (steps[-1][0], steps[-1][1] + 1)
+    print(f"      call tree ({target}): call events per step, in order")
+    for name, n in steps:
+        print(f"        {n:6d}  {name}")
 
 
 def _print_profile(path: Path, units: int, top: int) -> None:
@@ -381,6 +456,15 @@ def main() -> None:
         help="profile each daemon (cProfile) over the phase; print its N functions of most own time",
     )
     parser.add_argument(
+        "--calltree",
+        default="",
+        metavar="DIR",
+        help="write each daemon's Python calls, in order, over its first task steps of a phase",
+    )
+    parser.add_argument(
+        "--calltree-steps", type=int, default=12, help="task steps in the call tree"
+    )
+    parser.add_argument(
         "--pin",
         default="",
         help="pin processes to cores, e.g. 'edge=0,node=1,provider=1,client=1' (default: not pinned)",
@@ -389,10 +473,12 @@ def main() -> None:
     if args.role == "provider":
         trio.run(_serve_provider, args.chunks, args.interval)
         return
-    if args.calls and args.cprofile:
-        parser.error("--calls and --cprofile both use the profile hook: one at a time")
+    if sum(map(bool, (args.calls, args.cprofile, args.calltree))) > 1:
+        parser.error("--calls, --cprofile and --calltree use the profile hook: one at a time")
     if args.role == "daemon":
-        _run_daemon(rest, args.dump, args.split, args.calls, args.cprofile)
+        _run_daemon(
+            rest, args.dump, args.split, args.calls, args.cprofile, args.calltree_steps
+        )
         return
 
     me = [sys.executable, __file__]
@@ -406,6 +492,7 @@ def main() -> None:
         provider_port = int(provider.stdout.readline())
         daemon_flags = ["--split", args.split] + (["--calls"] if args.calls else [])
         daemon_flags += ["--cprofile", str(args.cprofile)]
+        daemon_flags += ["--calltree-steps", str(args.calltree_steps)]
         edge_cfg = tmp / "edge.yaml"
         edge_cfg.write_text(
             bg.EDGE_YAML.format(
