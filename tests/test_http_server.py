@@ -157,6 +157,34 @@ async def test_keep_alive_reuses_the_connection() -> None:
             assert "date" in headers
 
 
+async def test_a_request_complete_as_its_read_deadline_fires_is_still_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The handler runs in the scope that bounded the request's read.  When
+    that read's deadline fired in the very round the last bytes came, the
+    scope's cancel is pending, not raised: the complete request is served
+    (in a scope of its own), twice on one connection."""
+    from iopd.http import transport
+
+    real = transport.ServedConnection._read_request
+
+    async def read_then_expire(
+        self: transport.ServedConnection, deadline: trio.CancelScope
+    ) -> object:
+        event = await real(self, deadline)
+        if isinstance(event, Request):
+            deadline.cancel()  # as the run loop does at the deadline, with no checkpoint after
+        return event
+
+    monkeypatch.setattr(transport.ServedConnection, "_read_request", read_then_expire)
+    with trio.fail_after(10):
+        async with running() as (port, _), connect(port) as client:
+            for path in ("/a", "/b"):
+                await client.send(get(path))
+                status, _, body = await client.response()
+                assert status == 200 and json.loads(body)["path"] == path
+
+
 async def test_connection_close_closes_after_the_response() -> None:
     with trio.fail_after(10):
         async with running() as (port, _), connect(port) as client:

@@ -365,18 +365,27 @@ class ServedConnection:
         # runs in it with no deadline (a client gone cancels it).  Cheaper
         # on the hot path than a scope per state, or one to read and one to
         # handle.
+        ran: _Ran | None = None
         with trio.CancelScope() as scope:
             try:
                 event = await self._read_request(scope)
             except ClientDisconnected:  # while writing 100 Continue
                 event = _CLOSE
-            if isinstance(event, Request):
-                if self.eof:
-                    return http.finish_response(False)  # the client is already gone
+            if isinstance(event, Request) and not self.eof and not scope.cancel_called:
                 scope.deadline = math.inf
                 ran = _Ran(self._responder(event, scope))
                 await self._run_handler(event, ran, scope)
         if isinstance(event, Request):
+            if self.eof and ran is None:
+                return http.finish_response(False)  # the client is already gone
+            if ran is None:
+                # The read's deadline ran out in the very round its last
+                # bytes came (its cancel is pending, not raised): the
+                # complete request is served, in a scope of its own.
+                scope = trio.CancelScope()
+                ran = _Ran(self._responder(event, scope))
+                with scope:
+                    await self._run_handler(event, ran, scope)
             return await self._after_handler(event, scope, ran)
         if scope.cancelled_caught:
             self.idle_scope = None
