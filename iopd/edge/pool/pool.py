@@ -18,6 +18,7 @@ cannot be interrupted half-way.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -142,16 +143,17 @@ class ProviderPool:
         ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else
         the pool default).
         """
-        return _PoolLease(
-            self,
+        acquire = functools.partial(
+            self._acquire,
             group_id,
             fallbacks,
             fallback_on_queue_timeout,
             _Ask(context_class == "long", requires, exclude, principal),
-            queue_timeout,
-            body_bytes,
-            on_queued,
+            queue_timeout=queue_timeout,
+            body_bytes=body_bytes,
+            on_queued=on_queued,
         )
+        return _PoolLease(self, acquire)
 
     async def _acquire(
         self,
@@ -500,51 +502,19 @@ class ProviderPool:
 class _PoolLease:
     """:meth:`ProviderPool.lease` (a class: no generator frame on the hot path)."""
 
-    __slots__ = (
-        "_pool",
-        "_group_id",
-        "_fallbacks",
-        "_fallback_on_queue_timeout",
-        "_want",
-        "_queue_timeout",
-        "_body_bytes",
-        "_on_queued",
-        "_grant",
-    )
+    __slots__ = ("_pool", "_acquire", "_grant")
 
     def __init__(
-        self,
-        pool: ProviderPool,
-        group_id: str,
-        fallbacks: Sequence[str],
-        fallback_on_queue_timeout: bool,
-        want: _Ask,
-        queue_timeout: float | None,
-        body_bytes: int,
-        on_queued: Callable[[], Awaitable[None]] | None,
+        self, pool: ProviderPool, acquire: Callable[[], Awaitable[tuple[Grant, float]]]
     ) -> None:
         self._pool = pool
-        self._group_id = group_id
-        self._fallbacks = fallbacks
-        self._fallback_on_queue_timeout = fallback_on_queue_timeout
-        self._want = want
-        self._queue_timeout = queue_timeout
-        self._body_bytes = body_bytes
-        self._on_queued = on_queued
+        self._acquire = acquire  # the pool's _acquire with this lease's arguments
         self._grant: Grant | None = None
 
     async def __aenter__(self) -> Lease:
         if self._grant is not None:
             raise RuntimeError("a pool lease is entered once")
-        grant, waited = await self._pool._acquire(
-            self._group_id,
-            self._fallbacks,
-            self._fallback_on_queue_timeout,
-            self._want,
-            queue_timeout=self._queue_timeout,
-            body_bytes=self._body_bytes,
-            on_queued=self._on_queued,
-        )
+        grant, waited = await self._acquire()
         self._grant = grant
         return Lease(
             provider_id=grant.provider_id,
