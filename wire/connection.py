@@ -292,7 +292,8 @@ class Connection:
         try:
             msgs = self._decoder.feed(data)
             for msg in msgs:
-                self._check_version(msg)
+                if type(msg) is HelloAck:
+                    self._check_version(msg)
                 try:
                     self._apply(self.their_role, msg)
                 except _Illegal as exc:
@@ -323,8 +324,8 @@ class Connection:
         self._error = exc
         self.state = ConnState.CLOSED
 
-    def _check_version(self, msg: Message) -> None:
-        if isinstance(msg, HelloAck) and msg.protocol_version != PROTOCOL_VERSION:
+    def _check_version(self, msg: HelloAck) -> None:
+        if msg.protocol_version != PROTOCOL_VERSION:
             raise VersionMismatch(
                 f"edge speaks protocol version {msg.protocol_version}, we speak {PROTOCOL_VERSION}"
             )
@@ -339,8 +340,10 @@ class Connection:
                 f"{self.state.value}"
             )
         stream_id = getattr(msg, "stream_id", None)
-        if stream_id is not None:
+        if stream_id is not None:  # (no handshake message has a stream)
             self._apply_stream(sender, msg, stream_id)
+            self.state = next_state
+            return
         if isinstance(msg, Hello):
             self.hello = msg
         elif isinstance(msg, HelloAck):

@@ -112,18 +112,13 @@ class _Stream:
             self.sender, "send_held", self.sender.send
         )
 
-    def _sender_for(
-        self, hold: bool
-    ) -> Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]]:
-        return self._send_held if hold else self.sender.send
-
     async def send(self, msg: RunEvent | ProviderTunnelFrame, *, hold: bool = False) -> None:
         """Send an output message; a broken link ends the stream's work.
 
         ``hold=True``: the caller sends another frame right after this one.
         """
         try:
-            await self._sender_for(hold)(msg)
+            await (self._send_held if hold else self.sender.send)(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.link_gone = True
             self.scope.cancel()
@@ -137,7 +132,7 @@ class _Stream:
         try:
             last = len(msgs) - 1
             for i, msg in enumerate(msgs):
-                await self._sender_for(i < last)(msg)
+                await (self._send_held if i < last else self.sender.send)(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.link_gone = True
 

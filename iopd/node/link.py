@@ -126,7 +126,8 @@ class _StreamSender:
         if msg.stream_id != self.stream_id:
             msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
         conn = self._channel.conn
-        while not is_terminal(msg) and conn.stream_credit(self.stream_id) <= 0:
+        terminal = is_terminal(msg)
+        while not terminal and conn.stream_credit(self.stream_id) <= 0:
             if self._channel.closed:
                 raise ChannelClosed(self._channel.close_reason or "link closed", "closed")
             if conn.stream_state(self.stream_id) not in (StreamState.OPEN, StreamState.CANCELLED):
@@ -134,7 +135,7 @@ class _StreamSender:
             # Held frames must reach the edge before it can return their credit.
             await self._channel.flush()
             await self._credit_changed.wait()
-        if self._release is not None and is_terminal(msg):
+        if terminal and self._release is not None:
             self.release_slot()  # before the edge can read the terminal and open anew
         try:
             await self._channel.send(msg)
