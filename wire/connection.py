@@ -342,9 +342,7 @@ class Connection:
         stream_id = getattr(msg, "stream_id", None)
         if stream_id is not None:  # (no handshake message has a stream)
             self._apply_stream(sender, msg, stream_id)
-            self.state = next_state
-            return
-        if isinstance(msg, Hello):
+        elif isinstance(msg, Hello):
             self.hello = msg
         elif isinstance(msg, HelloAck):
             self.hello_ack = msg

@@ -376,9 +376,9 @@ class ServedConnection:
                 ran = _Ran(self._responder(event, scope))
                 await self._run_handler(event, ran, scope)
         if isinstance(event, Request):
-            if self.eof and ran is None:
-                return http.finish_response(False)  # the client is already gone
             if ran is None:
+                if self.eof:
+                    return http.finish_response(False)  # the client is already gone
                 # The read's deadline ran out in the very round its last
                 # bytes came (its cancel is pending, not raised): the
                 # complete request is served, in a scope of its own.
