@@ -256,6 +256,11 @@ class Connection:
         return list(self._streams)
 
     @property
+    def open_stream_count(self) -> int:
+        """How many streams have not seen their terminal yet."""
+        return len(self._streams)
+
+    @property
     def last_stream_id(self) -> int:
         """The highest stream id opened so far (0 before the first)."""
         return self._last_stream_id

@@ -111,6 +111,11 @@ class _Stream:
         self._send_held: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
             self.sender, "send_held", self.sender.send
         )
+        # ``send_soon``: a frame may leave at the end of the scheduler round,
+        # in one write with the other streams' frames of that round.
+        self._send_soon: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
+            self.sender, "send_soon", self.sender.send
+        )
 
     async def send(self, msg: RunEvent | ProviderTunnelFrame, *, hold: bool = False) -> None:
         """Send an output message; a broken link ends the stream's work.
@@ -118,7 +123,7 @@ class _Stream:
         ``hold=True``: the caller sends another frame right after this one.
         """
         try:
-            await (self._send_held if hold else self.sender.send)(msg)
+            await (self._send_held if hold else self._send_soon)(msg)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.link_gone = True
             self.scope.cancel()

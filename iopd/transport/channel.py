@@ -11,8 +11,14 @@ Why it looks like this:
   call order and written by whichever sender is the writer, in batches, first
   straight to the socket (``iopd.transport.fastsend``) and, for what the
   socket did not take, by a ``send_all`` shielded from cancellation: a
-  cancelled caller must never leave half a frame on the wire.  A write that blocks forever (peer not reading) is ended by the
-  heartbeat watchdog, which closes the stream under it.
+  cancelled caller must never leave half a frame on the wire.  A write that
+  blocks forever (peer not reading) is ended by the heartbeat watchdog,
+  which closes the stream under it.
+* ``send_soon`` commits a frame like ``send`` but leaves its write to the
+  end of the scheduler round (``iopd.transport.round_end``): what many
+  tasks send in one round leaves in one write.  What the socket does not
+  take then is finished by the outbox writer, and senders wait for it as
+  they would for any writer.
 * Heartbeats: every ``heartbeat_interval`` we send ``Heartbeat``; any traffic
   from the peer counts as life; nothing for ``heartbeat_timeout`` seconds means
   a dead peer and the channel closes.
@@ -35,6 +41,7 @@ from typing import Literal
 import trio
 
 from iopd.transport.fastsend import receive_some, write_now
+from iopd.transport.round_end import call_at_round_end
 from wire.connection import Connection
 from wire.errors import LocalProtocolError, RemoteProtocolError
 from wire.messages import Heartbeat, Message, Pong
@@ -45,6 +52,10 @@ log = logging.getLogger("iopd.transport")
 READ_SIZE = 65536
 #: Messages the outbox may hold before the peer is considered stuck.
 MAX_OUTBOX = 10_000
+#: Bytes ``send_soon`` lets wait for the round's end; past them it writes at
+#: once (and waits for the socket like ``send``).  The peer reads this much
+#: at a time.
+ROUND_BATCH_BYTES = READ_SIZE
 
 CloseKind = Literal["eof", "broken", "protocol", "heartbeat", "local", "closed"]
 
@@ -120,6 +131,13 @@ class WireChannel:
         self._last_rx = trio.current_time()
         self._hb_seq = 0
         self._serve_scope: trio.CancelScope | None = None
+        # ``send_soon``: only straight to a plain socket, and only while
+        # ``serve`` runs (its outbox writer finishes what a round's write left).
+        self._direct = type(stream) is trio.SocketStream
+        self._round_end_due = False  # a round-end write is registered
+        self._stalled = False  # the socket did not take a round's batch: wait as for a writer
+        self._soon_bytes = 0  # committed by ``send_soon`` since the last write began
+        self._token = trio.lowlevel.current_trio_token()
 
     @property
     def closed(self) -> bool:
@@ -158,6 +176,68 @@ class WireChannel:
             return
         await self._write_loop()
 
+    async def send_soon(self, msg: Message) -> None:
+        """Like ``send``, but the write may wait for the end of this scheduler round.
+
+        Every frame committed by any task during one round of trio's run loop
+        then leaves in one write, just before the loop polls for I/O, and the
+        peer wakes once for all of them.  Nothing waits past the round, and
+        nothing waits at all while its stream is the only one open (no other
+        frame could join it).  While a
+        write is waiting for the socket (a writer is busy, or a round's batch
+        was not taken whole) this waits like ``send``, so a peer that does not
+        read holds its senders back.  The frame is committed when this
+        returns or raises ``Cancelled``.
+        """
+        conn = self.conn
+        if (
+            self._writing
+            or self._stalled
+            or conn.open_stream_count < 2  # no other stream's frame could join it
+            or self._serve_scope is None
+            or not self._direct
+        ):
+            await self.send(msg)
+            return
+        if self._closed is not None:
+            raise self._closed
+        frame = conn.send(msg)
+        self._wbuf.append(frame)
+        self._soon_bytes += len(frame)
+        if self._soon_bytes >= ROUND_BATCH_BYTES:
+            await self.flush()  # enough for one write: no reason to wait
+            return
+        if not self._round_end_due:
+            self._round_end_due = True
+            call_at_round_end(self._write_at_round_end)
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    def _write_at_round_end(self) -> None:
+        """The round's frames in one write (from the run loop: no task is woken here)."""
+        self._round_end_due = False
+        self._soon_bytes = 0
+        if self._writing or self._closed is not None or not self._wbuf:
+            return  # a writer took them, or they went with the channel
+        batch = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
+        try:
+            written = write_now(self.stream, batch)
+        except _MAPPED:
+            written = 0  # the outbox writer meets the error again and closes the channel
+        if written == len(batch):
+            self._wbuf = []
+            self._stalled = False
+            return
+        # The rest stays first in line; later sends wait for the outbox writer.
+        self._wbuf = [batch[written:]]
+        self._stalled = True
+        try:
+            self._token.run_sync_soon(self._wake_writer)
+        except trio.RunFinishedError:  # pragma: no cover - the run is ending
+            pass
+
+    def _wake_writer(self) -> None:
+        self._outbox_wakeup.set()
+
     def queue(self, msg: Message) -> None:
         """Commit ``msg`` like ``send`` but leave the write to the next ``send``/``flush``.
 
@@ -189,6 +269,7 @@ class WireChannel:
             while self._wbuf:
                 batch = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
                 self._wbuf = []
+                self._soon_bytes = 0
                 done, self._flushed = self._flushed, trio.Event()
                 try:
                     # Straight to the socket when it takes it all (the common
@@ -205,6 +286,8 @@ class WireChannel:
                     done.set()
         finally:
             self._writing = False
+            if not self._wbuf:
+                self._stalled = False
             if self._closed is not None:
                 self._wbuf = []
                 self._flushed.set()
@@ -228,7 +311,9 @@ class WireChannel:
         while True:
             await self._outbox_wakeup.wait()
             self._outbox_wakeup = trio.Event()
-            while self._outbox:
+            # (Also after a round-end write the socket took in part: then the
+            # rest waits in ``_wbuf`` for a writer.)
+            while self._outbox or self._wbuf:
                 # Commit everything queued, then write it in one go: one flush
                 # per message let Credits posted by the reader pile up faster
                 # than they drained (and a Cancel waited behind them).
