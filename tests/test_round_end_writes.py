@@ -285,6 +285,30 @@ async def test_a_batch_the_socket_does_not_take_holds_the_senders_and_loses_noth
     assert by_sender == {str(k): list(range(20)) for k in range(10)}
 
 
+async def test_the_outbox_writer_waits_while_another_task_writes_a_stalled_batch() -> None:
+    # The round's batch is taken in part, so the outbox writer is woken; the
+    # sender's next frame makes the sender the writer of the rest first.  The
+    # outbox writer must then leave it to that writer, not loop on "stalled"
+    # without a checkpoint (which froze the node at N = 600 in a benchmark).
+    with trio.fail_after(5):
+        async with _serving_pair(window=10_000, sndbuf=4096) as (edge, node):
+            stalled: list[bool] = []
+
+            async def sender() -> None:
+                for i in range(10):
+                    await node.send_soon(_text(f"a{i}:" + "x" * 4000))
+                await trio.lowlevel.checkpoint()  # the round ends: the batch goes in part
+                stalled.append(node._stalled)
+                await node.send_soon(_text("b:" + "y" * 4000))  # the writer, until the edge reads
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(sender)
+                await trio.testing.wait_all_tasks_blocked()
+                got = await _receive(edge, 11)
+    assert stalled == [True]
+    assert [m.text.split(":")[0] for m in got] == [f"a{i}" for i in range(10)] + ["b"]  # type: ignore[union-attr]
+
+
 async def test_a_task_sending_much_in_one_step_writes_without_waiting_for_the_round(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
