@@ -125,6 +125,11 @@ class _Writes:
         monkeypatch.setattr(channel_mod, "write_now", counting)
 
 
+@pytest.fixture
+def writes(monkeypatch: pytest.MonkeyPatch) -> _Writes:
+    return _Writes(monkeypatch)
+
+
 @asynccontextmanager
 async def _serving_pair(
     window: int = 1000, sndbuf: int | None = None
@@ -172,10 +177,7 @@ async def _receive(edge: WireChannel, n: int) -> list[Message]:
     return [await edge.receive_message() for _ in range(n)]
 
 
-async def test_frames_of_many_tasks_in_one_round_leave_in_one_write(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    writes = _Writes(monkeypatch)
+async def test_frames_of_many_tasks_in_one_round_leave_in_one_write(writes: _Writes) -> None:
     with trio.fail_after(5):
         async with _serving_pair() as (edge, node):
             order: list[str] = []
@@ -194,10 +196,7 @@ async def test_frames_of_many_tasks_in_one_round_leave_in_one_write(
     assert sorted(order, key=int) == [str(i) for i in range(50)]
 
 
-async def test_a_lone_frame_is_written_as_soon_as_its_task_blocks(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    writes = _Writes(monkeypatch)
+async def test_a_lone_frame_is_written_as_soon_as_its_task_blocks(writes: _Writes) -> None:
     with trio.fail_after(5):
         async with _serving_pair() as (edge, node):
             before = writes.count
@@ -208,10 +207,7 @@ async def test_a_lone_frame_is_written_as_soon_as_its_task_blocks(
     assert isinstance(msg, RunEvent) and msg.text == "only"
 
 
-async def test_sends_queues_and_soon_sends_keep_their_commit_order(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    writes = _Writes(monkeypatch)
+async def test_sends_queues_and_soon_sends_keep_their_commit_order(writes: _Writes) -> None:
     with trio.fail_after(5):
         async with _serving_pair() as (edge, node):
             before = writes.count
@@ -225,10 +221,7 @@ async def test_sends_queues_and_soon_sends_keep_their_commit_order(
     assert [m.text for m in got] == ["a", "b", "c", "d"]  # type: ignore[union-attr]
 
 
-async def test_the_only_open_stream_is_written_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    writes = _Writes(monkeypatch)
+async def test_the_only_open_stream_is_written_at_once(writes: _Writes) -> None:
     with trio.fail_after(5):
         async with _serving_pair() as (edge, node):
             await node.send(RunEvent(stream_id=2, kind="complete", finish_reason="stop"))
@@ -310,9 +303,8 @@ async def test_the_outbox_writer_waits_while_another_task_writes_a_stalled_batch
 
 
 async def test_a_task_sending_much_in_one_step_writes_without_waiting_for_the_round(
-    monkeypatch: pytest.MonkeyPatch,
+    writes: _Writes,
 ) -> None:
-    writes = _Writes(monkeypatch)
     with trio.fail_after(5):
         async with _serving_pair(window=10_000) as (edge, node):
             before = writes.count
@@ -380,9 +372,8 @@ async def test_the_node_sends_a_streamed_reply_soon_and_its_terminal_at_once() -
 
 
 async def test_the_link_sender_sends_the_terminal_and_creditless_frames_at_once(
-    monkeypatch: pytest.MonkeyPatch,
+    writes: _Writes,
 ) -> None:
-    writes = _Writes(monkeypatch)
     with trio.fail_after(5):
         async with _serving_pair(window=1) as (edge, node):
             sender = _StreamSender(node, 1)
@@ -398,4 +389,3 @@ async def test_the_link_sender_sends_the_terminal_and_creditless_frames_at_once(
             assert writes.count == before + 2  # the terminal: written at once
             last = await edge.receive_message()
     assert isinstance(last, RunEvent) and last.kind == "complete"
-

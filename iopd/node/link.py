@@ -142,13 +142,15 @@ class _StreamSender:
         except LocalProtocolError as exc:
             raise trio.ClosedResourceError(exc.reason) from None
 
+    def _may_wait(self, msg: RunEvent | ProviderTunnelFrame) -> bool:
+        """Whether ``msg`` may leave later than now: not a terminal, and credit left."""
+        return not is_terminal(msg) and self._channel.conn.stream_credit(self.stream_id) > 0
+
     async def send_soon(self, msg: RunEvent | ProviderTunnelFrame) -> None:
         """Like ``send``, but the frame may leave at the end of the scheduler
         round, in one write with what the other streams sent in that round
         (``WireChannel.send_soon``).  The terminal is sent at once."""
-        if msg.stream_id != self.stream_id:
-            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
-        if is_terminal(msg) or self._channel.conn.stream_credit(self.stream_id) <= 0:
+        if msg.stream_id != self.stream_id or not self._may_wait(msg):
             await self.send(msg)
             return
         try:
@@ -159,9 +161,7 @@ class _StreamSender:
     async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
         """Like ``send``, but the frame may wait for the stream's next send to
         leave in the same write.  Only for a frame that another follows at once."""
-        if msg.stream_id != self.stream_id:
-            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
-        if is_terminal(msg) or self._channel.conn.stream_credit(self.stream_id) <= 0:
+        if msg.stream_id != self.stream_id or not self._may_wait(msg):
             await self.send(msg)
             return
         try:
