@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from iopd.http.client import EarlyStart
+from iopd.node.adapters.http_relay import HTTPAdapter
 from iopd.node.executor import NodeExecutor
 from tests.gateway import (
     Gateway,
@@ -488,7 +489,14 @@ async def test_passthrough_on_a_warm_connection_is_started_early_and_stays_byte_
     caller gets is unchanged, streamed or whole."""
     with trio.fail_after(30):
         async with mixed_gateway() as (mock, gw):
-            early_starts = _record_early_starts(gw.node_handles["node-a"].executor)
+            executor = gw.node_handles["node-a"].executor
+            early_starts = _record_early_starts(executor)
+            # The node's first health probe runs at start-up: let it end (its
+            # connection pooled) so the first request does not race it for the
+            # provider connection and dial a second one.
+            adapter = executor.registry.get("vllm-a")
+            assert isinstance(adapter, HTTPAdapter)
+            await wait_until(lambda: adapter.client.idle_connections == 1)
             body = {"model": "direct", "messages": [{"role": "user", "content": "hi"}]}
             strip = re.compile(rb'"(id|created)":\s*("[^"]*"|\d+)')
             replies = []
@@ -503,9 +511,9 @@ async def test_passthrough_on_a_warm_connection_is_started_early_and_stays_byte_
                 replies.append(strip.sub(b"", r.body))
             assert replies[0] == replies[1] and replies[2] == replies[3]
             assert replies[3].rstrip().endswith(b"data: [DONE]")
-            # All but maybe the first (the health probe may have left a
-            # warm connection already), all on one provider connection.
-            assert 3 <= len(early_starts) <= 4
+            # Every one (the health probe left a warm connection), all on
+            # one provider connection.
+            assert len(early_starts) == 4
             assert mock.connections_opened == 1
             posts = [req for req in mock.requests if req.method == "POST"]
             assert [req.json()["model"] for req in posts] == ["served-a"] * 4
