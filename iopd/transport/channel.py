@@ -183,11 +183,10 @@ class WireChannel:
         then leaves in one write, just before the loop polls for I/O, and the
         peer wakes once for all of them.  Nothing waits past the round, and
         nothing waits at all while its stream is the only one open (no other
-        frame could join it).  While a
-        write is waiting for the socket (a writer is busy, or a round's batch
-        was not taken whole) this waits like ``send``, so a peer that does not
-        read holds its senders back.  The frame is committed when this
-        returns or raises ``Cancelled``.
+        frame could join it).  While a write is waiting for the socket (a
+        writer is busy, or a round's batch was not taken whole) this waits
+        like ``send``, so a peer that does not read holds its senders back.
+        The frame is committed when this returns or raises ``Cancelled``.
         """
         conn = self.conn
         if (
