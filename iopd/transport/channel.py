@@ -214,16 +214,14 @@ class WireChannel:
     def _write_at_round_end(self) -> None:
         """The round's frames in one write (from the run loop: no task is woken here)."""
         self._round_end_due = False
-        self._soon_bytes = 0
         if self._writing or self._closed is not None or not self._wbuf:
             return  # a writer took them, or they went with the channel
-        batch = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
+        batch = self._take_batch()
         try:
             written = write_now(self.stream, batch)
         except _MAPPED:
             written = 0  # the outbox writer meets the error again and closes the channel
         if written == len(batch):
-            self._wbuf = []
             self._stalled = False
             return
         # The rest stays first in line; later sends wait for the outbox writer.
@@ -236,6 +234,13 @@ class WireChannel:
 
     def _wake_writer(self) -> None:
         self._outbox_wakeup.set()
+
+    def _take_batch(self) -> bytes:
+        """Everything committed and not yet written, as one piece; the buffer empties."""
+        wbuf = self._wbuf
+        self._wbuf = []
+        self._soon_bytes = 0
+        return wbuf[0] if len(wbuf) == 1 else b"".join(wbuf)
 
     def queue(self, msg: Message) -> None:
         """Commit ``msg`` like ``send`` but leave the write to the next ``send``/``flush``.
@@ -266,9 +271,7 @@ class WireChannel:
         self._writing = True
         try:
             while self._wbuf:
-                batch = self._wbuf[0] if len(self._wbuf) == 1 else b"".join(self._wbuf)
-                self._wbuf = []
-                self._soon_bytes = 0
+                batch = self._take_batch()
                 done, self._flushed = self._flushed, trio.Event()
                 try:
                     # Straight to the socket when it takes it all (the common
