@@ -729,6 +729,9 @@ def main() -> None:
     )
     parser.add_argument("--open-seconds", type=float, default=10.0, help="open-loop run length")
     parser.add_argument("--streams", type=int, default=300, help="streams for first-chunk timing")
+    parser.add_argument(
+        "--c1-requests", type=int, default=1000, help="requests of the one-at-a-time phase"
+    )
     parser.add_argument("--idle-seconds", type=float, default=5.0, help="idle CPU sample")
     parser.add_argument("--cancels", type=int, default=20, help="cancel-latency runs")
     parser.add_argument("--log-level", default="info", help="edge/node log level")
@@ -750,7 +753,7 @@ def main() -> None:
         "redis-server this run starts (one round trip to admit, one to settle)",
     )
     parser.add_argument(
-        "--only", default="", help="comma list of phases: idle,c16,c64,stream,open,echo,cancel"
+        "--only", default="", help="comma list of phases: idle,c16,c1,c64,stream,open,echo,cancel"
     )
     args = parser.parse_args()
     if args.role == "provider":
@@ -764,11 +767,12 @@ def main() -> None:
         return
     if args.quick:
         args.requests, args.open_seconds, args.streams, args.cancels = 500, 3.0, 50, 5
+        args.c1_requests = 100
         args.idle_seconds = 1.0
     phases = (
         set(args.only.split(","))
         if args.only
-        else {"idle", "c16", "c64", "stream", "open", "echo", "cancel"}
+        else {"idle", "c16", "c1", "c64", "stream", "open", "echo", "cancel"}
     )
 
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -858,6 +862,16 @@ def main() -> None:
             }
         common = {"requests": args.requests, "duration": args.duration, "warmup": args.warmup}
         phase("c16", "closed", [direct, gateway], concurrency=16, **common)
+        # The warm counterpart of "open": one request at a time, back to back,
+        # so no daemon sleeps between requests (see docs/performance.md).
+        phase(
+            "c1",
+            "closed",
+            [direct, relay2, gateway],
+            concurrency=1,
+            requests=args.c1_requests,
+            warmup=30,
+        )
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
         phase(
             "stream",
@@ -910,6 +924,7 @@ def _limits_yaml(kind: str, procs: Any, tmp: Path) -> str:
 def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Namespace) -> None:
     titles = {
         "c16": "non-streaming, closed loop, concurrency 16",
+        "c1": "non-streaming, one at a time, back to back",
         "c64": "non-streaming, closed loop, concurrency 64",
         "stream": "streaming, one at a time: time to first chunk",
         "open": f"non-streaming, open loop at {args.rate:g} req/s",
