@@ -861,33 +861,16 @@ def main() -> None:
                 }
             }
         common = {"requests": args.requests, "duration": args.duration, "warmup": args.warmup}
+        # One request (or stream) at a time, against the floor of two hops too.
+        one_at_a_time = {"concurrency": 1, "warmup": 30}
+        floor = [direct, relay2, gateway]
         phase("c16", "closed", [direct, gateway], concurrency=16, **common)
-        # The warm counterpart of "open": one request at a time, back to back,
-        # so no daemon sleeps between requests (see docs/performance.md).
-        phase(
-            "c1",
-            "closed",
-            [direct, relay2, gateway],
-            concurrency=1,
-            requests=args.c1_requests,
-            warmup=30,
-        )
+        # The warm counterpart of "open": no daemon sleeps between requests
+        # (see docs/performance.md, "Eighth round").
+        phase("c1", "closed", floor, requests=args.c1_requests, **one_at_a_time)
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
-        phase(
-            "stream",
-            "stream",
-            [direct, relay2, gateway],
-            concurrency=1,
-            requests=args.streams,
-            warmup=30,
-        )
-        phase(
-            "open",
-            "open",
-            [direct, relay2, gateway],
-            rate=args.rate,
-            requests=int(args.rate * args.open_seconds),
-        )
+        phase("stream", "stream", floor, requests=args.streams, **one_at_a_time)
+        phase("open", "open", floor, rate=args.rate, requests=int(args.rate * args.open_seconds))
         phase("echo", "closed", [echo], concurrency=16, **common)
         phase("cancel", "cancel", [gateway], requests=args.cancels)
 
