@@ -18,10 +18,11 @@ import trio.testing
 
 from iopd.http.client import EarlyStart
 from iopd.http.server import Request, Responder
-from iopd.node.adapters.base import Adapter, TunnelOutput
-from iopd.node.executor import MAX_HELD_BODY_BYTES, NodeExecutor
+from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
+from iopd.node.executor import NodeExecutor
 from iopd.node.link import _StreamSender
 from iopd.node.registry import AdapterRegistry
+from iopd.node.stream_out import MAX_HELD_BODY_BYTES
 from iopd.transport.channel import WireChannel
 from tests.test_http_server import connect, get, running
 from tests.wire_peers import challenge_and_prove
@@ -131,23 +132,31 @@ async def test_held_frames_are_flushed_before_waiting_for_credit() -> None:
 class _RecordingSender:
     """A StreamSender with ``send_held``; records (kind, held) per message."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_frame_bytes: int = 0) -> None:
         self.calls: list[tuple[str, bool]] = []
+        self.msgs: list[RunEvent | ProviderTunnelFrame] = []
+        if max_frame_bytes:
+            self.max_frame_bytes = max_frame_bytes
 
     async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
         await trio.lowlevel.checkpoint()
         self.calls.append((msg.kind, False))
+        self.msgs.append(msg)
 
     async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
         await trio.lowlevel.checkpoint()
         self.calls.append((msg.kind, True))
+        self.msgs.append(msg)
 
 
 class _ReplyAdapter(Adapter):
-    def __init__(self, spec: ProviderSpec, content_type: str, pieces: list[bytes]) -> None:
+    def __init__(
+        self, spec: ProviderSpec, content_type: str, pieces: list[bytes], fail: bool = False
+    ) -> None:
         super().__init__(spec)
         self.content_type = content_type
         self.pieces = pieces
+        self.fail = fail
 
     async def run(self, req: RunRequest, out: Any) -> None:  # pragma: no cover - unused
         raise NotImplementedError
@@ -159,22 +168,54 @@ class _ReplyAdapter(Adapter):
         for piece in self.pieces:
             await out.body(piece)
         out.usage = Usage(input_tokens=3, output_tokens=2)
+        out.reasoning_chars = 4
+        if self.fail:
+            raise AdapterError("provider_timeout", "the provider stopped sending")
 
 
-async def _tunnel_calls(content_type: str, pieces: list[bytes]) -> list[tuple[str, bool]]:
+async def _tunnel_sender(
+    content_type: str, pieces: list[bytes], *, fail: bool = False, max_frame_bytes: int = 0
+) -> _RecordingSender:
     executor = NodeExecutor()
     spec = ProviderSpec(id="p", type="openai", base_url="http://127.0.0.1:1")
-    executor.registry = AdapterRegistry({"p": _ReplyAdapter(spec, content_type, pieces)})
-    sender = _RecordingSender()
+    adapter = _ReplyAdapter(spec, content_type, pieces, fail)
+    executor.registry = AdapterRegistry({"p": adapter})
+    sender = _RecordingSender(max_frame_bytes)
     req = ProviderTunnelRequest(stream_id=3, provider_id="p", method="POST", path="/v1/x")
     with trio.fail_after(5):
         await executor.serve_stream(req, sender)
-    return sender.calls
+    return sender
 
 
-async def test_whole_json_reply_is_held_until_the_terminal() -> None:
-    calls = await _tunnel_calls("application/json", [b'{"a":1}'])
-    assert calls == [("head", True), ("body", True), ("usage", True), ("end", False)]
+async def _tunnel_calls(content_type: str, pieces: list[bytes]) -> list[tuple[str, bool]]:
+    return (await _tunnel_sender(content_type, pieces)).calls
+
+
+async def test_whole_json_reply_leaves_as_one_whole_frame() -> None:
+    sender = await _tunnel_sender("application/json", [b'{"a":', b"1}"])
+    assert sender.calls == [("whole", False)]
+    (whole,) = sender.msgs
+    assert isinstance(whole, ProviderTunnelFrame)
+    assert (whole.status, whole.headers, whole.data) == (
+        200,
+        [("content-type", "application/json")],
+        b'{"a":1}',
+    )
+    assert whole.body_usage == Usage(input_tokens=3, output_tokens=2)
+    assert whole.reasoning_chars == 4
+
+
+async def test_a_failure_after_a_kept_head_sends_the_head_and_body_first() -> None:
+    sender = await _tunnel_sender("application/json", [b'{"a":', b"1}"], fail=True)
+    assert [kind for kind, _ in sender.calls] == ["head", "body", "body", "usage", "error"]
+    assert [m.data for m in sender.msgs if m.kind == "body"] == [b'{"a":', b"1}"]
+
+
+async def test_a_whole_reply_is_kept_within_a_quarter_of_the_frame_cap() -> None:
+    fits = await _tunnel_sender("application/json", [b"x" * 1000], max_frame_bytes=4096)
+    assert fits.calls == [("whole", False)]
+    big = await _tunnel_sender("application/json", [b"x" * 1000, b"y" * 100], max_frame_bytes=4096)
+    assert [kind for kind, _ in big.calls] == ["head", "body", "body", "usage", "end"]
 
 
 async def test_sse_reply_is_written_piece_by_piece() -> None:

@@ -30,6 +30,7 @@ from wire.messages import (
     ProviderTunnelRequest,
     RunEvent,
     RunRequest,
+    is_terminal,
 )
 
 CANARY = "sk-canary-93be7d10"
@@ -73,7 +74,7 @@ async def collect(session: FakeEdgeSession, kind: type[Any], stream_id: int) -> 
         if msg.stream_id != stream_id:
             continue
         msgs.append(msg)
-        if msg.kind in ("complete", "error", "end"):
+        if is_terminal(msg):
             return msgs
 
 
@@ -217,7 +218,7 @@ async def test_provider_credentials_never_logged(caplog: pytest.LogCaptureFixtur
                     await session.send(tunnel)
                     frames = await collect(session, ProviderTunnelFrame, tunnel.stream_id)
                     if provider == "up":  # passthrough relays the provider's 500 as it is
-                        assert [f.kind for f in frames] == ["head", "body", "end"]
+                        assert [f.kind for f in frames] == ["whole"]  # one frame: a JSON body
                         assert frames[0].status == 500
                     else:
                         assert [f.kind for f in frames] == ["error"]

@@ -21,8 +21,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 #: 2: the node proves its token with SCRAM-SHA-256 (Hello, Challenge, Proof,
-#: HelloAck) instead of sending it in Hello.
-PROTOCOL_VERSION = 2
+#: HelloAck) instead of sending it in Hello.  3: a whole (not streamed)
+#: passthrough reply may cross as one ``whole`` tunnel frame.
+PROTOCOL_VERSION = 3
 
 
 class _Msg(msgspec.Struct, tag_field="t", omit_defaults=True, kw_only=True):
@@ -229,7 +230,7 @@ class ProviderTunnelRequest(_Msg, tag=True):
     long_context: bool = False
 
 
-TunnelFrameKind = Literal["head", "body", "usage", "end", "error"]
+TunnelFrameKind = Literal["head", "body", "usage", "end", "error", "whole"]
 
 
 class ProviderTunnelFrame(_Msg, tag=True):
@@ -237,7 +238,10 @@ class ProviderTunnelFrame(_Msg, tag=True):
 
     Order: ``head`` (status, headers), ``body``* (data), at most one ``usage``,
     then terminal ``end`` or ``error`` (code, message; ``error`` may come
-    before ``head`` when the provider could not be reached).
+    before ``head`` when the provider could not be reached).  Or, for a
+    whole (not streamed) reply, one terminal ``whole``: the head's status
+    and headers, the whole body as ``data`` and the usage fields, in one
+    frame (since protocol version 3).
     """
 
     stream_id: int
@@ -426,7 +430,7 @@ Message = (
 )
 
 TERMINAL_RUN_KINDS = frozenset({"complete", "error"})
-TERMINAL_TUNNEL_KINDS = frozenset({"end", "error"})
+TERMINAL_TUNNEL_KINDS = frozenset({"end", "error", "whole"})
 
 
 def is_terminal(msg: Message) -> bool:

@@ -28,18 +28,18 @@ own scope and ends it quietly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import trio
 
 from iopd.http.client import EarlyStart
-from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutput
+from iopd.node.adapters.base import Adapter, AdapterError
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
 from iopd.node.shared_state import SharedState
+from iopd.node.stream_out import WireRunOutput, WireStream, WireTunnelOutput
 from iopd.redact import Scrubber
 from wire.messages import (
     ControlState,
@@ -87,120 +87,6 @@ def _find_adapter_error(exc: BaseException) -> AdapterError | None:
     return None
 
 
-#: A non-streamed body is held back (to leave with the terminal in one write)
-#: up to this many bytes; beyond, it is written as it arrives.
-MAX_HELD_BODY_BYTES = 256 * 1024
-#: Content types relayed piece by piece (never held).
-_STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
-
-
-@dataclass
-class _Stream:
-    """One stream in flight: its cancel scope and how it is being told to stop."""
-
-    stream_id: int
-    sender: StreamSender
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    cancel_reason: str | None = None
-    link_gone: bool = False
-
-    def __post_init__(self) -> None:
-        # ``send_held`` (the node link's sender has it) lets a frame that another
-        # follows at once leave in the same write: fewer syscalls and wakeups.
-        # Looked up once per stream, not per frame.
-        self._send_held: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
-            self.sender, "send_held", self.sender.send
-        )
-        # ``send_soon``: a frame may leave at the end of the scheduler round,
-        # in one write with the other streams' frames of that round.
-        self._send_soon: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
-            self.sender, "send_soon", self.sender.send
-        )
-
-    async def send(self, msg: RunEvent | ProviderTunnelFrame, *, hold: bool = False) -> None:
-        """Send an output message; a broken link ends the stream's work.
-
-        ``hold=True``: the caller sends another frame right after this one.
-        """
-        try:
-            await (self._send_held if hold else self._send_soon)(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.link_gone = True
-            self.scope.cancel()
-            await trio.lowlevel.checkpoint()  # raises Cancelled for our own scope
-            raise  # pragma: no cover - unreachable: the scope is cancelled
-
-    async def send_terminal(self, *msgs: RunEvent | ProviderTunnelFrame) -> None:
-        """Send the closing messages (in one write); a broken link is not an error here."""
-        if self.link_gone:
-            return
-        try:
-            last = len(msgs) - 1
-            for i, msg in enumerate(msgs):
-                await (self._send_held if i < last else self.sender.send)(msg)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            self.link_gone = True
-
-
-class _WireRunOutput(RunOutput):
-    def __init__(self, stream: _Stream) -> None:
-        super().__init__()
-        self._stream = stream
-
-    async def text(self, delta: str) -> None:
-        await self._stream.send(RunEvent(stream_id=self._stream.stream_id, kind="text", text=delta))
-
-    async def reasoning(self, delta: str) -> None:
-        await self._stream.send(
-            RunEvent(stream_id=self._stream.stream_id, kind="reasoning", text=delta)
-        )
-
-    async def tool_call(self, call: dict[str, Any]) -> None:
-        await self._stream.send(
-            RunEvent(stream_id=self._stream.stream_id, kind="tool_call", tool_call=call)
-        )
-
-
-class _WireTunnelOutput(TunnelOutput):
-    def __init__(self, stream: _Stream) -> None:
-        super().__init__()
-        self._stream = stream
-        self.head_sent = False
-        self._hold = False
-        self._held_bytes = 0
-
-    async def head(
-        self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
-    ) -> None:
-        self.head_sent = True
-        # A whole (not streamed) body follows at once: hold the head and the
-        # body so that, with the terminal, they leave in one write.  SSE and
-        # NDJSON are written piece by piece as they arrive.
-        self._hold = not any(
-            k.lower() == "content-type" and v.lower().startswith(_STREAMED_TYPES)
-            for k, v in headers
-        )
-        await self._stream.send(
-            ProviderTunnelFrame(
-                stream_id=self._stream.stream_id, kind="head", status=status, headers=headers
-            ),
-            # Held too when the first body bytes are already here (SSE included):
-            # one write, and the edge writes the caller's head with the first chunk.
-            hold=self._hold or body_follows,
-        )
-
-    async def body(self, data: bytes) -> None:
-        if data:
-            self._held_bytes += len(data)
-            hold = self._hold and self._held_bytes <= MAX_HELD_BODY_BYTES
-            if not hold:
-                self._held_bytes = 0
-            await self._stream.send(
-                ProviderTunnelFrame(stream_id=self._stream.stream_id, kind="body", data=data),
-                hold=hold,
-            )
-
-
 class NodeExecutor:
     """Runs streams on the current adapter registry (``NodeHandler``)."""
 
@@ -213,7 +99,7 @@ class NodeExecutor:
         self._scrub_secrets_of(None)
         self.health = health if health is not None else HealthMonitor()
         self.draining = False
-        self._streams: dict[tuple[str, int], _Stream] = {}  # by (edge, stream id)
+        self._streams: dict[tuple[str, int], WireStream] = {}  # by (edge, stream id)
         # Cancels that arrived before their stream's task started (the link
         # reads a request and its Cancel in one go and spawns the task after).
         self._early_cancels: dict[tuple[str, int], str] = {}
@@ -384,7 +270,7 @@ class NodeExecutor:
         early: EarlyStart | None,
         edge: str,
     ) -> None:
-        stream = _Stream(req.stream_id, sender)
+        stream = WireStream(req.stream_id, sender)
         key = (edge, req.stream_id)
         early_cancel = self._early_cancels.pop(key, None)
         tunnel = isinstance(req, ProviderTunnelRequest)
@@ -433,7 +319,9 @@ class NodeExecutor:
             )
         return RunEvent(stream_id=req.stream_id, kind="error", code=code, message=message)
 
-    async def _execute(self, stream: _Stream, work: Any, adapter: Adapter) -> AdapterError | None:
+    async def _execute(
+        self, stream: WireStream, work: Any, adapter: Adapter
+    ) -> AdapterError | None:
         """Run ``work()`` in the stream's scope; the failure to report, if any.
 
         Every piece (8+ characters) of every secret the node holds is scrubbed
@@ -467,8 +355,8 @@ class NodeExecutor:
             )
         return error
 
-    async def _run(self, adapter: Adapter, req: RunRequest, stream: _Stream) -> None:
-        out = _WireRunOutput(stream)
+    async def _run(self, adapter: Adapter, req: RunRequest, stream: WireStream) -> None:
+        out = WireRunOutput(stream)
         error = await self._execute(stream, lambda: adapter.run(req, out), adapter)
         if stream.link_gone:
             return
@@ -496,21 +384,25 @@ class NodeExecutor:
         self,
         adapter: Adapter,
         req: ProviderTunnelRequest,
-        stream: _Stream,
+        stream: WireStream,
         early: EarlyStart | None,
     ) -> None:
-        out = _WireTunnelOutput(stream)
+        out = WireTunnelOutput(stream, stream.whole_limit)
         error = await self._execute(stream, lambda: adapter.tunnel(req, out, early), adapter)
         if stream.link_gone:
             return
         sid = req.stream_id
-        usage: list[ProviderTunnelFrame] = []
-        if _has_usage(out.usage) or out.reasoning_chars:
+        body_usage = out.usage if _has_usage(out.usage) else None
+        if out.kept is not None and error is None and stream.cancel_reason is None:
+            await stream.send_terminal(out.whole(body_usage))
+            return
+        usage = out.kept_frames()  # a kept head and body go before the terminal
+        if body_usage is not None or out.reasoning_chars:
             usage.append(
                 ProviderTunnelFrame(
                     stream_id=sid,
                     kind="usage",
-                    body_usage=out.usage if _has_usage(out.usage) else None,
+                    body_usage=body_usage,
                     reasoning_chars=out.reasoning_chars,
                 )
             )
@@ -579,7 +471,7 @@ def _error_metadata(error: AdapterError | None) -> dict[str, str]:
 
 
 async def _end_stream(
-    stream: _Stream,
+    stream: WireStream,
     usage: Sequence[RunEvent | ProviderTunnelFrame],
     error: AdapterError | None,
     error_msg: Callable[[str, str], RunEvent | ProviderTunnelFrame],

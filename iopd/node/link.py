@@ -107,6 +107,11 @@ class _StreamSender:
         self._credit_changed = trio.Event()
         self._release = release  # gives the stream's node slot back (once)
 
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame the link sends (a whole reply must fit in one)."""
+        return self._channel.conn.max_frame_bytes
+
     def release_slot(self) -> None:
         """Give the stream's slot back now (idempotent)."""
         release, self._release = self._release, None

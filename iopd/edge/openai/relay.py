@@ -21,8 +21,9 @@ Most frames never reach the loop below: while it waits, the edge's wire
 reader writes them to the caller's socket itself (``_Reply``, the stream's
 ``NodeStream.direct`` writer): a head whose status cannot be retried, the
 body, the end, each read's worth in one write, and notes the usage.  A whole
-non-streaming reply then leaves the edge in the reader's task step, without
-waking this handler first; it wakes for the end and finishes the request
+non-streaming reply (one ``whole`` frame from the node: head, body, usage
+and end) then leaves the edge in the reader's task step, without waking
+this handler first; it wakes for the terminal and finishes the request
 (the attempt's verdict, the outcome) after the caller has its answer.  What
 the reader does not take (a 429/5xx head, an error, anything once a frame
 is buffered or while the handler is busy), and bytes the socket does not
@@ -133,7 +134,13 @@ async def _relay(
                         await responder.flush()
                 elif kind == "usage":
                     reply.note_usage(fr)
-                elif kind == "end":
+                elif kind == "end" or kind == "whole":
+                    if kind == "whole" and not reply.took_whole:
+                        if _retry_on_head(leasing, fr):
+                            return True
+                        reply.start(fr)
+                        reply.note_usage(fr)
+                        await responder.write(fr.data, hold=True)
                     leasing.succeeded()
                     await responder.end()  # (already written when the reader took the end)
                     out.answered(out.http_status)
@@ -159,13 +166,15 @@ class _Reply:
     The reader takes a head that needs no retry decision (below 500, not
     429), body frames of a started response and usage frames, holding the
     bytes; it appends the end's last bytes but leaves the end frame itself
-    to the loop (the request is finished there); ``flush_now``, at the end
+    to the loop (the request is finished there).  A ``whole`` frame (head,
+    body, usage and end in one) it writes all of under the same rule, and
+    leaves to the loop like an end; ``flush_now``, at the end
     of the read, writes what is held in one non-blocking write.  When the
     socket takes nothing, or only part, ``pending`` makes the loop ``settle``
     it (under ``send_timeout``) before it looks at the next frame.
     """
 
-    __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage")
+    __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage", "took_whole")
 
     def __init__(self, responder: Responder, out: Outcome) -> None:
         self._responder = responder
@@ -173,6 +182,7 @@ class _Reply:
         self._stuck = False  # flush_now wrote nothing: held bytes wait for the loop
         self.body_usage: Usage | None = None
         self.frame_usage: Usage | None = None
+        self.took_whole = False  # the reader wrote a ``whole`` frame (the loop ends it)
 
     def start(self, fr: ProviderTunnelFrame) -> None:
         """Hold the response's head: the provider's status and end-to-end headers."""
@@ -210,6 +220,12 @@ class _Reply:
             return True
         if kind == "end":
             responder.end_held()
+        elif kind == "whole" and not responder.started and not _may_retry(msg.status):
+            self.start(msg)
+            self.note_usage(msg)
+            responder.write_held(msg.data)
+            responder.end_held()
+            self.took_whole = True
         return False
 
     def flush_now(self) -> None:

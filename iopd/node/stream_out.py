@@ -1,0 +1,205 @@
+"""What a node stream sends: its output frames, from the adapter to the edge.
+
+``WireStream`` is one stream in flight (its cancel scope, how it was told
+to stop, and the sender of its link).  ``WireRunOutput`` turns a normalized
+run's output into ``RunEvent``s; ``WireTunnelOutput`` turns a passthrough's
+head and body into ``ProviderTunnelFrame``s, keeping a whole (not
+streamed) reply to send as one ``whole`` frame with the terminal.  The
+executor (``iopd.node.executor``) owns the terminal messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from iopd.node.adapters.base import RunOutput, TunnelOutput
+from iopd.node.handler import StreamSender
+from wire.messages import ProviderTunnelFrame, RunEvent, Usage
+
+#: A non-streamed body is held back (to leave with the terminal in one write)
+#: up to this many bytes; beyond, it is written as it arrives.
+MAX_HELD_BODY_BYTES = 256 * 1024
+#: Content types relayed piece by piece (never held).
+_STREAMED_TYPES = ("text/event-stream", "application/x-ndjson")
+
+
+@dataclass
+class WireStream:
+    """One stream in flight: its cancel scope and how it is being told to stop."""
+
+    stream_id: int
+    sender: StreamSender
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    cancel_reason: str | None = None
+    link_gone: bool = False
+
+    def __post_init__(self) -> None:
+        # ``send_held`` (the node link's sender has it) lets a frame that another
+        # follows at once leave in the same write: fewer syscalls and wakeups.
+        # Looked up once per stream, not per frame.
+        self._send_held: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
+            self.sender, "send_held", self.sender.send
+        )
+        # ``send_soon``: a frame may leave at the end of the scheduler round,
+        # in one write with the other streams' frames of that round.
+        self._send_soon: Callable[[RunEvent | ProviderTunnelFrame], Awaitable[None]] = getattr(
+            self.sender, "send_soon", self.sender.send
+        )
+        # A whole reply leaves as one frame: its body is kept up to a quarter
+        # of the link's frame cap (headers and usage fit in the rest).
+        frame_cap = getattr(self.sender, "max_frame_bytes", 0)
+        self.whole_limit = MAX_HELD_BODY_BYTES
+        if frame_cap:
+            self.whole_limit = min(MAX_HELD_BODY_BYTES, frame_cap // 4)
+
+    async def send(self, msg: RunEvent | ProviderTunnelFrame, *, hold: bool = False) -> None:
+        """Send an output message; a broken link ends the stream's work.
+
+        ``hold=True``: the caller sends another frame right after this one.
+        """
+        try:
+            await (self._send_held if hold else self._send_soon)(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.link_gone = True
+            self.scope.cancel()
+            await trio.lowlevel.checkpoint()  # raises Cancelled for our own scope
+            raise  # pragma: no cover - unreachable: the scope is cancelled
+
+    async def send_terminal(self, *msgs: RunEvent | ProviderTunnelFrame) -> None:
+        """Send the closing messages (in one write); a broken link is not an error here."""
+        if self.link_gone:
+            return
+        try:
+            last = len(msgs) - 1
+            for i, msg in enumerate(msgs):
+                await (self._send_held if i < last else self.sender.send)(msg)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.link_gone = True
+
+
+class WireRunOutput(RunOutput):
+    def __init__(self, stream: WireStream) -> None:
+        super().__init__()
+        self._stream = stream
+
+    async def text(self, delta: str) -> None:
+        await self._stream.send(RunEvent(stream_id=self._stream.stream_id, kind="text", text=delta))
+
+    async def reasoning(self, delta: str) -> None:
+        await self._stream.send(
+            RunEvent(stream_id=self._stream.stream_id, kind="reasoning", text=delta)
+        )
+
+    async def tool_call(self, call: dict[str, Any]) -> None:
+        await self._stream.send(
+            RunEvent(stream_id=self._stream.stream_id, kind="tool_call", tool_call=call)
+        )
+
+
+class WireTunnelOutput(TunnelOutput):
+    """Turns the adapter's head and body into tunnel frames.
+
+    A whole (not streamed) reply is kept here, head and body, up to
+    ``whole_limit`` bytes of body: when the adapter is done, ``_tunnel``
+    sends it as one ``whole`` frame with the usage, the stream's terminal
+    (one frame to build, encode, decode and dispatch instead of four).  A
+    body that outgrows the limit, or a failure, lets the kept head and
+    body go as ``head`` and ``body`` frames first (``release``).
+    """
+
+    def __init__(self, stream: WireStream, whole_limit: int = MAX_HELD_BODY_BYTES) -> None:
+        super().__init__()
+        self._stream = stream
+        self.head_sent = False  # the adapter gave the head (sent, or kept for ``whole``)
+        self._hold = False
+        self._held_bytes = 0
+        self._whole_limit = whole_limit
+        #: The kept head of a whole reply (status, headers), and its body so far.
+        self.kept: tuple[int, list[tuple[str, str]]] | None = None
+        self._kept_body: list[bytes] = []
+
+    async def head(
+        self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
+    ) -> None:
+        self.head_sent = True
+        # A whole (not streamed) body follows at once: keep the head and the
+        # body so that they leave with the terminal as one frame.  SSE and
+        # NDJSON are written piece by piece as they arrive.
+        self._hold = not any(
+            k.lower() == "content-type" and v.lower().startswith(_STREAMED_TYPES)
+            for k, v in headers
+        )
+        if self._hold:
+            self.kept = (status, headers)
+            return
+        await self._stream.send(
+            ProviderTunnelFrame(
+                stream_id=self._stream.stream_id, kind="head", status=status, headers=headers
+            ),
+            # Held when the first body bytes are already here: one write, and
+            # the edge writes the caller's head with the first chunk.
+            hold=body_follows,
+        )
+
+    async def body(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.kept is not None:
+            if self._held_bytes + len(data) <= self._whole_limit:
+                self._held_bytes += len(data)
+                self._kept_body.append(data)
+                return
+            await self._send_kept(self.kept)
+        self._held_bytes += len(data)
+        hold = self._hold and self._held_bytes <= MAX_HELD_BODY_BYTES
+        if not hold:
+            self._held_bytes = 0
+        await self._stream.send(
+            ProviderTunnelFrame(stream_id=self._stream.stream_id, kind="body", data=data),
+            hold=hold,
+        )
+
+    async def _send_kept(self, kept: tuple[int, list[tuple[str, str]]]) -> None:
+        """The kept head and body leave as frames (held: more follows at once)."""
+        self.kept = None
+        sid = self._stream.stream_id
+        await self._stream.send(
+            ProviderTunnelFrame(stream_id=sid, kind="head", status=kept[0], headers=kept[1]),
+            hold=True,
+        )
+        body, self._kept_body = self._kept_body, []
+        for data in body:
+            await self._stream.send(
+                ProviderTunnelFrame(stream_id=sid, kind="body", data=data), hold=True
+            )
+
+    def kept_frames(self) -> list[ProviderTunnelFrame]:
+        """The kept head and body as frames, to go before a failure's terminal."""
+        kept = self.kept
+        if kept is None:
+            return []
+        self.kept = None
+        sid = self._stream.stream_id
+        frames = [ProviderTunnelFrame(stream_id=sid, kind="head", status=kept[0], headers=kept[1])]
+        frames += (ProviderTunnelFrame(stream_id=sid, kind="body", data=d) for d in self._kept_body)
+        self._kept_body = []
+        return frames
+
+    def whole(self, usage: Usage | None) -> ProviderTunnelFrame:
+        """The kept reply as one terminal ``whole`` frame, with ``usage``."""
+        assert self.kept is not None
+        status, headers = self.kept
+        body = self._kept_body
+        return ProviderTunnelFrame(
+            stream_id=self._stream.stream_id,
+            kind="whole",
+            status=status,
+            headers=headers,
+            data=body[0] if len(body) == 1 else b"".join(body),
+            body_usage=usage,
+            reasoning_chars=self.reasoning_chars,
+        )
