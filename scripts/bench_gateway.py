@@ -14,7 +14,9 @@ One run starts, on loopback with free ports, four kinds of process:
 
 The same workload runs direct-to-provider and through the edge: closed-loop
 non-streaming at concurrency 16 and 64 (req/s, p50/p99), streaming
-time-to-first-chunk, open-loop latency at a fixed low rate (added latency),
+time-to-first-chunk, open-loop latency at a fixed low rate (added latency;
+phase ``mixed``: the same with direct, relays and gateway taking turns in
+one run, so the host's drift falls on all three alike),
 CPU time per request of the edge and the node (``/proc/<pid>/stat``
 utime + stime between the load generator's BEGIN and END marks), and the
 cancel latency (caller close -> provider sees its connection closed, over a
@@ -346,8 +348,9 @@ def _mark(text: str) -> None:
 
 
 async def _closed_loop(args: argparse.Namespace, stream: bool) -> dict[str, float]:
-    body = _chat_body(args.model, stream)
-    clients = [await Client.open(args.host, args.port, TOKEN) for _ in range(args.concurrency)]
+    body = _chat_body(args.model[0], stream)
+    port = args.port[0]
+    clients = [await Client.open(args.host, port, TOKEN) for _ in range(args.concurrency)]
     latencies: list[float] = []
     errors = 0
 
@@ -381,43 +384,57 @@ async def _closed_loop(args: argparse.Namespace, stream: bool) -> dict[str, floa
     return _summary(latencies, elapsed, errors)
 
 
-async def _open_loop(args: argparse.Namespace) -> dict[str, float]:
-    """``args.requests`` requests started at ``args.rate`` per second whatever the
-    replies do, each on an idle connection (a new one if none is idle).  Each is
-    timed from its send: trio's timers wake up to ~1 ms late, which would
-    otherwise swamp the sub-millisecond figures this measures."""
-    body = _chat_body(args.model, False)
-    idle: list[Client] = [await Client.open(args.host, args.port, TOKEN) for _ in range(4)]
-    latencies: list[float] = []
-    errors = 0
+async def _open_loop(args: argparse.Namespace) -> dict[str, Any]:
+    """``args.requests`` requests per target started at ``args.rate`` per second
+    per target whatever the replies do, each on an idle connection (a new one
+    if none is idle).  Each is timed from its send: trio's timers wake up to
+    ~1 ms late, which would otherwise swamp the sub-millisecond figures this
+    measures.
 
-    async def one() -> None:
-        nonlocal errors
-        client = idle.pop() if idle else await Client.open(args.host, args.port, TOKEN)
+    With several targets (``--port`` given more than once: the ``mixed``
+    phase) their requests take turns, one every ``1 / (rate * targets)``
+    seconds, so each target still sees ``rate`` requests per second and a
+    slower or faster second on the host falls on all of them alike.
+    """
+    targets = list(zip(args.port, args.model or ["bench"] * len(args.port), strict=True))
+    bodies = [_chat_body(model, False) for _port, model in targets]
+    idle: list[list[Client]] = [
+        [await Client.open(args.host, port, TOKEN) for _ in range(4)] for port, _model in targets
+    ]
+    latencies: list[list[float]] = [[] for _ in targets]
+    errors = [0] * len(targets)
+
+    async def one(t: int) -> None:
+        pool = idle[t]
+        client = pool.pop() if pool else await Client.open(args.host, targets[t][0], TOKEN)
         t0 = time.monotonic()
-        status = await client.request(body)
+        status = await client.request(bodies[t])
         done = time.monotonic()
-        idle.append(client)
+        pool.append(client)
         if status != 200:
-            errors += 1
+            errors[t] += 1
         else:
-            latencies.append(done - t0)
+            latencies[t].append(done - t0)
 
+    total = args.requests * len(targets)
     with trio.fail_after(args.requests / args.rate + GUARD_S):
-        for _ in range(20):  # warm the connections
-            await idle[0].request(body)
+        for t, pool in enumerate(idle):  # warm the connections
+            for _ in range(20):
+                await pool[0].request(bodies[t])
         _mark("BEGIN")
         start = time.monotonic()
         async with trio.open_nursery() as nursery:
-            for i in range(args.requests):
-                scheduled = start + i / args.rate
+            for i in range(total):
+                scheduled = start + i / (args.rate * len(targets))
                 await trio.sleep(max(0.0, scheduled - time.monotonic()))
-                nursery.start_soon(one)
+                nursery.start_soon(one, i % len(targets))
         elapsed = time.monotonic() - start
         _mark("END")
-    for client in idle:
-        await client.aclose()
-    return _summary(latencies, elapsed, errors)
+    for pool in idle:
+        for client in pool:
+            await client.aclose()
+    summaries = [_summary(lat, elapsed, err) for lat, err in zip(latencies, errors, strict=True)]
+    return summaries[0] if len(summaries) == 1 else {"targets": summaries}
 
 
 async def _provider_closes(args: argparse.Namespace) -> list[float]:
@@ -454,7 +471,7 @@ async def _cancel(args: argparse.Namespace) -> dict[str, float]:
     with trio.fail_after(args.requests * 7 + GUARD_S):
         await _provider_closes(args)  # clear
         for _ in range(args.requests):
-            client = await Client.open(args.host, args.port, TOKEN)
+            client = await Client.open(args.host, args.port[0], TOKEN)
             await client.first_body_bytes(body)
             await trio.sleep(0.05)
             closed_at = time.monotonic()
@@ -654,51 +671,66 @@ class Target:
 def run_load(
     procs: Processes, target: Target, mode: str, provider_port: int, **opts: Any
 ) -> dict[str, float]:
-    argv = [
-        sys.executable,
-        __file__,
-        "--role",
-        "load",
-        "--mode",
-        mode,
-        "--port",
-        str(target.port),
-        "--provider-port",
-        str(provider_port),
-        "--model",
-        target.model,
-    ]
+    """One load run against ``target``: its latency figures and its daemons' CPU."""
+    return run_mixed(procs, [target], mode, provider_port, **opts)[target.name]
+
+
+def run_mixed(
+    procs: Processes, targets: list[Target], mode: str, provider_port: int, **opts: Any
+) -> dict[str, dict[str, float]]:
+    """One load run whose requests take turns among ``targets`` (one target:
+    all of them); each target's figures and the CPU of its own processes per
+    request.  With several targets a process they share (the provider) is not
+    measured: its time would be theirs together."""
+    argv = [sys.executable, __file__, "--role", "load", "--mode", mode]
+    argv += ["--provider-port", str(provider_port)]
+    for target in targets:
+        argv += ["--port", str(target.port), "--model", target.model]
     for key, value in opts.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
+    watched = {
+        name: pid
+        for t in targets
+        for name, pid in t.watched.items()
+        if sum(name in other.watched for other in targets) == 1
+    }
     proc = procs.start(argv)
     assert proc.stdout is not None
     cpu0: dict[str, tuple[float, float]] = {}
     cpu: dict[str, tuple[float, float]] = {}
     sched0: dict[str, float] = {}
     sched: dict[str, float] = {}
-    result: dict[str, float] = {}
-    for raw in proc.stdout:
-        line = raw.decode().strip()
+    raw: dict[str, Any] = {}
+    for line_bytes in proc.stdout:
+        line = line_bytes.decode().strip()
         if line == "BEGIN":
-            cpu0 = {name: cpu_times(pid) for name, pid in target.watched.items()}
-            sched0 = {name: run_seconds(pid) for name, pid in target.watched.items()}
+            cpu0 = {name: cpu_times(pid) for name, pid in watched.items()}
+            sched0 = {name: run_seconds(pid) for name, pid in watched.items()}
         elif line == "END":
-            for name, pid in target.watched.items():
+            for name, pid in watched.items():
                 user, system = cpu_times(pid)
                 cpu[name] = (user - cpu0[name][0], system - cpu0[name][1])
                 sched[name] = run_seconds(pid) - sched0[name]
         elif line.startswith("RESULT "):
-            result = json.loads(line[7:])
-    if proc.wait(timeout=GUARD_S) != 0 or not result:
-        raise SystemExit(f"load generator failed ({target.name} {mode})")
-    count = result.get("requests", 0)
-    for name, (user, system) in cpu.items():
+            raw = json.loads(line[7:])
+    if proc.wait(timeout=GUARD_S) != 0 or not raw:
+        names = ",".join(t.name for t in targets)
+        raise SystemExit(f"load generator failed ({names} {mode})")
+    summaries = raw["targets"] if len(targets) > 1 else [raw]
+    results: dict[str, dict[str, float]] = {}
+    for target, result in zip(targets, summaries, strict=True):
+        count = result.get("requests", 0)
         per = 1e3 / count if count else float("nan")
-        result[f"cpu_{name}_ms"] = (user + system) * per
-        result[f"cpu_{name}_user_ms"] = user * per
-        result[f"cpu_{name}_sys_ms"] = system * per
-        result[f"sched_{name}_ms"] = sched[name] * per
-    return result
+        for name in target.watched:
+            if name not in cpu:
+                continue
+            user, system = cpu[name]
+            result[f"cpu_{name}_ms"] = (user + system) * per
+            result[f"cpu_{name}_user_ms"] = user * per
+            result[f"cpu_{name}_sys_ms"] = system * per
+            result[f"sched_{name}_ms"] = sched[name] * per
+        results[target.name] = result
+    return results
 
 
 def _fmt(value: float, unit: str = "") -> str:
@@ -717,9 +749,9 @@ def main() -> None:
         "--mode", choices=["closed", "stream", "open", "cancel"], help=argparse.SUPPRESS
     )
     parser.add_argument("--host", default="127.0.0.1", help=argparse.SUPPRESS)
-    parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, action="append", help=argparse.SUPPRESS)
     parser.add_argument("--provider-port", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--model", default="bench", help=argparse.SUPPRESS)
+    parser.add_argument("--model", action="append", help=argparse.SUPPRESS)
     parser.add_argument("--concurrency", type=int, default=16, help=argparse.SUPPRESS)
     parser.add_argument("--rate", type=float, default=20.0, help="open-loop rate (req/s)")
     parser.add_argument("--requests", type=int, default=4000, help="requests per closed-loop run")
@@ -753,7 +785,9 @@ def main() -> None:
         "redis-server this run starts (one round trip to admit, one to settle)",
     )
     parser.add_argument(
-        "--only", default="", help="comma list of phases: idle,c16,c1,c64,stream,open,echo,cancel"
+        "--only",
+        default="",
+        help="comma list of phases: idle,c16,c1,c64,stream,open,mixed,echo,cancel",
     )
     args = parser.parse_args()
     if args.role == "provider":
@@ -772,7 +806,7 @@ def main() -> None:
     phases = (
         set(args.only.split(","))
         if args.only
-        else {"idle", "c16", "c1", "c64", "stream", "open", "echo", "cancel"}
+        else {"idle", "c16", "c1", "c64", "stream", "open", "mixed", "echo", "cancel"}
     )
 
     results: dict[str, dict[str, dict[str, float]]] = {}
@@ -871,6 +905,17 @@ def main() -> None:
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
         phase("stream", "stream", floor, requests=args.streams, **one_at_a_time)
         phase("open", "open", floor, rate=args.rate, requests=int(args.rate * args.open_seconds))
+        if "mixed" in phases:
+            # "open" with the three targets' requests taking turns in one run.
+            print("  mixed   direct,relay2,gateway ...", file=sys.stderr, flush=True)
+            results["mixed"] = run_mixed(
+                procs,
+                floor,
+                "open",
+                provider_port,
+                rate=args.rate,
+                requests=int(args.rate * args.open_seconds),
+            )
         phase("echo", "closed", [echo], concurrency=16, **common)
         phase("cancel", "cancel", [gateway], requests=args.cancels)
 
@@ -911,6 +956,7 @@ def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Name
         "c64": "non-streaming, closed loop, concurrency 64",
         "stream": "streaming, one at a time: time to first chunk",
         "open": f"non-streaming, open loop at {args.rate:g} req/s",
+        "mixed": f"non-streaming, open loop at {args.rate:g} req/s each, the targets taking turns",
         "echo": "normalized echo provider through the gateway, concurrency 16",
     }
     for name, title in titles.items():
