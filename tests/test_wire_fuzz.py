@@ -37,6 +37,9 @@ SAMPLES: list[Message] = [
     RunEvent(stream_id=1, kind="text", text="hello"),
     RunEvent(stream_id=1, kind="complete", usage=Usage(input_tokens=1, output_tokens=2)),
     ProviderTunnelFrame(stream_id=1, kind="body", data=b"data: {}\n\n"),
+    ProviderTunnelFrame(
+        stream_id=1, kind="whole", status=200, data=b"{}", body_usage=Usage(input_tokens=1)
+    ),
     NodeConfig(stream_id=1, version=1, providers=[ProviderSpec(id="x", type="echo")]),
     Cancel(stream_id=1, reason="r"),
     SAMPLE_CHALLENGE,
