@@ -207,8 +207,14 @@ async def test_whole_json_reply_leaves_as_one_whole_frame() -> None:
 
 async def test_a_failure_after_a_kept_head_sends_the_head_and_body_first() -> None:
     sender = await _tunnel_sender("application/json", [b'{"a":', b"1}"], fail=True)
-    assert [kind for kind, _ in sender.calls] == ["head", "body", "body", "usage", "error"]
-    assert [m.data for m in sender.msgs if m.kind == "body"] == [b'{"a":', b"1}"]
+    assert [kind for kind, _ in sender.calls] == ["head", "body", "usage", "error"]
+    assert [m.data for m in sender.msgs if m.kind == "body"] == [b'{"a":1}']
+
+
+async def test_a_body_in_many_pieces_is_kept_in_one_buffer() -> None:
+    sender = await _tunnel_sender("application/json", [b"x"] * 5000)
+    assert sender.calls == [("whole", False)]
+    assert sender.msgs[0].data == b"x" * 5000 and isinstance(sender.msgs[0].data, bytes)
 
 
 async def test_a_whole_reply_is_kept_within_a_quarter_of_the_frame_cap() -> None:
@@ -216,6 +222,7 @@ async def test_a_whole_reply_is_kept_within_a_quarter_of_the_frame_cap() -> None
     assert fits.calls == [("whole", False)]
     big = await _tunnel_sender("application/json", [b"x" * 1000, b"y" * 100], max_frame_bytes=4096)
     assert [kind for kind, _ in big.calls] == ["head", "body", "body", "usage", "end"]
+    assert [m.data for m in big.msgs if m.kind == "body"] == [b"x" * 1000, b"y" * 100]
 
 
 async def test_sse_reply_is_written_piece_by_piece() -> None:

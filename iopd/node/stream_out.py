@@ -104,11 +104,12 @@ class WireTunnelOutput(TunnelOutput):
     """Turns the adapter's head and body into tunnel frames.
 
     A whole (not streamed) reply is kept here, head and body, up to
-    ``whole_limit`` bytes of body: when the adapter is done, ``_tunnel``
+    ``whole_limit`` bytes of body: when the adapter is done, the executor
     sends it as one ``whole`` frame with the usage, the stream's terminal
     (one frame to build, encode, decode and dispatch instead of four).  A
     body that outgrows the limit, or a failure, lets the kept head and
-    body go as ``head`` and ``body`` frames first (``release``).
+    body go first as a ``head`` and a ``body`` frame (``kept_frames``).
+    The body is kept in one buffer, however many pieces it came in.
     """
 
     def __init__(self, stream: WireStream, whole_limit: int = MAX_HELD_BODY_BYTES) -> None:
@@ -120,7 +121,7 @@ class WireTunnelOutput(TunnelOutput):
         self._whole_limit = whole_limit
         #: The kept head of a whole reply (status, headers), and its body so far.
         self.kept: tuple[int, list[tuple[str, str]]] | None = None
-        self._kept_body: list[bytes] = []
+        self._kept_body: bytes | bytearray = b""
 
     async def head(
         self, status: int, headers: list[tuple[str, str]], *, body_follows: bool = False
@@ -151,9 +152,15 @@ class WireTunnelOutput(TunnelOutput):
         if self.kept is not None:
             if self._held_bytes + len(data) <= self._whole_limit:
                 self._held_bytes += len(data)
-                self._kept_body.append(data)
+                if not self._kept_body:
+                    self._kept_body = data  # the usual case: one piece, no copy
+                else:
+                    if isinstance(self._kept_body, bytes):
+                        self._kept_body = bytearray(self._kept_body)
+                    self._kept_body += data
                 return
-            await self._send_kept(self.kept)
+            for frame in self.kept_frames():  # outgrown: they go ahead of this piece
+                await self._stream.send(frame, hold=True)
         self._held_bytes += len(data)
         hold = self._hold and self._held_bytes <= MAX_HELD_BODY_BYTES
         if not hold:
@@ -163,43 +170,29 @@ class WireTunnelOutput(TunnelOutput):
             hold=hold,
         )
 
-    async def _send_kept(self, kept: tuple[int, list[tuple[str, str]]]) -> None:
-        """The kept head and body leave as frames (held: more follows at once)."""
-        self.kept = None
-        sid = self._stream.stream_id
-        await self._stream.send(
-            ProviderTunnelFrame(stream_id=sid, kind="head", status=kept[0], headers=kept[1]),
-            hold=True,
-        )
-        body, self._kept_body = self._kept_body, []
-        for data in body:
-            await self._stream.send(
-                ProviderTunnelFrame(stream_id=sid, kind="body", data=data), hold=True
-            )
-
     def kept_frames(self) -> list[ProviderTunnelFrame]:
-        """The kept head and body as frames, to go before a failure's terminal."""
-        kept = self.kept
+        """The kept head and body as frames (none if nothing is kept); the
+        reply is no longer kept."""
+        kept, body = self.kept, self._kept_body
         if kept is None:
             return []
-        self.kept = None
+        self.kept, self._kept_body = None, b""
         sid = self._stream.stream_id
         frames = [ProviderTunnelFrame(stream_id=sid, kind="head", status=kept[0], headers=kept[1])]
-        frames += (ProviderTunnelFrame(stream_id=sid, kind="body", data=d) for d in self._kept_body)
-        self._kept_body = []
+        if body:
+            frames.append(ProviderTunnelFrame(stream_id=sid, kind="body", data=bytes(body)))
         return frames
 
     def whole(self, usage: Usage | None) -> ProviderTunnelFrame:
         """The kept reply as one terminal ``whole`` frame, with ``usage``."""
         assert self.kept is not None
         status, headers = self.kept
-        body = self._kept_body
         return ProviderTunnelFrame(
             stream_id=self._stream.stream_id,
             kind="whole",
             status=status,
             headers=headers,
-            data=body[0] if len(body) == 1 else b"".join(body),
+            data=bytes(self._kept_body),
             body_usage=usage,
             reasoning_chars=self.reasoning_chars,
         )
