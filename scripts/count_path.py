@@ -403,15 +403,21 @@ def _print_calltree(d: Daemon, out_dir: Path, phase: str) -> None:
     text = source.read_text()
     target.write_text(text)
     source.unlink()  # a later phase writes its own
-    steps: list[tuple[str, int]] = []
+    # Per step: its call events, and how many came before its first write
+    # (``write_now``: the write that hands the request or the reply on).
+    steps: list[list[Any]] = []
     for line in text.splitlines():
         if line.startswith("=== step "):
-            steps.append((line[len("=== step ") :], 0))
+            steps.append([line[len("=== step ") :], 0, None])
         elif steps:
-            steps[-1] = (steps[-1][0], steps[-1][1] + 1)
-    print(f"      call tree ({target}): call events per step, in order")
-    for name, n in steps:
-        print(f"        {n:6d}  {name}")
+            step = steps[-1]
+            step[1] += 1
+            if step[2] is None and line.lstrip().startswith("write_now "):
+                step[2] = step[1] - 1
+    print(f"      call tree ({target}): call events per step (before its first write), in order")
+    for name, n, first_write in steps:
+        before = f"({first_write})" if first_write is not None else ""
+        print(f"        {n:6d} {before:>7}  {name}")
 
 
 def _print_profile(path: Path, units: int, top: int) -> None:
