@@ -138,9 +138,8 @@ async def _relay(
                     if kind == "whole" and not reply.took_whole:
                         if _retry_on_head(leasing, fr):
                             return True
-                        reply.start(fr)
-                        reply.note_usage(fr)
-                        await responder.write(fr.data, hold=True)
+                        reply.take_whole(fr)
+                        await responder.flush()
                     leasing.succeeded()
                     await responder.end()  # (already written when the reader took the end)
                     out.answered(out.http_status)
@@ -194,6 +193,15 @@ class _Reply:
         self._responder.start_held(fr.status, headers)
         self._out.http_status = fr.status
 
+    def take_whole(self, fr: ProviderTunnelFrame) -> None:
+        """Hold a ``whole`` frame's response: head, body and end (the next
+        flush writes them) and note its usage."""
+        self.start(fr)
+        self.note_usage(fr)
+        self._responder.write_held(fr.data)
+        self._responder.end_held()
+        self.took_whole = True
+
     def note_usage(self, fr: ProviderTunnelFrame) -> None:
         self.body_usage = fr.body_usage or self.body_usage
         self.frame_usage = fr.usage or self.frame_usage
@@ -221,11 +229,7 @@ class _Reply:
         if kind == "end":
             responder.end_held()
         elif kind == "whole" and not responder.started and not _may_retry(msg.status):
-            self.start(msg)
-            self.note_usage(msg)
-            responder.write_held(msg.data)
-            responder.end_held()
-            self.took_whole = True
+            self.take_whole(msg)
         return False
 
     def flush_now(self) -> None:
