@@ -24,7 +24,11 @@ slow SSE stream; the monotonic clock is shared by processes on Linux).
 Everything is bounded in count and time, and every process started is
 stopped at the end.
 
+With ``--hops`` the ``mixed`` phase is also traced with ``perf`` and each
+target's time printed hop by hop and step by step (``scripts/hop_timeline.py``).
+
     .venv/bin/python scripts/bench_gateway.py [--quick] [--json]
+    .venv/bin/python scripts/bench_gateway.py --only mixed --hops
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 import h11
+import hop_timeline
 import trio
 
 TOKEN = "iop_bench_caller_token_0001"
@@ -676,12 +681,19 @@ def run_load(
 
 
 def run_mixed(
-    procs: Processes, targets: list[Target], mode: str, provider_port: int, **opts: Any
+    procs: Processes,
+    targets: list[Target],
+    mode: str,
+    provider_port: int,
+    hops: Path | None = None,
+    **opts: Any,
 ) -> dict[str, dict[str, float]]:
     """One load run whose requests take turns among ``targets`` (one target:
     all of them); each target's figures and the CPU of its own processes per
     request.  With several targets a process they share (the provider) is not
-    measured: its time would be theirs together."""
+    measured: its time would be theirs together.  With ``hops`` (a file for
+    ``perf record``), the measured window is traced and each target's time
+    per hop and step printed (``scripts/hop_timeline.py``)."""
     argv = [sys.executable, __file__, "--role", "load", "--mode", mode]
     argv += ["--provider-port", str(provider_port)]
     for target in targets:
@@ -696,6 +708,9 @@ def run_mixed(
     }
     proc = procs.start(argv)
     assert proc.stdout is not None
+    trace: hop_timeline.HopTrace | None = None
+    traced = {name: pid for t in targets for name, pid in t.watched.items()}
+    traced["load"] = proc.pid
     cpu0: dict[str, tuple[float, float]] = {}
     cpu: dict[str, tuple[float, float]] = {}
     sched0: dict[str, float] = {}
@@ -704,9 +719,13 @@ def run_mixed(
     for line_bytes in proc.stdout:
         line = line_bytes.decode().strip()
         if line == "BEGIN":
+            if hops is not None:
+                trace = hop_timeline.HopTrace(traced, hops)
             cpu0 = {name: cpu_times(pid) for name, pid in watched.items()}
             sched0 = {name: run_seconds(pid) for name, pid in watched.items()}
         elif line == "END":
+            if trace is not None:
+                trace.stop()
             for name, pid in watched.items():
                 user, system = cpu_times(pid)
                 cpu[name] = (user - cpu0[name][0], system - cpu0[name][1])
@@ -716,6 +735,9 @@ def run_mixed(
     if proc.wait(timeout=GUARD_S) != 0 or not raw:
         names = ",".join(t.name for t in targets)
         raise SystemExit(f"load generator failed ({names} {mode})")
+    if trace is not None:
+        paths = {t.name: sorted(set(t.watched) | {"provider"}) for t in targets}
+        hop_timeline.report(hop_timeline.follow(trace.events(), paths), paths)
     summaries = raw["targets"] if len(targets) > 1 else [raw]
     results: dict[str, dict[str, float]] = {}
     for target, result in zip(targets, summaries, strict=True):
@@ -772,6 +794,11 @@ def main() -> None:
         "--keep-logs", default="", help="directory for the daemons' configs and logs"
     )
     parser.add_argument("--json", action="store_true", help="also print the raw results as JSON")
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="trace phase mixed with perf: where each target's time goes, hop by hop",
+    )
     parser.add_argument(
         "--embedded",
         action="store_true",
@@ -913,6 +940,7 @@ def main() -> None:
                 floor,
                 "open",
                 provider_port,
+                hops=tmp / "hops.perf" if args.hops else None,
                 rate=args.rate,
                 requests=int(args.rate * args.open_seconds),
             )
