@@ -80,23 +80,36 @@ class HopTrace:
             capture_output=True,
             check=True,
         ).stdout.decode(errors="replace")
-        names = {pid: name for name, pid in self.pids.items()}
-        found: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-        for line in out.splitlines():
-            # "  1234 53370.283749: syscalls:sys_exit_read: 0x589"
-            fields = line.split()
-            if len(fields) < 3 or not fields[0].isdigit():
-                continue
-            name = names.get(int(fields[0]))
-            if name is None:
-                continue
-            at = float(fields[1].rstrip(":")) * 1e6
-            event = fields[2].rstrip(":")
-            if event in WRITES:
-                found[name][0].append(at)
-            elif event in READS and len(fields) > 3 and int(fields[3], 0) > 0:
-                found[name][1].append(at)
-        return found
+        return parse(out, self.pids)
+
+
+def parse(script: str, pids: dict[str, int]) -> dict[str, tuple[list[float], list[float]]]:
+    """``perf script -F pid,time,event,trace`` output, per process name: the
+    times (µs) of its writes and of its reads that returned bytes."""
+    names = {pid: name for name, pid in pids.items()}
+    found: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for line in script.splitlines():
+        # "  1234 53370.283749: syscalls:sys_exit_read: 0x589"
+        fields = line.split()
+        if len(fields) < 3 or not fields[0].isdigit():
+            continue
+        name = names.get(int(fields[0]))
+        if name is None:
+            continue
+        at = float(fields[1].rstrip(":")) * 1e6
+        event = fields[2].rstrip(":")
+        if event in WRITES:
+            found[name][0].append(at)
+        elif event in READS and len(fields) > 3 and _returned(fields[3]) > 0:
+            found[name][1].append(at)
+    return found
+
+
+def _returned(value: str) -> int:
+    """A syscall's return value as perf prints it: an error (``-EAGAIN``) is
+    the unsigned 64-bit hex of the negative number (0xfffffffffffffff5)."""
+    ret = int(value, 0)
+    return ret - (1 << 64) if ret >= 1 << 63 else ret
 
 
 def _path(inner: list[str]) -> list[str]:

@@ -100,3 +100,17 @@ def test_the_report_prints_totals_over_direct(capsys: pytest.CaptureFixture[str]
     out = capsys.readouterr().out
     assert "edge>node 31 | node 150" in out
     assert "gateway over direct: hops +165, steps +1165 µs" in out
+
+
+def test_perf_script_lines_become_reads_and_writes() -> None:
+    script = """\
+   101 53370.000100:  syscalls:sys_enter_sendto: fd: 0x00000013, buff: 0x7f, len: 0x00000149
+   102 53370.000250:     syscalls:sys_exit_read: 0x149
+   101 53370.000300: syscalls:sys_exit_recvfrom: 0xfffffffffffffff5
+   102 53370.000400:    syscalls:sys_enter_write: fd: 0x0000000c, buf: 0x7f, count: 0x00000138
+   102 53370.000500:     syscalls:sys_exit_read: 0x0
+   999 53370.000600:     syscalls:sys_exit_read: 0x10
+"""
+    events = hop_timeline.parse(script, {"load": 101, "edge": 102})
+    # The failed recvfrom (-EAGAIN) and the read at EOF are no reads; pid 999 is not traced.
+    assert events == {"load": ([53370000100.0], []), "edge": ([53370000400.0], [53370000250.0])}
