@@ -385,6 +385,27 @@ def test_without_registered_ids_any_well_shaped_id_is_accepted() -> None:
     assert value(m, "iop_openai_requests_total", model_group="qwen3.6:35b") == 1
 
 
+def test_a_label_set_checked_before_registration_is_checked_again() -> None:
+    # record_request checks a label set once; registering ids makes it check anew.
+    m = GatewayMetrics(EDGE)
+    m.record_request(req_labels(model_group="x"), status="ok", duration=0.1)
+    m.record_request(req_labels(model_group="x"), status="ok", duration=0.1)
+    m.allow_ids(model_groups=["y"])
+    with pytest.raises(ValueError):
+        m.record_request(req_labels(model_group="x"), status="ok", duration=0.1)
+    with pytest.raises(ValueError):
+        m.record_request(req_labels(model_group="y"), status="bogus", duration=0.1)
+    assert value(m, "iop_openai_requests_total", model_group="x") == 2
+
+
+def test_labels_are_built_once_per_set_and_bad_ones_raise_every_time() -> None:
+    a = req_labels(model_group="same")
+    assert req_labels(model_group="same") is a
+    for _ in range(2):
+        with pytest.raises(ValueError):
+            req_labels(endpoint="not-an-endpoint")
+
+
 def test_ids_accumulate_across_refreshes(m: GatewayMetrics) -> None:
     m.allow_ids(model_groups=["new-group"])
     m.record_request(req_labels(model_group="new-group"), status="ok", duration=0.1)

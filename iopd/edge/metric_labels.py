@@ -22,6 +22,7 @@ Label conventions (also in ``docs/openai-usage-grafana.md``):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final, Protocol
@@ -163,16 +164,19 @@ class RequestLabels:
             ref = principal.label_principal_ref
             alias = principal.label_principal_alias
             token = principal.label_token_ref
-        return cls(
-            principal_ref=ref,
-            principal_alias=alias,
-            token_ref=token,
-            model_group=model_group,
-            endpoint=endpoint,
-            response_mode=response_mode,
-        )
+        return _request_labels(ref, alias, token, model_group, endpoint, response_mode)
 
     @property
     def principal(self) -> PrincipalLabels:
         """The identity part of these labels."""
         return PrincipalLabels(self.principal_ref, self.principal_alias, self.token_ref)
+
+
+@functools.lru_cache(maxsize=1024)
+def _request_labels(
+    ref: str, alias: str, token: str, model_group: str, endpoint: str, response_mode: str
+) -> RequestLabels:
+    """One checked, immutable :class:`RequestLabels` per distinct set (a request
+    finishing with the labels of an earlier one neither builds nor checks them
+    again; a set that fails its checks raises every time, it is not kept)."""
+    return RequestLabels(ref, alias, token, model_group, endpoint, response_mode)

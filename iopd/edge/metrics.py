@@ -125,6 +125,9 @@ class GatewayMetrics:
         self.edge_id = edge_id
         self.registry = registry if registry is not None else CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Counter | Histogram] = {}
+        # The label sets record_request has checked since the last allow_ids
+        # (bounded like the children: config ids x fixed vocabularies).
+        self._checked: set[tuple[str, ...]] = set()
         self._groups: set[str] = set()
         self._principals: set[PrincipalLabels] = set()
         self._strict_groups = False
@@ -265,6 +268,7 @@ class GatewayMetrics:
         ``ValueError``.  :data:`UNKNOWN_GROUP` and the unmapped principal are
         always allowed.
         """
+        self._checked.clear()  # an id may be unregistered now: check anew
         for g in model_groups:
             check_id_shape("model_group", g)
             self._groups.add(g)
@@ -317,9 +321,21 @@ class GatewayMetrics:
         Everything is validated before anything is counted, so a ``ValueError``
         leaves the counters untouched.
         """
-        check_member("status", status, STATUSES)
-        self._check_group(labels.model_group)
-        self._check_principal(labels.principal)
+        base = (
+            self.edge_id,
+            labels.principal_ref,
+            labels.principal_alias,
+            labels.token_ref,
+            labels.model_group,
+            labels.endpoint,
+            labels.response_mode,
+            status,
+        )
+        if base not in self._checked:  # (once per label set: the same verdict every time)
+            check_member("status", status, STATUSES)
+            self._check_group(labels.model_group)
+            self._check_principal(labels.principal)
+            self._checked.add(base)
         if duration < 0:
             raise ValueError("duration must be >= 0")
         if reasoning_chars < 0:
@@ -338,16 +354,6 @@ class GatewayMetrics:
                 items.append((source, token_type, count))
         reported = reasoning_reported or any(t == "reasoning" for _, t, _ in items)
 
-        base = (
-            self.edge_id,
-            labels.principal_ref,
-            labels.principal_alias,
-            labels.token_ref,
-            labels.model_group,
-            labels.endpoint,
-            labels.response_mode,
-            status,
-        )
         child = self._child
         child(self._requests, base).inc()
         for source, token_type, count in items:
