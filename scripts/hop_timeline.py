@@ -130,7 +130,8 @@ def follow(
     """For each target (its processes besides ``load``): each followed
     request's hops and steps in path order, in µs (hop, step, hop, ..., hop)."""
     load_writes = events.get("load", ([], []))[0]
-    by_first = {_path(inner)[1]: (name, _path(inner)) for name, inner in targets.items()}
+    paths = {name: _path(inner) for name, inner in targets.items()}
+    by_first = {path[1]: (name, path) for name, path in paths.items()}
     followed: dict[str, list[list[float]]] = {name: [] for name in targets}
     for k, sent in enumerate(load_writes):
         next_send = load_writes[k + 1] if k + 1 < len(load_writes) else float("inf")
