@@ -73,7 +73,9 @@ def largest_handshake_messages() -> list[Message]:
 
 
 def test_handshake_frames_fit_the_handshake_cap_with_room() -> None:
-    sizes = {type(m).__name__: len(encode_frame(m)) - PREFIX_BYTES for m in largest_handshake_messages()}
+    sizes = {
+        type(m).__name__: len(encode_frame(m)) - PREFIX_BYTES for m in largest_handshake_messages()
+    }
     # The largest legal frame (an id of 1024 four-byte characters) is about
     # 4 KiB; everything else is under 1 KiB.
     assert max(sizes.values()) < HANDSHAKE_MAX_FRAME_BYTES * 0.6, sizes
@@ -322,4 +324,3 @@ async def test_the_longest_ids_complete_a_real_handshake() -> None:
                 assert node.hello_reply.edge_id == LONGEST_ID
                 await wait_until(lambda: hub.session(LONGEST_ID) is not None)
                 assert gate.pending == 0
-

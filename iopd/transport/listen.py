@@ -229,7 +229,9 @@ async def serve_wire(
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound: tuple[str, int] = listeners[0].socket.getsockname()[:2]
-    log.info("event=wire_listening address=%s:%d tls=%s", bound[0], bound[1], ssl_context is not None)
+    log.info(
+        "event=wire_listening address=%s:%d tls=%s", bound[0], bound[1], ssl_context is not None
+    )
     try:
         async with trio.open_nursery() as nursery:
             for listener in listeners:
