@@ -109,8 +109,12 @@ class PendingGate:
         return None
 
     def release(self, stream: trio.abc.Stream) -> None:
-        """``stream`` authenticated or ended: it no longer counts as pending."""
-        key = self._held.pop(stream, None)
+        """``stream`` authenticated or ended: it no longer counts as pending.
+
+        A TLS stream is known by the TCP stream under it (the gate admits a
+        connection before any TLS object exists for it).
+        """
+        key = self._held.pop(getattr(stream, "transport_stream", stream), None)
         if key is None:
             return
         left = self._by_key[key] - 1
@@ -198,14 +202,14 @@ async def _accept_loop(
                 next_capacity_log = now + REFUSAL_LOG_INTERVAL
             await trio.sleep(ACCEPT_CAPACITY_SLEEP)
             continue
+        if gate is not None:
+            key = _peer_key(stream)
+            if key is None or gate.enter(stream, key) is not None:
+                _reset(stream)
+                continue
         served: trio.abc.Stream = stream
         if ssl_context is not None:
             served = trio.SSLStream(stream, ssl_context, server_side=True, https_compatible=False)
-        if gate is not None:
-            key = _peer_key(stream)
-            if key is None or gate.enter(served, key) is not None:
-                _reset(stream)
-                continue
         nursery.start_soon(_guarded, handler, served, gate)
 
 
