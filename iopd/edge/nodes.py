@@ -30,7 +30,8 @@ Why it looks like this:
   ``Connection`` encodes (``out``) or decodes (``in``), and ``wire_error``
   once per connection closed for a wire problem, with ``reason`` one of
   ``frame_too_large``, ``malformed``, ``protocol``, ``handshake`` (timeout or
-  refusal) and ``heartbeat_timeout``.  Frames are counted by a
+  refusal) and ``heartbeat_timeout``; and ``pending_limit`` once per
+  connection a listener's ``PendingGate`` (``listener_gate``) refused.  Frames are counted by a
   ``Connection`` subclass, so the transport needs no hook.
 """
 
