@@ -188,7 +188,7 @@ FrameDirection = Literal["in", "out"]
 FRAME_DIRECTIONS: Final = frozenset(get_args(FrameDirection))
 #: Why a wire connection was closed for a protocol problem.
 WireErrorReason = Literal[
-    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout"
+    "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout", "pending_limit"
 ]
 WIRE_ERROR_REASONS: Final = frozenset(get_args(WireErrorReason))
 

@@ -225,6 +225,39 @@ CASES: list[tuple[str, Mutation, str]] = [
         "edge.handshake_timeout: must be > 0 (got 0.0)",
     ),
     (
+        "node_listen_max_pending >= 1",
+        set_in(["edge", "node_listen_max_pending"], 0),
+        "edge.node_listen_max_pending: must be 1 to 65536 (got 0)",
+    ),
+    (
+        "node_listen_max_pending bounded",
+        set_in(["edge", "node_listen_max_pending"], 65537),
+        "edge.node_listen_max_pending: must be 1 to 65536 (got 65537)",
+    ),
+    (
+        "node_listen_max_pending_per_address >= 1",
+        set_in(["edge", "node_listen_max_pending_per_address"], 0),
+        "edge.node_listen_max_pending_per_address: must be 1 to 256 (got 0)",
+    ),
+    (
+        "node_listen_max_pending_per_address <= node_listen_max_pending",
+        both(
+            set_in(["edge", "node_listen_max_pending"], 8),
+            set_in(["edge", "node_listen_max_pending_per_address"], 9),
+        ),
+        "edge.node_listen_max_pending_per_address: must be 1 to 8 (got 9)",
+    ),
+    (
+        "edge id fits a handshake frame",
+        set_in(["edge", "id"], "e" * 1025),
+        "edge.id: must be at most 1024 characters (got 1025)",
+    ),
+    (
+        "node id fits a handshake frame",
+        lambda d: d["nodes"][0].update(id="n" * 1025),
+        "nodes[0].id: must be at most 1024 characters (got 1025)",
+    ),
+    (
         "heartbeat_interval > 0",
         set_in(["edge", "heartbeat_interval"], 0),
         "edge.heartbeat_interval: must be > 0 (got 0.0)",
@@ -506,6 +539,7 @@ NODE_CASES: list[tuple[str, Mutation, str]] = [
     ("node edge address", set_in(["node", "edge"], "edge.local"), "node.edge: must be host:port, e.g. 127.0.0.1:7070 (the port is missing) (got 'edge.local')"),
     ("node token empty", set_in(["node", "token"], ""), "node.token: must not be empty"),
     ("node id empty", set_in(["node", "id"], " "), "node.id: must not be empty"),
+    ("node id too long", set_in(["node", "id"], "n" * 1025), "node.id: must be at most 1024 characters (got 1025)"),
     ("node tls cert without key", set_in(["node", "tls"], {"cert": "c.pem"}), "node.tls.key: required when node.tls.cert is set"),
     ("node tls key without cert", set_in(["node", "tls"], {"key": "k.pem"}), "node.tls.cert: required when node.tls.key is set"),
     ("node backoff", set_in(["node", "reconnect_max_backoff"], 0), "node.reconnect_max_backoff: must be > 0 (got 0.0)"),

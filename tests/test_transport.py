@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ssl
 from pathlib import Path
 
@@ -395,3 +396,50 @@ async def test_concurrent_senders_are_coalesced_in_call_order() -> None:
     assert [m.text for m in got] == call_order  # type: ignore[union-attr]
     assert sorted(call_order, key=int) == [str(i) for i in range(50)]
     assert counting.writes - writes_before < 50  # and were batched into fewer writes
+
+
+async def test_tls_connections_count_as_pending_until_authenticated(pki: dict[str, str]) -> None:
+    """Over TLS the gate counts TCP connections: the session leaves the count, a silent one holds it."""
+    srv = server_ssl_context(EdgeTLS(cert=pki["server_cert"], key=pki["server_key"]))
+    assert srv is not None
+    client = client_ssl_context(NodeTLS(ca=pki["ca"]))
+    rec = HubRecorder({"node-a": TOKEN}, config_version=1)
+    hub = NodeHub(
+        HubSettings(
+            edge_id="edge-tls",
+            heartbeat_interval=5,
+            heartbeat_timeout=15,
+            handshake_timeout=5,
+            max_frame_bytes=1 << 20,
+            max_pending=1,
+            max_pending_per_address=1,
+        ),
+        owner=rec,
+    )
+    gate = hub.listener_gate()
+
+    async def serve(*, task_status: trio.TaskStatus[tuple[str, int]]) -> None:
+        handler = functools.partial(hub.handle_connection, gate=gate)
+        await serve_wire(handler, "127.0.0.1", 0, ssl_context=srv, gate=gate, task_status=task_status)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            host, port = await nursery.start(serve)
+            async with FakeNode.connect(
+                host, port, node_id="node-a", token=TOKEN, ssl_context=client
+            ) as node:
+                assert isinstance(node.hello_reply, HelloAck)
+                await wait_until(lambda: hub.session("node-a") is not None)
+                assert gate.pending == 0
+                silent = await trio.open_tcp_stream(host, port)
+                await wait_until(lambda: gate.pending == 1)
+                with pytest.raises((DialError, ChannelClosed)):  # the one slot is taken
+                    async with FakeNode.connect(
+                        host, port, node_id="node-a", token=TOKEN, ssl_context=client, timeout=3
+                    ):
+                        pass
+                assert rec.errors == ["pending_limit"]
+                await silent.aclose()
+                await wait_until(lambda: gate.pending == 0)
+                assert hub.session("node-a") is not None
+            nursery.cancel_scope.cancel()

@@ -11,7 +11,10 @@ machine, so each knows exactly what the other may do next.
 Handshake (SCRAM-SHA-256, ``wire.scram``): the node sends ``Hello`` first;
 the edge answers ``Challenge`` or ``Refused`` (closed); the node sends its
 ``Proof``; the edge answers ``HelloAck`` (the session is open) or ``Refused``.
-Nothing else may cross before that.
+Nothing else may cross before that, and no frame of more than
+``handshake_max_frame_bytes`` (a few KiB, ``wire.framing``) either way: the
+session's ``max_frame_bytes`` applies once ``HelloAck`` has crossed, from the
+very next frame (even one that arrived in the same read).
 
 Streams: only the edge opens streams (``RunRequest``, ``ProviderTunnelRequest``,
 ``NodeConfig``), with strictly increasing ``stream_id`` (so "closed" needs no
@@ -37,7 +40,7 @@ from wire.errors import (
     VersionMismatch,
     WireError,
 )
-from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
+from wire.framing import HANDSHAKE_MAX_FRAME_BYTES, MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     PROTOCOL_VERSION,
     Busy,
@@ -122,6 +125,7 @@ class StreamEvent(_FastHashEnum):
 
 _EDGE = Role.EDGE
 _NODE = Role.NODE
+_OPEN = ConnState.OPEN
 
 _EDGE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Heartbeat,
@@ -221,17 +225,28 @@ class Connection:
     ``send(msg) -> bytes`` checks that *we* may send ``msg`` now, updates the
     state, and returns the frame to write.  ``receive_data(data)`` decodes and
     checks what the peer sent.  No I/O happens here.
+
+    ``max_frame_bytes`` is the session's frame cap; before the session is open
+    the cap is ``handshake_max_frame_bytes`` (or ``max_frame_bytes`` if that
+    is smaller), so an unauthenticated peer never makes us buffer more.
     """
 
-    def __init__(self, role: Role, *, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self,
+        role: Role,
+        *,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        handshake_max_frame_bytes: int = HANDSHAKE_MAX_FRAME_BYTES,
+    ) -> None:
         self.our_role = role
         self.their_role = role.peer
         self.max_frame_bytes = max_frame_bytes
+        self.handshake_max_frame_bytes = min(handshake_max_frame_bytes, max_frame_bytes)
         self.state = ConnState.AWAIT_HELLO
         self.hello: Hello | None = None  # the node's Hello, once it crossed
         self.hello_ack: HelloAck | None = None
         self.refused: Refused | None = None
-        self._decoder = FrameDecoder(max_frame_bytes)
+        self._decoder = FrameDecoder(self.handshake_max_frame_bytes)
         self._streams: dict[int, StreamInfo] = {}
         self._last_stream_id = 0
         self._error: RemoteProtocolError | None = None
@@ -249,6 +264,11 @@ class Connection:
         """Non-terminal replies the node may still send on ``stream_id`` (0 if not open)."""
         info = self._streams.get(stream_id)
         return info.credit if info is not None else 0
+
+    @property
+    def frame_limit(self) -> int:
+        """The cap of one frame's body now (the handshake's until the session is open)."""
+        return self._decoder.max_frame_bytes
 
     @property
     def open_stream_ids(self) -> list[int]:
@@ -278,7 +298,7 @@ class Connection:
                 raise LocalProtocolError(
                     f"cannot accept protocol version {self.hello.protocol_version}: send Refused"
                 )
-        data = encode_frame(msg, max_frame_bytes=self.max_frame_bytes)
+        data = encode_frame(msg, max_frame_bytes=self._decoder.max_frame_bytes)
         try:
             self._apply(self.our_role, msg)
         except _Illegal as exc:
@@ -295,18 +315,43 @@ class Connection:
         if self._error is not None:
             raise self._error
         try:
-            msgs = self._decoder.feed(data)
-            for msg in msgs:
-                if type(msg) is HelloAck:
-                    self._check_version(msg)
-                try:
-                    self._apply(self.their_role, msg)
-                except _Illegal as exc:
-                    raise RemoteProtocolError(str(exc)) from None
+            if self.state is _OPEN:
+                msgs = self._decoder.feed(data)
+                self._apply_received(msgs)
+            else:
+                msgs = self._receive_handshake(data)
         except RemoteProtocolError as exc:
             self._fail(exc)
             raise
         return msgs
+
+    def _receive_handshake(self, data: bytes | bytearray | memoryview) -> list[Message]:
+        """``receive_data`` before the session is open: one message at a time,
+        because the frame cap grows the moment ``HelloAck`` is applied."""
+        decoder = self._decoder
+        out: list[Message] = []
+        msgs = decoder.feed(data, max_messages=1)
+        while msgs:
+            msg = msgs[0]
+            if type(msg) is HelloAck:
+                self._check_version(msg)
+            self._apply_received(msgs)
+            out.append(msg)
+            if self.state is _OPEN:
+                rest = decoder.feed(b"")
+                self._apply_received(rest)
+                out.extend(rest)
+                break
+            msgs = decoder.feed(b"", max_messages=1)
+        return out
+
+    def _apply_received(self, msgs: list[Message]) -> None:
+        their_role = self.their_role
+        for msg in msgs:
+            try:
+                self._apply(their_role, msg)
+            except _Illegal as exc:
+                raise RemoteProtocolError(str(exc)) from None
 
     def receive_eof(self) -> None:
         """The peer closed its side.  Raises ``MalformedFrame`` if a frame was cut short."""
@@ -351,6 +396,7 @@ class Connection:
             self.hello = msg
         elif isinstance(msg, HelloAck):
             self.hello_ack = msg
+            self._decoder.max_frame_bytes = self.max_frame_bytes  # the session is open
         elif isinstance(msg, Refused):
             self.refused = msg
         self.state = next_state

@@ -9,6 +9,12 @@ allocate 4 GiB), and msgpack via msgspec decodes straight into the typed
 stream (one byte at a time works) and it returns every complete message.  After
 a ``feed`` returns, it holds less than one frame (at most ``4 + max_frame_bytes
 - 1`` bytes), so its memory is bounded.  Once it raised, it stays broken.
+
+Before a session is open the peer is not authenticated, and the handshake's
+frames are a few hundred bytes: ``HANDSHAKE_MAX_FRAME_BYTES`` is the cap a
+``wire.connection.Connection`` holds its decoder to until ``HelloAck`` has
+crossed, so an unauthenticated peer can make the receiver hold at most one
+read plus a few KiB, never a session-sized frame.
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ from wire.messages import Message
 #: Default cap of one frame's body (SPEC §8): 16 MiB.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 PREFIX_BYTES = 4
+#: Cap of one frame's body before the session is open (``Hello``, ``Challenge``,
+#: ``Proof``, ``HelloAck``, ``Refused``).  The largest legal one (ids of
+#: ``MAX_HANDSHAKE_ID_CHARS``, the longest nonces and salt) is under 3 KiB.
+HANDSHAKE_MAX_FRAME_BYTES = 8 * 1024
+#: Longest node or edge id a handshake frame has room for (config validation
+#: holds ids to it).
+MAX_HANDSHAKE_ID_CHARS = 1024
 
 _encoder = msgspec.msgpack.Encoder()
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
@@ -52,6 +65,9 @@ class FrameDecoder:
     ``feed(data)`` returns the messages completed by ``data`` (possibly none).
     Raises ``FrameTooLarge`` as soon as a length prefix over the cap is seen,
     and ``MalformedFrame`` for a zero-length frame or an undecodable body.
+    ``max_frame_bytes`` may be changed between two ``feed`` calls (the
+    handshake's small cap, then the session's); ``feed(data, max_messages=1)``
+    stops after one message so a caller can change it in between.
     """
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
@@ -67,8 +83,14 @@ class FrameDecoder:
         """Bytes held for a frame that is not complete yet."""
         return len(self._buf)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> list[Message]:
-        """Add ``data`` to the stream; return every message it completes."""
+    def feed(
+        self, data: bytes | bytearray | memoryview, *, max_messages: int | None = None
+    ) -> list[Message]:
+        """Add ``data`` to the stream; return the messages it completes.
+
+        With ``max_messages``, at most that many: the rest stays buffered for
+        the next call (``feed(b"")`` decodes it).
+        """
         if self._broken is not None:
             raise self._broken
         buf = self._buf
@@ -78,6 +100,8 @@ class FrameDecoder:
         end = len(buf)
         try:
             while end - pos >= PREFIX_BYTES:
+                if max_messages is not None and len(out) >= max_messages:
+                    break
                 size = int.from_bytes(buf[pos : pos + PREFIX_BYTES], "big")
                 if size == 0:
                     raise MalformedFrame("zero-length frame")

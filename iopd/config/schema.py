@@ -66,8 +66,11 @@ class EdgeSection(_Section):
     log_level: LogLevel = "info"
     heartbeat_interval: float = 5.0
     heartbeat_timeout: float = 15.0
-    handshake_timeout: float = 10.0
+    handshake_timeout: float = 5.0
     max_frame_bytes: int = 16 * 1024 * 1024
+    #: Caps of the wire listener's connections that have not authenticated yet.
+    node_listen_max_pending: int = 256
+    node_listen_max_pending_per_address: int = 16
     tls: EdgeTLS = msgspec.field(default_factory=EdgeTLS)
     #: Raised by the operator with each config change on every edge: a node
     #: applies the highest revision it has received (issue #20).

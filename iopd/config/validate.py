@@ -40,6 +40,7 @@ from iopd.config.schema import (
 )
 from iopd.edge.openai.upstream_headers import forbidden_reason
 from wire import scram
+from wire.framing import MAX_HANDSHAKE_ID_CHARS
 
 __all__ = [
     "is_loopback_host",
@@ -53,6 +54,8 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 #: Longest base ejection; doubled ejections stop at 10x this (see the outlier tracker).
 MAX_EJECT_SECONDS = 86400.0
+#: Most unauthenticated wire connections an edge may be told to hold.
+MAX_PENDING_CAP = 65536
 _HASH_HINT = "must be 64 lowercase hex characters (the SHA-256 of the token; see 'iopd token')"
 
 
@@ -78,6 +81,13 @@ class _Errors:
             self.add(path, "must not be empty")
             return False
         return True
+
+    def wire_id(self, path: str, value: str) -> bool:
+        """An id sent in a handshake frame: not empty, and short enough for its frame cap."""
+        if len(value) > MAX_HANDSHAKE_ID_CHARS:
+            self.add(path, f"must be at most {MAX_HANDSHAKE_ID_CHARS} characters (got {len(value)})")
+            return False
+        return self.not_empty(path, value)
 
     def address(self, path: str, value: str) -> str | None:
         try:
@@ -203,8 +213,13 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
 
 def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
     """``edge``: id, listen addresses (admin on loopback only), timeouts, frame cap, TLS."""
-    err.not_empty("edge.id", e.id)
+    err.wire_id("edge.id", e.id)
     err.address("edge.node_listen", e.node_listen)
+    cap, per = e.node_listen_max_pending, e.node_listen_max_pending_per_address
+    if not 1 <= cap <= MAX_PENDING_CAP:
+        err.add("edge.node_listen_max_pending", f"must be 1 to {MAX_PENDING_CAP} (got {cap})")
+    if not 1 <= per <= max(cap, 1):
+        err.add("edge.node_listen_max_pending_per_address", f"must be 1 to {cap} (got {per})")
     admin_host = err.address("edge.admin_listen", e.admin_listen)
     if admin_host is not None and not is_loopback_host(admin_host):
         err.add(
@@ -239,7 +254,7 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
     provider_node: dict[str, str] = {}
     for n, node in enumerate(nodes):
         npath = f"nodes[{n}]"
-        if err.not_empty(f"{npath}.id", node.id):
+        if err.wire_id(f"{npath}.id", node.id):
             first = _first_at(node_index, node.id, npath)
             if first is not None:
                 err.add(f"{npath}.id", f"duplicate node id {node.id!r} (first defined at {first})")
@@ -564,7 +579,7 @@ def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
     """Every semantic problem of a node config, in file order."""
     err = _Errors()
     n = cfg.node
-    err.not_empty("node.id", n.id)
+    err.wire_id("node.id", n.id)
     _check_node_edges(err, n)
     err.not_empty("node.token", n.token)
     _check_node_tls(err, n.tls)

@@ -91,9 +91,12 @@ async def serve_embedded_nodes(
 
     ids = embedded_node_ids(cfg)
     admitted = frozenset(ids)
-    handler = functools.partial(rt.hub.handle_connection, admits=admitted.__contains__)
+    gate = rt.hub.listener_gate()  # its own: a flood of edge.node_listen does not count here
+    handler = functools.partial(rt.hub.handle_connection, admits=admitted.__contains__, gate=gate)
     async with trio.open_nursery() as nursery:
-        wire: tuple[str, int] = await nursery.start(serve_wire, handler, *EMBEDDED_LISTEN)
+        wire: tuple[str, int] = await nursery.start(
+            functools.partial(serve_wire, gate=gate), handler, *EMBEDDED_LISTEN
+        )
         for node_id in ids:
             node_cfg = embedded_node_config(cfg, node_id, rt.embedded_tokens[node_id], wire)
             await nursery.start(run_node, node_cfg)

@@ -93,6 +93,9 @@ class HubSettings:
     heartbeat_timeout: float
     handshake_timeout: float
     max_frame_bytes: int
+    #: Caps of the unauthenticated connections of one wire listener.
+    max_pending: int = 256
+    max_pending_per_address: int = 16
 
     @classmethod
     def from_config(cls, edge: EdgeSection) -> HubSettings:
@@ -102,4 +105,6 @@ class HubSettings:
             heartbeat_timeout=edge.heartbeat_timeout,
             handshake_timeout=edge.handshake_timeout,
             max_frame_bytes=edge.max_frame_bytes,
+            max_pending=edge.node_listen_max_pending,
+            max_pending_per_address=edge.node_listen_max_pending_per_address,
         )

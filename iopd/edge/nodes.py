@@ -30,7 +30,8 @@ Why it looks like this:
   ``Connection`` encodes (``out``) or decodes (``in``), and ``wire_error``
   once per connection closed for a wire problem, with ``reason`` one of
   ``frame_too_large``, ``malformed``, ``protocol``, ``handshake`` (timeout or
-  refusal) and ``heartbeat_timeout``.  Frames are counted by a
+  refusal) and ``heartbeat_timeout``; and ``pending_limit`` once per
+  connection a listener's ``PendingGate`` (``listener_gate``) refused.  Frames are counted by a
   ``Connection`` subclass, so the transport needs no hook.
 """
 
@@ -49,6 +50,7 @@ from iopd.edge.node_session import NodeSession, Reply
 from iopd.errors import NodeDispatchError
 from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
+from iopd.transport.listen import PendingGate, RefusalReason
 from iopd.vocabulary import FrameDirection, WireErrorReason
 from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
@@ -243,13 +245,29 @@ class NodeHub:
             await channel.aclose(reason)
         await self._no_handlers.wait()
 
+    def listener_gate(self) -> PendingGate:
+        """A new cap on one wire listener's unauthenticated connections (``serve_wire``'s
+        ``gate``; pass the same to ``handle_connection``), refusals metered."""
+        settings = self.settings
+        return PendingGate(
+            settings.max_pending, settings.max_pending_per_address, on_refused=self._refused
+        )
+
+    def _refused(self, reason: RefusalReason) -> None:
+        self._wire_error("pending_limit", reason)
+
     async def handle_connection(
-        self, stream: trio.abc.Stream, *, admits: Callable[[str], bool] | None = None
+        self,
+        stream: trio.abc.Stream,
+        *,
+        admits: Callable[[str], bool] | None = None,
+        gate: PendingGate | None = None,
     ) -> None:
         """Serve one node connection until it ends; never raises (but Cancelled).
 
         ``admits`` (a listener's own rule, e.g. the embedded nodes' loopback
-        listener) refuses every other node id as ``unknown_node``.
+        listener) refuses every other node id as ``unknown_node``.  ``gate``:
+        the listener's ``PendingGate``, told once the node has authenticated.
         """
         peer = _peer_name(stream)
         conn = _MeteredConnection(
@@ -262,6 +280,8 @@ class NodeHub:
             hello = await self._handshake(channel, peer, admits)
             if hello is None:
                 return
+            if gate is not None:
+                gate.release(stream)  # authenticated: no longer pending
             session = NodeSession(hello.node_id, channel, peer)
             self._replace(session)
             await self._run_session(session, channel, conn)

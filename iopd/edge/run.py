@@ -122,10 +122,16 @@ async def run_edge(
         await nursery.start(_scrub_secrets_from_logs, rt)
         await nursery.start(rt.pool.run_outlier_timer)  # ejections that run out wake waiters
         await nursery.start(rt.limits.run)  # the shared limits store's client, renewals, probes
+        gate = rt.hub.listener_gate()  # unauthenticated connections, capped
         wire_addr = await _listen(
             nursery,
             cfg.edge.node_listen,
-            functools.partial(serve_wire, rt.hub.handle_connection, ssl_context=ssl_ctx),
+            functools.partial(
+                serve_wire,
+                functools.partial(rt.hub.handle_connection, gate=gate),
+                ssl_context=ssl_ctx,
+                gate=gate,
+            ),
         )
         admin_addr = await _listen(nursery, cfg.edge.admin_listen, admin_srv.serve)
         openai_addr = None
