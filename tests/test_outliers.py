@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from iopd.edge.pool.outliers import (
@@ -25,8 +27,20 @@ def tracker(policy: EjectionPolicy = POLICY) -> OutlierTracker:
     return OutlierTracker(policy)
 
 
-def fail(t: OutlierTracker, pid: str, now: float, reason: R = R.STATUS_5XX) -> Transition | None:
-    return t.attempt_failed(t.attempt_started(pid, now), reason, now)
+#: Callers take turns: the rules below are about streaks of several principals
+#: (one principal's own streak has its own tests).
+_CALLERS = itertools.cycle(["alice", "bob"])
+
+
+def fail(
+    t: OutlierTracker,
+    pid: str,
+    now: float,
+    reason: R = R.STATUS_5XX,
+    principal: str | None = None,
+) -> Transition | None:
+    who = next(_CALLERS) if principal is None else principal
+    return t.attempt_failed(t.attempt_started(pid, now), reason, now, principal=who)
 
 
 def succeed(t: OutlierTracker, pid: str, now: float) -> Transition | None:
@@ -116,6 +130,115 @@ def test_results_of_attempts_started_before_the_ejection_are_ignored() -> None:
     fail(t, "p", 12.0)
     fail(t, "p", 12.0)
     assert t.is_choosable("p", 12.0)  # two counted failures, not three
+
+
+# ------------------------------------------------- who failed: one principal alone
+
+
+def test_one_principals_streak_never_ejects_a_second_principal_does() -> None:
+    t = tracker()
+    for _ in range(20):  # far past eject_after_failures: still one caller's doing
+        assert fail(t, "p", 0.0, principal="mallory") is None
+    assert not t.is_ejected("p") and t.is_choosable("p", 0.0)
+    assert fail(t, "p", 1.0, principal="alice") is Transition.EJECTED
+    assert status(t, "p", 1.0).cause is R.STATUS_5XX
+
+
+def test_every_failure_kind_needs_a_second_principal_but_connect() -> None:
+    for reason in (R.RESET, R.TIMEOUT, R.STATUS_5XX, R.RUN_ERROR):
+        t = tracker()
+        for _ in range(5):
+            assert fail(t, "p", 0.0, reason, principal="mallory") is None, reason
+    t = tracker()
+    # A request that never reached the provider cannot have caused its failure.
+    assert fail(t, "p", 0.0, R.CONNECT, principal="mallory") is None
+    assert fail(t, "p", 0.0, R.CONNECT, principal="mallory") is None
+    assert fail(t, "p", 0.0, R.CONNECT, principal="mallory") is Transition.EJECTED
+    assert status(t, "p", 0.0).cause is R.CONNECT
+
+
+def test_a_connect_failure_does_not_vouch_for_one_principals_other_failures() -> None:
+    t = tracker()
+    assert fail(t, "p", 0.0, R.STATUS_5XX, principal="mallory") is None
+    assert fail(t, "p", 0.0, R.CONNECT, principal="mallory") is None
+    assert fail(t, "p", 0.0, R.STATUS_5XX, principal="mallory") is None
+    assert fail(t, "p", 0.0, R.CONNECT, principal="mallory") is None
+    assert not t.is_ejected("p")
+
+
+def test_anonymous_callers_are_one_principal() -> None:
+    t = tracker()
+    for _ in range(4):
+        assert fail(t, "p", 0.0, principal="") is None
+    assert fail(t, "p", 0.0, principal="alice") is Transition.EJECTED
+
+
+def test_a_success_forgets_who_failed() -> None:
+    t = tracker()
+    fail(t, "p", 0.0, principal="alice")
+    fail(t, "p", 0.0, principal="bob")
+    succeed(t, "p", 0.0)
+    for _ in range(5):  # a new streak, bob's alone
+        assert fail(t, "p", 0.0, principal="bob") is None
+    assert fail(t, "p", 0.0, principal="alice") is Transition.EJECTED
+
+
+def test_one_principal_is_enough_when_the_config_knows_only_one() -> None:
+    t = tracker(EjectionPolicy(after_failures=3, seconds=10.0, principals=1))
+    assert fail(t, "p", 0.0, principal="") is None
+    assert fail(t, "p", 0.0, principal="") is None
+    assert fail(t, "p", 0.0, principal="") is Transition.EJECTED
+
+
+def test_principals_must_be_at_least_one() -> None:
+    with pytest.raises(ValueError, match="principals"):
+        EjectionPolicy(principals=0)
+
+
+def test_a_probe_failure_ejects_again_whoever_sent_it() -> None:
+    t = tracker()
+    eject(t, "p", 0.0)
+    probe = t.attempt_started("p", 10.0)
+    assert probe.probe
+    assert t.attempt_failed(probe, R.STATUS_5XX, 10.0, principal="mallory") is Transition.EJECTED
+
+
+# ------------------------------------------------------- the caller's own credential
+
+
+def test_an_answer_to_the_callers_credential_is_neither_failure_nor_saturation() -> None:
+    t = tracker()
+    fail(t, "p", 0.0, principal="alice")
+    fail(t, "p", 0.0, principal="bob")
+    for _ in range(10):
+        assert t.attempt_caller_credentialed(t.attempt_started("p", 0.0)) is None
+    assert t.is_choosable("p", 0.0) and t.saturated_until("p", 0.0) is None
+    assert t.next_change(0.0) is None
+    # The streak is as it was: neither reset nor lengthened.
+    assert fail(t, "p", 0.0, principal="alice") is Transition.EJECTED
+
+
+def test_a_probe_answered_to_the_callers_credential_decides_nothing() -> None:
+    t = tracker()
+    eject(t, "p", 0.0)
+    probe = t.attempt_started("p", 10.0)
+    assert probe.probe and not t.is_choosable("p", 10.0)
+    assert t.attempt_caller_credentialed(probe) is Transition.PROBE_RELEASED
+    assert t.is_ejected("p") and t.is_choosable("p", 10.0)  # half-open again
+    assert t.attempt_caller_credentialed(probe) is None  # once
+    second = t.attempt_started("p", 10.0)
+    assert second.probe
+    assert t.attempt_succeeded(second, 10.0) is Transition.RESTORED
+
+
+def test_a_stale_credentialed_verdict_is_ignored() -> None:
+    t = tracker()
+    slow = t.attempt_started("p", 0.0)
+    eject(t, "p", 0.0)
+    probe = t.attempt_started("p", 10.0)
+    assert t.attempt_caller_credentialed(slow) is None
+    assert status(t, "p", 10.0).probing  # the probe still holds the slot
+    assert t.attempt_succeeded(probe, 10.0) is Transition.RESTORED
 
 
 # ---------------------------------------------------------------- expiry, half-open

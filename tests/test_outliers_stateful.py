@@ -1,7 +1,8 @@
 """Stateful property test of the outlier tracker against a naive reference model.
 
 Hypothesis drives the tracker through random attempts (started, then
-succeeded, failed with any reason, saturated by a 429, or abandoned, in any
+succeeded, failed with any reason by one of a few principals, saturated by
+a 429, answered to the caller's own credential, or abandoned, in any
 order), clock steps, health probes, policy refreshes and providers removed
 by a refresh.  A deliberately plain reference -- the failure streak as a
 list, outstanding tickets as sets that an ejection or its end empties --
@@ -29,11 +30,14 @@ from iopd.edge.pool.outliers import (
 from iopd.edge.pool.retry_rules import FailureReason
 
 PIDS = ["p0", "p1", "p2"]
+#: Who sent an attempt ("" is the anonymous caller, one principal like the others).
+CALLERS = ["", "alice", "bob"]
 FAILURES = [r for r in FailureReason if r is not FailureReason.STATUS_429]
 POLICIES = st.builds(
     EjectionPolicy,
     after_failures=st.sampled_from([0, 1, 2, 3]),
     seconds=st.sampled_from([1.0, 2.5, 10.0]),
+    principals=st.sampled_from([1, 2]),
 )
 
 
@@ -41,7 +45,7 @@ POLICIES = st.builds(
 class RefProvider:
     """One provider, spelled out: no epochs, just which tickets still count."""
 
-    streak: list[FailureReason] = field(default_factory=list)
+    streak: list[tuple[FailureReason, str]] = field(default_factory=list)  # (reason, principal)
     ejected_at: float | None = None
     until: float = 0.0
     factor: int = 1
@@ -96,7 +100,9 @@ class Reference:
             p.streak = []
         return None
 
-    def fail(self, pid: str, ticket: int, reason: FailureReason, now: float) -> Transition | None:
+    def fail(
+        self, pid: str, ticket: int, reason: FailureReason, now: float, principal: str
+    ) -> Transition | None:
         p = self.providers.get(pid)
         if p is None:
             return None
@@ -105,10 +111,13 @@ class Reference:
             return Transition.EJECTED
         if ticket not in p.closed_tickets:
             return None
-        p.streak.append(reason)
+        p.streak.append((reason, principal))
         if self.policy.after_failures == 0 or len(p.streak) < self.policy.after_failures:
             return None
-        others = [r for r in p.streak if r is not FailureReason.CONNECT]
+        others = [r for r, _ in p.streak if r is not FailureReason.CONNECT]
+        who = {w for _, w in p.streak}
+        if self.policy.principals > 1 and len(who) < 2 and others:
+            return None  # one principal's streak (unless it never reached the provider)
         self.eject(p, others[-1] if others else FailureReason.CONNECT, now, 1)
         return Transition.EJECTED
 
@@ -123,6 +132,10 @@ class Reference:
             return None
         p.saturated_until = max(p.saturated_until or 0.0, now + seconds)
         return Transition.SATURATED
+
+    def caller_credentialed(self, pid: str, ticket: int) -> Transition | None:
+        """About the caller's key: only a running probe hears of it (its slot frees)."""
+        return self.abandon(pid, ticket)
 
     def abandon(self, pid: str, ticket: int) -> Transition | None:
         p = self.providers.get(pid)
@@ -174,7 +187,7 @@ class Reference:
 class TrackerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        policy = EjectionPolicy(after_failures=2, seconds=10.0)
+        policy = EjectionPolicy(after_failures=2, seconds=10.0, principals=2)
         self.tracker = OutlierTracker(policy)
         self.ref = Reference(policy)
         self.now = 0.0
@@ -207,11 +220,11 @@ class TrackerMachine(RuleBasedStateMachine):
             event("probe success restored a provider")
 
     @precondition(lambda self: self.outstanding)
-    @rule(data=st.data(), reason=st.sampled_from(FAILURES))
-    def fail(self, data: st.DataObject, reason: FailureReason) -> None:
+    @rule(data=st.data(), reason=st.sampled_from(FAILURES), who=st.sampled_from(CALLERS))
+    def fail(self, data: st.DataObject, reason: FailureReason, who: str) -> None:
         ident, attempt = self.take(data)
-        got = self.tracker.attempt_failed(attempt, reason, self.now)
-        assert got == self.ref.fail(attempt.provider_id, ident, reason, self.now)
+        got = self.tracker.attempt_failed(attempt, reason, self.now, principal=who)
+        assert got == self.ref.fail(attempt.provider_id, ident, reason, self.now, who)
         if got is Transition.EJECTED:
             status = self.tracker.ejection(attempt.provider_id, self.now)
             assert status is not None
@@ -226,23 +239,43 @@ class TrackerMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.outstanding)
     @rule(data=st.data())
+    def caller_credentialed(self, data: st.DataObject) -> None:
+        ident, attempt = self.take(data)
+        got = self.tracker.attempt_caller_credentialed(attempt)
+        assert got == self.ref.caller_credentialed(attempt.provider_id, ident)
+        if got is Transition.PROBE_RELEASED:
+            event("a probe answered to the caller's credential freed its slot")
+
+    @precondition(lambda self: self.outstanding)
+    @rule(data=st.data())
     def abandon(self, data: st.DataObject) -> None:
         ident, attempt = self.take(data)
         assert self.tracker.attempt_abandoned(attempt) == self.ref.abandon(
             attempt.provider_id, ident
         )
 
-    @rule(pid=st.sampled_from(PIDS), n=st.integers(1, 3), reason=st.sampled_from(FAILURES))
-    def failing_burst(self, pid: str, n: int, reason: FailureReason) -> None:
-        """Failures come in runs: the ones that eject."""
-        for _ in range(n):
+    @rule(
+        pid=st.sampled_from(PIDS),
+        n=st.integers(1, 3),
+        reason=st.sampled_from(FAILURES),
+        who=st.lists(st.sampled_from(CALLERS), min_size=1, max_size=2),
+    )
+    def failing_burst(self, pid: str, n: int, reason: FailureReason, who: list[str]) -> None:
+        """Failures come in runs (from one principal, or two taking turns): the ones that eject."""
+        for i in range(n):
             self.start(pid)
             ident = self.next_ticket - 1
             attempt = self.outstanding.pop(ident)
-            got = self.tracker.attempt_failed(attempt, reason, self.now)
-            assert got == self.ref.fail(pid, ident, reason, self.now)
+            caller = who[i % len(who)]
+            got = self.tracker.attempt_failed(attempt, reason, self.now, principal=caller)
+            assert got == self.ref.fail(pid, ident, reason, self.now, caller)
+            if got is None and n >= self.ref.policy.after_failures > 0 and len(set(who)) == 1:
+                event("one principal's streak did not eject")
 
-    @rule(pid=st.sampled_from(PIDS), outcome=st.sampled_from(["ok", "fail", "429", "none"]))
+    @rule(
+        pid=st.sampled_from(PIDS),
+        outcome=st.sampled_from(["ok", "fail", "429", "own_key", "none"]),
+    )
     def probe_cycle(self, pid: str, outcome: str) -> None:
         """Wait for an ejection to run out, then send one request and settle it at once."""
         p = self.ref.providers.get(pid)
@@ -258,7 +291,7 @@ class TrackerMachine(RuleBasedStateMachine):
                 event("probe success restored a provider")
         elif outcome == "fail":
             got = self.tracker.attempt_failed(attempt, FailureReason.CONNECT, self.now)
-            assert got == self.ref.fail(pid, ident, FailureReason.CONNECT, self.now)
+            assert got == self.ref.fail(pid, ident, FailureReason.CONNECT, self.now, "")
             if got is Transition.EJECTED and attempt.probe:
                 status = self.tracker.ejection(pid, self.now)
                 assert status is not None
@@ -266,6 +299,9 @@ class TrackerMachine(RuleBasedStateMachine):
         elif outcome == "429":
             got = self.tracker.attempt_saturated(attempt, self.now, 1.0)
             assert got == self.ref.saturate(pid, ident, self.now, 1.0)
+        elif outcome == "own_key":
+            got = self.tracker.attempt_caller_credentialed(attempt)
+            assert got == self.ref.caller_credentialed(pid, ident)
         else:
             assert self.tracker.attempt_abandoned(attempt) == self.ref.abandon(pid, ident)
 

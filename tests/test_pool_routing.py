@@ -36,7 +36,8 @@ def routing_snapshot(
         {gid: GroupPolicy(gid, tuple((p, f"{p}@{gid}") for p in m)) for gid, m in groups.items()},
         max_queue=100,
         queue_timeout=30.0,
-        ejection=EjectionPolicy(after_failures=after_failures, seconds=seconds),
+        # One caller (as with no principal tokens): one failure of anyone ejects.
+        ejection=EjectionPolicy(after_failures=after_failures, seconds=seconds, principals=1),
     )
 
 

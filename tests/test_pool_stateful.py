@@ -526,7 +526,7 @@ class SchedulerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.held)
     @rule(
         data=st.data(),
-        verdict=st.sampled_from(["ok", "connect", "5xx", "429", "abandoned"]),
+        verdict=st.sampled_from(["ok", "connect", "5xx", "429", "own_key", "abandoned"]),
         seconds=st.sampled_from([0.5, 2.0]),
     )
     def attempt_verdict(self, data: st.DataObject, verdict: str, seconds: float) -> None:
@@ -540,6 +540,8 @@ class SchedulerMachine(RuleBasedStateMachine):
             outcome = self.s().attempt_saturated(grant, seconds, now)
         elif verdict == "abandoned":
             outcome = self.s().attempt_abandoned(grant, now)
+        elif verdict == "own_key":
+            outcome = self.s().attempt_caller_credentialed(grant, now)
         else:
             reason = FailureReason.CONNECT if verdict == "connect" else FailureReason.STATUS_5XX
             outcome = self.s().attempt_failed(grant, reason, now)
@@ -553,8 +555,12 @@ class SchedulerMachine(RuleBasedStateMachine):
                 expected_transition = t.attempt_saturated(rg.attempt, now, seconds)
             elif verdict == "abandoned":
                 expected_transition = t.attempt_abandoned(rg.attempt)
-            else:
-                expected_transition = t.attempt_failed(rg.attempt, reason, now)
+            elif verdict == "own_key":
+                expected_transition = t.attempt_caller_credentialed(rg.attempt)
+            else:  # the failure is the grant's principal's
+                expected_transition = t.attempt_failed(
+                    rg.attempt, reason, now, principal=rg.principal
+                )
             rg.attempt = None
         assert outcome.transition == expected_transition
         if outcome.transition is not None:

@@ -110,6 +110,38 @@ def test_provider_auth_never_goes_to_another_origin(failure: AttemptFailure) -> 
             assert v == base  # same origin, or no caller key: nothing changes
 
 
+@pytest.mark.parametrize(("failure", "safe", "reason", "effect"), TABLE, ids=str)
+def test_an_answer_to_the_callers_own_credential_marks_the_provider_for_nobody(
+    failure: AttemptFailure, safe: bool, reason: FailureReason | None, effect: TrackerEffect
+) -> None:
+    """The provider's error status on the caller's key is that key's business;
+    a failure before any answer (or a caller's 4xx: the provider works) is not."""
+    for saw in (False, True):
+        plain = classify_failure(failure, caller_saw_bytes=saw, retry_on_timeout=True)
+        own = classify_failure(
+            failure, caller_saw_bytes=saw, retry_on_timeout=True, caller_credentialed=True
+        )
+        assert own.reason == plain.reason  # the metric still counts what happened
+        answered = failure.kind is K.PROVIDER_STATUS and effect is not E.SUCCESS
+        if not answered:
+            assert own == plain
+            continue
+        assert own.effect is E.CALLER_CREDENTIALED
+        if failure.status == 429 and not saw:
+            # Every provider it may go to shares that key's limit: relayed now.
+            assert not own.retry and own.no_retry is NoRetry.CALLER_CREDENTIAL
+        else:
+            assert (own.retry, own.no_retry) == (plain.retry, plain.no_retry)
+
+
+def test_a_timeout_on_the_callers_own_credential_is_still_the_providers() -> None:
+    for kind in (K.READ_TIMEOUT, K.RESET_AFTER_SEND, K.CONNECT_FAILED):
+        v = classify_failure(
+            AttemptFailure(kind), caller_saw_bytes=False, caller_credentialed=True
+        )
+        assert v.effect is E.FAILURE
+
+
 def test_attempt_failure_checks_its_status() -> None:
     with pytest.raises(ValueError):
         AttemptFailure(K.PROVIDER_STATUS)

@@ -52,8 +52,18 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         ejection=EjectionPolicy(
             after_failures=cfg.provider_pool.eject_after_failures,
             seconds=cfg.provider_pool.eject_seconds,
+            principals=2 if _callers_told_apart(cfg) > 1 else 1,
         ),
     )
+
+
+def _callers_told_apart(cfg: EdgeConfig) -> int:
+    """How many distinct principals a caller of this config can be: each
+    principal token's ``principal_ref``, plus one for everyone else (the
+    legacy bearer token, or no auth at all)."""
+    refs = {p.principal_ref for p in cfg.openai.principal_tokens}
+    others = bool(cfg.openai.bearer_token) or not refs
+    return len(refs) + (1 if others else 0)
 
 
 def retry_budget_policy(cfg: EdgeConfig) -> RetryBudgetPolicy:

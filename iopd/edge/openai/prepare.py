@@ -29,7 +29,10 @@ failed lease is released and another candidate of the group (or of its
 fallback groups) is leased under the same queue rules, with the failed
 providers excluded (never to another ``base_url`` origin with the caller's
 credentials).  A provider whose node had no session is retried the same
-way.  Nothing here writes to the caller before the paths' first byte.
+way.  An error status answered to the caller's own provider credential is
+reported as ``attempt_caller_credentialed``: it marks the provider for
+nobody else (see ``retry_rules.classify_failure``).  Nothing here writes to
+the caller before the paths' first byte.
 """
 
 from __future__ import annotations
@@ -289,7 +292,10 @@ class Leasing(Generic[Body]):
         rt, out = self._rt, self._call.out
         pool_cfg = self._call.snap.config.provider_pool
         verdict = classify_failure(
-            failure, caller_saw_bytes=caller_saw_bytes, retry_on_timeout=pool_cfg.retry_on_timeout
+            failure,
+            caller_saw_bytes=caller_saw_bytes,
+            retry_on_timeout=pool_cfg.retry_on_timeout,
+            caller_credentialed=self._carried_credential(lease),
         )
         transition: Transition | None = None
         if verdict.effect is TrackerEffect.FAILURE and verdict.reason is not None:
@@ -298,6 +304,8 @@ class Leasing(Generic[Body]):
             transition = rt.pool.attempt_saturated(lease, retry_after)
         elif verdict.effect is TrackerEffect.SUCCESS:
             rt.pool.attempt_succeeded(lease)
+        elif verdict.effect is TrackerEffect.CALLER_CREDENTIALED:
+            rt.pool.attempt_caller_credentialed(lease)
         if verdict.reason is not None:
             rt.metrics.count_attempt_failure(
                 lease.group_id or self._group.id, lease.provider_id, verdict.reason.value
@@ -315,19 +323,27 @@ class Leasing(Generic[Body]):
             why = self._retry_refusal(pool_cfg.retry_attempts)
         log.info(
             "event=attempt_failed request_id=%s group=%s provider=%s failure=%s status=%s "
-            "retry=%s",
+            "retry=%s tracker=%s",
             out.request_id,
             lease.group_id or self._group.id,
             lease.provider_id,
             failure.kind.value,
             failure.status if failure.status is not None else "-",
             "yes" if why is None else f"no({why})",
+            verdict.effect.value,
         )
         if why is not None:
             return False
         self._retries += 1
         rt.metrics.count_retry(self._group.id)
         return True
+
+    def _carried_credential(self, lease: Lease) -> bool:
+        """This attempt took the caller's own provider credential to the provider
+        (only a relayed request carries it, under ``provider_auth.target_header``)."""
+        return bool(self._needs.provider_auth) and (
+            self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
+        )
 
     def _retry_refusal(self, attempts: int) -> str | None:
         """Why a safe retry is not made (attempts, candidates, budget), or None (spent)."""

@@ -10,6 +10,16 @@ ejects again for twice as long, up to ``MAX_FACTOR`` times ``seconds``.  A
 429 is not a failure: it makes the provider *saturated* (not chosen) for its
 ``Retry-After``, bounded.
 
+Why a streak must come from several principals: a caller can craft requests
+a provider fails (or send them with a key the provider refuses), and one
+caller's requests must not take a provider away from everyone.  So a streak
+ejects only when its failures came from at least ``EjectionPolicy.principals``
+distinct principals -- except a streak of connect failures only: a request
+that never reached the provider cannot have caused them.  And an attempt
+that carried the caller's own provider credential, answered with an error
+status, is the caller's business (``attempt_caller_credentialed``): it is
+neither a failure nor a saturation, and it leaves the streak as it was.
+
 Per provider the phases are::
 
     closed --N failures--> ejected --until--> half-open --probe starts--> probing
@@ -65,10 +75,22 @@ _RETRY_AFTER_MAX_CHARS = 64
 
 @dataclass(frozen=True, slots=True)
 class EjectionPolicy:
-    """``provider_pool.eject_after_failures`` and ``eject_seconds``."""
+    """``provider_pool.eject_after_failures`` and ``eject_seconds``.
+
+    ``principals``: how many distinct principals a streak's failures must
+    come from before it ejects (a connect-only streak needs no second one).
+    2, unless the config can tell only one caller apart (no principal
+    tokens, or one principal and no other way in): then everyone is that
+    one caller, and 1 keeps passive ejection working.
+    """
 
     after_failures: int = 5  # 0 disables ejection
     seconds: float = 30.0
+    principals: int = 2
+
+    def __post_init__(self) -> None:
+        if self.principals < 1:
+            raise ValueError(f"principals must be >= 1 (got {self.principals})")
 
     @property
     def enabled(self) -> bool:
@@ -119,7 +141,9 @@ class _State:
         "epoch",
         "factor",
         "failures",
+        "first_principal",
         "last_non_connect",
+        "mixed",
         "probing",
         "saturated_until",
         "ticket",
@@ -131,6 +155,8 @@ class _State:
         self.epoch = epoch
         self.failures = 0  # consecutive failures in the closed phase
         self.last_non_connect: FailureReason | None = None  # of the current streak
+        self.first_principal: str | None = None  # whose failure began the streak
+        self.mixed = False  # another principal's failure is in the streak too
         self.ejected_at: float | None = None  # None: closed
         self.until = 0.0
         self.until_reported = False  # due() has announced the half-open phase
@@ -272,14 +298,18 @@ class OutlierTracker:
                 return None
             self._close(s)
             return Transition.RESTORED
-        s.failures = 0
-        s.last_non_connect = None
+        self._restart_streak(s)
         return None
 
     def attempt_failed(
-        self, attempt: Attempt, reason: FailureReason, now: float
+        self, attempt: Attempt, reason: FailureReason, now: float, *, principal: str = ""
     ) -> Transition | None:
-        """The attempt failed (retried or not).  ``EJECTED`` when this failure ejected it."""
+        """The attempt failed (retried or not).  ``EJECTED`` when this failure ejected it.
+
+        ``principal``: whose request it was (``""`` is one principal like any
+        other).  Only two principals' failures eject (``EjectionPolicy.principals``);
+        a probe's failure ejects again whoever sent it: one request decides it.
+        """
         if reason is FailureReason.STATUS_429:
             raise ValueError("a 429 is not a failure: use attempt_saturated")
         s = self._current(attempt)
@@ -293,8 +323,14 @@ class OutlierTracker:
         s.failures += 1
         if reason is not FailureReason.CONNECT:
             s.last_non_connect = reason
+        if s.first_principal is None:
+            s.first_principal = principal
+        elif principal != s.first_principal:
+            s.mixed = True
         if not self.policy.enabled or s.failures < self.policy.after_failures:
             return None
+        if self.policy.principals > 1 and not s.mixed and s.last_non_connect is not None:
+            return None  # one principal's streak: it may be that caller's doing
         cause = FailureReason.CONNECT if s.last_non_connect is None else s.last_non_connect
         self._eject(s, cause, now, factor=1)
         return Transition.EJECTED
@@ -319,6 +355,19 @@ class OutlierTracker:
         if s.saturated_until is None or until > s.saturated_until:
             s.saturated_until = until
         return Transition.SATURATED
+
+    def attempt_caller_credentialed(self, attempt: Attempt) -> Transition | None:
+        """The provider answered an error status to a request that carried the
+        caller's own provider credential: that answer is about the caller's key
+        (its quota, its rights), not the provider, so it is neither a failure
+        nor a saturation and leaves the streak as it was.  A probe answered so
+        decides nothing: the half-open slot is free again (``PROBE_RELEASED``).
+        """
+        s = self._current(attempt)
+        if s is None or not attempt.probe or not s.probing:
+            return None
+        s.probing = False
+        return Transition.PROBE_RELEASED
 
     def attempt_abandoned(self, attempt: Attempt) -> Transition | None:
         """The attempt ended without a verdict (caller gone, deadline): only a probe matters."""
@@ -385,16 +434,21 @@ class OutlierTracker:
         s.until_reported = False
         s.cause = cause
         s.probing = False
-        s.failures = 0
-        s.last_non_connect = None
+        self._restart_streak(s)
 
     def _close(self, s: _State) -> None:
         s.epoch = next(self._epochs)
         s.ejected_at = None
         s.factor = 1
         s.probing = False
+        self._restart_streak(s)
+
+    @staticmethod
+    def _restart_streak(s: _State) -> None:
         s.failures = 0
         s.last_non_connect = None
+        s.first_principal = None
+        s.mixed = False
 
     def _exclusion_rank(self, provider_id: str, now: float) -> tuple[int, float]:
         if self.is_choosable(provider_id, now):

@@ -87,7 +87,8 @@ class ProviderPool:
     The edge feeds it ``set_node_connected``, ``set_provider_health`` and
     ``apply_snapshot``; request handlers use ``async with pool.lease(...)``
     and report each attempt's verdict inside the block
-    (``attempt_succeeded``/``attempt_failed``/``attempt_saturated``; leaving
+    (``attempt_succeeded``/``attempt_failed``/``attempt_saturated``/
+    ``attempt_caller_credentialed``; leaving
     the block without one abandons the attempt).  Nodes start disconnected;
     provider health starts ``unknown`` (available).
     """
@@ -334,6 +335,14 @@ class ProviderPool:
         """The provider answered 429 (``seconds``: its Retry-After, bounded by the tracker)."""
         return self._verdict(
             lambda g, now: self._scheduler.attempt_saturated(g, seconds, now), lease
+        )
+
+    def attempt_caller_credentialed(self, lease: Lease) -> Transition | None:
+        """The provider answered 429 or 5xx to the caller's own provider credential:
+        relayed to that caller only; the provider is neither saturated nor failed
+        for anyone (a probe's half-open slot frees)."""
+        return self._verdict(
+            lambda g, now: self._scheduler.attempt_caller_credentialed(g, now), lease
         )
 
     def attempt_abandoned(self, lease: Lease) -> Transition | None:

@@ -91,6 +91,9 @@ class TrackerEffect(enum.Enum):
     SATURATED = "saturated"  # a 429: not chosen for its Retry-After, not a failure
     SUCCESS = "success"  # the provider worked (a caller's 4xx); resets the count
     NONE = "none"  # says nothing about the provider (its node went away)
+    #: A 429 or 5xx answered to the caller's own provider credential: about that
+    #: key, not the provider; relayed to the caller, nobody else's routing changes.
+    CALLER_CREDENTIALED = "caller_credentialed"
 
 
 class NoRetry(enum.Enum):
@@ -101,6 +104,8 @@ class NoRetry(enum.Enum):
     TIMEOUT = "timeout"  # a read timeout, and provider_pool.retry_on_timeout is off
     BYTES_SENT = "bytes_sent"  # a byte already reached the caller
     PROVIDER_AUTH = "provider_auth"  # the caller's provider key may not go to another origin
+    #: A 429 to the caller's own key: every provider of its origin shares that key's limit.
+    CALLER_CREDENTIAL = "caller_credential"
 
 
 class _Rule(NamedTuple):
@@ -173,6 +178,7 @@ def classify_failure(
     retry_on_timeout: bool = False,
     carries_provider_auth: bool = False,
     next_origin_differs: bool = False,
+    caller_credentialed: bool = False,
 ) -> Verdict:
     """The retry decision for one failed attempt (attempt count and budget aside).
 
@@ -181,6 +187,12 @@ def classify_failure(
     own provider key (``openai.provider_auth.header``);
     ``next_origin_differs``: the candidate a retry would go to has another
     ``base_url`` origin than the provider that failed (see ``url_origin``).
+    ``caller_credentialed``: this attempt took the caller's own provider
+    credential to the provider; an error status it got back (429, 5xx) is
+    then about that key and only this request's (``CALLER_CREDENTIALED``: no
+    saturation, no failure count), and a 429 is not retried (the same key's
+    limit holds at every provider it may go to).  Failures before any answer
+    (connect, reset, timeout) stay the provider's own.
     Whether an attempt is left (``RetryPolicy``) and the group's budget
     allows one (``RetryBudget``) is for the caller to check after this.
     """
@@ -189,6 +201,15 @@ def classify_failure(
         if failure.kind is FailureKind.PROVIDER_STATUS and failure.status is not None
         else _RULES[failure.kind]
     )
+    effect = rule.effect
+    credential_429 = False
+    if (
+        caller_credentialed
+        and failure.kind is FailureKind.PROVIDER_STATUS
+        and effect in (TrackerEffect.FAILURE, TrackerEffect.SATURATED)
+    ):
+        credential_429 = effect is TrackerEffect.SATURATED
+        effect = TrackerEffect.CALLER_CREDENTIALED
     no_retry: NoRetry | None = None
     if caller_saw_bytes:
         no_retry = NoRetry.BYTES_SENT
@@ -198,9 +219,11 @@ def classify_failure(
         no_retry = NoRetry.CALLER_ERROR
     elif not rule.safe:
         no_retry = NoRetry.UNSAFE
+    elif credential_429:
+        no_retry = NoRetry.CALLER_CREDENTIAL
     if no_retry is None and carries_provider_auth and next_origin_differs:
         no_retry = NoRetry.PROVIDER_AUTH
-    return Verdict(no_retry is None, rule.reason, rule.effect, no_retry)
+    return Verdict(no_retry is None, rule.reason, effect, no_retry)
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,7 +30,9 @@ the candidate index).  What this module adds:
   through its last resort; only when none has a live candidate does the
   request fail with the first group's error.
 * **Attempts**: every grant carries the tracker's ticket; the request path
-  reports its verdict (``attempt_succeeded/failed/saturated``), and a grant
+  reports its verdict (``attempt_succeeded/failed/saturated``, or
+  ``attempt_caller_credentialed`` for an error answered to the caller's own
+  provider credential), and a grant
   released without one is abandoned.
 * **Node-reported load** (issue #20): ``set_remote_load`` records what a
   node says the other edges hold and re-examines the provider's lanes when
@@ -325,7 +327,9 @@ class Scheduler:
     def attempt_failed(
         self, grant: Grant, reason: FailureReason, now: float | None = None
     ) -> AttemptOutcome:
-        """The grant's attempt failed (retried or not); may eject its provider."""
+        """The grant's attempt failed (retried or not); may eject its provider
+        (when the streak holds another principal's failure too: the grant's
+        principal is whose failure this is)."""
         if reason is FailureReason.STATUS_429:
             raise ValueError("a 429 is not a failure: use attempt_saturated")
         attempt = self._claim_verdict(grant)
@@ -333,7 +337,9 @@ class Scheduler:
             return _NOTHING
         now = self._clock(now)
         return self._outlier_changed(
-            grant.provider_id, self.outliers.attempt_failed(attempt, reason, now), now
+            grant.provider_id,
+            self.outliers.attempt_failed(attempt, reason, now, principal=grant.principal),
+            now,
         )
 
     def attempt_saturated(
@@ -346,6 +352,19 @@ class Scheduler:
         now = self._clock(now)
         return self._outlier_changed(
             grant.provider_id, self.outliers.attempt_saturated(attempt, now, seconds), now
+        )
+
+    def attempt_caller_credentialed(
+        self, grant: Grant, now: float | None = None
+    ) -> AttemptOutcome:
+        """The provider answered an error status to the caller's own credential:
+        the verdict closes, the provider's standing is untouched (a probe's slot frees)."""
+        attempt = self._claim_verdict(grant)
+        if attempt is None:
+            return _NOTHING
+        now = self._clock(now)
+        return self._outlier_changed(
+            grant.provider_id, self.outliers.attempt_caller_credentialed(attempt), now
         )
 
     def attempt_abandoned(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
