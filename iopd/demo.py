@@ -2,11 +2,11 @@
 
 The node is an embedded node (``nodes[].embedded``, ``iopd.edge.embedded``):
 it talks to the edge over the real wire on loopback, exactly as two daemons
-would; only the process is shared.  The config is ``iopd/demo.yaml`` (the
-same file as ``configs/demo.yaml``, which also runs as two daemons), with its
-node made embedded, the OpenAI port from ``--port``, the admin port from
-``--admin-port`` (0 = any free port, so a second demo can run) and the wire
-on a free port.
+would; only the process is shared, and its token is minted in memory, so no
+file holds one (``configs/demo.yaml`` is the two-daemon form, which needs a
+token from ``iopd token``).  The config is ``iopd/demo.yaml``, with the
+OpenAI port from ``--port``, the admin port from ``--admin-port`` (0 = any
+free port, so a second demo can run) and the wire on a free port.
 """
 
 from __future__ import annotations
@@ -38,15 +38,7 @@ def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
     edge = msgspec.structs.replace(
         cfg.edge, node_listen="127.0.0.1:0", admin_listen=f"127.0.0.1:{admin_port}"
     )
-    # The demo's node runs inside the edge with a token minted in memory: the
-    # file's well-known demo token is for the two-daemon form only.
-    nodes = [
-        msgspec.structs.replace(n, embedded=True, token_hash_sha256="")
-        if n.id == DEMO_NODE_ID
-        else n
-        for n in cfg.nodes
-    ]
-    return msgspec.structs.replace(cfg, edge=edge, openai=openai, nodes=nodes)
+    return msgspec.structs.replace(cfg, edge=edge, openai=openai)
 
 
 async def run_demo(  # type: ignore[no-untyped-def]

@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from iopd import errors
+from iopd.edge.admin.app import SECURITY_HEADERS
 from iopd.edge.admin.auth import (
     SESSION_COOKIE,
     SessionStore,
@@ -155,7 +156,11 @@ async def test_login_form_cookie_and_logout(tmp_path: Path) -> None:
             html = page.body.decode()
             assert '<form method="post" action="/login">' in html
             assert 'name="token"' in html and 'type="password"' in html
-            assert not re.search(r"(src|href)=", html)  # no external (or any) assets
+            # One asset, the listener's own stylesheet, open without a session (no inline style).
+            assert re.findall(r'(?:src|href)="([^"]*)"', html) == ["/admin/static/login.css"]
+            assert "<style" not in html and "style=" not in html
+            css = await call(adm, "GET", "/admin/static/login.css")
+            assert css.status == 200 and (css.header("content-type") or "").startswith("text/css")
             assert (await call(adm, "HEAD", "/")).status == 200
 
             wrong = await call(
@@ -242,3 +247,31 @@ async def test_without_a_token_the_console_route_is_open() -> None:
             assert (await call(adm, "GET", "/")).status == 200  # the console, no login
             r = await call(adm, "POST", "/login", headers=[("content-type", FORM)], body=b"token=x")
             assert r.status == 303 and r.header("set-cookie") is None
+
+
+async def test_every_admin_response_carries_the_security_headers(tmp_path: Path) -> None:
+    """Routes, errors, the login form and the console: none may be framed or sniffed."""
+    path = token_yaml(tmp_path, ADMIN_TOKEN)
+    bearer = [("authorization", f"Bearer {ADMIN_TOKEN}")]
+    with trio.fail_after(30):
+        async with running_gateway(path.read_text(), nodes=[], config_path=str(path)) as gw:
+            adm = gw.handle.admin
+            responses = {
+                "healthz": await call(adm, "GET", "/healthz"),
+                "login form": await call(adm, "GET", "/"),
+                "401": await call(adm, "GET", "/status"),
+                "404": await call(adm, "GET", "/nowhere", headers=bearer),
+                "405": await call(adm, "DELETE", "/status", headers=bearer),
+                "status": await call(adm, "GET", "/status", headers=bearer),
+                "console": await call(adm, "GET", "/", headers=bearer),
+                "console.js": await call(adm, "GET", "/console/static/console.js", headers=bearer),
+                "login.css": await call(adm, "GET", "/admin/static/login.css"),
+            }
+    for name, response in responses.items():
+        for header, value in SECURITY_HEADERS.items():
+            assert response.header(header) == value, (name, header, response.headers)
+    csp = SECURITY_HEADERS["Content-Security-Policy"]
+    assert "default-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert "unsafe-inline" not in csp and "unsafe-eval" not in csp
+    assert responses["401"].status == 401 and responses["404"].status == 404
+    assert responses["console"].status == 200 and responses["login.css"].status == 200

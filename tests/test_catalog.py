@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import msgspec
 import pytest
 
 from iopd.config.catalog import Catalog, GroupSpec, build_catalog, node_config_for
-from iopd.config.load import load_edge_config, parse_edge_config
+from iopd.config.load import parse_edge_config
 from iopd.config.schema import Generation
+from tests.example_configs import filled_example
 from wire.messages import NodeConfig, ProviderSpec
 
 H = hashlib.sha256(b"n").hexdigest()
 H2 = hashlib.sha256(b"m").hexdigest()
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 LEGACY = f"""
 edge: {{id: e, node_listen: "127.0.0.1:7070", admin_listen: "127.0.0.1:7071"}}
@@ -175,7 +174,7 @@ def test_node_config_for_unknown_node() -> None:
 
 
 def test_example_edge_config_catalog() -> None:
-    cat = build_catalog(load_edge_config(CONFIGS / "edge.yaml", env={}))
+    cat = build_catalog(parse_edge_config(filled_example("edge.yaml"), env={}))
     assert [g.id for g in cat.listed()] == ["qwen3:32b", "coder", "echo", "echo-legacy"]
     assert resolved(cat, "echo-legacy").queue_timeout == 5.0
     assert cat.has_type("qwen3:32b", "openai") and cat.has_type("qwen3:32b", "ollama")

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from iopd.cli import main
+from tests.example_configs import CONFIGS, EXAMPLE_ENV, write_filled_example
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 H = hashlib.sha256(b"n").hexdigest()
 
 DANGLING = f"""
@@ -24,8 +24,8 @@ nodes:
 """
 
 
-def test_good_edge_config(capsys: pytest.CaptureFixture[str]) -> None:
-    path = CONFIGS / "edge.yaml"
+def test_good_edge_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_filled_example("edge.yaml", tmp_path)
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out == (
         f"OK: edge config {path} (2 nodes, 4 providers, 3 model groups)\n"
@@ -36,14 +36,17 @@ def test_good_edge_config(capsys: pytest.CaptureFixture[str]) -> None:
     )
 
 
-def test_good_node_config(capsys: pytest.CaptureFixture[str]) -> None:
+def test_good_node_config(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("IOP_NODE_TOKEN", EXAMPLE_ENV["IOP_NODE_TOKEN"])
     path = CONFIGS / "demo-node.yaml"
     assert main(["config", "check", str(path)]) == 0
     assert capsys.readouterr().out == f"OK: node config {path} (node demo-node, edges 127.0.0.1:7070)\n"
 
 
-def test_demo_config_singular_counts(capsys: pytest.CaptureFixture[str]) -> None:
-    path = CONFIGS / "demo.yaml"
+def test_demo_config_singular_counts(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = write_filled_example("demo.yaml", tmp_path)
     assert main(["config", "check", str(path)]) == 0
     assert "(1 node, 1 provider, 1 model group)" in capsys.readouterr().out
 
@@ -76,3 +79,26 @@ def test_unknown_kind_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path.write_text("listen: 1\n")
     assert main(["config", "check", str(path)]) == 1
     assert "(document): expected a top-level key 'edge'" in capsys.readouterr().out
+
+
+def test_unchanged_examples_are_refused_with_one_line_each(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started unchanged, the production examples cannot accept an example's token."""
+    monkeypatch.delenv("IOP_NODE_TOKEN", raising=False)
+    assert main(["config", "check", str(CONFIGS / "edge.yaml")]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1:] == [
+        f"{path}: is the example's placeholder; run `iopd token` and paste what it prints"
+        for path in (
+            "nodes[0].token_verifier",
+            "nodes[1].token_hash_sha256",
+            "openai.principal_tokens[0].token_hash_sha256",
+            "openai.principal_tokens[1].token_hash_sha256",
+        )
+    ]
+    assert main(["config", "check", str(CONFIGS / "node.yaml")]) == 1
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "node.token: is a placeholder from the docs or examples, not a secret; "
+        "run `iopd token` to make a real one"
+    ]

@@ -14,9 +14,10 @@ from hypothesis import strategies as st
 
 from iopd.config.load import ConfigError, parse_edge_config, parse_node_config
 from iopd.config.schema import EdgeConfig, NodeConfigFile
+from tests.example_configs import filled_example
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
-VALID: dict[str, Any] = yaml.safe_load((CONFIGS / "edge.yaml").read_text())
+VALID: dict[str, Any] = yaml.safe_load(filled_example("edge.yaml"))
 ERROR_LINE = re.compile(r"^[^\n]+?: [^\n]+$")
 
 KEYS = st.sampled_from(

@@ -17,8 +17,8 @@ from iopd.config.load import (
     parse_node_config,
 )
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION, EdgeConfig, NodeConfigFile
+from tests.example_configs import CONFIGS, EXAMPLE_ENV, filled_example, write_filled_example
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 H = hashlib.sha256(b"x").hexdigest()
 
 MINIMAL = f"""
@@ -63,9 +63,22 @@ def test_minimal_config_gets_defaults() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(p.name for p in CONFIGS.glob("*.yaml")))
-def test_every_example_config_loads_without_environment(name: str) -> None:
-    cfg = load_any_config(CONFIGS / name, env={})
+def test_every_example_config_loads_once_its_secrets_are_filled_in(
+    name: str, tmp_path: Path
+) -> None:
+    cfg = load_any_config(write_filled_example(name, tmp_path), env=EXAMPLE_ENV)
     assert isinstance(cfg, EdgeConfig | NodeConfigFile)
+
+
+@pytest.mark.parametrize("name", ["edge.yaml", "node.yaml", "demo.yaml", "demo-node.yaml"])
+def test_an_example_config_left_unchanged_is_refused(name: str) -> None:
+    """Each secret an example leaves out is one line naming it and ``iopd token``."""
+    with pytest.raises(ConfigError) as info:
+        load_any_config(CONFIGS / name, env={})
+    assert info.value.errors
+    for line in info.value.errors:
+        assert "token" in line.split(":", 1)[0], line
+        assert "iopd token" in line or "IOP_NODE_TOKEN" in line, line
 
 
 def test_example_configs_cover_the_expected_files() -> None:
@@ -73,14 +86,14 @@ def test_example_configs_cover_the_expected_files() -> None:
     assert {"edge.yaml", "node.yaml", "demo.yaml", "demo-node.yaml"} <= names
 
 
-def test_demo_configs_match_each_other() -> None:
-    edge = load_edge_config(CONFIGS / "demo.yaml", env={})
-    node = load_node_config(CONFIGS / "demo-node.yaml", env={})
+def test_demo_configs_match_each_other(tmp_path: Path) -> None:
+    edge = load_edge_config(write_filled_example("demo.yaml", tmp_path), env=EXAMPLE_ENV)
+    node = load_node_config(CONFIGS / "demo-node.yaml", env=EXAMPLE_ENV)
     assert edge.edge.id == "demo-edge"
     assert edge.openai.principal_tokens == [] and edge.openai.bearer_token is None
     (entry,) = edge.nodes
     assert entry.id == node.node.id == "demo-node"
-    assert entry.token_hash_sha256 == hashlib.sha256(node.node.token.encode()).hexdigest()
+    assert len(entry.token_hash_sha256) == 64 and node.node.token == EXAMPLE_ENV["IOP_NODE_TOKEN"]
     assert node.node.edge == edge.edge.node_listen == "127.0.0.1:7070"
     (p,) = entry.providers
     assert (p.id, p.type, p.models, p.capacity, p.delay_ms, p.category) == (
@@ -90,7 +103,7 @@ def test_demo_configs_match_each_other() -> None:
 
 
 def test_example_edge_config_uses_every_provider_type() -> None:
-    cfg = load_edge_config(CONFIGS / "edge.yaml", env={})
+    cfg = parse_edge_config(filled_example("edge.yaml"), env={})
     types = {p.type for n in cfg.nodes for p in n.providers}
     assert types == {"openai", "ollama", "cli", "echo"}
     assert len(cfg.nodes) == 2 and len(cfg.openai.principal_tokens) == 2

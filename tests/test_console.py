@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
 import re
 import tomllib
 from pathlib import Path
@@ -21,7 +22,8 @@ import trio
 
 from iopd.config.load import parse_edge_config
 from iopd.edge import console
-from iopd.edge.console.events import StreamSlots, StreamTiming, status_events
+from iopd.edge.admin import AdminLimits, AdminServer
+from iopd.edge.console.events import MAX_STREAMS, StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
 from iopd.edge.runtime import EdgeRuntime
 from tests.console_harness import console_app, serving_app
@@ -247,3 +249,75 @@ async def test_finished_requests_are_noted_in_the_activity() -> None:
     (error,) = view["errors"]
     assert (error["status"], error["code"], error["model"]) == (404, "model_not_found", "unknown")
     assert error["message"]
+
+
+# ------------------------------------------------------- viewers that stop reading
+
+
+async def stalled_viewer(addr: tuple[str, int]) -> trio.socket.SocketType:
+    """A ``GET /events`` from a socket with a tiny receive buffer that never reads."""
+    sock = trio.socket.socket()
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 2048)
+    await sock.connect(addr)
+    await sock.send(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{addr[1]}\r\n\r\n".encode())
+    return sock
+
+
+async def first_reply(addr: tuple[str, int]) -> bytes:
+    """What a reading viewer gets up to its first event, or the whole refusal."""
+    stream = await trio.open_tcp_stream(*addr)
+    async with stream:
+        await stream.send_all(f"GET /events HTTP/1.1\r\nHost: 127.0.0.1:{addr[1]}\r\n\r\n".encode())
+        seen = b""
+        while b"event: status" not in seen and b"retry: 10000" not in seen:
+            chunk = await stream.receive_some(65536)
+            if not chunk:
+                break
+            seen += chunk
+        return seen
+
+
+async def churn(rt: EdgeRuntime) -> None:
+    """A new failed request every few ms: the document (~20 KB of errors) keeps changing."""
+    for n in range(1_000_000):
+        rt.activity.note("alice", "echo", ok=False, status=502, code="x", message=f"{n:0300d}")
+        await trio.sleep(0.01)
+
+
+async def test_viewers_that_stop_reading_give_their_slots_back_within_seconds(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every slot taken by a tab that reads nothing: a new viewer still gets in.
+
+    On the admin listener (``AdminServer``, the shipped ``AdminLimits``) an
+    event stream's write gives up after ``stream_send_timeout``, long before
+    a plain response's ``send_timeout``; the stalled stream ends and its slot
+    is free for the next viewer.
+    """
+    limits = AdminLimits()
+    assert limits.stream_send_timeout <= 5 < limits.send_timeout
+    rt = runtime()
+    slots = StreamSlots()
+    app = console_app(rt, StreamTiming(tick=0.02, heartbeat=5.0, max_age=600.0), slots)
+    stalled: list[trio.socket.SocketType] = []
+    caplog.set_level(logging.WARNING, logger="iopd.edge.admin")
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            server = AdminServer(app, limits=limits)
+            addr = await nursery.start(server.serve, "127.0.0.1", 0)
+            nursery.start_soon(churn, rt)
+            for _ in range(MAX_STREAMS):
+                stalled.append(await stalled_viewer(addr))
+            await wait_until(lambda: slots.open == MAX_STREAMS)
+            assert b"retry: 10000" in await first_reply(addr)  # every slot is taken
+            full = trio.current_time()
+            with trio.fail_after(limits.stream_send_timeout + 5):
+                await wait_until(lambda: slots.open < MAX_STREAMS, interval=0.05)
+                reply = await first_reply(addr)
+            assert reply.startswith(b"HTTP/1.1 200") and b"event: status" in reply
+            assert trio.current_time() - full < limits.stream_send_timeout + 5
+            server.shutdown()
+            nursery.cancel_scope.cancel()
+    for sock in stalled:
+        sock.close()
+    assert f"event=admin_send_timeout seconds={limits.stream_send_timeout:g}" in caplog.text

@@ -150,10 +150,15 @@ async def in_browser(sync_api: Any, drive: Callable[[Any, Any], None]) -> None:
     await trio.to_thread.run_sync(run)
 
 
-def open_live_page(browser: Any, url: str, expect: Any) -> Any:
-    """A desktop-sized page on the console, in a context of its own, once its stream is live."""
+def open_live_page(browser: Any, url: str, expect: Any, console: list[str] | None = None) -> Any:
+    """A desktop-sized page on the console, in a context of its own, once its stream is live.
+
+    ``console`` collects what the page logs (a blocked script or style is logged there).
+    """
     page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
     page.set_default_timeout(UI_TIMEOUT_MS)
+    if console is not None:
+        page.on("console", lambda msg: console.append(f"{msg.type}: {msg.text}"))
     page.goto(url + "/")
     expect(page.locator("#live")).to_have_text("live", timeout=UI_TIMEOUT_MS)
     return page
@@ -210,6 +215,7 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
     tmp_path: Path,
 ) -> None:
     sync_api = browser_or_skip()
+    logged: list[str] = []
     with trio.fail_after(90):
         async with gated_console() as console:
 
@@ -222,8 +228,11 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
                     expect(page.locator(f'tr[data-provider="{pid}"] .pid')).to_have_text(pid)
                 static.close()
 
-                page = open_live_page(browser, console.url, expect)
+                page = open_live_page(browser, console.url, expect, logged)
                 expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
+                # The stylesheet applied under the admin CSP (no inline style to block).
+                header = page.locator("header.top")
+                assert header.evaluate("e => getComputedStyle(e).display") == "flex"
 
                 console.start_slow_call()
                 expect(in_flight_cell(page, "slow-1")).to_have_text("1 / 2", timeout=UI_TIMEOUT_MS)
@@ -241,6 +250,7 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
             await in_browser(sync_api, drive)
     assert console.results == [200]
     assert (tmp_path / "console-in-flight.png").stat().st_size > 0
+    assert not [line for line in logged if "Content Security Policy" in line], logged
 
 
 async def test_a_drain_clicked_in_the_browser_lets_the_request_finish(tmp_path: Path) -> None:

@@ -277,7 +277,7 @@ def test_live_and_restart_changes_are_reported_together() -> None:
 
 
 def test_report_never_contains_secret_values() -> None:
-    diff = diff_of(lambda d: (d["openai"].update(bearer_token="SECRET"), prov(d, 0, 0).update(api_key="KEY")))
+    diff = diff_of(lambda d: (d["openai"].update(bearer_token="SECRET-7f3a91c2"), prov(d, 0, 0).update(api_key="KEY")))
     assert diff.restart_required == ["openai.bearer_token", "nodes[0].providers[0].api_key"]
     assert "SECRET" not in repr(diff) and "KEY" not in repr(diff)
 

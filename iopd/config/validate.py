@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
 from iopd.config.fallback_graph import fallback_cycles
+from iopd.config.placeholders import placeholder_hash_reason, placeholder_token_reason
 from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.provider_url import base_url_problem
 from iopd.config.schema import (
@@ -98,10 +99,16 @@ class _Errors:
         return host
 
     def hash64(self, path: str, value: str) -> bool:
-        if not _HEX64.match(value):
-            self.add(path, _HASH_HINT)
-            return False
-        return True
+        """A token hash: 64 lowercase hex, and not the hash of an example's token."""
+        reason = placeholder_hash_reason(value) or (None if _HEX64.match(value) else _HASH_HINT)
+        if reason:
+            self.add(path, reason)
+        return reason is None
+
+    def real_token(self, path: str, value: str) -> None:
+        """A plain token (``openai.bearer_token``, ``node.token``): not an example's."""
+        if reason := placeholder_token_reason(value):
+            self.add(path, reason)
 
     def tls_pair(self, path: str, cert: str | None, key: str | None) -> None:
         if cert and not key:
@@ -288,6 +295,8 @@ def _check_node_token(err: _Errors, npath: str, node: NodeEntry) -> None:
             )
     elif len(secrets_set) == 2:
         err.add(f"{npath}.token_hash_sha256", "set token_verifier or token_hash_sha256, not both")
+    elif reason := placeholder_hash_reason(node.token_verifier):
+        err.add(f"{npath}.token_verifier", reason)
     elif node.token_verifier:
         try:
             scram.Verifier.parse(node.token_verifier)
@@ -367,6 +376,8 @@ def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
     o = cfg.openai
     e = cfg.edge
     err.address("openai.listen", o.listen)
+    if o.bearer_token:
+        err.real_token("openai.bearer_token", o.bearer_token)
     err.positive("openai.long_context_threshold_tokens", o.long_context_threshold_tokens)
     err.positive("openai.max_header_bytes", o.max_header_bytes)
     if not o.max_body_bytes > 0:
@@ -581,7 +592,8 @@ def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
     n = cfg.node
     err.wire_id("node.id", n.id)
     _check_node_edges(err, n)
-    err.not_empty("node.token", n.token)
+    if err.not_empty("node.token", n.token):
+        err.real_token("node.token", n.token)
     _check_node_tls(err, n.tls)
     err.positive("node.drain_timeout", n.drain_timeout)
     err.positive("node.reconnect_initial_backoff", n.reconnect_initial_backoff)

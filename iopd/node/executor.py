@@ -345,13 +345,17 @@ class NodeExecutor:
         if error is not None:
             clean = self.secrets.scrub(error.message)
             if clean is not error.message:
-                error = AdapterError(error.code, clean, retry_after=error.retry_after)
+                error = AdapterError(
+                    error.code, clean, retry_after=error.retry_after, detail=error.detail
+                )
         if error is not None and error.code != "bad_request":
+            # ``detail`` (the provider's address, the OS error) is for this log only.
             log.info(
-                "event=provider_error provider=%s code=%s message=%r",
+                "event=provider_error provider=%s code=%s message=%r%s",
                 provider_id,
                 error.code,
                 error.message,
+                f" detail={self.secrets.scrub(error.detail)!r}" if error.detail else "",
             )
         return error
 

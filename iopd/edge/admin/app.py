@@ -13,6 +13,11 @@ cookie — when ``edge.admin_token_hash_sha256`` is set (401; ``GET /`` answers
 the login form instead).  Routes added later (the runtime controls, the console
 blueprint) get the same checks by being on this app.
 
+Every response, errors and the login form included, carries the same
+security headers (``SECURITY_HEADERS``, by one ``after_request`` hook): the
+console may be framed by nobody, loads nothing but the listener's own files
+(no inline script or style), and leaks no URL to another site.
+
 Every error a caller sees is the OpenAI envelope from
 ``iopd.edge.openai.errors.render_error``: werkzeug's routing errors (404, 405,
 413, 408) are mapped to their ``GatewayError``, and anything unexpected is a
@@ -62,6 +67,22 @@ BODY_TIMEOUT = 30.0
 _OPEN_ROUTES = {("/healthz", "GET"), ("/healthz", "HEAD"), ("/login", "POST"), ("/logout", "POST")}
 #: Longest ``/login`` form (one field; anything longer is not a login).
 _MAX_LOGIN_FIELDS = 4
+#: Where the admin app's own static files are (the login form's stylesheet).
+STATIC_PATH = "/admin/static"
+#: Files served without the admin token: what the login form itself loads.
+_OPEN_STATIC = {f"{STATIC_PATH}/login.css"}
+#: On every admin response.  The CSP allows only the listener's own script,
+#: stylesheet and ``/events`` (no inline code: an injected string can never
+#: run), and no framing; the older header says the same to older browsers.
+SECURITY_HEADERS: dict[str, str] = {
+    "Content-Security-Policy": (
+        "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; "
+        "form-action 'self'; object-src 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 
 
 class _RefreshBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -78,7 +99,7 @@ class _AdminQuart(QuartTrio):
 
 def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = None) -> QuartTrio:
     """The admin application of ``runtime``'s edge (not yet served: see ``serve.py``)."""
-    app = _AdminQuart(__name__)
+    app = _AdminQuart(__name__, static_url_path=STATIC_PATH)
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
         BODY_TIMEOUT=BODY_TIMEOUT,
@@ -92,6 +113,7 @@ def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = No
     routes = _AdminRoutes(runtime, sessions or SessionStore())
     app.extensions["iopd_admin_sessions"] = routes.sessions
     app.before_request(routes.check_request)
+    app.after_request(_with_security_headers)
     app.register_error_handler(errors.GatewayError, _gateway_error)
     app.register_error_handler(HTTPException, _http_error)
     app.register_error_handler(Exception, _unexpected_error)
@@ -119,6 +141,12 @@ def register_console(app: QuartTrio, runtime: EdgeRuntime) -> None:
     session gets the login form at ``GET /``).
     """
     app.register_blueprint(console_blueprint(runtime))
+
+
+async def _with_security_headers(response: Response) -> Response:
+    """``SECURITY_HEADERS`` on ``response`` (a route's, an error's, the login form)."""
+    response.headers.update(SECURITY_HEADERS)
+    return response
 
 
 def error_response(exc: errors.GatewayError) -> Response:
@@ -193,6 +221,8 @@ class _AdminRoutes:
                 )
         expected = self._token_hash()
         if expected is None or (request.path, request.method) in _OPEN_ROUTES:
+            return None
+        if request.method in SAFE_METHODS and request.path in _OPEN_STATIC:
             return None
         if bearer_matches(request.headers.get("Authorization"), expected):
             return None

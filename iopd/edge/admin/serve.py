@@ -19,7 +19,9 @@ seconds, then run the app's lifespan shutdown.
 
 hypercorn is made quiet and bounded here: no access log unless the log level
 is debug, its errors as one line through iopd's logging (no tracebacks), a
-16 KiB limit on a request head, an idle keep-alive timeout.  Deliberately not
+16 KiB limit on a request head, an idle keep-alive timeout, a deadline on
+every socket write (``send_timeout``; ``stream_send_timeout`` on an event
+stream).  Deliberately not
 set: hypercorn's ``read_timeout`` — it also runs while a response streams,
 and would end a console event stream whose browser has nothing to send.
 """
@@ -27,8 +29,10 @@ and would end a console event stream whose browser has nothing to send.
 from __future__ import annotations
 
 import logging
+import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,6 +79,24 @@ class AdminLimits:
     max_connections: int = 64
     #: A socket write that takes longer (a client that stopped reading) ends its connection.
     send_timeout: float = 30.0
+    #: The same for an event stream (``text/event-stream``, the console's ``/events``):
+    #: shorter, so a tab that stopped reading gives its stream slot back within seconds.
+    stream_send_timeout: float = 5.0
+
+
+#: The write deadline of the ASGI send in progress, when shorter than the
+#: connection's: set by ``_ShieldedSends`` around an event stream's sends and
+#: read by ``_BoundedTCPServer.protocol_send``, which that send awaits in the
+#: same task (hypercorn's stream → protocol → server chain has no task hop).
+_send_deadline: ContextVar[float | None] = ContextVar("admin_send_deadline", default=None)
+
+
+def _is_event_stream(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether an ASGI response head says ``Content-Type: text/event-stream``."""
+    for name, value in headers:
+        if name.lower() == b"content-type":
+            return value.split(b";", 1)[0].strip().lower() == b"text/event-stream"
+    return False
 
 
 class _ShieldedSends:
@@ -90,17 +112,33 @@ class _ShieldedSends:
     (``scripts/bench_http.py --frameworks``: "not closed within 3 s").
     Shielded, the send finishes its bookkeeping; it cannot hang, since the
     socket write inside is bounded by ``AdminLimits.send_timeout``.
+
+    An event stream's sends get ``stream_send_timeout`` instead: such a
+    response holds one of the console's few stream slots for as long as it
+    lives, so a client that stopped reading must let go of it long before a
+    plain response's write deadline.
     """
 
-    def __init__(self, app: QuartTrio) -> None:
+    def __init__(self, app: QuartTrio, stream_send_timeout: float = math.inf) -> None:
         self.app = app
+        self.stream_send_timeout = stream_send_timeout
 
     async def __call__(
         self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
     ) -> None:
+        streaming = False
+
         async def send_shielded(message: ASGISendEvent) -> None:
-            with trio.CancelScope(shield=True):
-                await send(message)
+            nonlocal streaming
+            if message["type"] == "http.response.start":
+                streaming = _is_event_stream(message.get("headers", ()))
+            token = _send_deadline.set(self.stream_send_timeout) if streaming else None
+            try:
+                with trio.CancelScope(shield=True):
+                    await send(message)
+            finally:
+                if token is not None:
+                    _send_deadline.reset(token)
 
         await self.app(scope, receive, send_shielded)
 
@@ -110,6 +148,8 @@ class _BoundedTCPServer(TCPServer):
 
     hypercorn shields every write from cancellation, so a client that stops
     reading would hold its connection — and the edge's shutdown — forever.
+    The deadline is ``send_timeout``, or the shorter one of the send in
+    progress (``_send_deadline``: an event stream's).
     """
 
     send_timeout: float = 30.0
@@ -118,13 +158,14 @@ class _BoundedTCPServer(TCPServer):
         if not isinstance(event, RawData):
             await super().protocol_send(event)
             return
+        seconds = min(self.send_timeout, _send_deadline.get() or math.inf)
         async with self.send_lock:
             try:
                 with trio.CancelScope(shield=True):
-                    with trio.fail_after(self.send_timeout):
+                    with trio.fail_after(seconds):
                         await self.stream.send_all(event.data)
             except trio.TooSlowError:
-                log.warning("event=admin_send_timeout seconds=%g", self.send_timeout)
+                log.warning("event=admin_send_timeout seconds=%g", seconds)
                 await trio.aclose_forcefully(self.stream)
                 await self.protocol.handle(Closed())
             except (trio.BrokenResourceError, trio.ClosedResourceError):
@@ -187,7 +228,7 @@ class AdminServer:
         self.config = hypercorn_config(limits)
         self.allow_peer = allow_peer
         self._asgi: AppWrapper = wrap_app(
-            _ShieldedSends(app), self.config.wsgi_max_body_size, "asgi"
+            _ShieldedSends(app, limits.stream_send_timeout), self.config.wsgi_max_body_size, "asgi"
         )
         self._context = WorkerContext(None)
         self._lifespan_state: LifespanState = {}

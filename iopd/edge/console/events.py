@@ -10,7 +10,9 @@ keeps proxies and the browser's idea of the connection alive.
 
 Bounded: at most ``StreamSlots.limit`` streams at once (an extra one gets a
 ``retry`` hint and ends), one document held per stream, each write waits
-for the client to take the previous one (the server's backpressure), and a
+for the client to take the previous one (the server's backpressure; the
+admin listener gives an event stream's write ``AdminLimits.stream_send_timeout``,
+so a client that stopped reading ends its stream and frees the slot), and a
 stream ends after ``max_age`` seconds (the browser's EventSource reconnects
 by itself), when the client goes away (quart-trio cancels the handler) or
 when the edge drains (``EdgeRuntime.stopping``).

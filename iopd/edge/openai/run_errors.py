@@ -61,9 +61,18 @@ def run_retry_after(ev: RunEvent) -> float:
     return saturation_seconds(ev.metadata.get("retry_after"), wall_now=time.time())
 
 
+#: The caller's message for a provider never reached, whatever the node said:
+#: a node's own text for these may name the provider's address (an older
+#: node's did), which the caller must not learn; the node's log keeps it.
+_NEVER_REACHED: dict[str, str] = {
+    "provider_unreachable": "the provider could not be reached",
+    "provider_reset": "the connection to the provider broke while the request was sent",
+}
+
+
 def provider_error(code: str, message: str) -> errors.GatewayError:
     """The caller's error for a node's error ``code`` (a run's or a tunnel's)."""
-    msg = message or "the provider failed"
+    msg = _NEVER_REACHED.get(code) or message or "the provider failed"
     if code == "provider_timeout":
         return errors.ProviderTimeout(msg)
     if code == "bad_request":

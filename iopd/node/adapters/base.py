@@ -47,14 +47,25 @@ AdapterErrorCode = Literal[
 
 
 class AdapterError(Exception):
-    """A run failed in a way the edge should report; ``message`` never holds secrets."""
+    """A run failed in a way the edge should report; ``message`` never holds secrets.
+
+    ``message`` goes to the edge and on to the caller; ``detail`` only into the
+    node's log: what the operator needs and the caller must not see (the
+    provider's address, the OS error of a failed connect).
+    """
 
     def __init__(
-        self, code: AdapterErrorCode, message: str, *, retry_after: str | None = None
+        self,
+        code: AdapterErrorCode,
+        message: str,
+        *,
+        retry_after: str | None = None,
+        detail: str = "",
     ) -> None:
         super().__init__(f"{code}: {message}")
         self.code: AdapterErrorCode = code
         self.message = message
+        self.detail = detail
         #: ``provider_saturated``: the provider's ``Retry-After`` as it sent it (the
         #: edge bounds it); it travels in the error event's ``metadata``.
         self.retry_after = retry_after

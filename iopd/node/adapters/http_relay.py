@@ -62,6 +62,11 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
     return [(k, v) for k, v in headers if not _is_hop(k, drop)]
 
 
+#: What the caller is told when the provider could not be reached / the connection broke.
+UNREACHABLE = "the provider could not be reached"
+RESET = "the connection to the provider broke while the request was sent"
+
+
 class _AdapterErrors:
     """Map the HTTP client's errors to AdapterError (messages carry no secrets).
 
@@ -70,6 +75,11 @@ class _AdapterErrors:
     ``provider_reset`` (lost while the request was written),
     ``provider_timeout`` (sent, no answer), ``provider_error`` (anything
     after the provider may have read the request).
+
+    A connect or reset error names the provider's address (trio's "all
+    attempts to connect to HOST:PORT failed"): the message the caller gets
+    says only what happened, and the address goes to the node's log as the
+    error's ``detail``.
 
     A class-based context manager (one instance serves every use): it wraps
     every relayed request, and ``@contextmanager`` costs several times more.
@@ -86,9 +96,9 @@ class _AdapterErrors:
         if isinstance(exc, ProviderTimeoutError):
             raise AdapterError("provider_timeout", str(exc)) from None
         if isinstance(exc, ProviderConnectError):
-            raise AdapterError("provider_unreachable", f"provider unreachable: {exc}") from None
+            raise AdapterError("provider_unreachable", UNREACHABLE, detail=str(exc)) from None
         if isinstance(exc, ProviderResetError):
-            raise AdapterError("provider_reset", str(exc)) from None
+            raise AdapterError("provider_reset", RESET, detail=str(exc)) from None
         if isinstance(exc, ProviderHTTPError):
             raise AdapterError("provider_error", str(exc)) from None
 
@@ -209,8 +219,8 @@ class HTTPAdapter(Adapter):
                     )
         except trio.TooSlowError:
             return "unhealthy", "health probe timed out"
-        except AdapterError as exc:
-            return "unhealthy", exc.message
+        except AdapterError as exc:  # for the operator (/status, the logs): with the address
+            return "unhealthy", f"{exc.message}: {exc.detail}" if exc.detail else exc.message
         if resp.status == 200:
             return "healthy", ""
         return "unhealthy", f"{self.probe_path} returned status {resp.status}"
