@@ -8,8 +8,8 @@ sends it only when its bytes differ from the last sent (changes within a
 tick are coalesced into one event); a comment every ``heartbeat`` seconds
 keeps proxies and the browser's idea of the connection alive.
 
-Bounded: at most ``StreamSlots.limit`` streams at once (an extra one gets a
-``retry`` hint and ends), one document held per stream, each write waits
+Bounded: at most ``StreamSlots.limit`` streams hold a slot at once (a new one
+displaces the oldest, see ``StreamSlots``), one document held per stream, each write waits
 for the client to take the previous one (the server's backpressure; the
 admin listener gives an event stream's write ``AdminLimits.stream_send_timeout``,
 so a client that stopped reading ends its stream and frees the slot), and a
@@ -30,7 +30,7 @@ import trio
 from iopd.edge.console.view import console_view
 from iopd.edge.runtime import EdgeRuntime
 
-__all__ = ["MAX_STREAMS", "StreamSlots", "StreamTiming", "status_events"]
+__all__ = ["MAX_STREAMS", "StreamSlots", "StreamTicket", "StreamTiming", "status_events"]
 
 #: Event streams open at once per admin listener.
 MAX_STREAMS: Final = 8
@@ -52,20 +52,58 @@ class StreamTiming:
 
 
 class StreamSlots:
-    """A count of open event streams with a ceiling (no waiting: a stream gets one or not)."""
+    """Open event streams with a ceiling; when every slot is held, a new stream
+    displaces the oldest.
+
+    Why displace instead of refusing the newcomer: a tab that stopped reading
+    while the document does not change gets only a heartbeat now and then, so
+    its writes never fill the socket buffers, the send deadline never ends it,
+    and refused newcomers would wait out its ``max_age``.  The displaced stream
+    sees its ticket's ``displaced`` at its next tick (or when its write in
+    progress returns, bounded by the admin listener's stream send deadline),
+    sends a long ``retry`` hint and ends.  Streams still ending are bounded
+    too: at most ``limit`` of them, so at most ``2 * limit`` streams are alive;
+    past that a newcomer gets the ``retry`` hint at once.
+    """
 
     def __init__(self, limit: int = MAX_STREAMS) -> None:
         self.limit = limit
-        self.open = 0
+        #: The tickets holding a slot, oldest first (dicts keep insertion order).
+        self._held: dict[int, StreamTicket] = {}
+        self._ending = 0
+        self._issued = 0
 
-    def take(self) -> bool:
-        if self.open >= self.limit:
-            return False
-        self.open += 1
-        return True
+    @property
+    def open(self) -> int:
+        """Streams alive: those holding a slot and those displaced but not yet ended."""
+        return len(self._held) + self._ending
 
-    def give_back(self) -> None:
-        self.open -= 1
+    def take(self) -> StreamTicket | None:
+        """A ticket for a new stream (displacing the oldest when full), or None."""
+        if len(self._held) >= self.limit:
+            if self._ending >= self.limit:
+                return None
+            oldest = next(iter(self._held))
+            self._held.pop(oldest).displaced.set()
+            self._ending += 1
+        self._issued += 1
+        ticket = StreamTicket(self._issued)
+        self._held[ticket.number] = ticket
+        return ticket
+
+    def give_back(self, ticket: StreamTicket) -> None:
+        if self._held.pop(ticket.number, None) is None:
+            self._ending -= 1  # it had been displaced
+
+
+class StreamTicket:
+    """One stream's hold on a slot; ``displaced`` is set when a newer stream takes it."""
+
+    __slots__ = ("displaced", "number")
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.displaced = trio.Event()
 
 
 def status_event(payload: bytes) -> bytes:
@@ -81,7 +119,8 @@ async def status_events(
     The slot is taken on the first iteration, inside the ``try`` that gives
     it back: a response that never starts sending holds no slot.
     """
-    if not slots.take():
+    ticket = slots.take()
+    if ticket is None:
         yield f": too many console streams\nretry: {BUSY_RETRY_MS}\n\n".encode()
         return
     try:
@@ -89,6 +128,9 @@ async def status_events(
         last = b""
         last_write = started = trio.current_time()
         while not rt.stopping.is_set():
+            if ticket.displaced.is_set():
+                yield f": displaced by a newer console stream\nretry: {BUSY_RETRY_MS}\n\n".encode()
+                break
             now = trio.current_time()
             if now - started >= timing.max_age:
                 break
@@ -103,4 +145,4 @@ async def status_events(
             with trio.move_on_after(timing.tick):
                 await rt.stopping.wait()
     finally:
-        slots.give_back()
+        slots.give_back(ticket)
