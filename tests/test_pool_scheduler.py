@@ -378,7 +378,7 @@ def test_lowering_max_queued_bytes_keeps_the_waiters_already_queued() -> None:
     with pytest.raises(QueueFull):
         s.request("m", body_bytes=1)
     assert s.release(g) == [w] and s.queued_bytes == 0
-    assert s.max_queued_bytes == 50
+    assert s.snapshot.max_queued_bytes == 50
 
 
 def test_no_head_of_line_blocking() -> None:
@@ -437,9 +437,9 @@ def test_reexamination_admits_every_waiter_that_fits() -> None:
 
 def test_queue_timeout_uses_group_override() -> None:
     s = scheduler(snap([slot("a")], {"m": ["a"], "legacy": ["a"]}, overrides={"legacy": 5.0}))
-    assert s.queue_timeout_for("m") == 30.0
-    assert s.queue_timeout_for("legacy") == 5.0
-    assert s.queue_timeout_for("legacy", 2.0) == 2.0
+    assert s.snapshot.queue_timeout_of("m") == 30.0
+    assert s.snapshot.queue_timeout_of("legacy") == 5.0
+    assert s.snapshot.queue_timeout_of("legacy", 2.0) == 2.0
     grant(s, "m")
     assert wait(s, "legacy").queue_timeout == 5.0
     assert wait(s, "m").queue_timeout == 30.0

@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Generic, Literal, NamedTuple, TypeVar
+from typing import Generic, NamedTuple, TypeVar
 
 import trio
 
@@ -54,9 +53,9 @@ from iopd.edge.openai import requests as rq
 from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.generation import apply_generation
 from iopd.edge.openai.json_body import parse_json_object
-from iopd.edge.openai.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
-from iopd.edge.openai.responses import responses_input_to_messages
+from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
 from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
 from iopd.edge.pool.pool import Lease
 from iopd.edge.pool.retry_rules import (
@@ -70,7 +69,7 @@ from iopd.edge.pool.retry_rules import (
 from iopd.edge.runtime import EdgeRuntime, Snapshot
 from iopd.http.connection import HeadContext
 from iopd.http.server import Request
-from iopd.tokens import estimate_input_tokens
+from iopd.vocabulary import ContextClass
 
 __all__ = [
     "MODEL_GROUP_HEADER", "Body", "ContextClass", "LeasedRequest", "Leasing",
@@ -82,17 +81,12 @@ log = logging.getLogger("iopd.edge.request")
 #: On every response of a leased request: the model group that served it (or fallback).
 MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
 
-ContextClass = Literal["normal", "long"]
-
 #: The validated body of an endpoint that reaches a provider.
 Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest, rq.RelayedRequest)
 
 #: At most this many model ids are named in a ``model_not_found`` message.
 MAX_NAMED_MODELS = 20
 
-_NO_REQUIREMENT: frozenset[str] = frozenset()
-_NEEDS_PASSTHROUGH = frozenset({"passthrough"})
-_NEEDS_OLLAMA = frozenset({"ollama"})
 
 
 class LeasedRequest(NamedTuple, Generic[Body]):
@@ -169,16 +163,16 @@ class Leasing(Generic[Body]):
         # /api/*, /v1/embeddings and /v1/completions are only ever relayed (to
         # a provider speaking that API); otherwise the group's provider types
         # say whether a normalized path exists.
-        relay_only = isinstance(body, rq.OllamaRequest | rq.RelayedRequest) or _all_passthrough(
+        relay_only = isinstance(body, rq.OllamaRequest | rq.RelayedRequest) or all_passthrough(
             snap, group
         )
         out.mode = "passthrough" if relay_only else "normalized"
         if isinstance(body, rq.OllamaRequest):
-            needs = _ollama_needs(snap, group, body, request.path)
+            needs = ollama_needs(snap, group, body, request.path)
         elif isinstance(body, rq.RelayedRequest):
-            needs = _relayed_needs(snap, request, group, body)
+            needs = relayed_needs(snap, request, group, body)
         else:
-            needs = _openai_needs(snap, request, group, body, relay_only)
+            needs = openai_needs(snap, request, group, body, relay_only)
         # Over a limit: 400 before queueing (kept for the lease, when its group is this one).
         relay_params = generation_params(body, group, relay=True) if relay_only else None
         principal = out.principal
@@ -216,7 +210,9 @@ class Leasing(Generic[Body]):
         return limits.lease_with_slot(self._rt, self._call, open_lease, self._queue_timeout())
 
     def _queue_timeout(self) -> float:
-        bound = self._rt.pool.scheduler.queue_timeout_for(self._group.id, self._group.queue_timeout)
+        bound = self._rt.pool.scheduler.snapshot.queue_timeout_of(
+            self._group.id, self._group.queue_timeout
+        )
         return min(bound, self._call.time_left())
 
     async def __aenter__(self) -> LeasedRequest[Body]:
@@ -461,84 +457,6 @@ def generation_params(body: Body, group: GroupSpec, *, relay: bool) -> JSONObjec
     return apply_generation(body.params(), group.generation, passthrough=False)
 
 
-# ------------------------------------------------------------------ steps
-
-
-class _Needs(NamedTuple):
-    """What an endpoint's request needs of a provider, and what it brings."""
-
-    requires: frozenset[str]  # pool capabilities (``passthrough``, ``ollama``)
-    provider_auth: str | None
-    messages: list[JSONObject]
-    estimate: int
-    context_class: ContextClass
-
-
-def _openai_needs(
-    snap: Snapshot,
-    request: Request,
-    group: GroupSpec,
-    body: rq.ChatRequest | rq.ResponsesRequest,
-    relay_only: bool,
-) -> _Needs:
-    """Provider credentials, what only a passthrough provider serves, workspace,
-    then the estimate."""
-    provider_auth = _provider_auth(snap, request, group.id)
-    requires = _NO_REQUIREMENT
-    _check_workspace(snap, group, body.workspace)
-    if isinstance(body, rq.ResponsesRequest):
-        messages: list[JSONObject] = []
-        if not relay_only:
-            try:  # the normalized path's chat form, or why it has none
-                messages = responses_input_to_messages(body.raw)
-            except errors.InvalidRequest as exc:
-                requires = _passthrough_or_refuse(snap, group, exc)
-        estimate = estimate_input_tokens(messages) if messages else _estimate_raw_input(body.raw)
-    else:
-        if body.n > rq.MAX_NORMALIZED_CHOICES and not relay_only:
-            requires = _passthrough_or_refuse(
-                snap,
-                group,
-                errors.InvalidRequest(
-                    f"'n' may be at most {rq.MAX_NORMALIZED_CHOICES} on this model's "
-                    "providers (each choice is one more run)",
-                    param="n",
-                ),
-            )
-        messages = body.messages
-        estimate = estimate_input_tokens(messages)
-    return _Needs(requires, provider_auth, messages, estimate, _context_class(snap, estimate))
-
-
-def _relayed_needs(
-    snap: Snapshot, request: Request, group: GroupSpec, body: rq.RelayedRequest
-) -> _Needs:
-    """``/v1/embeddings`` and ``/v1/completions`` need a passthrough provider
-    (a normalized provider has no such path); a 400 names the endpoint."""
-    if not snap.catalog.has_type(group.id, "openai"):
-        raise errors.InvalidRequest(
-            f"model '{body.model[:200]}' has no provider that serves {request.path}: "
-            "only type 'openai' (passthrough) providers do",
-            param="model",
-        )
-    provider_auth = _provider_auth(snap, request, group.id)
-    estimate = estimate_input_tokens(body.as_messages())
-    return _Needs(
-        _NEEDS_PASSTHROUGH, provider_auth, [], estimate, _context_class(snap, estimate)
-    )
-
-
-def _ollama_needs(
-    snap: Snapshot, group: GroupSpec, body: rq.OllamaRequest, path: str
-) -> _Needs:
-    """An ``/api/*`` request needs an ollama provider of its group."""
-    if not snap.catalog.has_type(group.id, "ollama"):
-        raise errors.InvalidRequest(
-            f"model '{body.model[:200]}' has no ollama provider for {path}", param="model"
-        )
-    return _Needs(_NEEDS_OLLAMA, None, [], 0, "normal")
-
-
 def model_not_found(snap: Snapshot, model: str) -> errors.ModelNotFound:
     """The 404 for an unknown model: it names the ids the caller may send (bounded)."""
     ids = [g.id for g in snap.catalog.listed()]
@@ -560,56 +478,3 @@ def _parse(snap: Snapshot, request: Request, kind: type[Body], out: Outcome) -> 
         if group is not None:
             out.group = group.id
     return kind.parse(raw)
-
-
-def _all_passthrough(snap: Snapshot, group: GroupSpec) -> bool:
-    """Every provider of ``group`` is a raw relay: the request can take no other path."""
-    types = {snap.catalog.providers[pid].config.type for pid, _ in group.providers}
-    return bool(types) and types <= PASSTHROUGH_TYPES
-
-
-def _provider_auth(snap: Snapshot, request: Request, group_id: str) -> str | None:
-    pa = snap.config.openai.provider_auth
-    value = request.header(pa.header.lower())
-    if pa.required and not value and snap.catalog.has_type(group_id, "openai"):
-        raise errors.ProviderAuthRequired(
-            f"this model requires the {pa.header} header with the provider's credentials"
-        )
-    return value
-
-
-def _passthrough_or_refuse(
-    snap: Snapshot, group: GroupSpec, refusal: errors.InvalidRequest
-) -> frozenset[str]:
-    """A request only a passthrough provider serves: it requires one, or, in a
-    group without any, is refused (``refusal`` says why)."""
-    if not snap.catalog.has_type(group.id, "openai"):
-        raise refusal
-    return _NEEDS_PASSTHROUGH
-
-
-def _check_workspace(snap: Snapshot, group: GroupSpec, workspace: str | None) -> None:
-    if workspace is None:
-        return
-    if not os.path.isabs(workspace) and snap.catalog.has_type(group.id, "cli"):
-        raise errors.InvalidRequest(
-            "metadata.workspace must be an absolute path", param="metadata.workspace"
-        )
-
-
-def _context_class(snap: Snapshot, estimate: int) -> ContextClass:
-    threshold = snap.config.openai.long_context_threshold_tokens
-    return "long" if estimate >= threshold else "normal"
-
-
-def _estimate_raw_input(raw: JSONObject) -> int:
-    """The §2.4 estimate over a /v1/responses body: instructions and input items."""
-    parts: list[JSONValue] = []
-    if isinstance(raw.get("instructions"), str):
-        parts.append({"content": raw["instructions"]})
-    inp = raw.get("input")
-    if isinstance(inp, str):
-        parts.append({"content": inp})
-    elif isinstance(inp, list):
-        parts.extend(inp)  # message-shaped items; text_parts skips anything else
-    return estimate_input_tokens(parts)

@@ -99,6 +99,15 @@ class PoolSnapshot:
     default_principal: PrincipalPolicy = PrincipalPolicy()
     ejection: EjectionPolicy = EjectionPolicy()
 
+    def queue_timeout_of(self, group_id: str, override: float | None = None) -> float:
+        """The waiting bound of a request: explicit override, else group's, else default."""
+        if override is not None:
+            return override
+        group = self.groups.get(group_id)
+        if group is not None and group.queue_timeout is not None:
+            return group.queue_timeout
+        return self.queue_timeout
+
     def principal(self, ref: str) -> PrincipalPolicy:
         return self.principals.get(ref, self.default_principal)
 

@@ -480,7 +480,7 @@ class ProviderPool:
 
     @property
     def max_queue(self) -> int:
-        return self._scheduler.max_queue
+        return self._scheduler.snapshot.max_queue
 
     @property
     def queued_bytes(self) -> int:
@@ -489,7 +489,7 @@ class ProviderPool:
 
     @property
     def max_queued_bytes(self) -> int:
-        return self._scheduler.max_queued_bytes
+        return self._scheduler.snapshot.max_queued_bytes
 
     def provider_loads(self) -> dict[str, ProviderLoad]:
         """Per-provider in_flight, long_in_flight, queued, capacities and load ratio."""

@@ -48,7 +48,7 @@ request would have to wait, so a request admitted at once is never refused.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
 from iopd.errors import GatewayError, NodeDispatchError
@@ -130,17 +130,9 @@ class Scheduler:
         return self._queue.depth
 
     @property
-    def max_queue(self) -> int:
-        return self.snapshot.max_queue
-
-    @property
     def queued_bytes(self) -> int:
         """Request-body bytes held by the waiters in the global queue."""
         return self._queue.bytes
-
-    @property
-    def max_queued_bytes(self) -> int:
-        return self.snapshot.max_queued_bytes
 
     @property
     def active_grants(self) -> frozenset[Grant]:
@@ -167,15 +159,6 @@ class Scheduler:
             p: (self._running.get(p, 0), queued.get(p, 0))
             for p in sorted(self._running.keys() | queued.keys())
         }
-
-    def queue_timeout_for(self, group_id: str, override: float | None = None) -> float:
-        """The waiting bound of a request: explicit override, else group's, else default."""
-        if override is not None:
-            return override
-        group = self.snapshot.groups.get(group_id)
-        if group is not None and group.queue_timeout is not None:
-            return group.queue_timeout
-        return self.snapshot.queue_timeout
 
     def in_flight(self, provider_id: str) -> tuple[int, int]:
         """(in_flight, long_in_flight) of a provider; (0, 0) when it holds nothing."""
@@ -246,7 +229,7 @@ class Scheduler:
             key,
             principal,
             self.snapshot.principal(principal).share,
-            self.queue_timeout_for(group_id, queue_timeout),
+            self.snapshot.queue_timeout_of(group_id, queue_timeout),
             body_bytes,
         )
 
@@ -316,13 +299,7 @@ class Scheduler:
 
     def attempt_succeeded(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
         """The grant's attempt worked (a caller's 4xx counts as working)."""
-        attempt = self._claim_verdict(grant)
-        if attempt is None:
-            return _NOTHING
-        now = self._clock(now)
-        return self._outlier_changed(
-            grant.provider_id, self.outliers.attempt_succeeded(attempt, now), now
-        )
+        return self._verdict(grant, now, self.outliers.attempt_succeeded)
 
     def attempt_failed(
         self, grant: Grant, reason: FailureReason, now: float | None = None
@@ -332,26 +309,18 @@ class Scheduler:
         principal is whose failure this is)."""
         if reason is FailureReason.STATUS_429:
             raise ValueError("a 429 is not a failure: use attempt_saturated")
-        attempt = self._claim_verdict(grant)
-        if attempt is None:
-            return _NOTHING
-        now = self._clock(now)
-        return self._outlier_changed(
-            grant.provider_id,
-            self.outliers.attempt_failed(attempt, reason, now, principal=grant.principal),
+        return self._verdict(
+            grant,
             now,
+            lambda a, t: self.outliers.attempt_failed(a, reason, t, principal=grant.principal),
         )
 
     def attempt_saturated(
         self, grant: Grant, seconds: float, now: float | None = None
     ) -> AttemptOutcome:
         """The provider answered 429: not chosen for ``seconds`` (bounded by the tracker)."""
-        attempt = self._claim_verdict(grant)
-        if attempt is None:
-            return _NOTHING
-        now = self._clock(now)
-        return self._outlier_changed(
-            grant.provider_id, self.outliers.attempt_saturated(attempt, now, seconds), now
+        return self._verdict(
+            grant, now, lambda a, t: self.outliers.attempt_saturated(a, t, seconds)
         )
 
     def attempt_caller_credentialed(
@@ -359,23 +328,26 @@ class Scheduler:
     ) -> AttemptOutcome:
         """The provider answered an error status to the caller's own credential:
         the verdict closes, the provider's standing is untouched (a probe's slot frees)."""
-        attempt = self._claim_verdict(grant)
-        if attempt is None:
-            return _NOTHING
-        now = self._clock(now)
-        return self._outlier_changed(
-            grant.provider_id, self.outliers.attempt_caller_credentialed(attempt), now
+        return self._verdict(
+            grant, now, lambda a, _t: self.outliers.attempt_caller_credentialed(a)
         )
 
     def attempt_abandoned(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
         """The attempt ended without a verdict (caller gone, deadline)."""
+        return self._verdict(grant, now, lambda a, _t: self.outliers.attempt_abandoned(a))
+
+    def _verdict(
+        self,
+        grant: Grant,
+        now: float | None,
+        apply: Callable[[Attempt, float], Transition | None],
+    ) -> AttemptOutcome:
+        """Claim the grant's one verdict and let ``apply`` give it to the tracker."""
         attempt = self._claim_verdict(grant)
         if attempt is None:
             return _NOTHING
         now = self._clock(now)
-        return self._outlier_changed(
-            grant.provider_id, self.outliers.attempt_abandoned(attempt), now
-        )
+        return self._outlier_changed(grant.provider_id, apply(attempt, now), now)
 
     def outliers_due(self, now: float | None = None) -> list[Waiter]:
         """Re-examine the waiters of providers that became choosable by time."""

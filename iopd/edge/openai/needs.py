@@ -1,0 +1,159 @@
+"""What a request needs of a provider, decided once before it is leased.
+
+Each endpoint family has one function: the pool capabilities the request
+requires (``passthrough``, ``ollama``), the caller's provider credential,
+the chat messages the normalized paths run (when they can), the input
+estimate (the project's one estimate, ``iopd.tokens``) and its context
+class.  A request only a passthrough provider can serve either requires one
+or, in a group without any, gets the 400 that says why.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+from iopd import errors
+from iopd.config.catalog import GroupSpec
+from iopd.edge.openai import requests as rq
+from iopd.edge.openai.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES
+from iopd.edge.openai.responses import responses_input_to_messages
+from iopd.edge.runtime import Snapshot
+from iopd.http.server import Request
+from iopd.tokens import estimate_input_tokens
+from iopd.vocabulary import ContextClass
+
+__all__ = ["Needs", "all_passthrough", "ollama_needs", "openai_needs", "relayed_needs"]
+
+_NO_REQUIREMENT: frozenset[str] = frozenset()
+_NEEDS_PASSTHROUGH = frozenset({"passthrough"})
+_NEEDS_OLLAMA = frozenset({"ollama"})
+
+
+class Needs(NamedTuple):
+    """What an endpoint's request needs of a provider, and what it brings."""
+
+    requires: frozenset[str]  # pool capabilities (``passthrough``, ``ollama``)
+    provider_auth: str | None
+    messages: list[JSONObject]
+    estimate: int
+    context_class: ContextClass
+
+
+def openai_needs(
+    snap: Snapshot,
+    request: Request,
+    group: GroupSpec,
+    body: rq.ChatRequest | rq.ResponsesRequest,
+    relay_only: bool,
+) -> Needs:
+    """Provider credentials, what only a passthrough provider serves, workspace,
+    then the estimate."""
+    provider_auth = _provider_auth(snap, request, group.id)
+    requires = _NO_REQUIREMENT
+    _check_workspace(snap, group, body.workspace)
+    if isinstance(body, rq.ResponsesRequest):
+        messages: list[JSONObject] = []
+        if not relay_only:
+            try:  # the normalized path's chat form, or why it has none
+                messages = responses_input_to_messages(body.raw)
+            except errors.InvalidRequest as exc:
+                requires = _passthrough_or_refuse(snap, group, exc)
+        estimate = estimate_input_tokens(messages) if messages else _estimate_raw_input(body.raw)
+    else:
+        if body.n > rq.MAX_NORMALIZED_CHOICES and not relay_only:
+            requires = _passthrough_or_refuse(
+                snap,
+                group,
+                errors.InvalidRequest(
+                    f"'n' may be at most {rq.MAX_NORMALIZED_CHOICES} on this model's "
+                    "providers (each choice is one more run)",
+                    param="n",
+                ),
+            )
+        messages = body.messages
+        estimate = estimate_input_tokens(messages)
+    return Needs(requires, provider_auth, messages, estimate, _context_class(snap, estimate))
+
+
+def relayed_needs(
+    snap: Snapshot, request: Request, group: GroupSpec, body: rq.RelayedRequest
+) -> Needs:
+    """``/v1/embeddings`` and ``/v1/completions`` need a passthrough provider
+    (a normalized provider has no such path); a 400 names the endpoint."""
+    if not snap.catalog.has_type(group.id, "openai"):
+        raise errors.InvalidRequest(
+            f"model '{body.model[:200]}' has no provider that serves {request.path}: "
+            "only type 'openai' (passthrough) providers do",
+            param="model",
+        )
+    provider_auth = _provider_auth(snap, request, group.id)
+    estimate = estimate_input_tokens(body.as_messages())
+    return Needs(
+        _NEEDS_PASSTHROUGH, provider_auth, [], estimate, _context_class(snap, estimate)
+    )
+
+
+def ollama_needs(
+    snap: Snapshot, group: GroupSpec, body: rq.OllamaRequest, path: str
+) -> Needs:
+    """An ``/api/*`` request needs an ollama provider of its group."""
+    if not snap.catalog.has_type(group.id, "ollama"):
+        raise errors.InvalidRequest(
+            f"model '{body.model[:200]}' has no ollama provider for {path}", param="model"
+        )
+    return Needs(_NEEDS_OLLAMA, None, [], 0, "normal")
+
+
+def all_passthrough(snap: Snapshot, group: GroupSpec) -> bool:
+    """Every provider of ``group`` is a raw relay: the request can take no other path."""
+    types = {snap.catalog.providers[pid].config.type for pid, _ in group.providers}
+    return bool(types) and types <= PASSTHROUGH_TYPES
+
+
+def _provider_auth(snap: Snapshot, request: Request, group_id: str) -> str | None:
+    pa = snap.config.openai.provider_auth
+    value = request.header(pa.header.lower())
+    if pa.required and not value and snap.catalog.has_type(group_id, "openai"):
+        raise errors.ProviderAuthRequired(
+            f"this model requires the {pa.header} header with the provider's credentials"
+        )
+    return value
+
+
+def _passthrough_or_refuse(
+    snap: Snapshot, group: GroupSpec, refusal: errors.InvalidRequest
+) -> frozenset[str]:
+    """A request only a passthrough provider serves: it requires one, or, in a
+    group without any, is refused (``refusal`` says why)."""
+    if not snap.catalog.has_type(group.id, "openai"):
+        raise refusal
+    return _NEEDS_PASSTHROUGH
+
+
+def _check_workspace(snap: Snapshot, group: GroupSpec, workspace: str | None) -> None:
+    if workspace is None:
+        return
+    if not os.path.isabs(workspace) and snap.catalog.has_type(group.id, "cli"):
+        raise errors.InvalidRequest(
+            "metadata.workspace must be an absolute path", param="metadata.workspace"
+        )
+
+
+def _context_class(snap: Snapshot, estimate: int) -> ContextClass:
+    threshold = snap.config.openai.long_context_threshold_tokens
+    return "long" if estimate >= threshold else "normal"
+
+
+def _estimate_raw_input(raw: JSONObject) -> int:
+    """The §2.4 estimate over a /v1/responses body: instructions and input items."""
+    parts: list[JSONValue] = []
+    if isinstance(raw.get("instructions"), str):
+        parts.append({"content": raw["instructions"]})
+    inp = raw.get("input")
+    if isinstance(inp, str):
+        parts.append({"content": inp})
+    elif isinstance(inp, list):
+        parts.extend(inp)  # message-shaped items; text_parts skips anything else
+    return estimate_input_tokens(parts)
