@@ -35,6 +35,7 @@ import trio
 
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.base import Adapter, AdapterError
+from iopd.node.consent import Consent
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
@@ -47,6 +48,7 @@ from wire.messages import (
     NodeConfig,
     NodeConfigAck,
     NodeConfigState,
+    ProviderSpec,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -61,6 +63,10 @@ log = logging.getLogger(__name__)
 CANCEL_TERMINAL_TIMEOUT = 5.0
 #: Cancels kept for streams whose task has not started yet (see ``cancel``).
 MAX_EARLY_CANCELS = 1024
+
+
+def _fixed(consent: Consent) -> Callable[[], Consent]:
+    return lambda: consent
 
 
 def _has_usage(usage: Usage | None) -> bool:
@@ -90,9 +96,24 @@ def _find_adapter_error(exc: BaseException) -> AdapterError | None:
 class NodeExecutor:
     """Runs streams on the current adapter registry (``NodeHandler``)."""
 
-    def __init__(self, *, health: HealthMonitor | None = None, secrets: Iterable[str] = ()) -> None:
-        """``secrets``: the node's own (its token), scrubbed with every provider key."""
+    def __init__(
+        self,
+        *,
+        health: HealthMonitor | None = None,
+        secrets: Iterable[str] = (),
+        consent: Consent | Callable[[], Consent] = Consent(),
+    ) -> None:
+        """``secrets``: the node's own (its token), scrubbed with every provider key.
+
+        ``consent``: what a pushed provider may run or reach (``iopd.node.consent``),
+        or a callable giving it at each push (the embedded node follows its edge's
+        config); the default allows no command and loopback origins only.
+        """
         self.registry: AdapterRegistry | None = None
+        self._consent = consent if callable(consent) else _fixed(consent)
+        #: The provider set of the push in force, as the edge sent it (the
+        #: registry holds only the providers the node consented to).
+        self._pushed: list[ProviderSpec] | None = None
         self._own_secrets = tuple(secrets)
         self._secrets = Scrubber(())
         self._secrets_of: AdapterRegistry | None = None
@@ -133,12 +154,13 @@ class NodeExecutor:
                     shared.config.source,
                 )
                 return ack
-            if current is not None and current.specs == list(msg.providers):
+            if current is not None and self._pushed == list(msg.providers):
                 if shared.config.applied(edge, msg):
                     shared.broadcast(shared.config.state())
                 return ack
+            accepted, refused = self._consented(msg.providers)
             try:
-                new = AdapterRegistry.build(msg.providers, version=msg.version)
+                new = AdapterRegistry.build(accepted, version=msg.version)
             except RegistryError as exc:
                 log.warning(
                     "event=node_config_rejected version=%d reason=%r", msg.version, str(exc)
@@ -147,8 +169,9 @@ class NodeExecutor:
                     stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
                 )
             self.registry = new
+            self._pushed = list(msg.providers)
             self._scrub_secrets_of(new)
-            self.health.set_registry(new)
+            self.health.set_registry(new, refused=refused)
             shared.config.applied(edge, msg)
             shared.controls.retain(new.adapters)
             log.info(
@@ -163,6 +186,22 @@ class NodeExecutor:
             if current is not None:
                 await current.retire()
             return ack
+
+    def _consented(
+        self, providers: Iterable[ProviderSpec]
+    ) -> tuple[list[ProviderSpec], dict[str, str]]:
+        """The pushed providers this node consents to, and why each other one is refused."""
+        consent = self._consent()
+        accepted: list[ProviderSpec] = []
+        refused: dict[str, str] = {}
+        for spec in providers:
+            why = consent.refusal(spec)
+            if why is None:
+                accepted.append(spec)
+                continue
+            refused[spec.id] = why
+            log.warning("event=provider_refused provider=%s reason=%r", spec.id[:120], why)
+        return accepted, refused
 
     @property
     def secrets(self) -> Scrubber:
