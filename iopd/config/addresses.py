@@ -16,6 +16,7 @@ __all__ = [
     "origin_problem",
     "parse_host_port",
     "parse_provider_origin",
+    "provider_origin_problem",
     "url_origin",
 ]
 
@@ -122,3 +123,12 @@ def parse_provider_origin(origin: str) -> Origin:
             f"(got {origin[:80]!r})"
         )
     return url_origin(origin)
+
+
+def provider_origin_problem(origin: str) -> str | None:
+    """Why ``origin`` is no ``node.allowed_provider_origins`` entry (None: it is one)."""
+    try:
+        parse_provider_origin(origin)
+    except ValueError as exc:
+        return str(exc)
+    return None

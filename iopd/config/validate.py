@@ -17,8 +17,12 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
-from iopd.config.addresses import parse_provider_origin
+from iopd.config.addresses import (
+    is_loopback_host,
+    origin_problem,
+    parse_host_port,
+    provider_origin_problem,
+)
 from iopd.config.fallback_graph import fallback_cycles
 from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.provider_url import base_url_problem
@@ -567,10 +571,8 @@ def _check_node_consent(err: _Errors, n: NodeSection) -> None:
         if not prefix or not prefix[0].strip():
             err.add(f"node.allowed_commands[{i}]", "must be an argv prefix, e.g. [ollama, run]")
     for i, origin in enumerate(n.allowed_provider_origins):
-        try:
-            parse_provider_origin(origin)
-        except ValueError as exc:
-            err.add(f"node.allowed_provider_origins[{i}]", str(exc))
+        if (problem := provider_origin_problem(origin)) is not None:
+            err.add(f"node.allowed_provider_origins[{i}]", problem)
 
 
 def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
