@@ -111,9 +111,9 @@ class NodeExecutor:
         """
         self.registry: AdapterRegistry | None = None
         self._consent = consent if callable(consent) else _fixed(consent)
-        #: The provider set of the push in force, as the edge sent it (the
-        #: registry holds only the providers the node consented to).
-        self._pushed: list[ProviderSpec] | None = None
+        #: The providers of the push in force the node refused, and why (the
+        #: registry holds only those it consented to).
+        self._refused: dict[str, str] = {}
         self._own_secrets = tuple(secrets)
         self._secrets = Scrubber(())
         self._secrets_of: AdapterRegistry | None = None
@@ -154,11 +154,11 @@ class NodeExecutor:
                     shared.config.source,
                 )
                 return ack
-            if current is not None and self._pushed == list(msg.providers):
+            accepted, refused = self._consented(msg.providers)
+            if current is not None and current.specs == accepted and refused == self._refused:
                 if shared.config.applied(edge, msg):
                     shared.broadcast(shared.config.state())
                 return ack
-            accepted, refused = self._consented(msg.providers)
             try:
                 new = AdapterRegistry.build(accepted, version=msg.version)
             except RegistryError as exc:
@@ -169,7 +169,9 @@ class NodeExecutor:
                     stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
                 )
             self.registry = new
-            self._pushed = list(msg.providers)
+            self._refused = refused
+            for pid, why in refused.items():
+                log.warning("event=provider_refused provider=%s reason=%r", pid[:120], why)
             self._scrub_secrets_of(new)
             self.health.set_registry(new, refused=refused)
             shared.config.applied(edge, msg)
@@ -200,7 +202,6 @@ class NodeExecutor:
                 accepted.append(spec)
                 continue
             refused[spec.id] = why
-            log.warning("event=provider_refused provider=%s reason=%r", spec.id[:120], why)
         return accepted, refused
 
     @property
