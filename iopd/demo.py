@@ -41,7 +41,7 @@ def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
     # The demo's node runs inside the edge with a token minted in memory: the
     # file's well-known demo token is for the two-daemon form only.
     nodes = [
-        msgspec.structs.replace(n, embedded=True, token_hash_sha256="")
+        msgspec.structs.replace(n, embedded=True, token_hash_sha256="", token_verifier="")
         if n.id == DEMO_NODE_ID
         else n
         for n in cfg.nodes

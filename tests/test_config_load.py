@@ -17,6 +17,7 @@ from iopd.config.load import (
     parse_node_config,
 )
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION, EdgeConfig, NodeConfigFile
+from wire import scram
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 H = hashlib.sha256(b"x").hexdigest()
@@ -80,7 +81,9 @@ def test_demo_configs_match_each_other() -> None:
     assert edge.openai.principal_tokens == [] and edge.openai.bearer_token is None
     (entry,) = edge.nodes
     assert entry.id == node.node.id == "demo-node"
-    assert entry.token_hash_sha256 == hashlib.sha256(node.node.token.encode()).hexdigest()
+    verifier = scram.Verifier.parse(entry.token_verifier)
+    token = node.node.token
+    assert scram.Verifier.create(token, iterations=verifier.iterations, salt=verifier.salt) == verifier
     assert node.node.edge == edge.edge.node_listen == "127.0.0.1:7070"
     (p,) = entry.providers
     assert (p.id, p.type, p.models, p.capacity, p.delay_ms, p.category) == (

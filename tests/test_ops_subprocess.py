@@ -32,6 +32,8 @@ import h11
 import pytest
 import trio
 
+from wire import scram
+
 GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
 
 # Canary secrets: they must never appear in any daemon output.
@@ -59,7 +61,7 @@ models:
     providers: {{echo-1: echo}}
 nodes:
   - id: ops-node
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - id: echo-1
         type: echo
@@ -84,6 +86,11 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def node_verifier(token: str) -> str:
+    """The ``nodes[].token_verifier`` of ``token`` (nodes refuse the legacy hash form)."""
+    return scram.Verifier.create(token, iterations=scram.MIN_ITERATIONS).encode()
+
+
 def edge_yaml(
     *,
     drain_timeout: float = 30,
@@ -97,7 +104,7 @@ def edge_yaml(
         capacity=capacity,
         log_format=log_format,
         caller_hash=_sha256(CALLER_TOKEN),
-        node_hash=_sha256(NODE_TOKEN),
+        node_verifier=node_verifier(NODE_TOKEN),
     )
 
 
