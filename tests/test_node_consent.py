@@ -155,6 +155,8 @@ def test_config_accepts_the_keys() -> None:
     [
         ("[[]]", "[]", "node.allowed_commands[0]"),
         ('[[""]]', "[]", "node.allowed_commands[0]"),
+        ("[[bin/tool]]", "[]", "node.allowed_commands[0]"),
+        ("[[./tool]]", "[]", "node.allowed_commands[0]"),
         ("[]", '["https://api.example.com/v1"]', "node.allowed_provider_origins[0]"),
         ("[]", '["api.example.com:443"]', "node.allowed_provider_origins[0]"),
         ("[]", '["http://user@host"]', "node.allowed_provider_origins[0]"),

@@ -17,13 +17,9 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 
-from iopd.config.addresses import (
-    is_loopback_host,
-    origin_problem,
-    parse_host_port,
-    provider_origin_problem,
-)
+from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
 from iopd.config.fallback_graph import fallback_cycles
+from iopd.config.node_consent import consent_problems
 from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.provider_url import base_url_problem
 from iopd.config.schema import (
@@ -565,16 +561,6 @@ def _check_node_edges(err: _Errors, n: NodeSection) -> None:
         err.add("node.edge", "required: the edge's host:port (or node.edges: a list, for several)")
 
 
-def _check_node_consent(err: _Errors, n: NodeSection) -> None:
-    """Non-empty argv prefixes; origins ``scheme://host[:port]`` (``iopd.node.consent``)."""
-    for i, prefix in enumerate(n.allowed_commands):
-        if not prefix or not prefix[0].strip():
-            err.add(f"node.allowed_commands[{i}]", "must be an argv prefix, e.g. [ollama, run]")
-    for i, origin in enumerate(n.allowed_provider_origins):
-        if (problem := provider_origin_problem(origin)) is not None:
-            err.add(f"node.allowed_provider_origins[{i}]", problem)
-
-
 def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
     """Every semantic problem of a node config, in file order."""
     err = _Errors()
@@ -596,5 +582,5 @@ def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
             f"must not exceed node.reconnect_max_backoff ({n.reconnect_max_backoff})",
         )
     err.positive("node.max_frame_bytes", n.max_frame_bytes)
-    _check_node_consent(err, n)
+    err.problems.extend(consent_problems(n))
     return err.problems

@@ -27,13 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from iopd.config.addresses import (
-    Origin,
-    is_loopback_host,
-    parse_provider_origin,
-    url_origin,
-)
-from iopd.config.schema import NodeEntry, NodeSection
+from iopd.config.addresses import Origin, is_loopback_host, parse_provider_origin, url_origin
+from iopd.config.schema import NodeSection
 from wire.messages import ProviderSpec
 
 __all__ = ["REFUSED_PREFIX", "Consent"]
@@ -75,20 +70,6 @@ class Consent:
                 except ValueError:
                     pass  # not a URL: the registry refuses it anyway
         return cls(commands=tuple(commands), origins=frozenset(origins))
-
-    @classmethod
-    def of_entry(cls, entry: NodeEntry) -> Consent:
-        """``listed`` for the providers of an edge config's ``nodes[]`` entry."""
-        return cls.listed(
-            ProviderSpec(
-                id=p.id,
-                type=p.type,
-                base_url=p.base_url,
-                command=p.command,
-                health_command=p.health_command,
-            )
-            for p in entry.providers
-        )
 
     def refusal(self, spec: ProviderSpec) -> str | None:
         """Why ``spec`` is outside this consent (``REFUSED_PREFIX`` + the reason), or None."""
