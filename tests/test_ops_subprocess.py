@@ -15,6 +15,7 @@ clock), but assert only outcomes, never durations; each is guarded by
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -86,8 +87,10 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@functools.cache
 def node_verifier(token: str) -> str:
-    """The ``nodes[].token_verifier`` of ``token`` (nodes refuse the legacy hash form)."""
+    """The ``nodes[].token_verifier`` of ``token`` (nodes refuse the legacy hash form);
+    one per token, so a config written again is the same config."""
     return scram.Verifier.create(token, iterations=scram.MIN_ITERATIONS).encode()
 
 

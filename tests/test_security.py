@@ -299,6 +299,7 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
                     token=WRONG_NODE,
                     reconnect_initial_backoff=0.05,
                     reconnect_max_backoff=0.1,
+                    accept_legacy_proof=True,  # this edge holds the hash form
                 )
             )
             bad_scope = trio.CancelScope()
