@@ -170,7 +170,7 @@ async def test_a_pushed_command_outside_consent_never_runs(tmp_path: Path) -> No
                 req = _run(session, "rogue")
                 await session.send(req)
                 _, end = await _terminal(session, req.stream_id)
-                assert end.kind == "error"
+                assert (end.kind, end.code) == ("error", "provider_unreachable")  # nothing ran
                 _nothing_ran(tmp_path, node)
 
                 # The command the node allows does run: the check is not "never".

@@ -317,12 +317,7 @@ class NodeExecutor:
         registry = self.registry
         adapter = registry.get(req.provider_id) if registry is not None else None
         if self.draining or registry is None or adapter is None:
-            code = "provider_error" if self.draining else "bad_request"
-            message = (
-                "node is shutting down"
-                if self.draining
-                else f"unknown provider {req.provider_id!r} on this node"
-            )
+            code, message = self._unserved(req.provider_id)
             await stream.send_terminal(self._error(req, code, message))
             return
         self._streams[key] = stream
@@ -348,6 +343,15 @@ class NodeExecutor:
                 "tunnel" if tunnel else "run",
                 int((trio.current_time() - start) * 1000),
             )
+
+    def _unserved(self, provider_id: str) -> tuple[str, str]:
+        """The error code and message of a stream this node does not run."""
+        if self.draining:
+            return "provider_error", "node is shutting down"
+        if provider_id in self._refused:
+            # Nothing ran: safe to try elsewhere (the reason is on /status, not the caller's).
+            return "provider_unreachable", f"provider {provider_id!r} is refused by this node"
+        return "bad_request", f"unknown provider {provider_id!r} on this node"
 
     @staticmethod
     def _error(
