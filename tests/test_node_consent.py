@@ -9,6 +9,7 @@ processes is in ``test_consent_subprocess.py``.
 
 from __future__ import annotations
 
+import functools
 import logging
 from pathlib import Path
 
@@ -302,3 +303,23 @@ async def test_the_edge_shows_the_refusal_in_status(tmp_path: Path) -> None:
             assert agent["last_error"].startswith(REFUSED_PREFIX)
             assert "node.allowed_commands" in agent["last_error"]
             assert not marker.exists()
+
+
+async def test_the_edge_says_why_a_node_hangs_up_on_its_legacy_challenge(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.gateway import _run_node_scoped, node_token, token_hash
+
+    caplog.set_level(logging.INFO)
+    yaml_text = EDGE_YAML.format(hash=token_hash(node_token("node-1")), marker=tmp_path / "ran")
+    with trio.fail_after(30):
+        async with running_gateway(yaml_text, nodes=[]) as gw:
+            cfg = gw.node_config("node-1", accept_legacy_proof=False)
+            await gw.nursery.start(functools.partial(_run_node_scoped, cfg))
+            await wait_until(lambda: "node_left_legacy_handshake" in caplog.text)
+            assert gw.runtime.hub.connected_since("node-1") is None
+    edge_line = next(
+        r.getMessage() for r in caplog.records if "node_left_legacy_handshake" in r.getMessage()
+    )
+    assert "token_verifier" in edge_line and "node.accept_legacy_proof" in edge_line
+    assert "edge_legacy_proof_refused" in caplog.text  # the node's own line
