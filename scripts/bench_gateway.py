@@ -571,6 +571,7 @@ node:
   edge: 127.0.0.1:{wire_port}
   token: {node_token}
   log_level: {log_level}
+  accept_legacy_proof: true   # the edge config holds the hash of the token
 """
 
 

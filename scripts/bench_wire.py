@@ -168,7 +168,7 @@ async def bench_transport(seconds: float, concurrency: int) -> tuple[float, floa
     async with trio.open_nursery() as nursery:
         host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
         link = NodeLink(
-            NodeSection(id="n", edge=f"{host}:{port}", token=TOKEN),
+            NodeSection(id="n", edge=f"{host}:{port}", token=TOKEN, accept_legacy_proof=True),
             OneShotHandler(),
             software_version="bench",
         )

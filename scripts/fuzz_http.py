@@ -561,7 +561,12 @@ async def fuzz_in_process_edge(n: int, seed: int, *, concurrency: int = 4) -> Fu
             handle = await nursery.start(run_edge, cfg)
             host, port = handle.wire
             node_cfg = NodeConfigFile(
-                node=NodeSection(id="fuzz-node", edge=f"{host}:{port}", token=NODE_TOKEN)
+                node=NodeSection(
+                    id="fuzz-node",
+                    edge=f"{host}:{port}",
+                    token=NODE_TOKEN,
+                    accept_legacy_proof=True,  # the edge config holds the hash of the token
+                )
             )
             nursery.start_soon(run_node, node_cfg)
             while handle.runtime.hub.connected_since("fuzz-node") is None:  # noqa: ASYNC110

@@ -72,6 +72,7 @@ node:
   reconnect_initial_backoff: 0.1
   reconnect_max_backoff: 1
   log_level: warning
+  accept_legacy_proof: true   # the edge config holds the hash of the token
 """
 
 _ADDR = re.compile(r"(\w+)=(\S+)")

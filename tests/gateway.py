@@ -54,6 +54,31 @@ def quick_node_config(
     return NodeConfigFile(node=msgspec.convert(fields, NodeSection))
 
 
+def consent_of(cfgs: list[Any], node_id: str) -> dict[str, Any]:
+    """What ``node_id``'s own config would allow, as its operator would write it for
+    the edge configs ``cfgs``: the commands and origins they list for it, and the
+    legacy proof when an edge holds only the hash of its token."""
+    from iopd.config.addresses import url_origin
+
+    commands: list[list[str]] = []
+    origins: list[str] = []
+    legacy = False
+    for cfg in cfgs:
+        for entry in (n for n in cfg.nodes if n.id == node_id):
+            legacy = legacy or bool(entry.token_hash_sha256)
+            for p in entry.providers:
+                commands += [list(c) for c in (p.command, p.health_command) if c]
+                if p.base_url:
+                    scheme, host, port = url_origin(p.base_url)
+                    host = f"[{host}]" if ":" in host else host
+                    origins.append(f"{scheme}://{host}:{port}")
+    return dict(
+        allowed_commands=commands,
+        allowed_provider_origins=sorted(set(origins)),
+        accept_legacy_proof=legacy,
+    )
+
+
 @dataclass
 class Gateway:
     handle: EdgeHandle
@@ -95,7 +120,9 @@ class Gateway:
 
     def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
         host, port = self.handle.wire
-        return quick_node_config(node_id, {"edge": f"{host}:{port}"}, section)
+        dials: dict[str, Any] = {"edge": f"{host}:{port}"}
+        dials.update(consent_of([self.runtime.snapshot.config], node_id))
+        return quick_node_config(node_id, dials, section)
 
     def sdk(self, **kwargs: Any) -> Any:
         """A sync ``openai.OpenAI`` client (use it inside ``trio.to_thread.run_sync``)."""
@@ -263,7 +290,9 @@ class EdgeFleet:
         return [f"{gw.handle.wire[0]}:{gw.handle.wire[1]}" for gw in self.edges]
 
     def node_config(self, node_id: str, **section: Any) -> NodeConfigFile:
-        return quick_node_config(node_id, {"edges": self.wire_addresses()}, section)
+        dials: dict[str, Any] = {"edges": self.wire_addresses()}
+        dials.update(consent_of([gw.runtime.snapshot.config for gw in self.edges], node_id))
+        return quick_node_config(node_id, dials, section)
 
     async def restart_edge(self, i: int, yaml_text: str) -> Gateway:
         """Stop edge ``i`` at once (its in-memory state is gone, like a crash) and

@@ -18,6 +18,7 @@ from iopd.config.load import (
 )
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION, EdgeConfig, NodeConfigFile
 from tests.example_configs import CONFIGS, EXAMPLE_ENV, filled_example, write_filled_example
+from wire import scram
 
 H = hashlib.sha256(b"x").hexdigest()
 
@@ -93,7 +94,8 @@ def test_demo_configs_match_each_other(tmp_path: Path) -> None:
     assert edge.openai.principal_tokens == [] and edge.openai.bearer_token is None
     (entry,) = edge.nodes
     assert entry.id == node.node.id == "demo-node"
-    assert len(entry.token_hash_sha256) == 64 and node.node.token == EXAMPLE_ENV["IOP_NODE_TOKEN"]
+    assert scram.Verifier.parse(entry.token_verifier).iterations >= scram.MIN_ITERATIONS
+    assert node.node.token == EXAMPLE_ENV["IOP_NODE_TOKEN"]
     assert node.node.edge == edge.edge.node_listen == "127.0.0.1:7070"
     (p,) = entry.providers
     assert (p.id, p.type, p.models, p.capacity, p.delay_ms, p.category) == (

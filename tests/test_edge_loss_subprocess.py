@@ -39,9 +39,9 @@ from tests.test_ops_subprocess import (
     Daemon,
     Response,
     _hostport,
-    _sha256,
     chat_body,
     http_request,
+    node_verifier,
     run_daemon,
     sse_payloads,
     streamed_text,
@@ -72,7 +72,7 @@ models:
     providers: {{prov-b: served}}
 nodes:
   - id: node-1
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - {{id: prov-a, type: openai, base_url: "{url_a}", models: [served], capacity: 4}}
       - {{id: prov-b, type: openai, base_url: "{url_b}", models: [served], capacity: 4}}
@@ -119,7 +119,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
                     edge_id=edge_id,
                     interval=HEARTBEAT_INTERVAL,
                     timeout=HEARTBEAT_TIMEOUT,
-                    node_hash=_sha256(NODE_TOKEN),
+                    node_verifier=node_verifier(NODE_TOKEN),
                     url_a=mock_a.base_url,
                     url_b=mock_b.base_url,
                 )

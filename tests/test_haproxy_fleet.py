@@ -31,9 +31,9 @@ from tests.test_ops_subprocess import (
     Daemon,
     Response,
     _hostport,
-    _sha256,
     chat_body,
     http_request,
+    node_verifier,
     run_daemon,
 )
 
@@ -60,11 +60,11 @@ models:
     providers: {{echo-1: echo, echo-2: echo}}
 nodes:
   - id: node-1
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - {{id: echo-1, type: echo, models: [echo], capacity: 16, delay_ms: {delay_ms}}}
   - id: node-2
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - {{id: echo-2, type: echo, models: [echo], capacity: 16, delay_ms: {delay_ms}}}
 """
@@ -259,7 +259,7 @@ async def _scenario(
 def _edge_cfg(tmp_path: Path, edge_id: str) -> Path:
     path = tmp_path / f"{edge_id}.yaml"
     path.write_text(
-        EDGE_YAML.format(edge_id=edge_id, node_hash=_sha256(NODE_TOKEN), delay_ms=DELAY_MS)
+        EDGE_YAML.format(edge_id=edge_id, node_verifier=node_verifier(NODE_TOKEN), delay_ms=DELAY_MS)
     )
     return path
 

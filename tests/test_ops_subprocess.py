@@ -15,6 +15,7 @@ clock), but assert only outcomes, never durations; each is guarded by
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -31,6 +32,8 @@ from typing import Any
 import h11
 import pytest
 import trio
+
+from wire import scram
 
 GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
 
@@ -59,7 +62,7 @@ models:
     providers: {{echo-1: echo}}
 nodes:
   - id: ops-node
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - id: echo-1
         type: echo
@@ -84,6 +87,13 @@ def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+@functools.cache
+def node_verifier(token: str) -> str:
+    """The ``nodes[].token_verifier`` of ``token`` (nodes refuse the legacy hash form);
+    one per token, so a config written again is the same config."""
+    return scram.Verifier.create(token, iterations=scram.MIN_ITERATIONS).encode()
+
+
 def edge_yaml(
     *,
     drain_timeout: float = 30,
@@ -97,7 +107,7 @@ def edge_yaml(
         capacity=capacity,
         log_format=log_format,
         caller_hash=_sha256(CALLER_TOKEN),
-        node_hash=_sha256(NODE_TOKEN),
+        node_verifier=node_verifier(NODE_TOKEN),
     )
 
 

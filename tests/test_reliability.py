@@ -46,6 +46,7 @@ from tests.test_ops_subprocess import (
     _hostport,
     chat_body,
     http_request,
+    node_verifier,
     run_daemon,
     sse_payloads,
 )
@@ -102,7 +103,7 @@ models:
 {models}
 nodes:
   - id: rel-node
-    token_hash_sha256: {_sha256(NODE_TOKEN)}
+    token_verifier: "{node_verifier(NODE_TOKEN)}"
     providers:
 {providers}
 {second_node}"""
@@ -477,7 +478,7 @@ async def test_node_reconnecting_while_requests_wait_admits_the_waiters(tmp_path
     long_text = " ".join(f"L{i}" for i in range(80))  # 80 x 100 ms = 8 s on node 1
     second = f"""\
   - id: rel-node2
-    token_hash_sha256: {_sha256(NODE2_TOKEN)}
+    token_verifier: "{node_verifier(NODE2_TOKEN)}"
     providers:
       - id: echo-2
         type: echo
@@ -646,7 +647,7 @@ models:
     providers: {{echo-1: echo}}
 nodes:
   - id: storm-node
-    token_hash_sha256: {_sha256("storm-token")}
+    token_verifier: "{node_verifier("storm-token")}"
     providers:
       - id: echo-1
         type: echo

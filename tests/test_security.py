@@ -299,6 +299,7 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
                     token=WRONG_NODE,
                     reconnect_initial_backoff=0.05,
                     reconnect_max_backoff=0.1,
+                    accept_legacy_proof=True,  # this edge holds the hash form
                 )
             )
             bad_scope = trio.CancelScope()
@@ -530,7 +531,7 @@ models:
     providers: {{ol-1: "mock:latest"}}
 nodes:
   - id: sec-node
-    token_hash_sha256: {node_hash}
+    token_verifier: "{node_verifier}"
     providers:
       - id: echo-1
         type: echo
@@ -556,7 +557,7 @@ node:
 
 async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> None:
     from tests.test_ops_subprocess import NODE_TOKEN as OPS_NODE_TOKEN
-    from tests.test_ops_subprocess import _hostport, run_daemon
+    from tests.test_ops_subprocess import _hostport, node_verifier, run_daemon
 
     canaries = [*CANARIES, OPS_NODE_TOKEN]
     with trio.fail_after(60):
@@ -569,7 +570,7 @@ async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> N
                 DAEMON_EDGE_YAML.format(
                     legacy=LEGACY,
                     caller_hash=token_hash(CALLER),
-                    node_hash=token_hash(OPS_NODE_TOKEN),
+                    node_verifier=node_verifier(OPS_NODE_TOKEN),
                     ol_base=ol.base_url,
                     api_key=API_KEY,
                 )

@@ -27,6 +27,7 @@ from iopd.transport import (
 )
 from tests.test_node_link import ScriptedHandler
 from tests.wire_peers import FakeEdge, FakeNode, HubRecorder, challenge_and_prove, wait_until
+from wire import scram
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,
@@ -267,7 +268,11 @@ async def test_mutual_tls_hub_and_link(pki: dict[str, str]) -> None:
     srv = server_ssl_context(
         EdgeTLS(cert=pki["server_cert"], key=pki["server_key"], client_ca=pki["ca"])
     )
-    rec = HubRecorder({"node-a": TOKEN}, config_version=1)
+    rec = HubRecorder(
+        {"node-a": TOKEN},
+        config_version=1,
+        verifiers={"node-a": scram.Verifier.create(TOKEN, iterations=scram.MIN_ITERATIONS).encode()},
+    )
     events = rec.events
     hub = NodeHub(
         HubSettings(

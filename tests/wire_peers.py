@@ -56,7 +56,7 @@ import trio
 import trio.testing
 
 from iopd.config.schema import NodeEntry
-from iopd.edge.node_handshake import Refusal, challenge_node
+from iopd.edge.node_handshake import Refusal, SecretForm, challenge_node
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import DialError, dial
 from iopd.transport.listen import serve_wire
@@ -313,8 +313,11 @@ class FakeEdge:
         heartbeat_interval: float,
         heartbeat_timeout: float,
         timeout: float,
+        secret: SecretForm = "token",
     ) -> None:
-        self.verifier = scram.Verifier.create(token, iterations=TEST_ITERATIONS)
+        keyed_by = token if secret == "token" else scram.token_sha256(token)
+        self.verifier = scram.Verifier.create(keyed_by, iterations=TEST_ITERATIONS)
+        self.secret: SecretForm = secret
         self.node_config = node_config
         self.refuse = refuse
         self.heartbeat_interval = heartbeat_interval
@@ -343,12 +346,15 @@ class FakeEdge:
         heartbeat_timeout: float = 15.0,
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = 10.0,
+        secret: SecretForm = "token",
     ) -> AsyncIterator[FakeEdge]:
         """Listen on 127.0.0.1 port 0 until the block ends.
 
         ``token``: the node's token (a proof of another is refused: bad_token).
         ``node_config``: pushed after HelloAck (default: an empty config,
         version 1); ``refuse``: answer every Hello with this instead.
+        ``secret``: the proof the ``Challenge`` asks for; ``token_sha256`` plays
+        an edge (or an impostor) that holds only the hash of ``token``.
         """
         edge = cls(
             token=token,
@@ -357,6 +363,7 @@ class FakeEdge:
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
             timeout=timeout,
+            secret=secret,
         )
         async with trio.open_nursery() as nursery:
             edge.host, edge.port = await nursery.start(
@@ -377,6 +384,7 @@ class FakeEdge:
         heartbeat_timeout: float = 15.0,
         silent: bool = False,
         timeout: float = 10.0,
+        secret: SecretForm = "token",
     ) -> AsyncIterator[FakeEdge]:
         """Like ``serve`` but without sockets, for ``autojump_clock`` tests.
 
@@ -394,6 +402,7 @@ class FakeEdge:
             heartbeat_interval=heartbeat_interval,
             heartbeat_timeout=heartbeat_timeout,
             timeout=timeout,
+            secret=secret,
         )
         edge.silent = silent
         async with trio.open_nursery() as nursery:
@@ -441,7 +450,7 @@ class FakeEdge:
             await channel.aclose()
             return
         try:
-            outcome = await challenge_node(channel, hello, self.verifier, "token")
+            outcome = await challenge_node(channel, hello, self.verifier, self.secret)
         except ChannelClosed:
             return
         if isinstance(outcome, Refusal):

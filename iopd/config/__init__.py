@@ -19,7 +19,8 @@ from iopd.config.load import (
 )
 from iopd.config.refresh_classify import RefreshDiff, classify
 from iopd.config.schema import EdgeConfig, NodeConfigFile, ProviderConfig
-from iopd.config.validate import validate_edge_config, validate_node_config
+from iopd.config.validate import validate_edge_config
+from iopd.config.validate_node import validate_node_config
 
 __all__ = [
     "Catalog",

@@ -8,8 +8,20 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from urllib.parse import urlsplit
 
-__all__ = ["is_loopback_host", "origin_problem", "parse_host_port"]
+__all__ = [
+    "Origin",
+    "is_loopback_host",
+    "origin_problem",
+    "parse_host_port",
+    "parse_provider_origin",
+    "provider_origin_problem",
+    "url_origin",
+]
+
+#: A provider's origin as the node's HTTP client dials it: scheme, host, port.
+Origin = tuple[str, str, int]
 
 
 def parse_host_port(address: str) -> tuple[str, int]:
@@ -72,4 +84,51 @@ def origin_problem(origin: str) -> str | None:
             return f"port {port} is out of range"
         if int(port) == _DEFAULT_PORTS[m.group(1)]:
             return f"drop the default port :{port}: browsers send the origin without it"
+    return None
+
+
+def url_origin(url: str) -> Origin:
+    """``(scheme, host, port)`` an http(s) URL reaches; raises ``ValueError`` with the reason.
+
+    Parsed the way the node's provider client parses ``base_url``
+    (``urlsplit``: lower-case scheme and host, the scheme's default port), so
+    a check on this origin is a check on where the client connects.
+    """
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ValueError(f"not a URL with a valid port ({exc})") from None
+    if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+        raise ValueError("must be an http:// or https:// URL with a host")
+    return parts.scheme, parts.hostname, port if port is not None else _DEFAULT_PORTS[parts.scheme]
+
+
+def parse_provider_origin(origin: str) -> Origin:
+    """``node.allowed_provider_origins`` entry ``scheme://host[:port]``; raises ``ValueError``."""
+    try:
+        parts = urlsplit(origin)
+    except ValueError:
+        parts = None
+    if (
+        parts is None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or parts.username is not None
+        or "@" in parts.netloc
+    ):
+        raise ValueError(
+            f"must be an origin scheme://host[:port] without path, query or user "
+            f"(got {origin[:80]!r})"
+        )
+    return url_origin(origin)
+
+
+def provider_origin_problem(origin: str) -> str | None:
+    """Why ``origin`` is no ``node.allowed_provider_origins`` entry (None: it is one)."""
+    try:
+        parse_provider_origin(origin)
+    except ValueError as exc:
+        return str(exc)
     return None

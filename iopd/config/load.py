@@ -32,7 +32,8 @@ import yaml
 
 from iopd.config.problems import ConfigProblem, join_key
 from iopd.config.schema import EdgeConfig, NodeConfigFile
-from iopd.config.validate import validate_edge_config, validate_node_config
+from iopd.config.validate import validate_edge_config
+from iopd.config.validate_node import validate_node_config
 
 __all__ = [
     "ConfigError",

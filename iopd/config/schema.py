@@ -264,6 +264,15 @@ class NodeSection(_Section):
     max_frame_bytes: int = 16 * 1024 * 1024
     log_format: LogFormat = "keyvalue"
     log_level: LogLevel = "info"
+    #: What any edge may make this node do (``iopd.node.consent``): the argv
+    #: prefixes a pushed ``command``/``health_command`` must start with (empty:
+    #: none may run), and the origins a pushed ``base_url`` may reach (empty:
+    #: loopback hosts only).
+    allowed_commands: list[list[str]] = msgspec.field(default_factory=list)
+    allowed_provider_origins: list[str] = msgspec.field(default_factory=list)
+    #: Answer a ``Challenge`` keyed by ``sha256(token)`` (an edge that holds
+    #: only ``token_hash_sha256``): that hash is a credential of its own.
+    accept_legacy_proof: bool = False
 
 
 class NodeConfigFile(_Section):

@@ -30,10 +30,7 @@ from iopd.config.schema import (
     LimitsSection,
     ModelGroup,
     ModelRoute,
-    NodeConfigFile,
     NodeEntry,
-    NodeSection,
-    NodeTLS,
     OpenAISection,
     PrincipalToken,
     ProviderConfig,
@@ -44,11 +41,12 @@ from wire import scram
 from wire.framing import MAX_HANDSHAKE_ID_CHARS
 
 __all__ = [
+    "Errors",
+    "first_at",
     "is_loopback_host",
     "origin_problem",
     "parse_host_port",
     "validate_edge_config",
-    "validate_node_config",
 ]
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -60,7 +58,7 @@ MAX_PENDING_CAP = 65536
 _HASH_HINT = "must be 64 lowercase hex characters (the SHA-256 of the token; see 'iopd token')"
 
 
-class _Errors:
+class Errors:
     """Collects the problems found, in the order found."""
 
     def __init__(self) -> None:
@@ -117,7 +115,7 @@ class _Errors:
             self.add(f"{path}.cert", f"required when {path}.key is set")
 
 
-def _check_provider(err: _Errors, path: str, p: ProviderConfig) -> None:
+def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
     if p.type in ("openai", "ollama"):
         if not p.base_url:
             err.add(
@@ -161,13 +159,13 @@ def _check_provider(err: _Errors, path: str, p: ProviderConfig) -> None:
             )
 
 
-def _check_edge_tls(err: _Errors, tls: EdgeTLS) -> None:
+def _check_edge_tls(err: Errors, tls: EdgeTLS) -> None:
     err.tls_pair("edge.tls", tls.cert, tls.key)
     if tls.client_ca and not (tls.cert and tls.key):
         err.add("edge.tls.client_ca", "requires edge.tls.cert and edge.tls.key")
 
 
-def _first_at(seen: dict[str, str], key: str, path: str) -> str | None:
+def first_at(seen: dict[str, str], key: str, path: str) -> str | None:
     """Where ``key`` was first defined, or None (recording ``path``) the first time."""
     first = seen.get(key)
     if first is None:
@@ -184,7 +182,7 @@ class _Defined:
     provider_node: dict[str, str]  # provider id -> the id of the node it is on
 
     def provider_on(
-        self, err: _Errors, path: str, node_id: str | None, pid: str
+        self, err: Errors, path: str, node_id: str | None, pid: str
     ) -> ProviderConfig | None:
         """Provider ``pid`` (on node ``node_id`` when given), or None after reporting why not."""
         if pid not in self.providers:
@@ -202,7 +200,7 @@ class _Defined:
 
 def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     """Every semantic problem of an edge config, in file order."""
-    err = _Errors()
+    err = Errors()
     _check_edge_section(err, cfg.edge)
     defined = _check_nodes(err, cfg.nodes)
     _check_model_groups(err, cfg.models, defined)
@@ -218,7 +216,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     return err.problems
 
 
-def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
+def _check_edge_section(err: Errors, e: EdgeSection) -> None:
     """``edge``: id, listen addresses (admin on loopback only), timeouts, frame cap, TLS."""
     err.wire_id("edge.id", e.id)
     err.address("edge.node_listen", e.node_listen)
@@ -253,7 +251,7 @@ def _check_edge_section(err: _Errors, e: EdgeSection) -> None:
     _check_edge_tls(err, e.tls)
 
 
-def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
+def _check_nodes(err: Errors, nodes: list[NodeEntry]) -> _Defined:
     """``nodes[]``: unique node and provider ids, token hashes, each provider's own rules."""
     node_index: dict[str, str] = {}  # node id -> path of its definition
     provider_at: dict[str, str] = {}  # provider id -> path of its definition
@@ -262,14 +260,14 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
     for n, node in enumerate(nodes):
         npath = f"nodes[{n}]"
         if err.wire_id(f"{npath}.id", node.id):
-            first = _first_at(node_index, node.id, npath)
+            first = first_at(node_index, node.id, npath)
             if first is not None:
                 err.add(f"{npath}.id", f"duplicate node id {node.id!r} (first defined at {first})")
         _check_node_token(err, npath, node)
         for j, p in enumerate(node.providers):
             ppath = f"{npath}.providers[{j}]"
             if err.not_empty(f"{ppath}.id", p.id):
-                first = _first_at(provider_at, p.id, ppath)
+                first = first_at(provider_at, p.id, ppath)
                 if first is not None:
                     err.add(
                         f"{ppath}.id", f"duplicate provider id {p.id!r} (first defined at {first})"
@@ -281,7 +279,7 @@ def _check_nodes(err: _Errors, nodes: list[NodeEntry]) -> _Defined:
     return _Defined(node_index, providers, provider_node)
 
 
-def _check_node_token(err: _Errors, npath: str, node: NodeEntry) -> None:
+def _check_node_token(err: Errors, npath: str, node: NodeEntry) -> None:
     """A dialling node needs ``token_verifier`` or ``token_hash_sha256`` (not both);
     an embedded one neither, and its providers."""
     secrets_set = [k for k in ("token_verifier", "token_hash_sha256") if getattr(node, k)]
@@ -312,14 +310,14 @@ def _check_node_token(err: _Errors, npath: str, node: NodeEntry) -> None:
         err.hash64(f"{npath}.token_hash_sha256", node.token_hash_sha256)
 
 
-def _check_model_groups(err: _Errors, models: list[ModelGroup], defined: _Defined) -> None:
+def _check_model_groups(err: Errors, models: list[ModelGroup], defined: _Defined) -> None:
     """``models[]``: unique group ids, each provider defined and serving the model, limits."""
     providers = defined.providers
     group_index: dict[str, str] = {}
     for m, group in enumerate(models):
         mpath = f"models[{m}]"
         if err.not_empty(f"{mpath}.id", group.id):
-            first = _first_at(group_index, group.id, mpath)
+            first = first_at(group_index, group.id, mpath)
             if first is not None:
                 err.add(
                     f"{mpath}.id",
@@ -349,7 +347,7 @@ def _group_ids(cfg: EdgeConfig) -> set[str]:
     return ids
 
 
-def _check_fallbacks(err: _Errors, cfg: EdgeConfig) -> None:
+def _check_fallbacks(err: Errors, cfg: EdgeConfig) -> None:
     """``models[].fallbacks``: known group ids, not the group itself, no repeats, no cycle."""
     known = _group_ids(cfg)
     # group id -> (index, fallbacks) of its first definition, as the catalog keeps it
@@ -364,14 +362,14 @@ def _check_fallbacks(err: _Errors, cfg: EdgeConfig) -> None:
             elif target == group.id:
                 err.add(fpath, f"model group {target!r} cannot fall back to itself")
             else:
-                first = _first_at(seen, target, fpath)
+                first = first_at(seen, target, fpath)
                 if first is not None:
                     err.add(fpath, f"model group {target!r} is listed twice (first at {first})")
     for path, cycle in fallback_cycles(graph):
         err.add(path, "fallback cycle: " + " -> ".join(repr(g) for g in cycle))
 
 
-def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
+def _check_openai_listener(err: Errors, cfg: EdgeConfig) -> None:
     """``openai``: listen address, sizes (a body must fit in a frame), timeouts, auth headers."""
     o = cfg.openai
     e = cfg.edge
@@ -418,40 +416,40 @@ def _check_openai_listener(err: _Errors, cfg: EdgeConfig) -> None:
             )
 
 
-def _check_cors(err: _Errors, origins: list[str]) -> None:
+def _check_cors(err: Errors, origins: list[str]) -> None:
     for i, origin in enumerate(origins):
         problem = origin_problem(origin)
         if problem is not None:
             err.add(f"openai.cors_allow_origins[{i}]", problem)
 
 
-def _check_principal_tokens(err: _Errors, tokens: list[PrincipalToken]) -> None:
+def _check_principal_tokens(err: Errors, tokens: list[PrincipalToken]) -> None:
     """``openai.principal_tokens[]``: unique refs and hashes, well-formed hashes, principals."""
     ref_at: dict[str, str] = {}
     hash_at: dict[str, str] = {}
     for i, tok in enumerate(tokens):
         tpath = f"openai.principal_tokens[{i}]"
         if err.not_empty(f"{tpath}.token_ref", tok.token_ref):
-            first = _first_at(ref_at, tok.token_ref, tpath)
+            first = first_at(ref_at, tok.token_ref, tpath)
             if first is not None:
                 err.add(
                     f"{tpath}.token_ref",
                     f"duplicate token_ref {tok.token_ref!r} (first at {first})",
                 )
         if err.hash64(f"{tpath}.token_hash_sha256", tok.token_hash_sha256):
-            first = _first_at(hash_at, tok.token_hash_sha256, tpath)
+            first = first_at(hash_at, tok.token_hash_sha256, tpath)
             if first is not None:
                 err.add(f"{tpath}.token_hash_sha256", f"duplicate token hash (same as {first})")
         err.not_empty(f"{tpath}.principal_ref", tok.principal_ref)
 
 
-def _check_model_routes(err: _Errors, routes: list[ModelRoute], defined: _Defined) -> None:
+def _check_model_routes(err: Errors, routes: list[ModelRoute], defined: _Defined) -> None:
     """``openai.model_routes[]`` (legacy): unique models; node, provider and target defined."""
     route_at: dict[str, str] = {}
     for r, route in enumerate(routes):
         rpath = f"openai.model_routes[{r}]"
         if err.not_empty(f"{rpath}.model", route.model):
-            first = _first_at(route_at, route.model, rpath)
+            first = first_at(route_at, route.model, rpath)
             if first is not None:
                 err.add(
                     f"{rpath}.model", f"duplicate route model {route.model!r} (first at {first})"
@@ -468,7 +466,7 @@ def _check_model_routes(err: _Errors, routes: list[ModelRoute], defined: _Define
             err.positive(f"{rpath}.queue_timeout", route.queue_timeout)
 
 
-def _check_single_target_route(err: _Errors, o: OpenAISection, defined: _Defined) -> None:
+def _check_single_target_route(err: Errors, o: OpenAISection, defined: _Defined) -> None:
     """``openai.adapter``/``target``/``node`` (the single-target fallback): all or none, defined."""
     if o.adapter is not None and o.target is None:
         err.add("openai.target", "required when openai.adapter is set")
@@ -485,14 +483,14 @@ def _check_single_target_route(err: _Errors, o: OpenAISection, defined: _Defined
             err.add("openai.target", f"{o.target!r} is not in the models of provider {o.adapter!r}")
 
 
-def _check_provider_pool(err: _Errors, pool: ProviderPoolSection) -> None:
+def _check_provider_pool(err: Errors, pool: ProviderPoolSection) -> None:
     """``provider_pool``: queue bounds."""
     err.non_negative("provider_pool.max_queue", pool.max_queue)
     err.non_negative("provider_pool.max_queued_bytes", pool.max_queued_bytes)
     err.positive("provider_pool.queue_timeout", pool.queue_timeout)
 
 
-def _check_retries_and_ejection(err: _Errors, pool: ProviderPoolSection) -> None:
+def _check_retries_and_ejection(err: Errors, pool: ProviderPoolSection) -> None:
     """``provider_pool`` retry and outlier-ejection knobs: counts >= 0, bounded durations."""
     err.non_negative("provider_pool.retry_attempts", pool.retry_attempts)
     if not (pool.retry_budget >= 0 and math.isfinite(pool.retry_budget)):
@@ -506,7 +504,7 @@ def _check_retries_and_ejection(err: _Errors, pool: ProviderPoolSection) -> None
             "provider_pool.eject_seconds",
             f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (a day) (got {pool.eject_seconds})",
         )
-def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
+def _check_limits(err: Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
     """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
 
     A principal is known when some ``openai.principal_tokens[]`` entry maps to
@@ -519,7 +517,7 @@ def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalTok
     ]
     for path, entry, ref in entries:
         if ref is not None and err.not_empty(f"{path}.principal_ref", ref):
-            first = _first_at(ref_at, ref, path)
+            first = first_at(ref_at, ref, path)
             if first is not None:
                 err.add(
                     f"{path}.principal_ref",
@@ -540,7 +538,7 @@ def _check_limits(err: _Errors, limits: LimitsSection, tokens: list[PrincipalTok
     _check_limits_backend(err, limits)
 
 
-def _check_limits_backend(err: _Errors, limits: LimitsSection) -> None:
+def _check_limits_backend(err: Errors, limits: LimitsSection) -> None:
     """``limits.backend`` and its store (issue #21).  The URL is never echoed: it holds a password."""
     for name in ("backend_timeout", "lease_ttl"):
         value = getattr(limits, name)
@@ -563,49 +561,3 @@ def _check_limits_backend(err: _Errors, limits: LimitsSection) -> None:
                 "must be redis://[user:password@]host[:port][/db] or rediss://... "
                 "(the value is not shown: it may hold a password)",
             )
-
-
-def _check_node_tls(err: _Errors, tls: NodeTLS) -> None:
-    err.tls_pair("node.tls", tls.cert, tls.key)
-
-
-def _check_node_edges(err: _Errors, n: NodeSection) -> None:
-    """``node.edge`` (one edge) or ``node.edges`` (several, each once): exactly one."""
-    if n.edge and n.edges:
-        err.add("node.edges", "set node.edge (one edge) or node.edges (several), not both")
-    elif n.edges:
-        seen: dict[str, str] = {}
-        for i, address in enumerate(n.edges):
-            path = f"node.edges[{i}]"
-            host = err.address(path, address)
-            if host is not None and (first := _first_at(seen, address.lower(), path)):
-                err.add(path, f"duplicate edge address (same as {first})")
-    elif n.edge:
-        err.address("node.edge", n.edge)
-    else:
-        err.add("node.edge", "required: the edge's host:port (or node.edges: a list, for several)")
-
-
-def validate_node_config(cfg: NodeConfigFile) -> list[ConfigProblem]:
-    """Every semantic problem of a node config, in file order."""
-    err = _Errors()
-    n = cfg.node
-    err.wire_id("node.id", n.id)
-    _check_node_edges(err, n)
-    if err.not_empty("node.token", n.token):
-        err.real_token("node.token", n.token)
-    _check_node_tls(err, n.tls)
-    err.positive("node.drain_timeout", n.drain_timeout)
-    err.positive("node.reconnect_initial_backoff", n.reconnect_initial_backoff)
-    err.positive("node.reconnect_max_backoff", n.reconnect_max_backoff)
-    if (
-        n.reconnect_initial_backoff > 0
-        and n.reconnect_max_backoff > 0
-        and n.reconnect_initial_backoff > n.reconnect_max_backoff
-    ):
-        err.add(
-            "node.reconnect_initial_backoff",
-            f"must not exceed node.reconnect_max_backoff ({n.reconnect_max_backoff})",
-        )
-    err.positive("node.max_frame_bytes", n.max_frame_bytes)
-    return err.problems

@@ -13,18 +13,25 @@ start.  That listener admits embedded node ids only, so it is never a way
 around ``edge.tls`` (and its client certificates) for nodes that dial
 ``edge.node_listen``.  The token is never written to a file, a log or
 ``/status``.
+
+What it consents to run: exactly what the edge's config, at each push, lists
+for it (``Consent.listed`` of the edge's own push).  Its operator wrote
+those commands and URLs in the file the edge runs, in the same process; a
+node on another machine consents only to what its own config allows.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from iopd.config.schema import EdgeConfig, NodeConfigFile, NodeSection
 from iopd.edge.runtime import EdgeRuntime
+from iopd.node.consent import Consent
 from iopd.transport.listen import serve_wire
 
 log = logging.getLogger("iopd.edge")
@@ -54,6 +61,9 @@ def embedded_node_config(
             token=token,
             max_frame_bytes=cfg.edge.max_frame_bytes,
             drain_timeout=cfg.edge.drain_timeout,
+            # The edge holds the hash of a token it minted in memory at start:
+            # no copy of that hash exists outside this process to be replayed.
+            accept_legacy_proof=True,
         )
     )
 
@@ -99,7 +109,9 @@ async def serve_embedded_nodes(
         )
         for node_id in ids:
             node_cfg = embedded_node_config(cfg, node_id, rt.embedded_tokens[node_id], wire)
-            await nursery.start(run_node, node_cfg)
+            await nursery.start(
+                functools.partial(run_node, node_cfg, consent=_listed_by(rt, node_id))
+            )
         with trio.move_on_after(cfg.edge.handshake_timeout):
             await _all_connected(rt, ids)
         pending = [n for n in ids if rt.hub.connected_since(n) is None]
@@ -107,6 +119,11 @@ async def serve_embedded_nodes(
             log.warning("event=embedded_nodes_not_ready nodes=%s", ",".join(pending))
         log.info("event=embedded_nodes_started nodes=%s wire=%s:%d", ",".join(ids), *wire)
         task_status.started(EmbeddedNodes(wire, nursery.cancel_scope))
+
+
+def _listed_by(rt: EdgeRuntime, node_id: str) -> Callable[[], Consent]:
+    """The embedded node's consent: what the edge's current config lists for it."""
+    return lambda: Consent.listed(rt.node_config(node_id).providers)
 
 
 async def _all_connected(rt: EdgeRuntime, ids: list[str]) -> None:

@@ -73,6 +73,14 @@ from wire.messages import (
 
 log = logging.getLogger("iopd.edge.nodes")
 
+#: What an edge that holds only ``token_hash_sha256`` is told when the node hangs up
+#: on its challenge (nodes refuse the legacy proof by default).
+LEGACY_FORM_HINT = (
+    "this edge holds only nodes[].token_hash_sha256 for the node, and nodes refuse "
+    "that legacy proof unless node.accept_legacy_proof is true; give the entry "
+    "token_verifier (`iopd token --token-env NAME`) instead"
+)
+
 
 class _MeteredConnection(Connection):
     """A ``Connection`` that reports frame counts and remembers why the peer failed it.
@@ -500,7 +508,17 @@ class NodeHub:
             await self._refuse(channel, peer, node_id, "unknown node id", "unknown_node")
             return None
         verifier, form = self._verifiers.for_entry(entry)
-        outcome = await challenge_node(channel, hello, verifier, form)
+        try:
+            outcome = await challenge_node(channel, hello, verifier, form)
+        except ChannelClosed:
+            if form == "token_sha256":  # the node refuses that proof unless it opted in
+                log.warning(
+                    "event=node_left_legacy_handshake node=%s peer=%s hint=%r",
+                    node_id,
+                    peer,
+                    LEGACY_FORM_HINT,
+                )
+            raise
         if isinstance(outcome, Refusal):
             await self._refuse(channel, peer, node_id, outcome.reason, outcome.code)
             return None

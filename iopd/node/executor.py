@@ -35,6 +35,7 @@ import trio
 
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.base import Adapter, AdapterError
+from iopd.node.consent import Consent
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
@@ -47,6 +48,7 @@ from wire.messages import (
     NodeConfig,
     NodeConfigAck,
     NodeConfigState,
+    ProviderSpec,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -61,6 +63,10 @@ log = logging.getLogger(__name__)
 CANCEL_TERMINAL_TIMEOUT = 5.0
 #: Cancels kept for streams whose task has not started yet (see ``cancel``).
 MAX_EARLY_CANCELS = 1024
+
+
+def _fixed(consent: Consent) -> Callable[[], Consent]:
+    return lambda: consent
 
 
 def _has_usage(usage: Usage | None) -> bool:
@@ -90,9 +96,24 @@ def _find_adapter_error(exc: BaseException) -> AdapterError | None:
 class NodeExecutor:
     """Runs streams on the current adapter registry (``NodeHandler``)."""
 
-    def __init__(self, *, health: HealthMonitor | None = None, secrets: Iterable[str] = ()) -> None:
-        """``secrets``: the node's own (its token), scrubbed with every provider key."""
+    def __init__(
+        self,
+        *,
+        health: HealthMonitor | None = None,
+        secrets: Iterable[str] = (),
+        consent: Consent | Callable[[], Consent] = Consent(),
+    ) -> None:
+        """``secrets``: the node's own (its token), scrubbed with every provider key.
+
+        ``consent``: what a pushed provider may run or reach (``iopd.node.consent``),
+        or a callable giving it at each push (the embedded node follows its edge's
+        config); the default allows no command and loopback origins only.
+        """
         self.registry: AdapterRegistry | None = None
+        self._consent = consent if callable(consent) else _fixed(consent)
+        #: The providers of the push in force the node refused, and why (the
+        #: registry holds only those it consented to).
+        self._refused: dict[str, str] = {}
         self._own_secrets = tuple(secrets)
         self._secrets = Scrubber(())
         self._secrets_of: AdapterRegistry | None = None
@@ -133,12 +154,13 @@ class NodeExecutor:
                     shared.config.source,
                 )
                 return ack
-            if current is not None and current.specs == list(msg.providers):
+            accepted, refused = self._consented(msg.providers)
+            if current is not None and current.specs == accepted and refused == self._refused:
                 if shared.config.applied(edge, msg):
                     shared.broadcast(shared.config.state())
                 return ack
             try:
-                new = AdapterRegistry.build(msg.providers, version=msg.version)
+                new = AdapterRegistry.build(accepted, version=msg.version)
             except RegistryError as exc:
                 log.warning(
                     "event=node_config_rejected version=%d reason=%r", msg.version, str(exc)
@@ -147,8 +169,11 @@ class NodeExecutor:
                     stream_id=msg.stream_id, version=msg.version, ok=False, error=str(exc)
                 )
             self.registry = new
+            self._refused = refused
+            for pid, why in refused.items():
+                log.warning("event=provider_refused provider=%s reason=%r", pid[:120], why)
             self._scrub_secrets_of(new)
-            self.health.set_registry(new)
+            self.health.set_registry(new, refused=refused)
             shared.config.applied(edge, msg)
             shared.controls.retain(new.adapters)
             log.info(
@@ -163,6 +188,21 @@ class NodeExecutor:
             if current is not None:
                 await current.retire()
             return ack
+
+    def _consented(
+        self, providers: Iterable[ProviderSpec]
+    ) -> tuple[list[ProviderSpec], dict[str, str]]:
+        """The pushed providers this node consents to, and why each other one is refused."""
+        consent = self._consent()
+        accepted: list[ProviderSpec] = []
+        refused: dict[str, str] = {}
+        for spec in providers:
+            why = consent.refusal(spec)
+            if why is None:
+                accepted.append(spec)
+                continue
+            refused[spec.id] = why
+        return accepted, refused
 
     @property
     def secrets(self) -> Scrubber:
@@ -277,12 +317,7 @@ class NodeExecutor:
         registry = self.registry
         adapter = registry.get(req.provider_id) if registry is not None else None
         if self.draining or registry is None or adapter is None:
-            code = "provider_error" if self.draining else "bad_request"
-            message = (
-                "node is shutting down"
-                if self.draining
-                else f"unknown provider {req.provider_id!r} on this node"
-            )
+            code, message = self._unserved(req.provider_id)
             await stream.send_terminal(self._error(req, code, message))
             return
         self._streams[key] = stream
@@ -308,6 +343,15 @@ class NodeExecutor:
                 "tunnel" if tunnel else "run",
                 int((trio.current_time() - start) * 1000),
             )
+
+    def _unserved(self, provider_id: str) -> tuple[str, str]:
+        """The error code and message of a stream this node does not run."""
+        if self.draining:
+            return "provider_error", "node is shutting down"
+        if provider_id in self._refused:
+            # Nothing ran: safe to try elsewhere (the reason is on /status, not the caller's).
+            return "provider_unreachable", f"provider {provider_id!r} is refused by this node"
+        return "bad_request", f"unknown provider {provider_id!r} on this node"
 
     @staticmethod
     def _error(

@@ -13,6 +13,12 @@ iterations) runs once per edge verifier: ``SaltedPasswords`` keeps the
 result per (secret form, salt, iterations), so a reconnect costs only HMACs.
 Above ``MIN_ITERATIONS`` it runs in a worker thread, so the node's sessions
 with other edges keep serving meanwhile.
+
+The legacy proof: an edge that holds only ``token_hash_sha256`` asks for a
+proof keyed by ``sha256(token)``.  That hash, wherever it lies (an old edge
+config, a backup, git history), then passes as the edge: it derives the
+server signature.  So the node refuses such a ``Challenge`` before deriving
+anything, unless ``node.accept_legacy_proof`` allows it for a migration.
 """
 
 from __future__ import annotations
@@ -24,6 +30,15 @@ import trio
 from iopd.transport.channel import WireChannel
 from wire import scram
 from wire.messages import PROTOCOL_VERSION, Challenge, Hello, HelloAck, Message, Proof, Refused
+
+#: The log line's reason for a refused legacy proof: how to get off it.
+LEGACY_PROOF_REFUSED = (
+    "the edge asked for the legacy proof keyed by sha256(token) (it holds only "
+    "nodes[].token_hash_sha256), which anyone holding that old hash could ask for "
+    "too; give the edge nodes[].token_verifier (`iopd token --token-env NAME` with "
+    "this node's token in $NAME prints it) and drop token_hash_sha256, or set node.accept_legacy_proof: true "
+    "on this node while the migration lasts"
+)
 
 #: Derived keys kept (an edge's verifier is one entry; a hostile edge that
 #: sends a new salt each time only cycles this bounded cache).
@@ -100,11 +115,13 @@ async def client_handshake(
     software_version: str,
     timeout: float,
     salted: SaltedPasswords,
+    accept_legacy_proof: bool = False,
 ) -> HelloAck:
     """Run the node's handshake on ``channel``; the edge's ``HelloAck`` once it is trusted.
 
     Raises ``HandshakeFailed``; ``ChannelClosed`` when the link breaks.
-    ``timeout`` bounds each wait for the edge.
+    ``timeout`` bounds each wait for the edge.  ``accept_legacy_proof``:
+    answer a ``Challenge`` keyed by ``sha256(token)`` (``node.accept_legacy_proof``).
     """
     client_nonce = scram.new_nonce()
     await channel.send(
@@ -125,6 +142,8 @@ async def client_handshake(
         raise HandshakeFailed(
             "edge_bad_challenge", f"edge sent a bad Challenge: {problem}", slow=True
         )
+    if reply.secret == "token_sha256" and not accept_legacy_proof:
+        raise HandshakeFailed("edge_legacy_proof_refused", LEGACY_PROOF_REFUSED, slow=True)
     secret = token if reply.secret == "token" else scram.token_sha256(token)
     key = await salted.get(secret, reply.secret, reply.salt, reply.iterations)
     auth = scram.auth_message(node_id, client_nonce, reply.nonce, reply.salt, reply.iterations)
@@ -143,4 +162,10 @@ async def client_handshake(
     return reply
 
 
-__all__ = ["HandshakeFailed", "SaltedPasswords", "challenge_problem", "client_handshake"]
+__all__ = [
+    "LEGACY_PROOF_REFUSED",
+    "HandshakeFailed",
+    "SaltedPasswords",
+    "challenge_problem",
+    "client_handshake",
+]

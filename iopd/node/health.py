@@ -11,6 +11,10 @@ them (sent by the link after every reconnect).
 When the registry is swapped the probe loops restart on the new adapters;
 a provider whose spec did not change keeps its last known health.
 
+A provider the node refused (``iopd.node.consent``) has no adapter and no
+probe loop: it is reported ``unhealthy`` with the refusal as its last
+error, so the edge routes around it and shows why.
+
 A draining node (``begin_drain``) reports every provider ``unhealthy`` and
 stops probing: it refuses new streams, so the edge must route around it.
 """
@@ -18,6 +22,7 @@ stops probing: it refuses new streams, so the edge must route around it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 import trio
@@ -51,8 +56,14 @@ class HealthMonitor:
         if self._sink is not None:
             self._sink.send_status(self.current_status())
 
-    def set_registry(self, registry: AdapterRegistry) -> None:
-        """Follow ``registry`` from now on (probe loops restart)."""
+    def set_registry(
+        self, registry: AdapterRegistry, *, refused: Mapping[str, str] | None = None
+    ) -> None:
+        """Follow ``registry`` from now on (probe loops restart).
+
+        ``refused``: provider id -> why the node refused it; those are reported
+        unhealthy (to the sink now, and in every ``current_status``), never probed.
+        """
         previous = self._registry
         kept: dict[str, ProviderHealth] = {}
         for provider_id, adapter in registry.adapters.items():
@@ -69,10 +80,18 @@ class HealthMonitor:
             if self._draining is not None:
                 kept[provider_id].health = "unhealthy"
                 kept[provider_id].last_error = self._draining
+        news = []
+        for provider_id, why in (refused or {}).items():
+            entry = ProviderHealth(provider_id=provider_id, health="unhealthy", last_error=why)
+            if entry != self._health.get(provider_id):
+                news.append(entry)
+            kept.setdefault(provider_id, entry)
         self._health = kept
         self._registry = registry
         self._swapped.set()
         self._swapped = trio.Event()
+        if news and self._sink is not None:
+            self._sink.send_status(ProviderStatus(providers=news))
 
     def current_status(self) -> ProviderStatus:
         """Health of every provider of the current registry."""

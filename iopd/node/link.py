@@ -343,6 +343,7 @@ class NodeLink:
                 software_version=self.software_version,
                 timeout=self.handshake_timeout,
                 salted=self._salted,
+                accept_legacy_proof=self.cfg.accept_legacy_proof,
             )
         except HandshakeFailed as exc:
             return self._handshake_failed(exc)

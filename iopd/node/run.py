@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import trio
 from iopd import __version__
 from iopd.config.schema import NodeConfigFile, node_edge_addresses
 from iopd.logs import LOG_SECRETS
+from iopd.node.consent import Consent
 from iopd.node.executor import CANCEL_TERMINAL_TIMEOUT, NodeExecutor
 from iopd.node.link import NodeLink
 from iopd.node.sessions import EdgeSessions
@@ -89,12 +91,20 @@ async def run_node(
     cfg: NodeConfigFile,
     *,
     handle_signals: bool = False,
+    consent: Callable[[], Consent] | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run the node until cancelled or drained; reports a ``NodeHandle`` when started."""
+    """Run the node until cancelled or drained; reports a ``NodeHandle`` when started.
+
+    ``consent``: what a pushed provider may run or reach; by default what
+    ``cfg.node`` allows (the embedded node passes its edge's config instead).
+    """
     from iopd import sdnotify
 
-    executor = NodeExecutor(secrets=[cfg.node.token])
+    executor = NodeExecutor(
+        secrets=[cfg.node.token],
+        consent=consent if consent is not None else Consent.of_node(cfg.node),
+    )
     log_owner = f"node:{id(executor)}"
     LOG_SECRETS.add(log_owner, lambda: executor.secrets)
     sessions = EdgeSessions(cfg.node, executor, software_version=__version__)
