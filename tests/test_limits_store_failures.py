@@ -267,24 +267,33 @@ async def test_slots_held_through_an_outage_stay_within_the_cap_and_are_given_ba
 async def test_a_reply_read_late_because_the_loop_was_held_up_is_no_timeout(
     redis: RedisServer,
 ) -> None:
-    """The store answers at once, then the loop is blocked for twice the timeout
-    before the call returns: that is the edge's lag, not the store's."""
+    """While a call waits for the store's (immediate) reply, another task blocks
+    the whole loop for twice the timeout: that is the edge's lag, not the store's."""
     with trio.fail_after(30):
         async with edge(redis.url, "reject", requests_per_minute=100) as shared:
             real = shared.store.admit
+            got: list[SharedAdmission | None] = []
 
-            async def admit_then_block(*args: Any, **kwargs: Any) -> Any:
-                got = await real(*args, **kwargs)
-                time.sleep(2 * TIMEOUT)  # the whole loop stops: a flood, a blocking call
-                await trio.sleep(0)
-                return got
+            def block() -> None:
+                time.sleep(2 * TIMEOUT)  # a flood of work, a blocking call: the loop stops
 
-            shared.store.admit = admit_then_block  # type: ignore[method-assign]
-            got = await try_admit(shared)
+            async with trio.open_nursery() as nursery:
+
+                async def admit_while_blocked(*args: Any, **kwargs: Any) -> Any:
+                    nursery.start_soon(_run, block)
+                    return await real(*args, **kwargs)
+
+                shared.store.admit = admit_while_blocked  # type: ignore[method-assign]
+                for _ in range(5):
+                    got.append(await try_admit(shared))
             shared.store.admit = real  # type: ignore[method-assign]
-            assert got is not None
+            assert all(got) and len(got) == 5
             assert shared.backend_row()["state"] == "ok" and shared.errors_total == 0
-            await end_all_and_check_nothing_leaked(shared, redis, [got])
+            await end_all_and_check_nothing_leaked(shared, redis, [a for a in got if a])
+
+
+async def _run(f: Any) -> None:
+    f()
 
 
 async def test_two_edges_with_a_blocked_loop_admit_exactly_the_limit(redis: RedisServer) -> None:

@@ -500,14 +500,14 @@ class SharedLimits:
     def recovery_bound_s(self) -> float:
         """How long after the store answers properly again this edge may stay in
         ``outage``, when the outage left nothing to write: the probe under way
-        (a ``PING`` and a script, each up to ``backend_timeout`` plus the loop
-        lag given back), closing its client (``backend_timeout``), the pause
-        before the next (:data:`PROBE_S`), and that probe.  Each call the
-        outage left (a principal's admissions to write, a settlement to send
-        again) adds one ``backend_timeout``.
+        (a ``PING`` and a script: ``2 x backend_timeout`` plus the loop lag
+        given back, :func:`_bounded`), the pause before the next
+        (:data:`PROBE_S`), and that probe.  Each call the outage left (a
+        principal's admissions to write, a settlement to send again) adds one
+        ``backend_timeout`` (plus lag).
         """
-        probe = 2 * (self._timeout + LAG_ALLOWANCE_S)
-        return probe + self._timeout + PROBE_S + probe
+        probe = 2 * self._timeout + LAG_ALLOWANCE_S
+        return probe + PROBE_S + probe
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Hold a client; renew this edge's leases every TTL/3; in an outage,
