@@ -634,7 +634,10 @@ class SharedLimits:
 
 
 def _reason(exc: BaseException) -> str:
-    """A failure's name for the log: the exception's class, never its text (it may hold a URL)."""
+    """A failure's name for the log: the exception's class, never its text (it may
+    hold a URL); the first of a group (the client's task group wraps its errors)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
     return "timeout" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
 
 
