@@ -437,3 +437,49 @@ async def test_outage_allow_mode_admits_without_limits(redis: RedisServer) -> No
             redis.start()
             await wait_until(lambda: shared(gw).backend_row()["state"] == "ok")
             assert [(await post(gw)).status for _ in range(2)] == [200, 429]
+
+
+async def test_an_edge_frozen_while_its_store_calls_wait_has_no_outage(redis: RedisServer) -> None:
+    """Two edge processes, RPM 20, ``local``: one is stopped (SIGSTOP) for 0.5 s,
+    over its ``backend_timeout`` of 0.2, again and again while callers send to
+    both.  The store answers in time; the replies wait in the frozen edge's
+    socket, and reading them late is its own lag, not an outage: exactly 20."""
+    with trio.fail_after(90):
+        yaml = [edge_yaml(f"edge-{i}", redis.url, "requests_per_minute: 20") for i in range(2)]
+        async with running_edge(yaml[0]) as frozen, running_edge(yaml[1]) as other:
+            ports = [("127.0.0.1", frozen.openai_port), ("127.0.0.1", other.openai_port)]
+            for port in ports:  # both serve (their embedded nodes are up) before the test
+                while (await _post_to(port)).status != 200:
+                    await trio.sleep(0.05)
+            statuses: list[int] = []
+            done = trio.Event()
+
+            async def freeze() -> None:
+                while not done.is_set():
+                    os.kill(frozen.pid, signal.SIGSTOP)
+                    await trio.sleep(0.5)
+                    os.kill(frozen.pid, signal.SIGCONT)
+                    await trio.sleep(0.1)
+
+            async def caller(port: tuple[str, int]) -> None:
+                for _ in range(12):
+                    statuses.append((await _post_to(port)).status)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(freeze)
+                async with trio.open_nursery() as callers:
+                    for port in ports + ports:
+                        callers.start_soon(caller, port)
+                done.set()
+            assert statuses.count(200) == 20 - 2, statuses  # two went to the warm-up
+            assert statuses.count(429) == len(statuses) - 18
+            for proc in (frozen, other):
+                status = await get_json(("127.0.0.1", proc.admin_port), "/status")
+                assert status["limits_backend"]["errors_total"] == 0
+            assert (await store_view(redis))[0] == 20
+
+
+async def _post_to(host_port: tuple[str, int]) -> Any:
+    return await http_request(
+        host_port, "POST", CHAT, body=chat(), headers=[("authorization", f"Bearer {TEAM_A}")]
+    )
