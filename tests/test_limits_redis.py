@@ -449,7 +449,7 @@ async def test_an_edge_frozen_while_its_store_calls_wait_has_no_outage(redis: Re
         async with running_edge(yaml[0]) as frozen, running_edge(yaml[1]) as other:
             ports = [("127.0.0.1", frozen.openai_port), ("127.0.0.1", other.openai_port)]
             for port in ports:  # both serve (their embedded nodes are up) before the test
-                while (await _post_to(port)).status != 200:
+                while (await _post_to(port)).status != 200:  # noqa: ASYNC110 - another process
                     await trio.sleep(0.05)
             statuses: list[int] = []
             done = trio.Event()

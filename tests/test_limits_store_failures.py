@@ -27,7 +27,7 @@ from iopd import errors
 from iopd.config.schema import LimitsSection, PrincipalLimit
 from iopd.edge.limits_backend import SharedAdmission
 from iopd.edge.limits_shared import LAG_ALLOWANCE_S, SharedLimits
-from iopd.edge.limits_store import LimitsStore
+from iopd.edge.limits_store import LimitsStore, Unseen
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.token_reservation import Reservation
 from tests.redis_server import RedisServer, running_redis
@@ -168,6 +168,29 @@ async def test_tokens_admitted_during_an_outage_are_written_with_their_usage(
             assert (await store_windows(redis))[:3] == (3, 360, 360)
 
 
+async def test_admissions_written_twice_count_once(redis: RedisServer) -> None:
+    """``record`` sent again (its first answer lost) is skipped; a running one is
+    then an ordinary admission: its settlement and its lease work as any other."""
+    if time.time() % 86_400 < 120:
+        pytest.skip("too close to UTC midnight: the entries' days would differ")
+    with trio.fail_after(20):
+        store = LimitsStore(redis.url, timeout=2.0)
+        async with store.client:
+            unseen = [
+                Unseen("done-1", 5.0, 30, debt=20, debt_age_s=1.0, settled=True),
+                Unseen("run-1", 2.0, 100, slot=True),
+                Unseen("old-1", 90.0, 7, settled=True),  # past the minute: the day only
+            ]
+            for _ in range(2):
+                days = await store.record(REF, 0, 3.0, unseen)
+            assert len(set(days)) == 1
+            assert await store_windows(redis) == (2, 150, 157, 1)
+            await store.settle(REF, "run-1", 100, 60, 0, days[1])
+            assert await store_windows(redis) == (2, 110, 117, 0)
+            await store.settle(REF, "done-1", 30, 500, 0, days[0])  # done: a no-op
+            assert await store_windows(redis) == (2, 110, 117, 0)
+
+
 # ------------------------------------------------------------------ truncated reply
 
 
@@ -217,6 +240,7 @@ async def test_client_pause_admits_one_limit_in_all_on_one_edge(redis: RedisServ
             held = [a for a in [await try_admit(shared) for _ in range(3)] if a]
             assert len(held) == 3
             assert redis.command("CLIENT", "PAUSE", "4000").startswith(b"+OK")
+            healthy_at = trio.current_time() + 4.0
             for _ in range(15):
                 got = await try_admit(shared)
                 if got:
@@ -224,6 +248,9 @@ async def test_client_pause_admits_one_limit_in_all_on_one_edge(redis: RedisServ
             assert shared.backend_row()["state"] == "outage"
             assert len(held) == 10
             await until_ok(shared)
+            # Left: one principal's admissions to write, one withdrawal to send again.
+            late = trio.current_time() - healthy_at
+            assert late <= shared.recovery_bound_s() + 2 * TIMEOUT
             assert (await store_windows(redis))[0] == 10
             assert await try_admit(shared) is None
             await end_all_and_check_nothing_leaked(shared, redis, held)
@@ -309,7 +336,7 @@ async def test_two_edges_with_a_blocked_loop_admit_exactly_the_limit(redis: Redi
 
             async def hog() -> None:
                 while not done.is_set():
-                    time.sleep(0.5)
+                    time.sleep(0.5)  # noqa: ASYNC251 - the loop held up on purpose
                     await trio.sleep(0.01)
 
             async def caller(shared: SharedLimits) -> None:
