@@ -147,11 +147,17 @@ async def _bounded(call: Callable[[], Awaitable[_T]], timeout: float) -> _T:
             allowance -= wait
         scope.cancel()
 
+    failed: list[Exception] = []
     async with trio.open_nursery() as nursery:
         nursery.start_soon(timer)
-        with scope:
-            got.append(await call())
+        try:
+            with scope:
+                got.append(await call())
+        except Exception as exc:  # raised as itself below, not in the nursery's group
+            failed.append(exc)
         nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
     if not got:
         raise trio.TooSlowError
     return got[0]
@@ -335,7 +341,9 @@ class SharedLimits:
         if not isinstance(decision, Admission):
             return decision
         held.local, held.at = decision, trio.current_time()
-        self._remember_unseen(held)
+        limits = self.limits_for(ref)
+        if limits.rate_limited or limits.max_concurrent:  # nothing to write for no limits
+            self._remember_unseen(held)
         return held
 
     def _remember_unseen(self, held: _Held) -> None:
@@ -552,10 +560,13 @@ class SharedLimits:
         """One try of the store during an outage; on clean answers, recover (True)."""
         try:
             await _bounded(self.store.probe, 2 * self._timeout)
-            await self._write_unseen()
-            while self._redo:  # what the outage left unknown, made exact
-                await self._redo_one(self._redo[0])
-                self._redo.pop(0)
+            # Until nothing is left: requests admitted meanwhile (the outage holds
+            # until the last await) are written in the next round.
+            while self._unseen or self._unseen_day or self._redo:
+                await self._write_unseen()
+                while self._redo:  # what the outage left unknown, made exact
+                    await self._redo_one(self._redo[0])
+                    self._redo.pop(0)
         except Exception as exc:
             self.errors_total += 1
             self._errors.inc()
