@@ -229,6 +229,28 @@ async def test_a_truncated_reply_rebuilds_the_client_and_the_outage_ends_by_itse
             await end_all_and_check_nothing_leaked(shared, redis, held)
 
 
+async def test_a_stalled_store_whose_calls_ran_unseen_counts_only_what_was_admitted(
+    redis: RedisServer,
+) -> None:
+    """``reject``: the store runs the admission but its reply is held back; the
+    edge refuses the request (503), and the admission that ran is withdrawn at
+    recovery: the store counts only what was served."""
+    with trio.fail_after(30):
+        async with proxy(redis) as rogue, edge(rogue.url, "reject", requests_per_minute=5) as shared:
+            first = await try_admit(shared)
+            assert first is not None
+            rogue.set_mode("stall")
+            with pytest.raises(errors.LimitsUnavailable):
+                await try_admit(shared)
+            assert (await store_windows(redis))[0] == 2  # it ran, unseen
+            with pytest.raises(errors.LimitsUnavailable):
+                await try_admit(shared)  # the outage holds: not even sent
+            rogue.set_mode("relay")
+            await until_ok(shared)
+            assert (await store_windows(redis))[0] == 1
+            await end_all_and_check_nothing_leaked(shared, redis, [first])
+
+
 # ------------------------------------------------------------------ CLIENT PAUSE
 
 
