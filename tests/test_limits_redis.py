@@ -385,14 +385,19 @@ async def _mock(nursery: trio.Nursery) -> str:
 
 
 async def test_outage_local_mode_limits_per_edge_then_recovers(redis: RedisServer) -> None:
+    """Each edge in the outage counts by itself, on its own counts: what it admitted
+    through the store counts there too.  At recovery each writes back what it admitted
+    by itself, so the (restarted, empty) store goes on from there."""
     with trio.fail_after(60):
-        async with edges(redis, 2, "requests_per_minute: 3", mode="local") as gws:
+        async with edges(redis, 2, "requests_per_minute: 4", mode="local") as gws:
             assert [(await post(gws[0])).status for _ in range(3)] == [200] * 3
-            assert (await post(gws[1])).status == 429
+            assert [(await post(gws[1])).status for _ in range(2)] == [200, 429]
             redis.kill()
-            # Each edge now counts by itself, from empty: 3 more on each.
-            for gw in gws:
-                assert [(await post(gw)).status for _ in range(4)] == [200] * 3 + [429]
+            # edge-0 has 3 of its own, edge-1 has 1: 1 and 3 more.
+            for gw, more in zip(gws, (1, 3), strict=True):
+                assert [(await post(gw)).status for _ in range(4)] == [200] * more + [429] * (
+                    4 - more
+                )
                 status = await get_json(admin_host_port(gw), "/status")
                 assert status["limits_backend"]["state"] == "outage"
                 assert status["limits_backend"]["errors_total"] >= 1
@@ -400,8 +405,10 @@ async def test_outage_local_mode_limits_per_edge_then_recovers(redis: RedisServe
             redis.start()
             for gw in gws:
                 await wait_until(lambda gw=gw: shared(gw).backend_row()["state"] == "ok")
-            # Back on the store (empty after its restart): the local counts are gone.
-            assert [(await post(gws[i % 2])).status for i in range(4)] == [200] * 3 + [429]
+            # The store lost what it had with its restart, and got back the 4 the edges
+            # admitted by themselves: the window is full.
+            assert (await store_view(redis))[0] == 4
+            assert [(await post(gws[i % 2])).status for i in range(2)] == [429] * 2
 
 
 async def test_outage_reject_mode_answers_503_limits_unavailable(redis: RedisServer) -> None:
@@ -430,3 +437,49 @@ async def test_outage_allow_mode_admits_without_limits(redis: RedisServer) -> No
             redis.start()
             await wait_until(lambda: shared(gw).backend_row()["state"] == "ok")
             assert [(await post(gw)).status for _ in range(2)] == [200, 429]
+
+
+async def test_an_edge_frozen_while_its_store_calls_wait_has_no_outage(redis: RedisServer) -> None:
+    """Two edge processes, RPM 20, ``local``: one is stopped (SIGSTOP) for 0.5 s,
+    over its ``backend_timeout`` of 0.2, again and again while callers send to
+    both.  The store answers in time; the replies wait in the frozen edge's
+    socket, and reading them late is its own lag, not an outage: exactly 20."""
+    with trio.fail_after(90):
+        yaml = [edge_yaml(f"edge-{i}", redis.url, "requests_per_minute: 20") for i in range(2)]
+        async with running_edge(yaml[0]) as frozen, running_edge(yaml[1]) as other:
+            ports = [("127.0.0.1", frozen.openai_port), ("127.0.0.1", other.openai_port)]
+            for port in ports:  # both serve (their embedded nodes are up) before the test
+                while (await _post_to(port)).status != 200:  # noqa: ASYNC110 - another process
+                    await trio.sleep(0.05)
+            statuses: list[int] = []
+            done = trio.Event()
+
+            async def freeze() -> None:
+                while not done.is_set():
+                    os.kill(frozen.pid, signal.SIGSTOP)
+                    await trio.sleep(0.5)
+                    os.kill(frozen.pid, signal.SIGCONT)
+                    await trio.sleep(0.1)
+
+            async def caller(port: tuple[str, int]) -> None:
+                for _ in range(12):
+                    statuses.append((await _post_to(port)).status)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(freeze)
+                async with trio.open_nursery() as callers:
+                    for port in ports + ports:
+                        callers.start_soon(caller, port)
+                done.set()
+            assert statuses.count(200) == 20 - 2, statuses  # two went to the warm-up
+            assert statuses.count(429) == len(statuses) - 18
+            for proc in (frozen, other):
+                status = await get_json(("127.0.0.1", proc.admin_port), "/status")
+                assert status["limits_backend"]["errors_total"] == 0
+            assert (await store_view(redis))[0] == 20
+
+
+async def _post_to(host_port: tuple[str, int]) -> Any:
+    return await http_request(
+        host_port, "POST", CHAT, body=chat(), headers=[("authorization", f"Bearer {TEAM_A}")]
+    )

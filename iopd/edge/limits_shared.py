@@ -26,13 +26,29 @@ it, and nothing is decided twice:
   then, it lets the provider go and waits here again
   (``iopd.edge.openai.limits.lease_with_slot``).  ``share`` and the fair
   queue across principals stay the pool's, per edge.
-* **Outage**: a store call that fails or takes over ``limits.backend_timeout``
-  starts one.  It is logged once, counted in ``iop_limits_backend_errors_total``
-  and shown in ``/status`` (``limits_backend``); the store is asked again
-  every :data:`PROBE_S` seconds, and meanwhile ``limits.on_backend_error``
-  says what requests get: ``local`` a per-edge limiter and slot count that
-  start empty (so up to N x the limits across N edges) and are discarded at
-  recovery; ``reject`` 503 ``limits_unavailable``; ``allow`` no limits.
+* **Outage**: a store call that fails, answers anything but the script's
+  reply (a protocol error, garbage, a truncated reply) or takes over
+  ``limits.backend_timeout`` starts one.  The timeout measures the store,
+  not this edge: the time the edge's own loop was held up while the call
+  waited (a deadline that fires late, by how late) is given back to the
+  call, up to :data:`LAG_ALLOWANCE_S`, so a reply that arrived in time but
+  was read late is not an outage (:func:`_bounded`).  An outage is logged
+  once, counted in ``iop_limits_backend_errors_total`` and shown in
+  ``/status`` (``limits_backend``).  The client is discarded at once (a
+  connection left mid-reply is never reused) and, every :data:`PROBE_S`
+  seconds, a new one is built and probed (``PING`` and a script); once both
+  answer, what the outage left is written to the store and the outage ends
+  (the bound is in :meth:`SharedLimits.recovery_bound_s`).  Meanwhile
+  ``limits.on_backend_error`` says what requests get: ``local`` a per-edge
+  limiter and slot count; ``reject`` 503 ``limits_unavailable``; ``allow``
+  no limits.
+* **The per-edge limiter** (``local``) is kept for the edge's whole life and
+  counts every admission and every slot of this edge, the store's too: so
+  during an outage this edge admits at most one limit's worth in any
+  window together with what it admitted through the store, and an outage
+  that flaps does not start it empty again.  What it admitted by itself is
+  written to the store at recovery, stamped with its own times
+  (``LimitsStore.record``): the window goes on, nothing restarts it.
   Requests admitted by the store keep their store admission through the
   outage (settled at recovery); their leases, if the outage outlasts the
   TTL, are put back by the next renewal.
@@ -48,6 +64,7 @@ import functools
 import logging
 import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -74,19 +91,26 @@ from iopd.edge.limits_backend import (
     MemoryLimits,
     SharedAdmission,
 )
-from iopd.edge.limits_store import Admitted, LimitsStore, StoreView
+from iopd.edge.limits_store import Admitted, LimitsStore, StoreView, Unseen
 from iopd.edge.metrics import GatewayMetrics
-from iopd.edge.principal_limits import Admission, PrincipalLimiter
+from iopd.edge.principal_limits import WINDOW_S, Admission, PrincipalLimiter
 from iopd.edge.token_reservation import Reservation
 
-__all__ = ["PROBE_S", "SLOT_POLL_S", "SharedLimits", "limits_backend_for"]
+__all__ = ["LAG_ALLOWANCE_S", "PROBE_S", "SLOT_POLL_S", "SharedLimits", "limits_backend_for"]
 
 log = logging.getLogger("iopd.edge.limits")
 
 #: A waiter held by a shared ``max_concurrent`` asks the store this often (s).
 SLOT_POLL_S = 0.05
-#: During an outage the store is asked again this often (s).
+#: During an outage a new client is built and the store probed this often (s).
 PROBE_S = 1.0
+#: A call's deadline that fires later than this (s) found the loop held up.
+LAG_TOLERANCE_S = 0.02
+#: At most this much of the loop's lag (s) is given back to one store call:
+#: a store that is really gone is still found within backend_timeout + this.
+LAG_ALLOWANCE_S = 2.0
+#: Admissions written to the store per ``record`` call (bounds one script's run).
+RECORD_CHUNK = 200
 
 _T = TypeVar("_T")
 
@@ -95,20 +119,66 @@ class _StoreDown(Exception):
     """The store failed a call or is in an outage (never leaves this module)."""
 
 
+async def _bounded(call: Callable[[], Awaitable[_T]], timeout: float) -> _T:
+    """``call()`` given ``timeout`` seconds of the loop's time, or ``trio.TooSlowError``.
+
+    Why not ``fail_after``: a deadline counts the time this edge's own loop
+    was held up (a flood of work, a blocking call in some task), and a reply
+    the store sent in time then reads as a timeout.  Here a timer sleeps
+    until the deadline; when it wakes later than asked, by more than
+    :data:`LAG_TOLERANCE_S`, the loop was not running, so the store's reply
+    may be sitting unread: that lateness is given back (the deadline moves
+    by it) and the call goes on, up to :data:`LAG_ALLOWANCE_S` in all.  A
+    store that does not answer is still given up on within
+    ``timeout + LAG_ALLOWANCE_S`` (plus the last late wake).
+    """
+    got: list[_T] = []
+    scope = trio.CancelScope()
+
+    async def timer() -> None:
+        wait, allowance = timeout, LAG_ALLOWANCE_S
+        while True:
+            asked = trio.current_time() + wait
+            await trio.sleep_until(asked)
+            late = trio.current_time() - asked
+            if late <= LAG_TOLERANCE_S or allowance <= 0:
+                break
+            wait = min(late, allowance)
+            allowance -= wait
+        scope.cancel()
+
+    failed: list[Exception] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(timer)
+        try:
+            with scope:
+                got.append(await call())
+        except Exception as exc:  # raised as itself below, not in the nursery's group
+            failed.append(exc)
+        nursery.cancel_scope.cancel()
+    if failed:
+        raise failed[0]
+    if not got:
+        raise trio.TooSlowError
+    return got[0]
+
+
 def limits_backend_for(
     cfg: EdgeConfig, limiter: PrincipalLimiter, clock: Callable[[], float], metrics: GatewayMetrics
 ) -> LimitsBackend:
     """The backend ``limits.backend`` names."""
     section = cfg.limits
     if section.backend == "redis" and section.redis_url:
-        store = LimitsStore(section.redis_url, timeout=section.backend_timeout)
+        backstop = section.backend_timeout + LAG_ALLOWANCE_S + 1.0  # the client's own timeouts
+        store = LimitsStore(section.redis_url, timeout=section.backend_timeout, backstop=backstop)
         return SharedLimits(section, store, metrics)
     return MemoryLimits(limiter, clock)
 
 
 @dataclass
 class _Local:
-    """What stands in for the store during one outage (``on_backend_error: local``)."""
+    """This edge's own counts, which stand in for the store during an outage
+    (``on_backend_error: local``): every admission and slot of this edge."""
 
     limiter: PrincipalLimiter
     running: dict[str, int] = field(default_factory=dict)
@@ -116,8 +186,12 @@ class _Local:
     def take(self, ref: str, cap: int) -> bool:
         if self.running.get(ref, 0) >= cap:
             return False
-        self.running[ref] = self.running.get(ref, 0) + 1
+        self.count(ref)
         return True
+
+    def count(self, ref: str) -> None:
+        """A slot this edge holds in the store: counted here too."""
+        self.running[ref] = self.running.get(ref, 0) + 1
 
     def give(self, ref: str) -> None:
         left = self.running.get(ref, 0) - 1
@@ -133,8 +207,12 @@ class _Held(SharedAdmission):
 
     day: int = -1  # its UTC day by the server's clock; -1 while unknown
     in_store: bool = False  # the store may hold it (settle or withdraw there)
-    local: Admission | None = None  # admitted by the outage's local limiter
-    local_slot: _Local | None = None  # holds a slot of that outage's count
+    local: Admission | None = None  # counted by this edge's own limiter
+    local_slot: _Local | None = None  # holds a slot of this edge's own count
+    at: float = 0.0  # trio time of its admission
+    ended_at: float = 0.0  # trio time of its settlement
+    used: int = 0  # tokens it settled with
+    withdrawn: bool = False
 
 
 class SharedLimits:
@@ -152,7 +230,14 @@ class SharedLimits:
         self._lines: dict[str, trio.Lock] = {}  # ref -> FIFO of this edge's slot waiters
         self._redo: list[Callable[[], Awaitable[object]]] = []  # calls to repeat at recovery
         self._outage_since: float | None = None
+        self._down = trio.Event()  # set when an outage starts: the client is discarded
         self._local: _Local | None = None
+        if self._mode == "local":
+            self._local = _Local(PrincipalLimiter(section, time.time()))
+        #: ref -> admissions made without the store, oldest first, to write there at recovery.
+        self._unseen: dict[str, deque[_Held]] = {}
+        #: ref -> tokens of settled ones past the minute (only their day counts) and when.
+        self._unseen_day: dict[str, tuple[int, float]] = {}
         self.errors_total = 0
         self._errors = Counter(
             "iop_limits_backend_errors",
@@ -175,14 +260,15 @@ class SharedLimits:
     # ------------------------------------------------------------- store calls
 
     async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """One store call, bounded by ``backend_timeout`` and shielded from the
-        caller's cancel (its outcome must be known); an error starts an outage."""
+        """One store call, bounded by ``backend_timeout`` of the store's time
+        (:func:`_bounded`) and shielded from the caller's cancel (its outcome
+        must be known); anything but a clean reply starts an outage."""
         if self._outage_since is not None:
             raise _StoreDown
         try:
-            with trio.CancelScope(shield=True), trio.fail_after(self._timeout):
-                result = await call()
-        except Exception as exc:  # the client's errors, a timeout: all mean the store is away
+            with trio.CancelScope(shield=True):
+                result = await _bounded(call, self._timeout)
+        except Exception as exc:  # the client's errors, garbage, a timeout: the store is away
             self._failed(exc)
             raise _StoreDown from None
         return result
@@ -192,11 +278,11 @@ class SharedLimits:
         self._errors.inc()
         if self._outage_since is None:
             self._outage_since = time.time()
-            if self._mode == "local":  # per-edge counters, empty from now on
-                self._local = _Local(PrincipalLimiter(self._section, time.time()))
-            reason = "timeout" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
+            self._down.set()
             log.warning(
-                "event=limits_backend_down reason=%s on_backend_error=%s", reason, self._mode
+                "event=limits_backend_down reason=%s on_backend_error=%s",
+                _reason(exc),
+                self._mode,
             )
 
     # ------------------------------------------------------------- admission
@@ -216,6 +302,7 @@ class SharedLimits:
                 )
             except _StoreDown:
                 self._redo_withdraw(held)  # it may have reached the store
+                held = _Held(principal_ref, tokens, secrets.token_hex(12))  # never that key again
             else:
                 if got is None:  # cannot happen: a fresh key is never withdrawn
                     return None
@@ -230,10 +317,20 @@ class SharedLimits:
                         got.retry_after_s,
                     )
                 held.in_store, held.day, held.slot = True, got.day, got.slot
+                if self._local is not None:  # this edge's own count follows the store's
+                    local = self._local.limiter.try_admit(principal_ref, reservation, time.time())
+                    held.local = local if isinstance(local, Admission) else None
                 if got.slot:
-                    self._leases[held.key] = held
+                    self._holds_store_slot(held)
                 return held
         return self._admit_in_outage(held, principal_ref, reservation)
+
+    def _holds_store_slot(self, held: _Held) -> None:
+        held.slot = True
+        self._leases[held.key] = held
+        if self._local is not None and held.local_slot is None:
+            self._local.count(held.principal_ref)
+            held.local_slot = self._local
 
     def _admit_in_outage(self, held: _Held, ref: str, reservation: Reservation) -> Decision:
         if self._mode == "reject":
@@ -243,8 +340,27 @@ class SharedLimits:
         decision = self._local.limiter.try_admit(ref, reservation, time.time())
         if not isinstance(decision, Admission):
             return decision
-        held.local = decision
+        held.local, held.at = decision, trio.current_time()
+        limits = self.limits_for(ref)
+        if limits.rate_limited or limits.max_concurrent:  # nothing to write for no limits
+            self._remember_unseen(held)
         return held
+
+    def _remember_unseen(self, held: _Held) -> None:
+        """Keep an admission made without the store until recovery writes it there.
+
+        Memory: settled ones past the minute only count for the day, so they
+        are folded into one sum per principal; what stays is what the minute
+        holds (bounded by the limits) and what still runs.
+        """
+        ref, now = held.principal_ref, trio.current_time()
+        line = self._unseen.setdefault(ref, deque())
+        line.append(held)
+        while line and line[0].settled and now - max(line[0].at, line[0].ended_at) > WINDOW_S:
+            old = line.popleft()
+            if not old.withdrawn:
+                tokens, _ = self._unseen_day.get(ref, (0, 0.0))
+                self._unseen_day[ref] = (tokens + old.used, old.ended_at)
 
     async def hold_slot(self, admission: AnyAdmission, timeout: float) -> None:
         if not isinstance(admission, _Held) or admission.slot or admission.local_slot:
@@ -296,8 +412,8 @@ class SharedLimits:
                 held.in_store = True  # the lease may be there: settle frees it
             else:
                 if taken == 1:
-                    held.slot, held.in_store = True, True
-                    self._leases[held.key] = held
+                    held.in_store = True
+                    self._holds_store_slot(held)
                 return taken != 0
         if self._mode == "reject":
             raise _unavailable()
@@ -320,9 +436,13 @@ class SharedLimits:
         if held.settled:
             return
         held.settled = True
+        ref, reserved = held.principal_ref, held.reserved_tokens
+        used = reserved if used_tokens is None else max(0, used_tokens)
+        held.used, held.withdrawn, held.ended_at = used, withdraw, trio.current_time()
         self._leases.pop(held.key, None)
         if held.local_slot is not None:
             held.local_slot.give(held.principal_ref)
+            held.local_slot = None
         if held.local is not None and self._local is not None:
             if withdraw:
                 self._local.limiter.withdraw(held.local, time.time())
@@ -330,8 +450,6 @@ class SharedLimits:
                 self._local.limiter.settle(held.local, used_tokens, time.time())
         if not held.in_store:
             return
-        ref, reserved = held.principal_ref, held.reserved_tokens
-        used = reserved if used_tokens is None else max(0, used_tokens)
         tpd = self.limits_for(ref).tokens_per_day
 
         async def end() -> StoreView:
@@ -362,7 +480,7 @@ class SharedLimits:
 
     def status_of(self, principal_ref: str) -> PrincipalStatus:
         limits = self.limits_for(principal_ref)
-        if self._local is not None:
+        if self._outage_since is not None and self._local is not None:
             return self._local.limiter.status_of(principal_ref, time.time())
         seen = self._seen.get(principal_ref)
         if seen is None:
@@ -387,17 +505,46 @@ class SharedLimits:
 
     # ------------------------------------------------------------- background
 
+    def recovery_bound_s(self) -> float:
+        """How long after the store answers properly again this edge may stay in
+        ``outage``, when the outage left nothing to write: the probe under way
+        (a ``PING`` and a script: ``2 x backend_timeout`` plus the loop lag
+        given back, :func:`_bounded`), the pause before the next
+        (:data:`PROBE_S`), and that probe.  Each call the outage left (a
+        principal's admissions to write, a settlement to send again) adds one
+        ``backend_timeout`` (plus lag).
+        """
+        probe = 2 * self._timeout + LAG_ALLOWANCE_S
+        return probe + PROBE_S + probe
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Hold the client; renew this edge's leases every TTL/3; probe during an outage."""
-        async with self.store.client:
-            task_status.started()
-            while True:
-                if self._outage_since is None:
-                    await trio.sleep(self._ttl / 3)
-                    await self._renew()
-                else:
-                    await trio.sleep(PROBE_S)
-                    await self._probe()
+        """Hold a client; renew this edge's leases every TTL/3; in an outage,
+        discard the client and probe the store with a new one every :data:`PROBE_S`."""
+        started = False
+        while True:
+            try:
+                async with self.store.client:
+                    if not started:
+                        started = True
+                        task_status.started()
+                    await self._serve()
+            except Exception as exc:  # entering or closing a client that failed
+                self._failed(exc)
+            if not started:
+                started = True
+                task_status.started()
+            await trio.sleep(PROBE_S)
+            self.store.rebuild()
+
+    async def _serve(self) -> None:
+        """Until this client is to be discarded: probe it first when in an outage."""
+        if self._outage_since is not None and not await self._probe():
+            return
+        while self._outage_since is None:
+            with trio.move_on_after(self._ttl / 3):
+                await self._down.wait()
+            if self._outage_since is None:
+                await self._renew()
 
     async def _renew(self) -> None:
         by_ref: dict[str, list[str]] = {}
@@ -409,23 +556,100 @@ class SharedLimits:
             except _StoreDown:
                 return
 
-    async def _probe(self) -> None:
-        """One try of the store during an outage; on an answer, recover."""
+    async def _probe(self) -> bool:
+        """One try of the store during an outage; on clean answers, recover (True)."""
         try:
-            with trio.fail_after(self._timeout):
-                await self.store.ping()
-            while self._redo:  # what the outage left unknown, made exact
-                with trio.fail_after(self._timeout):
-                    await self._redo[0]()
-                self._redo.pop(0)
-        except Exception:
+            await _bounded(self.store.probe, 2 * self._timeout)
+            # Until nothing is left: requests admitted meanwhile (the outage holds
+            # until the last await) are written in the next round.
+            while self._unseen or self._unseen_day or self._redo:
+                await self._write_unseen()
+                while self._redo:  # what the outage left unknown, made exact
+                    await self._redo_one(self._redo[0])
+                    self._redo.pop(0)
+        except Exception as exc:
             self.errors_total += 1
             self._errors.inc()
-            return
+            log.info("event=limits_backend_probe_failed reason=%s", _reason(exc))
+            return False
         outage_s = time.time() - (self._outage_since or time.time())
-        self._outage_since, self._local = None, None
+        self._outage_since, self._down = None, trio.Event()
         log.warning("event=limits_backend_up outage_s=%.1f", outage_s)
         await self._renew()
+        return True
+
+    async def _redo_one(self, call: Callable[[], Awaitable[object]]) -> None:
+        """One call the outage left; one the store refuses outright (it answered,
+        with an error) is dropped, logged: it would never succeed."""
+        from coredis.exceptions import ResponseError
+
+        try:
+            await _bounded(call, self._timeout)
+        except ResponseError as exc:
+            log.warning("event=limits_backend_redo_refused reason=%s", _reason(exc))
+
+    async def _write_unseen(self) -> None:
+        """Write what this edge admitted without the store into it (``LimitsStore.record``).
+
+        A running admission is marked ``in_store`` before the call, so its
+        settlement, should it come meanwhile, is queued to be sent after this
+        (the outage still holds).  A call that fails puts its admissions back,
+        to be sent again with the next probe: one that did reach the store is
+        skipped there, one that has settled meanwhile is written as settled
+        and its queued settlement then finds it done.
+        """
+        for ref in list(self._unseen.keys() | self._unseen_day.keys()):
+            line = self._unseen.pop(ref, deque())
+            day = self._unseen_day.pop(ref, None)
+            batch = [h for h in line if not h.withdrawn]
+            for held in batch:
+                held.in_store = held.in_store or not held.settled
+            try:
+                await self._record(ref, batch, day)
+            except BaseException:
+                self._unseen.setdefault(ref, deque()).extendleft(reversed(line))
+                if day is not None:
+                    tokens, at = self._unseen_day.get(ref, (0, 0.0))
+                    self._unseen_day[ref] = (tokens + day[0], max(at, day[1]))
+                raise
+
+    async def _record(self, ref: str, batch: list[_Held], day: tuple[int, float] | None) -> None:
+        now = trio.current_time()
+        unseen = [self._unseen_of(h, now) for h in batch]
+        if day is not None:  # settled past the minute: the day's total only
+            tokens, at = day
+            unseen.append(Unseen(f"day-{secrets.token_hex(8)}", now - at, tokens, settled=True))
+        tpd = self.limits_for(ref).tokens_per_day
+        by_key = {h.key: h for h in batch}
+        for start in range(0, len(unseen), RECORD_CHUNK):
+            chunk = unseen[start : start + RECORD_CHUNK]
+            days = await _bounded(
+                functools.partial(self.store.record, ref, tpd, self._ttl, chunk), self._timeout
+            )
+            for u, got in zip(chunk, days, strict=True):
+                held = by_key.get(u.key)
+                if held is None:
+                    continue
+                held.day = got
+                if u.slot and not held.settled and held.local_slot is not None:
+                    self._holds_store_slot(held)  # the script took its lease
+
+    @staticmethod
+    def _unseen_of(held: _Held, now: float) -> Unseen:
+        if not held.settled:
+            return Unseen(held.key, now - held.at, held.reserved_tokens, slot=bool(held.local_slot))
+        kept = min(held.used, held.reserved_tokens)
+        debt = held.used - kept
+        age = now - held.at
+        return Unseen(held.key, age, kept, debt, now - held.ended_at, settled=True)
+
+
+def _reason(exc: BaseException) -> str:
+    """A failure's name for the log: the exception's class, never its text (it may
+    hold a URL); the first of a group (the client's task group wraps its errors)."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return "timeout" if isinstance(exc, trio.TooSlowError) else type(exc).__name__
 
 
 def _unavailable() -> errors.LimitsUnavailable:

@@ -31,6 +31,13 @@ that crossed the give-back put it back).  Every key expires on its own
 (the minute logs after 61 s, the day after its debt is paid, the slots after
 ``lease_ttl``), so an idle principal leaves nothing behind.
 
+What an edge admitted by itself while it could not reach the server (an
+outage with ``on_backend_error: local``) is written into these same keys at
+recovery (:meth:`LimitsStore.record`): each admission as an entry stamped
+with its own time (the server's clock less the admission's age as the edge
+measured it), its tokens in the minute and the day, its lease if it still
+runs, so the outage never restarts a window.
+
 This module is the thin I/O layer: :class:`LimitsStore` sends one script per
 call and returns plain values; what an outage means is ``limits_shared``'s.
 """
@@ -48,12 +55,15 @@ from iopd.vocabulary import LimitName
 if TYPE_CHECKING:
     import coredis
 
-__all__ = ["KEY_PREFIX", "Admitted", "LimitsStore", "Refused", "StoreView"]
+__all__ = ["KEY_PREFIX", "PROBE_REF", "Admitted", "LimitsStore", "Refused", "StoreView", "Unseen"]
 
 KEY_PREFIX = "iopd:limits:"
 #: Settled and withdrawn ids are remembered this long (s): longer than any
 #: call of an edge can be in flight.
 DONE_TTL_S = 120
+#: The principal a health probe runs a script for: it has no keys, so the
+#: script writes nothing.
+PROBE_REF = "~probe"
 
 _PRELUDE = """
 -- Never a unary minus on a count: Lua's -0 reaches the server as '-0', which HINCRBY refuses.
@@ -279,6 +289,83 @@ return n
 """
 
 
+#: ARGV: tpd, lease_ttl, then 7 per admission made without the store:
+#: id, age at admission (s), tokens at admission, debt, age at settlement,
+#: settled (0|1), running with a slot (0|1)  ->  {{UTC day of each}, status}.
+#: Nothing is checked (what was admitted was admitted); an entry already
+#: recorded (the call sent again after a lost answer) is skipped.  A settled
+#: one is marked done; a running one is an ordinary admission from now on
+#: (settled, withdrawn, its lease renewed like any other).
+_RECORD = """
+local tpd, ttl = tonumber(ARGV[1]), tonumber(ARGV[2])
+local now = clock()
+local today = advance(now, tpd)
+redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
+local days = {}
+for i = 3, #ARGV, 7 do
+  local id = ARGV[i]
+  local at, amount, debt = now - tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
+  local debt_at = now - tonumber(ARGV[i + 4])
+  local day = math.floor(at / DAY)
+  days[#days + 1] = day
+  if not redis.call('ZSCORE', G, id .. ':rec') then
+    redis.call('ZADD', G, now + DONE_TTL, id .. ':rec')
+    if at > now - WINDOW then
+      redis.call('ZADD', R, at, id)
+      if amount > 0 then
+        redis.call('ZADD', T, at, id)
+        redis.call('HSET', A, id, amount)
+        redis.call('HINCRBY', S, 'tok', amount)
+      end
+    end
+    if debt > 0 and debt_at > now - WINDOW then
+      redis.call('ZADD', T, debt_at, id .. ':debt')
+      redis.call('HSET', A, id .. ':debt', debt)
+      redis.call('HINCRBY', S, 'tok', debt)
+    end
+    if day == today then
+      redis.call('HINCRBY', S, 'day_total', amount + debt)
+    elseif math.floor(debt_at / DAY) == today then
+      redis.call('HINCRBY', S, 'day_total', debt)
+    end
+    if ARGV[i + 5] == '1' then
+      redis.call('ZADD', G, now + DONE_TTL, id)
+    elseif ARGV[i + 6] == '1' then
+      redis.call('ZADD', C, now + ttl, id)
+      redis.call('PEXPIRE', C, math.ceil(ttl * 1000) + 1000)
+    end
+  end
+end
+redis.call('PEXPIRE', G, DONE_TTL * 1000 + 1000)
+keep(now, tpd)
+return {days, status(now)}
+""".replace("DONE_TTL", str(DONE_TTL_S))
+
+
+@dataclass(frozen=True)
+class Unseen:
+    """One admission made without the store, as :meth:`LimitsStore.record` writes it."""
+
+    key: str
+    age_s: float  # since its admission, by the edge's clock
+    tokens: int  # counted from its admission: the reservation, or the usage once settled
+    debt: int = 0  # usage beyond the reservation, counted from its settlement
+    debt_age_s: float = 0.0
+    settled: bool = False
+    slot: bool = False  # still running, holding one of the principal's slots
+
+    def args(self) -> list[Any]:
+        return [
+            self.key,
+            f"{max(0.0, self.age_s):.6f}",
+            self.tokens,
+            self.debt,
+            f"{max(0.0, self.debt_age_s):.6f}",
+            int(self.settled),
+            int(self.slot),
+        ]
+
+
 @dataclass(frozen=True)
 class StoreView:
     """A principal's windows as the server saw them at ``now`` (its clock)."""
@@ -366,8 +453,11 @@ class _Script:
 class LimitsStore:
     """The scripts against one server.  Every method is one round trip (see the module doc).
 
-    Raises whatever the client raises when the server is unreachable; the
-    caller bounds each call by ``limits.backend_timeout``.
+    Raises whatever the client raises when the server is unreachable or
+    answers something that is not the script's reply; the caller bounds each
+    call by ``limits.backend_timeout`` (the client's own timeouts are only a
+    backstop: they count the edge's loop lag, see ``limits_shared``) and
+    :meth:`rebuild` replaces a client whose connection may be left mid-reply.
     """
 
     _admit = _Script(_ADMIT)
@@ -377,21 +467,35 @@ class LimitsStore:
     _free_slot = _Script(_FREE_SLOT)
     _renew = _Script(_RENEW)
     _slots_held = _Script("return redis.call('ZCOUNT', C, server_now(), '+inf')")
+    _record = _Script(_RECORD)
 
-    def __init__(self, url: str, *, timeout: float) -> None:
+    def __init__(self, url: str, *, timeout: float, backstop: float | None = None) -> None:
         try:
-            import coredis  # imported here: a quarter of a second, paid only with backend: redis
+            import coredis  # noqa: F401 - imported here: a quarter of a second, paid only with backend: redis
         except ImportError:
             raise StartupError(
                 "cannot use", "limits.backend: redis", "coredis is not installed (pip install 'iopd[redis]')"
             ) from None
 
-        self.client: coredis.Redis[str] = coredis.Redis.from_url(
-            url,
+        self._url = url
+        self._backstop = timeout if backstop is None else backstop
+        self.client: coredis.Redis[str] = self._new_client()
+
+    def _new_client(self) -> coredis.Redis[str]:
+        import coredis
+
+        return coredis.Redis.from_url(
+            self._url,
             decode_responses=True,
-            stream_timeout=timeout,
-            connect_timeout=timeout,
+            stream_timeout=self._backstop,
+            connect_timeout=self._backstop,
         )
+
+    def rebuild(self) -> coredis.Redis[str]:
+        """A fresh client (to be entered) in place of one that failed: nothing of
+        the old one's connections, buffers or parser state is reused."""
+        self.client = self._new_client()
+        return self.client
 
     @staticmethod
     def keys(ref: str) -> list[str]:
@@ -400,6 +504,25 @@ class LimitsStore:
 
     async def ping(self) -> None:
         await self.client.ping()
+
+    async def probe(self) -> None:
+        """A health check as the real calls go: ``PING``, then a script whose reply is parsed."""
+        pong = await self.client.ping()
+        if pong != "PONG":
+            raise ValueError("the store answered PING with something else")
+        await self.slots_held(PROBE_REF)
+
+    async def record(self, ref: str, tpd: int, ttl: float, unseen: list[Unseen]) -> list[int]:
+        """Write admissions made without the store into it (see ``_RECORD``); their UTC days."""
+        args: list[Any] = [tpd, ttl]
+        for u in unseen:
+            args += u.args()
+        raw = await self._record(self.client, self.keys(ref), args)
+        StoreView.parse(raw[1])
+        days = [int(d) for d in raw[0]]
+        if len(days) != len(unseen):
+            raise ValueError("the store's reply does not match the call")
+        return days
 
     async def admit(
         self, ref: str, key: str, limits: Limits, tokens: int, ttl: float, *, slot: bool
