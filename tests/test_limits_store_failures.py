@@ -25,8 +25,9 @@ import trio
 
 from iopd import errors
 from iopd.config.schema import LimitsSection, PrincipalLimit
+from iopd.edge.lag_deadline import LAG_ALLOWANCE_S
 from iopd.edge.limits_backend import SharedAdmission
-from iopd.edge.limits_shared import LAG_ALLOWANCE_S, SharedLimits
+from iopd.edge.limits_shared import SharedLimits
 from iopd.edge.limits_store import LimitsStore, Unseen
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.token_reservation import Reservation

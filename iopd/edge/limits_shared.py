@@ -28,20 +28,15 @@ it, and nothing is decided twice:
   queue across principals stay the pool's, per edge.
 * **Outage**: a store call that fails, answers anything but the script's
   reply (a protocol error, garbage, a truncated reply) or takes over
-  ``limits.backend_timeout`` starts one.  The timeout measures the store,
-  not this edge: the time the edge's own loop was held up while the call
-  waited (a deadline that fires late, by how late) is given back to the
-  call, up to :data:`LAG_ALLOWANCE_S`, so a reply that arrived in time but
-  was read late is not an outage (:func:`_bounded`).  An outage is logged
-  once, counted in ``iop_limits_backend_errors_total`` and shown in
-  ``/status`` (``limits_backend``).  The client is discarded at once (a
-  connection left mid-reply is never reused) and, every :data:`PROBE_S`
-  seconds, a new one is built and probed (``PING`` and a script); once both
-  answer, what the outage left is written to the store and the outage ends
-  (the bound is in :meth:`SharedLimits.recovery_bound_s`).  Meanwhile
-  ``limits.on_backend_error`` says what requests get: ``local`` a per-edge
-  limiter and slot count; ``reject`` 503 ``limits_unavailable``; ``allow``
-  no limits.
+  ``limits.backend_timeout`` of the store's time (not this loop's lag:
+  ``iopd.edge.lag_deadline``) starts one: logged once, counted in
+  ``iop_limits_backend_errors_total``, shown in ``/status``.  The client is
+  discarded at once (never reused mid-reply); every :data:`PROBE_S` seconds
+  a new one is built and probed (``PING`` and a script); once both answer,
+  what the outage left is written to the store and the outage ends (bound:
+  :meth:`SharedLimits.recovery_bound_s`).  Meanwhile ``on_backend_error``
+  decides: ``local`` a per-edge limiter and slot count; ``reject`` 503
+  ``limits_unavailable``; ``allow`` no limits.
 * **The per-edge limiter** (``local``) is kept for the edge's whole life and
   counts every admission and every slot of this edge, the store's too: so
   during an outage this edge admits at most one limit's worth in any
@@ -66,7 +61,6 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
@@ -74,6 +68,7 @@ from prometheus_client import Counter
 
 from iopd import errors
 from iopd.config.schema import EdgeConfig, LimitsSection
+from iopd.edge.lag_deadline import LAG_ALLOWANCE_S, lag_aware_deadline
 from iopd.edge.limit_decisions import (
     Limits,
     NeverFits,
@@ -89,14 +84,14 @@ from iopd.edge.limits_backend import (
     Decision,
     LimitsBackend,
     MemoryLimits,
-    SharedAdmission,
 )
+from iopd.edge.limits_held import Held, LocalCounts
 from iopd.edge.limits_store import Admitted, LimitsStore, StoreView, Unseen
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.principal_limits import WINDOW_S, Admission, PrincipalLimiter
 from iopd.edge.token_reservation import Reservation
 
-__all__ = ["LAG_ALLOWANCE_S", "PROBE_S", "SLOT_POLL_S", "SharedLimits", "limits_backend_for"]
+__all__ = ["PROBE_S", "SLOT_POLL_S", "SharedLimits", "limits_backend_for"]
 
 log = logging.getLogger("iopd.edge.limits")
 
@@ -104,11 +99,6 @@ log = logging.getLogger("iopd.edge.limits")
 SLOT_POLL_S = 0.05
 #: During an outage a new client is built and the store probed this often (s).
 PROBE_S = 1.0
-#: A call's deadline that fires later than this (s) found the loop held up.
-LAG_TOLERANCE_S = 0.02
-#: At most this much of the loop's lag (s) is given back to one store call:
-#: a store that is really gone is still found within backend_timeout + this.
-LAG_ALLOWANCE_S = 2.0
 #: Admissions written to the store per ``record`` call (bounds one script's run).
 RECORD_CHUNK = 200
 
@@ -117,50 +107,6 @@ _T = TypeVar("_T")
 
 class _StoreDown(Exception):
     """The store failed a call or is in an outage (never leaves this module)."""
-
-
-async def _bounded(call: Callable[[], Awaitable[_T]], timeout: float) -> _T:
-    """``call()`` given ``timeout`` seconds of the loop's time, or ``trio.TooSlowError``.
-
-    Why not ``fail_after``: a deadline counts the time this edge's own loop
-    was held up (a flood of work, a blocking call in some task), and a reply
-    the store sent in time then reads as a timeout.  Here a timer sleeps
-    until the deadline; when it wakes later than asked, by more than
-    :data:`LAG_TOLERANCE_S`, the loop was not running, so the store's reply
-    may be sitting unread: that lateness is given back (the deadline moves
-    by it) and the call goes on, up to :data:`LAG_ALLOWANCE_S` in all.  A
-    store that does not answer is still given up on within
-    ``timeout + LAG_ALLOWANCE_S`` (plus the last late wake).
-    """
-    got: list[_T] = []
-    scope = trio.CancelScope()
-
-    async def timer() -> None:
-        wait, allowance = timeout, LAG_ALLOWANCE_S
-        while True:
-            asked = trio.current_time() + wait
-            await trio.sleep_until(asked)
-            late = trio.current_time() - asked
-            if late <= LAG_TOLERANCE_S or allowance <= 0:
-                break
-            wait = min(late, allowance)
-            allowance -= wait
-        scope.cancel()
-
-    failed: list[Exception] = []
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(timer)
-        try:
-            with scope:
-                got.append(await call())
-        except Exception as exc:  # raised as itself below, not in the nursery's group
-            failed.append(exc)
-        nursery.cancel_scope.cancel()
-    if failed:
-        raise failed[0]
-    if not got:
-        raise trio.TooSlowError
-    return got[0]
 
 
 def limits_backend_for(
@@ -175,46 +121,6 @@ def limits_backend_for(
     return MemoryLimits(limiter, clock)
 
 
-@dataclass
-class _Local:
-    """This edge's own counts, which stand in for the store during an outage
-    (``on_backend_error: local``): every admission and slot of this edge."""
-
-    limiter: PrincipalLimiter
-    running: dict[str, int] = field(default_factory=dict)
-
-    def take(self, ref: str, cap: int) -> bool:
-        if self.running.get(ref, 0) >= cap:
-            return False
-        self.count(ref)
-        return True
-
-    def count(self, ref: str) -> None:
-        """A slot this edge holds in the store: counted here too."""
-        self.running[ref] = self.running.get(ref, 0) + 1
-
-    def give(self, ref: str) -> None:
-        left = self.running.get(ref, 0) - 1
-        if left > 0:
-            self.running[ref] = left
-        else:
-            self.running.pop(ref, None)
-
-
-@dataclass(eq=False)
-class _Held(SharedAdmission):
-    """A :class:`SharedAdmission` with what this edge keeps about it."""
-
-    day: int = -1  # its UTC day by the server's clock; -1 while unknown
-    in_store: bool = False  # the store may hold it (settle or withdraw there)
-    local: Admission | None = None  # counted by this edge's own limiter
-    local_slot: _Local | None = None  # holds a slot of this edge's own count
-    at: float = 0.0  # trio time of its admission
-    ended_at: float = 0.0  # trio time of its settlement
-    used: int = 0  # tokens it settled with
-    withdrawn: bool = False
-
-
 class SharedLimits:
     """``limits.backend: redis`` (see the module doc)."""
 
@@ -226,16 +132,16 @@ class SharedLimits:
         self._section = section
         self._default, self._limits = limits_from_config(section)
         self._seen: dict[str, tuple[StoreView, float]] = {}  # ref -> (view, trio time read)
-        self._leases: dict[str, _Held] = {}  # key -> a running request's store lease
+        self._leases: dict[str, Held] = {}  # key -> a running request's store lease
         self._lines: dict[str, trio.Lock] = {}  # ref -> FIFO of this edge's slot waiters
         self._redo: list[Callable[[], Awaitable[object]]] = []  # calls to repeat at recovery
         self._outage_since: float | None = None
         self._down = trio.Event()  # set when an outage starts: the client is discarded
-        self._local: _Local | None = None
+        self._local: LocalCounts | None = None
         if self._mode == "local":
-            self._local = _Local(PrincipalLimiter(section, time.time()))
+            self._local = LocalCounts(PrincipalLimiter(section, time.time()))
         #: ref -> admissions made without the store, oldest first, to write there at recovery.
-        self._unseen: dict[str, deque[_Held]] = {}
+        self._unseen: dict[str, deque[Held]] = {}
         #: ref -> tokens of settled ones past the minute (only their day counts) and when.
         self._unseen_day: dict[str, tuple[int, float]] = {}
         self.errors_total = 0
@@ -261,13 +167,13 @@ class SharedLimits:
 
     async def _call(self, call: Callable[[], Awaitable[_T]]) -> _T:
         """One store call, bounded by ``backend_timeout`` of the store's time
-        (:func:`_bounded`) and shielded from the caller's cancel (its outcome
+        (:func:`iopd.edge.lag_deadline.lag_aware_deadline`) and shielded from the caller's cancel (its outcome
         must be known); anything but a clean reply starts an outage."""
         if self._outage_since is not None:
             raise _StoreDown
         try:
             with trio.CancelScope(shield=True):
-                result = await _bounded(call, self._timeout)
+                result = await lag_aware_deadline(call, self._timeout)
         except Exception as exc:  # the client's errors, garbage, a timeout: the store is away
             self._failed(exc)
             raise _StoreDown from None
@@ -292,7 +198,7 @@ class SharedLimits:
         tokens = reserved_tokens(principal_ref, limits, reservation)
         if isinstance(tokens, NeverFits):
             return tokens
-        held = _Held(principal_ref, tokens, secrets.token_hex(12))
+        held = Held(principal_ref, tokens, secrets.token_hex(12))
         if self._outage_since is None:
             try:
                 got = await self._call(
@@ -302,7 +208,7 @@ class SharedLimits:
                 )
             except _StoreDown:
                 self._redo_withdraw(held)  # it may have reached the store
-                held = _Held(principal_ref, tokens, secrets.token_hex(12))  # never that key again
+                held = Held(principal_ref, tokens, secrets.token_hex(12))  # never that key again
             else:
                 if got is None:  # cannot happen: a fresh key is never withdrawn
                     return None
@@ -325,14 +231,14 @@ class SharedLimits:
                 return held
         return self._admit_in_outage(held, principal_ref, reservation)
 
-    def _holds_store_slot(self, held: _Held) -> None:
+    def _holds_store_slot(self, held: Held) -> None:
         held.slot = True
         self._leases[held.key] = held
         if self._local is not None and held.local_slot is None:
             self._local.count(held.principal_ref)
             held.local_slot = self._local
 
-    def _admit_in_outage(self, held: _Held, ref: str, reservation: Reservation) -> Decision:
+    def _admit_in_outage(self, held: Held, ref: str, reservation: Reservation) -> Decision:
         if self._mode == "reject":
             raise _unavailable()
         if self._mode == "allow" or self._local is None:
@@ -346,7 +252,7 @@ class SharedLimits:
             self._remember_unseen(held)
         return held
 
-    def _remember_unseen(self, held: _Held) -> None:
+    def _remember_unseen(self, held: Held) -> None:
         """Keep an admission made without the store until recovery writes it there.
 
         Memory: settled ones past the minute only count for the day, so they
@@ -363,7 +269,7 @@ class SharedLimits:
                 self._unseen_day[ref] = (tokens + old.used, old.ended_at)
 
     async def hold_slot(self, admission: AnyAdmission, timeout: float) -> None:
-        if not isinstance(admission, _Held) or admission.slot or admission.local_slot:
+        if not isinstance(admission, Held) or admission.slot or admission.local_slot:
             return
         ref = admission.principal_ref
         if not self.limits_for(ref).max_concurrent:
@@ -382,12 +288,12 @@ class SharedLimits:
         )
 
     async def try_slot(self, admission: AnyAdmission) -> bool:
-        if not isinstance(admission, _Held) or admission.slot or admission.local_slot:
+        if not isinstance(admission, Held) or admission.slot or admission.local_slot:
             return True
         return await self._try_slot(admission)
 
     async def free_slot(self, admission: AnyAdmission) -> None:
-        if not isinstance(admission, _Held) or admission.settled:
+        if not isinstance(admission, Held) or admission.settled:
             return
         ref, key = admission.principal_ref, admission.key
         if admission.local_slot is not None:
@@ -400,7 +306,7 @@ class SharedLimits:
         with contextlib.suppress(_StoreDown):  # then it expires within the TTL (or settles)
             await self._call(lambda: self.store.free_slot(ref, key))
 
-    async def _try_slot(self, held: _Held) -> bool:
+    async def _try_slot(self, held: Held) -> bool:
         """One try at a slot: the store's, or during an outage the mode's."""
         ref, cap = held.principal_ref, self.limits_for(held.principal_ref).max_concurrent
         if cap == 0:
@@ -425,14 +331,14 @@ class SharedLimits:
         return False
 
     async def withdraw(self, admission: AnyAdmission) -> None:
-        if isinstance(admission, _Held):
+        if isinstance(admission, Held):
             await self._end(admission, None, withdraw=True)
 
     async def settle(self, admission: AnyAdmission, used_tokens: int | None) -> None:
-        if isinstance(admission, _Held):
+        if isinstance(admission, Held):
             await self._end(admission, used_tokens, withdraw=False)
 
-    async def _end(self, held: _Held, used_tokens: int | None, *, withdraw: bool) -> None:
+    async def _end(self, held: Held, used_tokens: int | None, *, withdraw: bool) -> None:
         if held.settled:
             return
         held.settled = True
@@ -462,7 +368,7 @@ class SharedLimits:
         except _StoreDown:
             self._redo.append(end)  # idempotent in the store: sent again at recovery
 
-    def _redo_withdraw(self, held: _Held) -> None:
+    def _redo_withdraw(self, held: Held) -> None:
         ref, key, reserved = held.principal_ref, held.key, held.reserved_tokens
         tpd = self.limits_for(ref).tokens_per_day
         self._redo.append(lambda: self.store.withdraw(ref, key, reserved, tpd, -1))
@@ -509,7 +415,7 @@ class SharedLimits:
         """How long after the store answers properly again this edge may stay in
         ``outage``, when the outage left nothing to write: the probe under way
         (a ``PING`` and a script: ``2 x backend_timeout`` plus the loop lag
-        given back, :func:`_bounded`), the pause before the next
+        given back, :func:`iopd.edge.lag_deadline.lag_aware_deadline`), the pause before the next
         (:data:`PROBE_S`), and that probe.  Each call the outage left (a
         principal's admissions to write, a settlement to send again) adds one
         ``backend_timeout`` (plus lag).
@@ -559,7 +465,7 @@ class SharedLimits:
     async def _probe(self) -> bool:
         """One try of the store during an outage; on clean answers, recover (True)."""
         try:
-            await _bounded(self.store.probe, 2 * self._timeout)
+            await lag_aware_deadline(self.store.probe, 2 * self._timeout)
             # Until nothing is left: requests admitted meanwhile (the outage holds
             # until the last await) are written in the next round.
             while self._unseen or self._unseen_day or self._redo:
@@ -584,7 +490,7 @@ class SharedLimits:
         from coredis.exceptions import ResponseError
 
         try:
-            await _bounded(call, self._timeout)
+            await lag_aware_deadline(call, self._timeout)
         except ResponseError as exc:
             log.warning("event=limits_backend_redo_refused reason=%s", _reason(exc))
 
@@ -613,7 +519,7 @@ class SharedLimits:
                     self._unseen_day[ref] = (tokens + day[0], max(at, day[1]))
                 raise
 
-    async def _record(self, ref: str, batch: list[_Held], day: tuple[int, float] | None) -> None:
+    async def _record(self, ref: str, batch: list[Held], day: tuple[int, float] | None) -> None:
         now = trio.current_time()
         unseen = [self._unseen_of(h, now) for h in batch]
         if day is not None:  # settled past the minute: the day's total only
@@ -623,7 +529,7 @@ class SharedLimits:
         by_key = {h.key: h for h in batch}
         for start in range(0, len(unseen), RECORD_CHUNK):
             chunk = unseen[start : start + RECORD_CHUNK]
-            days = await _bounded(
+            days = await lag_aware_deadline(
                 functools.partial(self.store.record, ref, tpd, self._ttl, chunk), self._timeout
             )
             for u, got in zip(chunk, days, strict=True):
@@ -635,7 +541,7 @@ class SharedLimits:
                     self._holds_store_slot(held)  # the script took its lease
 
     @staticmethod
-    def _unseen_of(held: _Held, now: float) -> Unseen:
+    def _unseen_of(held: Held, now: float) -> Unseen:
         if not held.settled:
             return Unseen(held.key, now - held.at, held.reserved_tokens, slot=bool(held.local_slot))
         kept = min(held.used, held.reserved_tokens)
