@@ -928,7 +928,7 @@ def main() -> None:
         floor = [direct, relay2, gateway]
         phase("c16", "closed", [direct, gateway], concurrency=16, **common)
         # The warm counterpart of "open": no daemon sleeps between requests
-        # (see docs/performance.md, "Eighth round").
+        # (see docs/performance.md, "Warm against cold").
         phase("c1", "closed", floor, requests=args.c1_requests, **one_at_a_time)
         phase("c64", "closed", [direct, gateway], concurrency=64, **common)
         phase("stream", "stream", floor, requests=args.streams, **one_at_a_time)
