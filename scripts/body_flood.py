@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Body flood: many connections each sending a nearly maximal body to a real edge.
 
-Replays finding 2 of issue #14 and prints the edge's memory.  Starts
+Checks that bodies are refused from the head, before they are buffered,
+and prints the edge's memory.  Starts
 ``python -m iopd edge`` (a subprocess on loopback, free ports, no node needed)
 and opens ``--connections`` connections (default 100), each sending a
 ``POST /v1/chat/completions`` head announcing ``--body-bytes`` (default

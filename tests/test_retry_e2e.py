@@ -1,4 +1,4 @@
-"""A failing provider is routed around (issue #16), end to end.
+"""A failing provider is routed around, end to end.
 
 A real edge and a real node, two mock OpenAI providers in one group: the
 preferred one (``priority: 0``) is told to fail, the other answers.  The

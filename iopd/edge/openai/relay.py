@@ -1,5 +1,5 @@
 """The passthrough relay: the caller's body to an OpenAI-compatible (or Ollama)
-provider, the provider's response back byte for byte (SPEC §3, §4).
+provider, the provider's response back byte for byte.
 
 The body is the caller's with ``model`` rewritten to the provider's served
 name; the caller's headers pass an allow-list (``upstream_headers``) and the
@@ -29,7 +29,7 @@ the reader does not take (a 429/5xx head, an error, anything once a frame
 is buffered or while the handler is busy), and bytes the socket does not
 take at once, come to the loop as before.
 
-Retries (issue #16): the head is looked at before anything is written.  A
+Retries: the head is looked at before anything is written.  A
 429, 502 or 503 head, or an error frame before any head that says the
 provider was never reached (``provider_unreachable``, ``provider_reset``),
 is reported to the request's attempt loop (``leased.leasing.failed``);

@@ -1,4 +1,4 @@
-"""The provider pool's scheduling decisions as pure synchronous logic (SPEC §2).
+"""The provider pool's scheduling decisions as pure synchronous logic.
 
 Why this module is shaped this way: every decision -- which provider a request
 gets, who waits, who is admitted when a slot frees, who fails because its group
@@ -24,7 +24,7 @@ the candidate index).  What this module adds:
   candidates include the released provider, plus the releasing principal's
   lanes when it has a cap; an outlier change only the lanes that list the
   provider; a liveness change the groups that list it.
-* **Fallback groups** (issue #16): ``request(group, fallbacks=...)`` takes the
+* **Fallback groups**: ``request(group, fallbacks=...)`` takes the
   first group of the chain with a choosable candidate (admitted or queued
   there); when none has one, the first group with any live candidate serves
   through its last resort; only when none has a live candidate does the
@@ -34,7 +34,7 @@ the candidate index).  What this module adds:
   ``attempt_caller_credentialed`` for an error answered to the caller's own
   provider credential), and a grant
   released without one is abandoned.
-* **Node-reported load** (issue #20): ``set_remote_load`` records what a
+* **Node-reported load**: ``set_remote_load`` records what a
   node says the other edges hold and re-examines the provider's lanes when
   it has more room; ``provider_busy`` blocks a provider until the node's
   next report; ``waiting_providers`` is what the edge tells nodes it waits for.
