@@ -1,8 +1,8 @@
 """The one input-token estimate used everywhere.
 
-Where it is used: docs/ARCHITECTURE.md, "The input-token estimate".
 ceil(code points of all text parts / 4).  Text parts are string message
 contents, the ``text`` of content parts, and string ``input`` of /v1/responses.
+Where it is used: docs/ARCHITECTURE.md, "The input-token estimate".
 """
 
 from __future__ import annotations
