@@ -171,6 +171,20 @@ class _Reply:
     of the read, writes what is held in one non-blocking write.  When the
     socket takes nothing, or only part, ``pending`` makes the loop ``settle``
     it (under ``send_timeout``) before it looks at the next frame.
+
+    Why two writers never collide: trio runs one task at a time, and the
+    reader writes only while the handler is parked in its read with nothing
+    buffered and nothing pending, so the handler is inside no write of its
+    own; every reader write is synchronous (held bytes, one non-blocking
+    flush), so it cannot be interrupted half-way either.  Order holds because
+    the reader takes a frame only when none is buffered before it: once one
+    is, every later frame is buffered behind it until the handler reads.
+    What decides the request stays with the handler: a head that may be
+    retried, an error frame and every terminal are never taken, so a retry
+    is decided before any byte of that attempt is written, and the attempt's
+    verdict and outcome are recorded by the handler alone.  A handler that is
+    cancelled (deadline, caller gone) stops being parked at once, and leaving
+    the stream drops its writer, so nothing more is written for it.
     """
 
     __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage", "took_whole")

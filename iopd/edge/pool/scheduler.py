@@ -544,7 +544,29 @@ class Scheduler:
         return waiters
 
     def _reexamine(self, lanes: Iterable[Lane] | None, now: float) -> list[Waiter]:
-        """Admit every waiter that fits, in fair order; fail those with no candidate."""
+        """Admit every waiter that fits, in fair order; fail those with no candidate.
+
+        The rule is the walk "repeatedly admit the pending waiter with the
+        smallest (tag of its principal, seq) among those that fit, until none
+        fits".  Merging lane heads gives the same admissions without visiting
+        every waiter, because:
+
+        * Waiters of one lane share key and principal, so they fit or not
+          alike, and the lane is FIFO: only its head can be next.
+        * Within a pass fitting only gets harder: an admission takes a slot
+          and raises a running count, nothing is freed.  A lane whose head
+          does not fit, or a principal at ``max_concurrent``, stays out for
+          the rest of the pass.
+        * Tags only grow (an admission moves its principal's tag on), so an
+          entry's tag is a lower bound: an entry popped with an old tag is
+          pushed again with the current one, and pops come in current order.
+        * ``lanes``: between events no pending waiter fits (a request that
+          fits is admitted on arrival, and every event that frees room calls
+          this), so only the lanes the event could make fit (the caller's
+          list) need a look; ``None`` means all.
+
+        Cost: one heap entry per lane and per admission, not per waiter.
+        """
         resolved: list[Waiter] = []
         heap: list[tuple[float, int, Lane, Candidates]] = []
         by_lane = self._queue.lanes
