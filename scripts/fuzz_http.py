@@ -14,8 +14,8 @@ Case families: random bytes; valid requests with 1-4 byte mutations; broken
 chunked bodies; absurd headers (huge, many, invalid, conflicting lengths);
 odd request lines and targets; valid HTTP carrying hostile JSON; framings
 h11 and llhttp both refuse, most with a second request hidden behind them;
-parser limits: trailer floods, CONNECT and odd
-targets, empty-line floods, long runs of spaces in a value.
+parser limits: trailer floods, CONNECT and odd targets, empty-line floods,
+long runs of spaces in a value.
 
 The contract checked: every response is HTTP with a status below
 500, or 501 for a method or transfer-coding the edge does not implement; a

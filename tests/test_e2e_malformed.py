@@ -6,7 +6,8 @@ fields, bad roles, wrong content types, oversized bodies and headers,
 invalid HTTP, wrong methods, unknown routes, bad auth header shapes, chunked
 bodies, NUL bytes, invalid UTF-8.  Every answer must be
 ``{"error": {"message", "type", "code", "param"}}`` with the status, type and
-code of docs/troubleshooting.md, "Errors callers see" — never a 5xx, never a traceback, a file path or a module
+code of docs/troubleshooting.md, "Errors callers see" — never a 5xx, never a
+traceback, a file path or a module
 name, never the caller's token echoed back.
 
 The cases run on one gateway (starting one per case would cost more than the

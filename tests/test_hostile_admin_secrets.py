@@ -1,4 +1,4 @@
-"""The admin Host, cut keys and caller headers upstream, replayed against a real edge + node on loopback.
+"""The admin Host, cut keys, caller headers upstream: replayed on a real edge + node.
 
 * DNS rebinding: the admin API answers only loopback ``Host``
   values; with ``edge.admin_token_hash_sha256`` every route but ``/healthz``

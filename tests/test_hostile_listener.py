@@ -1,4 +1,4 @@
-"""Bodies before authentication and stalled readers, replayed against a real edge + node on loopback.
+"""Bodies before authentication and stalled readers, replayed on a real edge + node.
 
 Bodies: whole bodies were read before authentication; 401 and 404 were
 decided after up to ``max_body_bytes`` had arrived, and ``Expect:

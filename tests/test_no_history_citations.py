@@ -1,10 +1,11 @@
 """The code carries its reasons, not pointers to documents a reader cannot open.
 
 A comment or docstring that cites a section of a spec or the number of an
-issue instead of saying the rule sends the reader to a text the repository does not hold.  Every ``.py`` file
-under the code and test trees is read as text, so comments, docstrings, log
-text and user-visible strings all count.  The rule a citation pointed at goes
-into the comment itself or into a section of ``docs/``.
+issue instead of saying the rule sends the reader to a text the repository
+does not hold.  Every ``.py`` file under the code and test trees is read as
+text, so comments, docstrings, log text and user-visible strings all count.
+The rule a citation pointed at goes into the comment itself or into a
+section of ``docs/``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Edge review: defects found by reading the edge against its documented contract, each pinned by a test."""
+"""Edge review: defects found by reading the edge against its documented contract,
+each pinned by a test."""
 
 from __future__ import annotations
 
