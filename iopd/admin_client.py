@@ -201,7 +201,7 @@ def _window(w: dict[str, Any]) -> str:
 
 
 def format_principals(doc: dict[str, Any]) -> str:
-    """Per principal: requests in flight and queued, and each window's use (issue #17).
+    """Per principal: requests in flight and queued, and each window's use.
 
     ``REMAINING`` columns are what is left of each limit; windows read
     ``used/limit (seconds until empty)``.

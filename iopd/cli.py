@@ -1,4 +1,4 @@
-"""The ``iopd`` command line (SPEC §10 "Commands").
+"""The ``iopd`` command line.
 
 Sub-commands import their modules lazily so ``iopd token`` or
 ``iopd config check`` start fast and never pull in the daemons.

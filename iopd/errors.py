@@ -1,4 +1,7 @@
-"""The gateway's error hierarchy for the OpenAI surface (SPEC §10 error table).
+"""The gateway's error hierarchy for the OpenAI surface.
+
+The status, ``type`` and ``code`` of each are the table of
+docs/troubleshooting.md, "Errors callers see".
 
 Every failure that can reach an HTTP caller is one of these; the OpenAI
 listener turns them into the ``{"error": {...}}`` envelope in exactly one
@@ -58,7 +61,7 @@ class ResourceNotFound(GatewayError):
 
 
 class NodeDisconnected(GatewayError):
-    """A runtime control for a node that has no session with this edge (issue #20):
+    """A runtime control for a node that has no session with this edge:
     the node holds the controls, so nothing can be set while it is away."""
 
     status, type, code, metric_status = 409, "invalid_request_error", "node_disconnected", "client_error"
@@ -133,7 +136,7 @@ class MisdirectedRequest(GatewayError):
 
 
 class CrossOriginRefused(GatewayError):
-    """A state-changing admin request sent by a page of another origin (issue #19)."""
+    """A state-changing admin request sent by a page of another origin."""
 
     status, type, code, metric_status = (
         403,
@@ -158,7 +161,7 @@ class Overloaded(GatewayError):
 
 
 class LimitsUnavailable(GatewayError):
-    """The shared limits store is unreachable and ``limits.on_backend_error`` is ``reject`` (#21).
+    """The shared limits store is unreachable and ``limits.on_backend_error`` is ``reject``.
 
     The caller retries after ``Retry-After`` seconds; the edge retries the store meanwhile.
     """
@@ -177,7 +180,7 @@ class NotImplementedByEdge(GatewayError):
 
 
 class RateLimited(GatewayError):
-    """The caller's principal is over one of its ``limits`` (issue #17).
+    """The caller's principal is over one of its ``limits``.
 
     OpenAI's answer: 429, ``type`` ``requests`` or ``tokens`` (which kind of
     limit), code ``rate_limit_exceeded``, ``Retry-After`` in whole seconds.

@@ -1,7 +1,8 @@
-"""The one input-token estimate used everywhere (SPEC §2.4).
+"""The one input-token estimate used everywhere.
 
 ceil(code points of all text parts / 4).  Text parts are string message
 contents, the ``text`` of content parts, and string ``input`` of /v1/responses.
+Where it is used: docs/ARCHITECTURE.md, "The input-token estimate".
 """
 
 from __future__ import annotations
@@ -40,5 +41,5 @@ def text_parts(messages: Iterable[Any]) -> Iterable[str]:
 
 
 def estimate_input_tokens(messages: Iterable[Any]) -> int:
-    """The §2.4 estimate over all text parts of ``messages``."""
+    """The estimate over all text parts of ``messages``."""
     return estimate_tokens_from_chars(sum(len(t) for t in text_parts(messages)))

@@ -1,4 +1,4 @@
-"""The words edge and node share, each defined once (SPEC §2, §5).
+"""The words edge and node share, each defined once.
 
 Why one module: the same small vocabularies -- which provider types tunnel
 the OpenAI API raw, what a finished request's metric status may be, what a

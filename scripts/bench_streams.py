@@ -21,8 +21,8 @@ time to first chunk p50, CPU µs per chunk of each measured process
 check of every finished stream: all chunks, in order, then ``[DONE]``
 (``lost`` counts streams that failed that check or broke).
 
-On a machine with two or more cores the processes are pinned (issue #22's
-rig): edge + node, and the two raw relays, on one core (``--cores``' first),
+On a machine with two or more cores the processes are pinned (the rig of
+docs/performance.md): edge + node, and the two raw relays, on one core (``--cores``' first),
 the mock provider and the load generator on the other, so the gateway's two
 daemons compete for one core the way the two relays do.  The provider and
 the load generator must then cost far less per chunk than any target, or
@@ -31,7 +31,7 @@ due from one writer task that wakes at most once a millisecond, and the
 generator is one ``epoll`` loop with no event-loop library; together about
 10-30 µs of their core per chunk, so *direct* holds 99.8 % of the ideal
 rate at N = 1,000 on a two-core machine.  The closing
-summary prints, per N, the ratios the issue's targets use: gateway/direct
+summary prints, per N, the ratios the streaming targets of docs/performance.md use: gateway/direct
 delivered rate (and the largest N that holds 0.97 with nothing lost), edge +
 node CPU per chunk over the two relays', the first-chunk overhead over
 direct, and RSS per open stream of edge + node.
@@ -390,7 +390,8 @@ def _measure(
 def _summary(
     sizes: list[int], rows: list[tuple[int, str, dict[str, float]]], args: argparse.Namespace
 ) -> None:
-    """The ratios issue #22's targets use, per N, and the largest N holding 0.97."""
+    """The ratios the streaming targets of docs/performance.md use, per N,
+    and the largest N holding 0.97."""
     where = (
         f"edge+node and relays on core {args.gateway_core}, provider+load on core {args.load_core}"
         if args.gateway_core is not None

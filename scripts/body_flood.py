@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """Body flood: many connections each sending a nearly maximal body to a real edge.
 
-Replays finding 2 of issue #14 and prints the edge's memory.  Starts
-``python -m iopd edge`` (a subprocess on loopback, free ports, no node needed)
-and opens ``--connections`` connections (default 100), each sending a
-``POST /v1/chat/completions`` head announcing ``--body-bytes`` (default
-8 MiB - 1, the largest body allowed) followed by the body:
+Checks that the edge's memory stays bounded when callers send large bodies
+(without a token, or held in flight), and prints it.  Starts ``python -m
+iopd edge`` (a subprocess on loopback, free ports, no node needed) and opens
+``--connections`` connections (default 100), each sending a ``POST
+/v1/chat/completions`` head announcing ``--body-bytes`` (default 8 MiB - 1,
+the largest body allowed) followed by the body:
 
 * ``--token none``: no ``Authorization``.  The edge should refuse each from
   its head (401) and read no more than its bounded linger.

@@ -13,11 +13,11 @@ is closed, and everything the edge sends back is read until it closes.
 Case families: random bytes; valid requests with 1-4 byte mutations; broken
 chunked bodies; absurd headers (huge, many, invalid, conflicting lengths);
 odd request lines and targets; valid HTTP carrying hostile JSON; framings
-h11 and llhttp both refuse, most with a second request hidden behind them
-(issue #14, finding 5); parser limits: trailer floods, CONNECT and odd
-targets, empty-line floods, long runs of spaces in a value (finding 9).
+h11 and llhttp both refuse, most with a second request hidden behind them;
+parser limits: trailer floods, CONNECT and odd targets, empty-line floods,
+long runs of spaces in a value.
 
-The contract checked (SPEC §4): every response is HTTP with a status below
+The contract checked: every response is HTTP with a status below
 500, or 501 for a method or transfer-coding the edge does not implement; a
 4xx carries the OpenAI error envelope; no body contains a traceback; no log
 record carries one either; no case hangs.  Bytes that are not HTTP may

@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""Replay every finding of issue #14 against one real edge process and print what happened.
+"""Replay the hostile callers of docs/reliability.md against one real edge; print what happened.
 
 Starts ``python -m iopd edge`` on loopback (free ports) with an embedded node
 serving an ``echo`` provider (capacity 4), then plays each hostile caller
-from the issue in turn.  While a case runs, a second caller asks
+in turn.  While a case runs, a second caller asks
 ``GET /v1/models`` every 50 ms on its own keep-alive connection; the table
-shows the slowest of those answers (the issue's bar: the edge keeps
+shows the slowest of those answers (the bar: the edge keeps
 answering others within 1 s), what the hostile caller got, and the edge's
-RSS before the case and at its peak.  Findings 7 and 8 need a provider that
-misbehaves; they are replayed by ``tests/test_hostile_admin_secrets.py``.
+RSS before the case and at its peak.  Cut keys and caller headers upstream
+need a provider that misbehaves; they are replayed by ``tests/test_hostile_admin_secrets.py``.
 
 Everything is bounded (each case has a deadline) and the edge is stopped at
 the end.  Nothing here asserts: it prints figures for docs/reliability.md.

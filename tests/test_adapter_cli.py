@@ -124,7 +124,7 @@ async def test_nonzero_exit_quotes_bounded_stderr_tail() -> None:
 
 
 async def test_missing_command_is_provider_unreachable() -> None:
-    # The process never started: the edge may try another provider (issue #16).
+    # The process never started: the edge may try another provider.
     adapter = CliAdapter(ProviderSpec(id="a", type="cli", command=["/nonexistent/agent-binary"]))
     with pytest.raises(AdapterError) as info:
         await adapter.run(run_req(), CollectedRunOutput())

@@ -1,4 +1,4 @@
-"""The echo provider: exact chunks, usage, delay and cancel (SPEC §10)."""
+"""The echo provider: exact chunks, usage, delay and cancel."""
 
 from __future__ import annotations
 

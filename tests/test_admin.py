@@ -1,10 +1,10 @@
-"""The loopback admin API (SPEC §7, §10): peer filter, /status shape, route errors.
+"""The loopback admin API: peer filter, /status shape, route errors.
 
 The peer filter is tested as a function (every address family a socket can
 report) and through a running edge whose filter is forced to refuse, so the
 wiring of ``is_loopback_peer`` into the admin listener is covered too.
-/status is compared key by key with the SPEC so a renamed or dropped field
-fails here before it breaks ``iopd status`` or an operator's script.
+/status is compared key by key with the list in docs/operations.md ("7. Check")
+so a renamed or dropped field fails here before it breaks ``iopd status`` or an operator's script.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from iopd.edge import admin
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
-#: Beyond the SPEC: the runtime's snapshot version, bumped by every applied refresh.
+#: Beyond the core keys: the runtime's snapshot version, bumped by every applied refresh.
 STATUS_EXTRA_KEYS = {"config_version", "config_revision", "models", "principals", "limits_backend"}
 NODE_KEYS = {
     "id",
@@ -357,7 +357,7 @@ async def test_refresh_without_config_file_reports_an_error() -> None:
             assert gw.runtime.snapshot.version == 1
 
 
-# ------------------------------------------------ Host and token (finding 6)
+# ------------------------------------------------ Host and token (DNS rebinding)
 
 ADMIN_TOKEN = "iop_admin-canary-5f3a9c1e7b"
 

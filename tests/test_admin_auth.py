@@ -1,4 +1,4 @@
-"""Admin auth for a browser (issue #19): login form, session cookie, Origin and JSON rules.
+"""Admin auth for a browser: login form, session cookie, Origin and JSON rules.
 
 The session store and the two header checks are tested as functions; the
 login round trip, the cookie's attributes and the refusals through a running

@@ -1,4 +1,4 @@
-"""The runtime-control routes of the admin API (issue #19), through a running edge.
+"""The runtime-control routes of the admin API, through a running edge.
 
 Routes stay thin (``iopd.edge.admin``); what they answer, and that a drain
 lets a request in flight finish without an error, is checked here over HTTP.

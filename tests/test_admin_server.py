@@ -1,4 +1,4 @@
-"""The admin listener on quart-trio + hypercorn: the framework pitfalls (issue #19).
+"""The admin listener on quart-trio + hypercorn: the framework pitfalls.
 
 Each test serves ``create_admin_app`` with ``AdminServer`` on port 0, with
 small configured timeouts, and talks to it over a raw socket: the lifespan

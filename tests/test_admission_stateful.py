@@ -1,4 +1,4 @@
-"""Several edges sharing one node's slots (issue #20), as a hypothesis state machine.
+"""Several edges sharing one node's slots, as a hypothesis state machine.
 
 Each edge is a real ``Scheduler`` (the pool's pure core) with the glue the
 trio layer adds (``ProviderPool._tell_waiting``: the providers it waits for);

@@ -1,4 +1,4 @@
-"""A provider ``base_url`` written the way client libraries want it (issue #18, item 1).
+"""A provider ``base_url`` written the way client libraries want it.
 
 The OpenAI SDK and LiteLLM take ``http://host:8000/v1``; iopd used to append
 ``/v1/...`` to that and probe ``/v1/v1/models``.  Unit tests pin the rules of

@@ -1,4 +1,4 @@
-"""CORS for a web UI on another origin (issue #18, item 8), with a raw client.
+"""CORS for a web UI on another origin, with a raw client.
 
 Off by default; ``openai.cors_allow_origins`` turns it on (live on refresh).
 A browser's preflight carries no credentials, so it is answered from the head

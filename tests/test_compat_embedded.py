@@ -1,4 +1,4 @@
-"""One daemon for one machine (issue 18, item 12): ``nodes[].embedded: true``.
+"""One daemon for one machine: ``nodes[].embedded: true``.
 
 The config rules are checked directly; the behaviour end to end, with the
 official ``openai`` SDK: in process (``run_edge`` through tests/gateway.py,

@@ -1,4 +1,4 @@
-"""Passthrough response headers read like one response (issue #18, item 10).
+"""Passthrough response headers read like one response.
 
 A relayed response used to carry the provider's ``Date`` and ``Server`` next
 to the edge's own, which clients merge (``httpx`` shows ``"Mon, ..., Mon,

@@ -1,4 +1,4 @@
-"""``n > 1`` choices (issue #18, item 4), through the official ``openai`` SDK.
+"""``n > 1`` choices, through the official ``openai`` SDK.
 
 Passthrough providers (vLLM, llama.cpp) get ``n`` relayed as sent.  On a
 normalized provider the edge runs the request once per choice, one after the

@@ -1,4 +1,4 @@
-"""The normalized path to Ollama keeps ``response_format`` and images (issue 18, item 6).
+"""The normalized path to Ollama keeps ``response_format`` and images.
 
 ``response_format`` becomes Ollama's ``format`` (``json_object`` -> ``"json"``,
 ``json_schema`` -> the schema object) and image parts with a ``data:`` URL

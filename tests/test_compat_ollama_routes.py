@@ -1,4 +1,4 @@
-"""Ollama's routes through the official ``ollama`` client (issue #18, item 6).
+"""Ollama's routes through the official ``ollama`` client.
 
 A real edge + node in front of ``MockOllamaServer``: ``list`` (``/api/tags``,
 from the catalog), ``show`` and ``embed`` (relayed to the group's ollama

@@ -1,4 +1,4 @@
-"""``/v1/responses`` on normalized providers (issue #18, item 5), through the
+"""``/v1/responses`` on normalized providers, through the
 official ``openai`` SDK: ``client.responses.create`` and ``client.responses.stream``
 (whose accumulator checks the event order, item identities and sequence).
 

@@ -1,4 +1,4 @@
-"""Endpoints real clients call besides chat (issue #18, items 3 and 7).
+"""Endpoints real clients call besides chat.
 
 A real edge + node in front of ``MockOpenAIServer``, called with the official
 ``openai`` SDK the way users found the gaps:
@@ -72,7 +72,7 @@ async def openai_gateway(extra_models: str = "") -> AsyncIterator[tuple[Gateway,
         n.cancel_scope.cancel()
 
 
-# ------------------------------------------------------------------ item 3: models
+# ------------------------------------------------------------------ models
 
 
 async def test_models_retrieve_answers_like_openai() -> None:
@@ -131,7 +131,7 @@ async def test_status_shows_model_groups_with_their_providers() -> None:
             assert f"oa-1={SERVED}" in line
 
 
-# ------------------------------------------------------------------ item 7: more endpoints
+# ------------------------------------------------------------------ more endpoints
 
 
 def _relayed_posts(mock: MockOpenAIServer, path: str) -> list[dict[str, object]]:

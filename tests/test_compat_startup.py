@@ -1,4 +1,4 @@
-"""Start-up failures are one line on stderr and exit 1 (issue #18, item 2).
+"""Start-up failures are one line on stderr and exit 1.
 
 Each test runs ``python -m iopd ...`` as a subprocess, as an operator or
 systemd would, and checks what reaches the terminal: exit status 1, exactly

@@ -1,4 +1,4 @@
-"""Truthful status (issue 18, item 9): a provider whose node is gone shows ``disconnected``.
+"""Truthful status: a provider whose node is gone shows ``disconnected``.
 
 A real edge and node over loopback (tests/gateway.py) front a mock OpenAI
 server whose health route fails, so the node's last probe says

@@ -1,4 +1,7 @@
-"""Every semantic validation rule of SPEC §1, each with its exact message."""
+"""Every semantic validation rule, each with its exact message.
+
+The rules: docs/configuration.md, "Validation rules".
+"""
 
 from __future__ import annotations
 

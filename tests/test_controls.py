@@ -1,4 +1,4 @@
-"""``RuntimeControls`` (issue #19): bodies validated, changes applied, logged, counted.
+"""``RuntimeControls``: bodies validated, changes applied, logged, counted.
 
 The domain object is driven directly with the bytes a route would hand it;
 the HTTP wiring is in ``tests/test_admin_controls.py``, the pool's side in
@@ -220,7 +220,7 @@ async def test_recent_events_are_bounded() -> None:
 
 
 async def test_each_change_goes_to_the_providers_node_before_the_pool() -> None:
-    """The node holds the controls (issue #20): every change is sent to it, as
+    """The node holds the controls: every change is sent to it, as
     the whole resulting control of each provider, one message per action."""
     wire = NodeWire()
     c, _ = controls_of(make_pool(), wire)

@@ -1,4 +1,4 @@
-"""``iopd provider drain|disable|enable|set|reset ID`` and ``iopd node drain ID`` (issue #19).
+"""``iopd provider drain|disable|enable|set|reset ID`` and ``iopd node drain ID``.
 
 Each command is run as a real process against a running edge: the JSON body
 with its ``Content-Type`` (the edge answers 415 without it), the admin token

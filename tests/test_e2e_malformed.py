@@ -6,7 +6,8 @@ fields, bad roles, wrong content types, oversized bodies and headers,
 invalid HTTP, wrong methods, unknown routes, bad auth header shapes, chunked
 bodies, NUL bytes, invalid UTF-8.  Every answer must be
 ``{"error": {"message", "type", "code", "param"}}`` with the status, type and
-code of SPEC §10 — never a 5xx, never a traceback, a file path or a module
+code of docs/troubleshooting.md, "Errors callers see" — never a 5xx, never a
+traceback, a file path or a module
 name, never the caller's token echoed back.
 
 The cases run on one gateway (starting one per case would cost more than the
@@ -54,7 +55,7 @@ nodes:
         capacity: 8
 """
 
-# status -> the OpenAI ``type`` SPEC §10 gives every code at that status here
+# status -> the OpenAI ``type`` the error table gives every code at that status here
 BAD_REQUEST = (400, "invalid_request_error", "invalid_request_error")
 UNAUTHORIZED = (401, "authentication_error", "invalid_api_key")
 NOT_FOUND = (404, "invalid_request_error", "not_found")
@@ -123,7 +124,7 @@ _HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: edge\r\nAuthorization: " 
 _TE_HEAD = _HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
 
 #: Framings the parser once accepted that h11 and llhttp both refuse
-#: (issue #14, finding 5): each is a 400 now, and the connection closes.
+#: (a front end could split them elsewhere): each is a 400 now, and the connection closes.
 FRAMINGS = {
     "TE chunked + NBSP": _HEAD + b"Transfer-Encoding: chunked\xa0\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
     "TE NBSP + chunked": _HEAD + b"Transfer-Encoding: \xa0chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",

@@ -1,4 +1,4 @@
-"""End to end: usage metering and gateway metrics as an operator scrapes them (SPEC §5).
+"""End to end: usage metering and gateway metrics as an operator scrapes them.
 
 Every test runs a real edge (tests/gateway.py) with a real node, a mock model
 server (tests/mock_providers.py) or a scripted ``FakeNode`` (tests/wire_peers.py),
@@ -294,7 +294,7 @@ def sse_events(body: bytes) -> list[Any]:
 
 
 async def test_echo_non_stream_and_stream_run_event_usage_per_principal() -> None:
-    """Input = the §2.4 estimate over every text part the node receives; output = chunks."""
+    """Input = the input-token estimate over every text part the node receives; output = chunks."""
     messages = [
         {"role": "system", "content": "You are terse."},
         {

@@ -1,4 +1,4 @@
-"""End to end: the Ollama side of the edge (SPEC §3, §4).
+"""End to end: the Ollama side of the edge.
 
 A real edge and node in front of ``MockOllamaServer``: ``/api/chat`` and
 ``/api/generate`` are relayed raw with ``model`` rewritten to the served name,

@@ -1,4 +1,4 @@
-"""Config refresh end to end (SPEC §6): a real edge started from a config FILE.
+"""Config refresh end to end: a real edge started from a config FILE.
 
 Every test writes the edge YAML to ``tmp_path``, starts a whole gateway from
 it (``running_gateway(..., config_path=...)``), rewrites the file and asks the

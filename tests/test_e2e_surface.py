@@ -1,4 +1,4 @@
-"""End to end: the rest of the OpenAI-compatible surface (SPEC §1-§4, §10).
+"""End to end: the rest of the OpenAI-compatible surface.
 
 Complements ``test_e2e_openai.py``: strict output, generation policy,
 metadata and run metadata, long context, provider-auth forwarding, the

@@ -1,4 +1,4 @@
-"""An edge lost mid-stream, with real processes (issue #20).
+"""An edge lost mid-stream, with real processes.
 
 Two ``iopd edge`` processes and one ``iopd node`` process dialing both
 (``node.edges``); a stream in flight through each edge, each to its own mock

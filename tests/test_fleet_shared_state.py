@@ -1,4 +1,4 @@
-"""Two edges, one node: what the node holds for both (issue #20), over real sockets.
+"""Two edges, one node: what the node holds for both, over real sockets.
 
 * Config across edges: the node applies the highest ``edge.config_revision``
   it has received; an edge that pushed a lower one, or another config at the

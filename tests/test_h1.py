@@ -657,7 +657,7 @@ def test_everyday_requests_parse_like_both_references(raw: bytes) -> None:
     assert assert_like_references(raw)
 
 
-# ------------------------------------------- regressions: issue #14, finding 5
+# ------------------------------------------- regressions: framings h11 and llhttp refuse
 
 _POST = b"POST / HTTP/1.1\r\nHost: a\r\n"
 _CHUNKED = _POST + b"Transfer-Encoding: chunked\r\n\r\n"
@@ -778,7 +778,7 @@ def test_an_upgrade_request_is_served_but_never_kept_alive() -> None:
     assert reader.head is not None and reader.complete and not reader.head.keep_alive
 
 
-# ------------------------------------------- regressions: issue #14, finding 9
+# ------------------------------------------- regressions: parser limits
 
 def test_the_trailer_section_is_bounded_as_a_whole() -> None:
     """Many small trailer lines: 1.6 MB of them used to be accepted."""

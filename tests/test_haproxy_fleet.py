@@ -1,4 +1,4 @@
-"""Two edges and two nodes behind a real HAProxy (issue #20), all real processes.
+"""Two edges and two nodes behind a real HAProxy, all real processes.
 
 The deployment of ``docs/operations.md`` ("Several edges behind a load
 balancer"): HAProxy round-robins callers over two ``iopd edge`` processes and

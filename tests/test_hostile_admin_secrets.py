@@ -1,11 +1,11 @@
-"""Issue #14 findings 6, 7 and 8, replayed against a real edge + node on loopback.
+"""The admin Host, cut keys, caller headers upstream: replayed on a real edge + node.
 
-* Finding 6 (DNS rebinding): the admin API answers only loopback ``Host``
+* DNS rebinding: the admin API answers only loopback ``Host``
   values; with ``edge.admin_token_hash_sha256`` every route but ``/healthz``
   wants the bearer.
-* Finding 7 (a cut key): a provider error body cut at 512 bytes inside the
+* A cut key: a provider error body cut at 512 bytes inside the
   provider's key leaks no 8-character piece of it, to the caller or a log.
-* Finding 8 (caller headers upstream): only the allow-list (plus
+* Caller headers upstream: only the allow-list (plus
   ``openai.forward_headers``) reaches a passthrough provider.
 
 The scrubber itself (``iopd.redact``) is checked here against a naive
@@ -112,7 +112,7 @@ def test_the_scrubber_matches_a_naive_reference() -> None:
         assert Scrubber(secrets).scrub(text) == _naive_scrub(text, secrets), (secrets, text)
 
 
-# ------------------------------------------------- finding 7, end to end
+# ------------------------------------------------- a cut key, end to end
 
 SECRETS_YAML = """
 edge:
@@ -173,7 +173,7 @@ async def test_an_error_body_cut_inside_the_key_leaks_no_piece_of_it(
     assert pieces_of(LONG_KEY, json.dumps([repr(rec.args) for rec in caplog.records])) == []
 
 
-# ------------------------------------------------- finding 8, end to end
+# ------------------------------------------------- caller headers, end to end
 
 HEADERS_YAML = """
 edge:

@@ -1,4 +1,4 @@
-"""Issue #14 findings 1 and 3 replayed against a real edge and node.
+"""Costly tool calls and JSON bodies, replayed against a real edge and node.
 
 Each case sends what froze or bloated the edge before (a tool-call schema or
 argument whose validation never ended, a quadratic tag scan, a JSON body of

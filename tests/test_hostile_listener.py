@@ -1,13 +1,13 @@
-"""Issue #14, findings 2 and 4, replayed against a real edge + node on loopback.
+"""Bodies before authentication and stalled readers, replayed on a real edge + node.
 
-Finding 2: whole bodies were read before authentication; 401 and 404 were
+Bodies: whole bodies were read before authentication; 401 and 404 were
 decided after up to ``max_body_bytes`` had arrived, and ``Expect:
 100-continue`` got ``100 Continue`` without a token.  Now route, method and
 caller are decided from the head (no body byte waited for), ``100 Continue``
 only follows an admitted head, and ``openai.max_inflight_body_bytes`` bounds
 what all connections may be sending at once (503 ``overloaded``).
 
-Finding 4: callers that never read pinned provider slots until
+Stalled readers: callers that never read pinned provider slots until
 ``request_timeout``.  Now a write that makes no progress for
 ``openai.send_timeout`` cuts the connection: the node gets ``Cancel`` and the
 pool slot is freed.

@@ -1,4 +1,4 @@
-"""Queued requests cannot hold unbounded memory: ``provider_pool.max_queued_bytes`` (issue #14).
+"""Queued requests cannot hold unbounded memory: ``provider_pool.max_queued_bytes``.
 
 A real edge and node on loopback, one ``echo`` provider with one slot that the
 test holds itself (``pool.lease``), so every HTTP request can only wait.  The

@@ -1,4 +1,4 @@
-"""Per-principal limits (issue #17): every rule and boundary of ``iopd.edge.principal_limits``.
+"""Per-principal limits: every rule and boundary of ``iopd.edge.principal_limits``.
 
 Times are wall-clock seconds since the epoch; ``MIDNIGHT`` is a UTC midnight
 (2023-11-15T00:00:00Z), so day boundaries are exact.
@@ -525,7 +525,7 @@ def test_partial_principal_entry_inherits_default() -> None:
 
 
 def test_withdraw_undoes_an_admission_exactly() -> None:
-    """A request found to have no live candidate never counted (#17: a 502 before admission)."""
+    """A request found to have no live candidate never counted (a 502 before admission)."""
     from iopd.config.schema import LimitDefaults, LimitsSection
     from iopd.edge.principal_limits import Admission, PrincipalLimiter
     from iopd.edge.token_reservation import reservation_for

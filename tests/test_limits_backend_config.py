@@ -1,4 +1,4 @@
-"""``limits.backend`` and its store keys (issue #21): validation by path, restart class, secrets."""
+"""``limits.backend`` and its store keys: validation by path, restart class, secrets."""
 
 from __future__ import annotations
 

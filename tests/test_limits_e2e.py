@@ -1,4 +1,4 @@
-"""Per-principal limits through a real edge and node (issue #17).
+"""Per-principal limits through a real edge and node.
 
 The limiter's clock is driven directly (``runtime.limits_clock``): windows
 move only when a test moves them, so nothing here waits on the real 60 s

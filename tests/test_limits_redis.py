@@ -1,4 +1,4 @@
-"""Per-principal limits shared by several edges through a real redis-server (issue #21).
+"""Per-principal limits shared by several edges through a real redis-server.
 
 Each edge is a whole edge with its own embedded echo node, as several
 machines behind one load balancer would be; they share one principal and

@@ -1,4 +1,4 @@
-"""A settlement whose outcome was unknown is sent again at recovery and counted once (issue #21).
+"""A settlement whose outcome was unknown is sent again at recovery and counted once.
 
 The store is frozen (SIGSTOP) while an edge settles: the call runs over
 ``limits.backend_timeout``, which starts an outage, yet the command sits in

@@ -1,4 +1,4 @@
-"""Stateful property test of the per-principal limiter (issue #17).
+"""Stateful property test of the per-principal limiter.
 
 Hypothesis drives ``PrincipalLimiter`` through random admissions, settlements
 (below, at and above the reservation, with no usage, twice), starts and

@@ -1,4 +1,4 @@
-"""The shared limits store's Lua scripts against a reference model of issue #17's rules.
+"""The shared limits store's Lua scripts against a reference model of the in-memory limiter's rules.
 
 A hypothesis state machine drives ``LimitsStore`` on a real ``redis-server``
 from three simulated edges (one client each): admissions with and without a
@@ -79,7 +79,7 @@ class Held:
 
 @dataclass
 class Model:
-    """Issue #17's rules for one principal, on the test's own clock ``now`` (s)."""
+    """The limiter's rules for one principal, on the test's own clock ``now`` (s)."""
 
     now: int = 0
     requests: dict[str, int] = field(default_factory=dict)  # admission id -> time

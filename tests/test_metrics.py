@@ -649,7 +649,8 @@ def test_http_rejected_statuses_are_a_fixed_label_set(m: GatewayMetrics) -> None
 
 
 def test_routing_counters_take_only_fixed_reasons_and_config_groups(m: GatewayMetrics) -> None:
-    """Issue #16's counters: ``reason`` from FailureReason, groups from the config."""
+    """The counters of routing around failures: ``reason`` from FailureReason,
+    groups from the config."""
     m.count_attempt_failure("echo", "p", "status_429")
     assert series(m, "iop_provider_attempt_failures_total") == {
         frozenset(

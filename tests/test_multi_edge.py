@@ -4,8 +4,8 @@ Each edge holds its own ``token_verifier`` of the node's token (its own
 salt).  What must hold: every edge serves through the node; when one edge's
 link closes mid-stream the node cancels that edge's streams at once (the
 model server sees its request aborted) while the other edge's stream
-completes untouched.  The node is the authority for its providers' slots
-(issue #20): load spread over both edges never runs a provider past its
+completes untouched.  The node is the authority for its providers' slots:
+load spread over both edges never runs a provider past its
 ``capacity``, and the slots of an edge that is lost go to the other edge's
 waiters.
 """

@@ -1,4 +1,4 @@
-"""The node's slot table (issue #20): admission across edges, offers in order."""
+"""The node's slot table: admission across edges, offers in order."""
 
 from __future__ import annotations
 

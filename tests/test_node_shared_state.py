@@ -1,4 +1,4 @@
-"""What a node holds for all its edges (``iopd.node.shared_state``, issue #20), pure.
+"""What a node holds for all its edges (``iopd.node.shared_state``), pure.
 
 The config revision in force (the highest wins; at the same revision only
 the edge in force may change it) and the runtime controls (last write wins,

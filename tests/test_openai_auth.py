@@ -1,4 +1,4 @@
-"""Caller authentication, run metadata and provider-auth lookup (SPEC §4 Auth)."""
+"""Caller authentication, run metadata and provider-auth lookup."""
 
 from __future__ import annotations
 

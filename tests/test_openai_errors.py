@@ -1,4 +1,4 @@
-"""The OpenAI error envelope: one renderer for every GatewayError (SPEC §10)."""
+"""The OpenAI error envelope: one renderer for every GatewayError."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Operations against real daemons: ``python -m iopd edge`` and ``python -m iopd node``
-as subprocesses on loopback, driven by signals, as systemd would (SPEC §9);
+as subprocesses on loopback, driven by signals, as systemd would;
 plus consistency checks of the shipped systemd units.
 
 Why subprocesses: drain on SIGTERM, refresh on SIGHUP, the exit code and what

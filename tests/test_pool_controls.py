@@ -1,4 +1,4 @@
-"""Runtime controls in the pool (issue #19): states, overrides, waiters, refresh.
+"""Runtime controls in the pool: states, overrides, waiters, refresh.
 
 The hypothesis machine in ``tests/test_pool_stateful.py`` checks controls
 against its reference at random; these are the named cases an operator

@@ -1,4 +1,4 @@
-"""The pool's fair queue and per-principal concurrency (issue #17).
+"""The pool's fair queue and per-principal concurrency.
 
 Unit tests per rule, a hypothesis property on one shared provider (weighted
 fairness within a stated bound, bounded overtaking so no waiter starves,

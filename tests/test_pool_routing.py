@@ -1,4 +1,4 @@
-"""Routing around failing providers in the pool (issue #16): one test per rule.
+"""Routing around failing providers in the pool: one test per rule.
 
 Ejected or saturated providers are not chosen while another candidate exists
 (even a busy one); the last resort serves when all are excluded; ``exclude``

@@ -1,4 +1,4 @@
-"""Unit tests of the synchronous pool scheduler: one named test per SPEC §2 rule."""
+"""Unit tests of the synchronous pool scheduler: one named test per scheduling rule."""
 
 from __future__ import annotations
 

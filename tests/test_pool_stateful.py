@@ -1,11 +1,11 @@
-"""Stateful property tests of the pool (SPEC §2).
+"""Stateful property tests of the pool.
 
 The synchronous scheduler is driven by hypothesis through random acquire,
 release (also twice), cancel/timeout, node disconnect/reconnect, health changes
 and snapshot swaps (capacity up and down, providers disabled or removed, groups
 rewired, principal shares and caps, ejection policy), runtime controls (a
 provider drained, disabled or back to active, capacity and priority
-overridden or cleared; issue #19), requests of several
+overridden or cleared), requests of several
 principals with ``exclude`` sets and fallback groups, attempt verdicts
 (success, failure, 429, abandoned) and the passing of time.  After every step
 it is compared with a deliberately naive reference that walks the whole queue

@@ -1,4 +1,4 @@
-"""``/status`` and the health gauge show passive ejection (issue #16).
+"""``/status`` and the health gauge show passive ejection.
 
 A real edge and node (tests/gateway.py) front a healthy mock provider; the
 test ejects it through the pool's attempt API (what the request path will

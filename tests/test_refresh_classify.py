@@ -283,7 +283,7 @@ def test_report_never_contains_secret_values() -> None:
 
 
 def test_a_new_config_revision_is_live_and_pushes_every_node() -> None:
-    """Several edges (issue #20): a node applies the highest revision it has
+    """Several edges: a node applies the highest revision it has
     seen, so a raised ``edge.config_revision`` goes to every node, changed or not."""
     diff = diff_of(lambda d: d["edge"].update(config_revision=4))
     assert diff == RefreshDiff(["node-a", "node-b"], [], [], [])

@@ -1,4 +1,4 @@
-"""Reliability under faults and load (SPEC §2.7 leases, §8 heartbeats, §9 daemons).
+"""Reliability under faults and load (leases, heartbeats, daemons).
 
 Two kinds of test live here:
 
@@ -382,7 +382,7 @@ async def test_hanging_provider_times_out_per_read_timeout(tmp_path: Path) -> No
                             assert resp.status == 504, resp.body
                         if model == "pt" and mode == "hang_after_head":
                             # The provider's head was relayed: passthrough adds no
-                            # envelope, the body is cut (SPEC §3).
+                            # envelope, the body is cut.
                             assert resp.status == 200 and code == "truncated", resp.body
                         else:
                             assert code == "provider_timeout", (mode, model, resp.body)
@@ -409,7 +409,7 @@ async def test_broken_provider_gives_a_clear_error_and_frees_the_slot(tmp_path: 
                         resp = await c.chat("hello", model=model, stream=stream)
                         assert resp.status < 600
                         if model == "pt" and mode == "error500":
-                            assert resp.status == 500  # relayed as is (SPEC §3)
+                            assert resp.status == 500  # relayed as is
                             assert json.loads(resp.body)["error"]["message"] == "boom"
                         else:
                             code = _terminal_error(resp)

@@ -1,4 +1,4 @@
-"""A failing provider is routed around (issue #16), end to end.
+"""A failing provider is routed around, end to end.
 
 A real edge and a real node, two mock OpenAI providers in one group: the
 preferred one (``priority: 0``) is told to fail, the other answers.  The
@@ -245,7 +245,7 @@ async def test_a_stream_that_failed_after_its_first_chunk_is_not_retried() -> No
 
 
 async def test_done_when_one_failing_provider_callers_see_no_error_and_it_is_ejected() -> None:
-    """The issue's done-when: two providers, one failing every request."""
+    """Two providers, one failing every request: callers see no error and it is ejected."""
 
     async def run(nursery: Any, bad: Any, good: Any, spare: Any) -> None:
         _fail_chat(bad, 502)

@@ -1,4 +1,4 @@
-"""Retries on the normalized path (issue #16), end to end, streams included.
+"""Retries on the normalized path, end to end, streams included.
 
 A real edge and a real node, two mock Ollama providers in one group: the
 preferred one (``priority: 0``) is told to fail, the other answers.  A

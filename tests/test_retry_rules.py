@@ -1,4 +1,7 @@
-"""The retry classifier: the issue's table, every veto, metric reasons, origins."""
+"""The retry classifier: its table, every veto, metric reasons, origins.
+
+The table: docs/operations.md, "Retry before the first byte".
+"""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ K = FailureKind
 R = FailureReason
 E = TrackerEffect
 
-#: (failure, safe to retry, metric reason, tracker effect): the issue's table, written out.
+#: (failure, safe to retry, metric reason, tracker effect): that table, written out.
 TABLE: list[tuple[AttemptFailure, bool, FailureReason | None, TrackerEffect]] = [
     (AttemptFailure(K.CONNECT_FAILED), True, R.CONNECT, E.FAILURE),
     (AttemptFailure(K.RESET_BEFORE_SEND), True, R.RESET, E.FAILURE),

@@ -1,4 +1,5 @@
-"""Edge review: defects found by reading the edge against SPEC, each pinned by a test."""
+"""Edge review: defects found by reading the edge against its documented contract,
+each pinned by a test."""
 
 from __future__ import annotations
 
@@ -153,7 +154,7 @@ nodes:
 
 
 async def test_passthrough_limit_is_a_400_before_dispatch() -> None:
-    """SPEC §4: on passthrough a request over a generation limit gets 400.  For a
+    """On passthrough a request over a generation limit gets 400.  For a
     group whose providers all relay raw, that answer does not depend on which
     provider is picked, so it must not wait for (or be masked by) dispatch: it
     used to be checked only after a lease, so with the node down (or the queue
@@ -239,7 +240,7 @@ async def test_request_timeout_during_a_whole_response_write_cuts_quietly(
 
 
 async def test_a_request_that_starts_after_the_drain_cut_is_cut_too() -> None:
-    """SPEC §9: after drain_timeout the rest is cancelled with a terminal error.
+    """After drain_timeout the rest is cancelled with a terminal error.
     A request whose body was still arriving at the cut starts its handler after
     ``cut_all()``; it used to run uncut until the node sessions were closed
     under it (502 node_dispatch_error after the whole grace), not 503."""

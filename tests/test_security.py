@@ -7,7 +7,7 @@
   Afterwards every captured log record (DEBUG and up, with tracebacks),
   ``/metrics``, ``/status`` and every error body the edge wrote are searched:
   zero hits.  (A passthrough provider's own body is relayed unchanged by
-  design, SPEC §3; that one body is the provider's, not the gateway's.)
+  design (docs/reliability.md, "Security"); that one body is the provider's, not the gateway's.)
 * **Constant-time comparisons**: the auth code compares digests with
   ``hmac.compare_digest`` and never with ``==``.
 * **No client-chosen outbound URL**: ``base_url``/``api_base`` fields, an
@@ -336,7 +336,7 @@ def _pieces(secret: str, text: str, run: int = 8) -> list[str]:
 async def test_a_cut_canary_key_reaches_no_log_status_or_error_body(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """Finding 7: a provider quoting the key in a body the node cuts at 512 bytes
+    """A cut key: a provider quoting the key in a body the node cuts at 512 bytes
     (12 characters into the key); and a log line quoting a piece of each secret
     the daemons hold (the provider key, the node token, the legacy bearer)."""
     caplog.set_level(logging.DEBUG)

@@ -1,4 +1,4 @@
-"""The SPEC §5 usage merge: each token type counted once, with its source."""
+"""The usage merge (docs/openai-usage-grafana.md): each token type counted once, with its source."""
 
 from __future__ import annotations
 

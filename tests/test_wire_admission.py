@@ -1,4 +1,4 @@
-"""The admission messages of the wire (issue #20): who may send them, on which
+"""The admission messages of the wire: who may send them, on which
 streams, and the bounds a peer cannot push past."""
 
 from __future__ import annotations

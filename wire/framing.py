@@ -26,7 +26,7 @@ import msgspec
 from wire.errors import FrameTooLarge, LocalProtocolError, MalformedFrame
 from wire.messages import Message
 
-#: Default cap of one frame's body (SPEC §8): 16 MiB.
+#: Default cap of one frame's body: 16 MiB.
 MAX_FRAME_BYTES = 16 * 1024 * 1024
 PREFIX_BYTES = 4
 #: Cap of one frame's body before the session is open (``Hello``, ``Challenge``,

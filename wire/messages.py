@@ -150,7 +150,7 @@ class NodeConfig(_Msg, tag=True):
     stream_id: int
     version: int
     providers: list[ProviderSpec] = msgspec.field(default_factory=list)
-    #: The edge's ``edge.config_revision`` (issue #20): the node applies the
+    #: The edge's ``edge.config_revision``: the node applies the
     #: highest revision it has received (see ``NodeConfigState``).
     revision: int = 0
 
@@ -279,7 +279,7 @@ class Credit(_Msg, tag=True):
 
 # ----------------------------------------------------------------- admission
 #
-# The node is the authority for its providers' slots (issue #20).  It admits
+# The node is the authority for its providers' slots.  It admits
 # every RunRequest/ProviderTunnelRequest against its own counters or ends the
 # stream at once with ``Busy``.  It pushes each edge the load that edge cannot
 # see itself (``LoadReport``: the other edges' streams and the slots held for
@@ -338,7 +338,7 @@ class Waiting(_Msg, tag=True):
     waiting: bool = True
 
 
-# ============================================ several edges (issue #20)
+# ============================================ several edges
 # What every edge of a fleet must agree on is held by the node, the one
 # place all of them talk to: the config revision in force and the operator's
 # runtime controls.  Neither is on a stream: the node sends its state when it

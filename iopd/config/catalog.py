@@ -2,7 +2,8 @@
 
 Pure and immutable, built once per config (at start and on every refresh)
 and shared by the OpenAI surface, the pool and the admin API.  The legacy
-forms of SPEC §1 are normalised here and nowhere else: each
+forms (docs/configuration.md, "Legacy forms and resolution order") are
+normalised here and nowhere else: each
 ``openai.model_routes[]`` entry becomes a one-provider group (source
 ``"route"``), and the single ``openai.adapter`` + ``openai.target`` form
 becomes a ``fallback`` group that catches every model not otherwise resolved.

@@ -1,4 +1,4 @@
-"""Classify a config refresh: what may change live and what needs a restart (SPEC §6).
+"""Classify a config refresh: what may change live and what needs a restart.
 
 Pure: two validated ``EdgeConfig``s in, a ``RefreshDiff`` out.  Providers
 and nodes are compared by id, never by list position, so reordering a list
@@ -46,7 +46,7 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
 )
 #: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.
 LIVE_SECTIONS: frozenset[str] = frozenset({"provider_pool", "limits"})
-#: ``limits.*`` keys of the store every edge shares (issue #21): the rest of ``limits`` is live.
+#: ``limits.*`` keys of the store every edge shares: the rest of ``limits`` is live.
 RESTART_LIMITS_KEYS: tuple[str, ...] = (
     "backend",
     "redis_url",
@@ -189,7 +189,7 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
             restart.append(f"nodes[{node.id}]")
     if old.edge.config_revision != new.edge.config_revision:
         # A new revision is pushed to every node, changed or not: each node
-        # applies the highest revision it has seen (several edges, issue #20).
+        # applies the highest revision it has seen (several edges).
         changed_nodes.update(n.id for n in new.nodes if n.id in old_nodes)
 
     old_groups = {m.id: m for m in old.models}

@@ -1,4 +1,4 @@
-"""Typed schemas of the edge and node configuration files (SPEC §10).
+"""Typed schemas of the edge and node configuration files.
 
 Every section is a msgspec Struct with ``forbid_unknown_fields=True`` so a typo
 in an operator's YAML is an error, never silently ignored.  Field names, types
@@ -22,7 +22,7 @@ LogFormat = Literal["keyvalue", "json"]
 LogLevel = Literal["debug", "info", "warning", "error"]
 PromptVia = Literal["stdin", "arg"]
 
-#: Display-only flags an operator may attach to a provider (SPEC §3).
+#: Display-only flags an operator may attach to a provider.
 LIFECYCLE_CAPABILITIES: frozenset[str] = frozenset(
     {
         "streaming",
@@ -73,7 +73,7 @@ class EdgeSection(_Section):
     node_listen_max_pending_per_address: int = 16
     tls: EdgeTLS = msgspec.field(default_factory=EdgeTLS)
     #: Raised by the operator with each config change on every edge: a node
-    #: applies the highest revision it has received (issue #20).
+    #: applies the highest revision it has received.
     config_revision: int = 0
 
 
@@ -169,7 +169,7 @@ class PrincipalLimit(_Section):
 class LimitsSection(_Section):
     default: LimitDefaults = msgspec.field(default_factory=LimitDefaults)
     principals: list[PrincipalLimit] = msgspec.field(default_factory=list)
-    # Where the counters live (issue #21): this edge's memory, or a Redis/Valkey
+    # Where the counters live: this edge's memory, or a Redis/Valkey
     # server shared by every edge.  Restart-required.
     backend: Literal["memory", "redis"] = "memory"
     redis_url: str | None = None  # redis:// or rediss://; its password is a secret: use ${NAME}

@@ -1,4 +1,4 @@
-"""Semantic rules over typed configs (SPEC §1): references, bounds, uniqueness, addresses.
+"""Semantic rules over typed configs: references, bounds, uniqueness, addresses.
 
 Pure functions from a Struct to a list of ``ConfigProblem`` (YAML path,
 reason), so they serve ``load.py`` (every problem of a file at once, written
@@ -539,7 +539,7 @@ def _check_limits(err: Errors, limits: LimitsSection, tokens: list[PrincipalToke
 
 
 def _check_limits_backend(err: Errors, limits: LimitsSection) -> None:
-    """``limits.backend`` and its store (issue #21).  The URL is never echoed: it holds a password."""
+    """``limits.backend`` and its store.  The URL is never echoed: it holds a password."""
     for name in ("backend_timeout", "lease_ttl"):
         value = getattr(limits, name)
         if not (math.isfinite(value) and 0 < value <= MAX_EJECT_SECONDS):

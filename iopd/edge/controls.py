@@ -1,4 +1,4 @@
-"""Runtime controls of the providers: drain, disable, enable, override, reset (issue #19).
+"""Runtime controls of the providers: drain, disable, enable, override, reset.
 
 Why a module of its own, free of any HTTP framework: the admin routes only
 read the path's id and the body's bytes and hand both here; validation,
@@ -8,7 +8,7 @@ few lines on whichever server serves the admin side, and the behaviour is
 tested without one.
 
 What the pool does with a control is in ``iopd.edge.pool.controls``.
-Where a control lives (issue #20): in the memory of the provider's node.  A
+Where a control lives: in the memory of the provider's node.  A
 change is sent to the node (``ControlUpdate``; 409 ``node_disconnected``
 while the node is away) and applied to this edge's pool at once; the node
 keeps the last write of any edge and sends its whole table to every edge

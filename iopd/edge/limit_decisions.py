@@ -1,4 +1,4 @@
-"""What per-principal limits decide, whichever backend keeps the counters (issues #17, #21).
+"""What per-principal limits decide, whichever backend keeps the counters.
 
 The limits in force (:class:`Limits`, from ``limits:``), what an admission
 attempt answers (:class:`Rejection`, :class:`NeverFits`), what a window

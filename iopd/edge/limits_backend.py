@@ -1,9 +1,9 @@
-"""Where per-principal counters live: one interface, two backends (issue #21).
+"""Where per-principal counters live: one interface, two backends.
 
 The request path (``iopd.edge.openai.limits``) talks to a
 :class:`LimitsBackend` only.  ``limits.backend: memory`` is
 :class:`MemoryLimits`: this edge's :class:`PrincipalLimiter`, exactly the
-limiter of issue #17 (its calls do no I/O; concurrency and the fair queue
+limiter of ``iopd.edge.principal_limits`` (its calls do no I/O; concurrency and the fair queue
 stay the pool's).  ``limits.backend: redis`` is
 ``iopd.edge.limits_shared.SharedLimits``: the same rules run as scripts in a
 Redis/Valkey server every edge shares, and a principal's ``max_concurrent``
@@ -123,7 +123,7 @@ class LimitsBackend(Protocol):
 
 
 class MemoryLimits:
-    """``limits.backend: memory``: this edge's :class:`PrincipalLimiter` (issue #17).
+    """``limits.backend: memory``: this edge's :class:`PrincipalLimiter`.
 
     Nothing here awaits anything: each call is the limiter's, synchronously.
     ``max_concurrent`` is the pool's (its fair queue counts the slots).

@@ -1,4 +1,4 @@
-"""Per-principal limits in a Redis/Valkey server every edge shares (issue #21).
+"""Per-principal limits in a Redis/Valkey server every edge shares.
 
 Why scripts: a check that reads a counter and a write that follows it, as
 two commands, let two edges both see room for one request (LiteLLM's limit

@@ -1,4 +1,4 @@
-"""The label records of ``iop_openai_*`` metrics, checked on construction (SPEC §5).
+"""The label records of ``iop_openai_*`` metrics, checked on construction.
 
 Why a module of its own: these records are how a request handler names what
 it counts, and the only door through which a string reaches a label value.

@@ -1,4 +1,4 @@
-"""Usage metering and gateway health in Prometheus (SPEC §5).
+"""Usage metering and gateway health in Prometheus.
 
 Why this module looks the way it does:
 
@@ -208,7 +208,7 @@ class GatewayMetrics:
             ("edge_id", "status"),
             registry=r,
         )
-        # Issue #16: retries, passive ejection, fallback groups.  Provider and
+        # Routing around failures: retries, passive ejection, fallback groups.  Provider and
         # group ids are config ids; ``reason`` is ``FailureReason``'s fixed set.
         self._attempt_failures = Counter(
             "iop_provider_attempt_failures",

@@ -196,6 +196,12 @@ class NodeStream(Generic[R_co]):
         reply = cast(R_co, msg)
         direct = self.direct
         offered = False
+        # The writer may run here only when the consumer cannot be writing:
+        # parked (so inside no await of its own), nothing buffered (so this
+        # reply is the next one in order) and nothing of an earlier flush left
+        # unsent (so its bytes go out after those).  Once a reply is buffered
+        # the consumer is woken and no longer parked: the rest of the batch is
+        # buffered behind it.
         if (
             direct is not None
             and self._parked is not None  # nothing of the consumer's in flight

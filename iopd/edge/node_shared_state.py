@@ -1,4 +1,4 @@
-"""The edge's side of what a node holds for all its edges (issue #20).
+"""The edge's side of what a node holds for all its edges.
 
 Why a module of its own: with several edges each node is the one authority
 for two things every edge must agree on (``iopd.node.shared_state``), and

@@ -23,7 +23,7 @@ Why it looks like this:
   contract with the owner: ``node_disconnected`` first (the pool stops
   admitting to the node), then the session's streams fail and free their
   leases, whose release re-examines the queue.
-* Admission (issue #20): a node's ``LoadReport`` goes to ``provider_load``;
+* Admission: a node's ``LoadReport`` goes to ``provider_load``;
   its ``Busy`` to ``provider_busy`` and then ends its stream with the error
   code ``node_busy``, which the request path answers by leasing again.
 * Metering: ``wire_frames(direction, n)`` for every frame the edge's wire

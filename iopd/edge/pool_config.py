@@ -2,7 +2,7 @@
 
 Pure translation, kept apart from the runtime that applies it: the pool
 (``iopd.edge.pool``) knows nothing of the config's schema, and the runtime
-builds these at start and on every refresh.  Runtime controls (issue #19)
+builds these at start and on every refresh.  Runtime controls
 are not here: the pool overlays them on what this returns.
 """
 

@@ -1,4 +1,4 @@
-"""Per-principal limits as the rest of the edge sees them (issue #17).
+"""Per-principal limits as the rest of the edge sees them.
 
 ``limits`` splits between two owners: the pool owns concurrency and the fair
 queue (``share``, ``max_concurrent``: :func:`principal_policies` puts them in
@@ -79,7 +79,7 @@ class WindowRow(TypedDict):
 
 
 class PrincipalRow(TypedDict):
-    """One principal of ``GET /status`` (issue #17)."""
+    """One principal of ``GET /status``."""
 
     principal_ref: str
     in_flight: int  # holding a provider slot

@@ -1,4 +1,4 @@
-"""OpenAI's ``x-ratelimit-*`` headers: how a window is written (issue #17).
+"""OpenAI's ``x-ratelimit-*`` headers: how a window is written.
 
 Three headers per window (``-requests``, ``-tokens``): ``limit`` and
 ``remaining`` as integers, ``reset`` (until the window is empty again) as a

@@ -1,5 +1,5 @@
 """The edge daemon: one nursery owning the wire listener, the OpenAI and admin
-listeners, signal handling and the drain (SPEC §9).
+listeners, signal handling and the drain.
 
 The OpenAI listener is ``iopd.http.server``; the admin listener is a quart-trio
 app on hypercorn's trio worker (``iopd.edge.admin``), in the same nursery and

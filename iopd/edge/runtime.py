@@ -1,4 +1,4 @@
-"""The edge's runtime state and its copy-on-write refresh (SPEC §6).
+"""The edge's runtime state and its copy-on-write refresh.
 
 Why one object: a request reads ``runtime.snapshot`` once at its start and
 keeps that immutable ``Snapshot`` (config, catalog, authenticator) until it
@@ -144,7 +144,7 @@ class EdgeRuntime:
     pool: ProviderPool
     metrics: GatewayMetrics
     hub: NodeHub = field(init=False)
-    #: The operator's runtime controls (drain, disable, overrides; issue #19).
+    #: The operator's runtime controls (drain, disable, overrides).
     controls: RuntimeControls = field(init=False)
     health: dict[str, ProviderHealthState] = field(default_factory=dict)
     _refresh_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -152,7 +152,7 @@ class EdgeRuntime:
     #: node id -> the token of each embedded node (``iopd.edge.embedded``).  Fixed
     #: at start: making a node embedded, or adding one, needs a restart.
     embedded_tokens: Mapping[str, str] = field(default_factory=dict, repr=False)
-    #: Retries per model group over the last minute (issue #16), shared by
+    #: Retries per model group over the last minute, shared by
     #: every request; its policy follows the snapshot on refresh.
     retry_budget: RetryBudget = field(default_factory=RetryBudget)
     #: Per-principal limits (``limits``) in memory (kept across a refresh, lost by a restart).
@@ -162,7 +162,7 @@ class EdgeRuntime:
     #: the calendar day in UTC (tests drive it directly).
     limits_clock: Callable[[], float] = time.time
     activity: ActivityRecorder = field(init=False)  # recent usage and errors (web console)
-    #: Each node's config revision in force, as it last told (issue #20).
+    #: Each node's config revision in force, as it last told.
     node_states: NodeConfigStates = field(default_factory=NodeConfigStates)
     stopping: trio.Event = field(default_factory=trio.Event)  # set at drain: /events end
 
@@ -348,7 +348,7 @@ class EdgeRuntime:
         return rows
 
     def status(self) -> StatusDocument:
-        """The admin ``GET /status`` document (SPEC §10)."""
+        """The admin ``GET /status`` document."""
         snap = self.snapshot
         loads = self.pool.provider_loads()
         nodes: list[NodeRow] = []
@@ -428,7 +428,7 @@ class EdgeRuntime:
     # --------------------------------------------------------------- refresh
 
     async def refresh(self, mode: str) -> RefreshReport:
-        """Dry-run or apply the config file the edge was started with (SPEC §6)."""
+        """Dry-run or apply the config file the edge was started with."""
         report: RefreshReport = {
             "mode": mode,
             "applied": False,

@@ -24,7 +24,7 @@ class NodeRow(TypedDict):
     #: The config revision in force on the node (None until it told this edge).
     config_revision: int | None
     #: This edge pushed the node a lower revision, or another config at the
-    #: same revision: it serves with the node's config (issue #20).
+    #: same revision: it serves with the node's config.
     config_mismatch: bool
 
 
@@ -78,7 +78,7 @@ class QueueRow(TypedDict):
 
 
 class StatusDocument(TypedDict):
-    """The admin ``GET /status`` document (SPEC §10)."""
+    """The admin ``GET /status`` document."""
 
     edge_id: str
     config_version: int
@@ -92,7 +92,7 @@ class StatusDocument(TypedDict):
 
 
 class RefreshReport(TypedDict):
-    """The admin ``POST /refresh`` answer (SPEC §6)."""
+    """The admin ``POST /refresh`` answer."""
 
     mode: str
     applied: bool

@@ -1,4 +1,4 @@
-"""What a request reserves against its principal's token limits (issue #17).
+"""What a request reserves against its principal's token limits.
 
 A request is admitted against its input estimate (``iopd.tokens``) plus
 ``n`` x its maximum output (``max_tokens``, ``max_completion_tokens`` or

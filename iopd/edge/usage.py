@@ -1,4 +1,4 @@
-"""Turn provider-reported usage into metric items (SPEC §5), without I/O.
+"""Turn provider-reported usage into metric items, without I/O.
 
 Why a module of its own: the merge of a passthrough response's two usage
 sources is where double counting would creep in.  The node extracts usage from

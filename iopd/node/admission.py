@@ -1,4 +1,4 @@
-"""The node's admission: the one authority for its providers' slots (issue #20).
+"""The node's admission: the one authority for its providers' slots.
 
 Why it lives on the node: with several edges each one counting its own
 slots, a provider would run up to ``capacity`` times the number of edges.

@@ -127,7 +127,7 @@ class NodeExecutor:
         self._idle = trio.Event()
         self._idle.set()
         self._config_lock = trio.Lock()
-        #: What every edge must agree on (issue #20): the config revision in
+        #: What every edge must agree on: the config revision in
         #: force and the runtime controls.
         self.shared = SharedState()
 

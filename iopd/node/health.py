@@ -1,4 +1,4 @@
-"""Active health probes of the node's providers (SPEC §7).
+"""Active health probes of the node's providers.
 
 One probe loop per provider of the *current* registry, every
 ``health_interval`` seconds (``Adapter.probe``: openai ``GET /v1/models``,

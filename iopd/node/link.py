@@ -20,7 +20,7 @@ Why it looks like this:
   in its own task; config pushes are
   applied one at a time, in order, by a single task; each ack is followed by
   the node's config state (``NodeConfigState``), and the session's first ack
-  is preceded by its control state (``ControlState``; issue #20).  Losing the link cancels
+  is preceded by its control state (``ControlState``).  Losing the link cancels
   the nursery, so every run of that session stops.
 * ``_StreamSender.send`` enforces the credit window: it waits while the
   stream has no credit left (the terminal message never waits).

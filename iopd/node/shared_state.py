@@ -1,5 +1,5 @@
 """What a node holds for all of its edges: the config revision in force and the
-runtime controls (issue #20).
+runtime controls.
 
 Why on the node: with several edges the node is the one place every edge
 talks to, so it is where they can agree without a store of their own.

@@ -224,7 +224,11 @@ class WireChannel:
         if written == len(batch):
             self._stalled = False
             return
-        # The rest stays first in line; later sends wait for the outbox writer.
+        # The rest stays first in line, so frames committed later go out after
+        # it.  No task can be woken from here (see ``round_end``), so the
+        # outbox writer is woken through the run loop and writes the rest;
+        # until it has, ``_stalled`` makes ``send_soon`` wait like ``send``
+        # and a peer that does not read holds its senders back.
         self._wbuf = [batch[written:]]
         self._stalled = True
         try:
@@ -268,6 +272,17 @@ class WireChannel:
         await self._write_loop()
 
     async def _write_loop(self) -> None:
+        # The group commit.  ``_flushed`` belongs to the batch being collected:
+        # a sender that commits while a write is under way waits on it.
+        # Taking a batch swaps in a fresh event, so frames committed during
+        # this write wait for the next turn of the loop, which the writer
+        # makes before it lets go: no committed frame is left without a
+        # writer, and each waiter wakes once its own bytes are handed to the
+        # stream.  The write is shielded because the writer's own cancel must
+        # not cut a batch that holds other senders' frames; a peer that stops
+        # reading is ended by the heartbeat watchdog closing the stream under
+        # it.  When the channel closes, the waiters of the untaken batch are
+        # woken and raise ``ChannelClosed``.
         self._writing = True
         try:
             while self._wbuf:

@@ -1,4 +1,4 @@
-"""The loopback admin side (SPEC §10, issue #19): a quart-trio app on hypercorn.
+"""The loopback admin side: a quart-trio app on hypercorn.
 
 - ``app.py``: ``create_admin_app(runtime)``, the routes and the per-request checks;
 - ``auth.py``: the peer, Host, Origin, JSON-body, token and session checks;

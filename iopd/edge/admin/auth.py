@@ -1,4 +1,4 @@
-"""Who may call the admin listener, and from where (SPEC §10, issue #19).
+"""Who may call the admin listener, and from where.
 
 Four checks, each a small function of the request's headers so that every
 route (the API, the runtime controls, the console) gets them from one

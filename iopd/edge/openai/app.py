@@ -1,4 +1,4 @@
-"""The edge's OpenAI-compatible surface: routing and the request lifecycle (SPEC §3, §4).
+"""The edge's OpenAI-compatible surface: routing and the request lifecycle.
 
 One request, start to end:
 

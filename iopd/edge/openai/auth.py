@@ -1,4 +1,4 @@
-"""Caller authentication on the OpenAI surface (SPEC §4 Auth) and provider-auth lookup.
+"""Caller authentication on the OpenAI surface and provider-auth lookup.
 
 Tokens are never compared or stored in the clear: the caller's bearer token is
 hashed once (SHA-256) and compared with ``hmac.compare_digest`` against *every*

@@ -1,4 +1,4 @@
-"""The one place that renders error responses of the OpenAI listener (SPEC §4, §10).
+"""The one place that renders error responses of the OpenAI listener.
 
 Every :class:`iopd.errors.GatewayError` that reaches a caller of the OpenAI
 surface becomes ``{"error": {"message", "type", "code", "param"}}`` here: as a

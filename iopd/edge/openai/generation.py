@@ -1,4 +1,4 @@
-"""Generation policy (SPEC §4): ``models[].generation`` defaults and limits.
+"""Generation policy: ``models[].generation`` defaults and limits.
 
 - **normalized** path: ``defaults`` fill the fields the caller left out (or
   sent as null); ``limits`` cap the numeric fields the caller (or a default)

@@ -1,4 +1,4 @@
-"""Decoding a request body, bounded by its size (issue #14, finding 1).
+"""Decoding a request body, bounded by its size: a small body must not decode into a huge tree.
 
 A JSON value costs a Python object of 30-200 bytes however few bytes it takes
 in the body (``[]`` is 2 bytes and a 64-byte list), so a body within the

@@ -153,7 +153,7 @@ class Call:
         #: An SSE stream of the normalized path is open: a failure can still
         #: end it with an error event.
         self.sse_open = False
-        #: Its admission against the principal's rates and budgets (issue #17),
+        #: Its admission against the principal's rates and budgets,
         #: held once for its whole life; settled when it ends (``limits.settle``).
         self.admission: AnyAdmission | None = None
         #: A provider was leased for it (a request that never got one used no tokens).

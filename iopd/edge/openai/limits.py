@@ -1,4 +1,4 @@
-"""Per-principal rates and budgets on the request path (issue #17).
+"""Per-principal rates and budgets on the request path.
 
 The limiter (``iopd.edge.principal_limits``) decides; this module is the
 glue, in three calls the request's life makes:

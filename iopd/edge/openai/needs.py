@@ -147,7 +147,8 @@ def _context_class(snap: Snapshot, estimate: int) -> ContextClass:
 
 
 def _estimate_raw_input(raw: JSONObject) -> int:
-    """The §2.4 estimate over a /v1/responses body: instructions and input items."""
+    """The input-token estimate (``iopd.tokens``) over a /v1/responses body:
+    instructions and input items."""
     parts: list[JSONValue] = []
     if isinstance(raw.get("instructions"), str):
         parts.append({"content": raw["instructions"]})

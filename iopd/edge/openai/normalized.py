@@ -1,5 +1,5 @@
 """The normalized path: a ``RunRequest`` to the node, its ``RunEvent``s back as
-OpenAI objects (SPEC §4).
+OpenAI objects.
 
 Four shapes of answer: a whole ``chat.completion`` (:func:`chat_once`), a
 ``chat.completion.chunk`` SSE stream (:func:`chat_stream`) — one run per
@@ -9,7 +9,7 @@ choice (``n``), one after the other under the one lease — and a whole
 ``responses.py``; here are the run, the edge's system messages (strict
 output, the text tool protocol), text tool parsing, and the usage record.
 
-Retries (issue #16): a run that fails before any event reports it to the
+Retries: a run that fails before any event reports it to the
 request's attempt loop (``leased.leasing.failed``) and, when that says
 retry, runs again on the next leased provider; nothing was sent.  That holds
 for the streamed answers too: their response head waits for the run's first

@@ -18,7 +18,7 @@ gives a frozen :class:`LeasedRequest`: everything the relay and the
 normalized paths read, typed.  A class-based context manager (no generator
 frame) around the pool's lease keeps the hot path cheap.
 
-Attempts (issue #16).  The ``Leasing`` is also the request's attempt loop:
+Attempts.  The ``Leasing`` is also the request's attempt loop:
 the paths report how each attempt ended (``leased.leasing.succeeded()`` or
 ``failed(...)``), which tells the pool's outlier tracker and the metrics,
 and -- only when ``retry_rules.classify_failure`` says it is safe, an

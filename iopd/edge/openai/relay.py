@@ -1,5 +1,5 @@
 """The passthrough relay: the caller's body to an OpenAI-compatible (or Ollama)
-provider, the provider's response back byte for byte (SPEC §3, §4).
+provider, the provider's response back byte for byte.
 
 The body is the caller's with ``model`` rewritten to the provider's served
 name; the caller's headers pass an allow-list (``upstream_headers``) and the
@@ -29,7 +29,7 @@ the reader does not take (a 429/5xx head, an error, anything once a frame
 is buffered or while the handler is busy), and bytes the socket does not
 take at once, come to the loop as before.
 
-Retries (issue #16): the head is looked at before anything is written.  A
+Retries: the head is looked at before anything is written.  A
 429, 502 or 503 head, or an error frame before any head that says the
 provider was never reached (``provider_unreachable``, ``provider_reset``),
 is reported to the request's attempt loop (``leased.leasing.failed``);
@@ -171,6 +171,20 @@ class _Reply:
     of the read, writes what is held in one non-blocking write.  When the
     socket takes nothing, or only part, ``pending`` makes the loop ``settle``
     it (under ``send_timeout``) before it looks at the next frame.
+
+    Why two writers never collide: trio runs one task at a time, and the
+    reader writes only while the handler is parked in its read with nothing
+    buffered and nothing pending, so the handler is inside no write of its
+    own; every reader write is synchronous (held bytes, one non-blocking
+    flush), so it cannot be interrupted half-way either.  Order holds because
+    the reader takes a frame only when none is buffered before it: once one
+    is, every later frame is buffered behind it until the handler reads.
+    What decides the request stays with the handler: a head that may be
+    retried, an error frame and every terminal are never taken, so a retry
+    is decided before any byte of that attempt is written, and the attempt's
+    verdict and outcome are recorded by the handler alone.  A handler that is
+    cancelled (deadline, caller gone) stops being parked at once, and leaving
+    the stream drops its writer, so nothing more is written for it.
     """
 
     __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage", "took_whole")

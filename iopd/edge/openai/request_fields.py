@@ -28,7 +28,7 @@ MAX_METADATA_ENTRIES = 16
 MAX_METADATA_KEY_CHARS = 64
 MAX_METADATA_VALUE_CHARS = 512
 #: ``metadata.workspace`` is a path, not a label: it gets a larger bound and
-#: does not count against the 16 entries (SPEC §4 Metadata).
+#: does not count against the 16 entries.
 WORKSPACE_KEY = "workspace"
 MAX_WORKSPACE_CHARS = 4096
 MAX_STOP_SEQUENCES = 4

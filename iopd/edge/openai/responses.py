@@ -1,4 +1,4 @@
-"""``/v1/responses`` on the normalized path (SPEC §4 "Responses"): pure logic.
+"""``/v1/responses`` on the normalized path: pure logic.
 
 Providers without a native Responses API (``ollama``, ``cli``, ``echo``) run a
 Responses request the way they run a chat completion, translated here:

@@ -3,7 +3,7 @@
 Two readings of one ``RunEvent(kind="error")``: :func:`run_error` is the
 ``GatewayError`` the caller gets, and :func:`run_failure` is how far the
 run got (``retry_rules.FailureKind``), which decides whether the request may
-go to another provider (issue #16).  The node's error code says how far:
+go to another provider.  The node's error code says how far:
 ``provider_unreachable`` and ``provider_reset`` never reached the provider,
 ``provider_timeout`` waited after sending, ``provider_saturated`` is the
 provider's 429 (its ``Retry-After`` in the event's ``metadata``: the

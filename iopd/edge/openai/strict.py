@@ -1,4 +1,4 @@
-"""Strict output (SPEC §4): return only what is inside ``<completion>…</completion>``.
+"""Strict output: return only what is inside ``<completion>…</completion>``.
 
 When ``openai.strict_output`` is on, the normalized path adds a system
 instruction (``openai.strict_output_instruction``) asking for the final answer

@@ -1,4 +1,4 @@
-"""Tool calls on the normalized path (SPEC §4 "Tool calls").
+"""Tool calls on the normalized path.
 
 Two sources of tool calls reach the edge:
 

@@ -1,4 +1,4 @@
-"""Provider pool: candidates, capacity leases and the fair wait queue (SPEC §2).
+"""Provider pool: candidates, capacity leases and the fair wait queue.
 
 ``candidates`` chooses among a request's live candidates (outlier-aware),
 ``fair_queue`` orders the waiters (weighted fair across principals),

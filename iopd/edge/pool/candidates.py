@@ -1,4 +1,4 @@
-"""Which providers a request may run on, and which one it gets (SPEC §2.1, §2.2, §2.4).
+"""Which providers a request may run on, and which one it gets.
 
 Why this module is separate from the queue: whether a request fits depends
 only on its ``WaitKey`` and the pool's state -- the live candidates of its
@@ -8,7 +8,7 @@ owns that half: the static snapshot, liveness, the candidate cache and the
 choice among candidates.  ``fair_queue`` owns the other half (who waits, in
 which order); ``scheduler`` joins them.
 
-Choice with outliers (issue #16): a provider the ``OutlierTracker`` does not
+Choice with outliers: a provider the ``OutlierTracker`` does not
 find choosable (ejected, saturated by a 429, or a half-open one whose single
 probe is out) is not chosen while any other candidate of the key exists,
 even a busy one -- the request then waits rather than going to an ejected
@@ -17,7 +17,7 @@ picks the one to use, so ejection alone never leaves a request without a
 provider.  Providers the tracker holds no exclusion for are never asked
 (``flagged``), so the common path costs one set test.
 
-Several edges (issue #20): the node is the authority for a provider's slots.
+Several edges: the node is the authority for a provider's slots.
 A provider's counters hold this edge's own leases (exact, at once) plus what
 its node last reported of the *other* edges (``others``: their streams and
 the slots held for their waiters; ``others_long``).  A provider is full when
@@ -359,7 +359,7 @@ class CandidateIndex:
     # ------------------------------------------------------------------ candidates
 
     def candidates(self, key: WaitKey) -> Candidates | None:
-        """Live candidates of a key, or None when there are none (SPEC §2.1, §2.4)."""
+        """Live candidates of a key, or None when there are none."""
         try:
             return self._cache[key]
         except KeyError:
@@ -420,7 +420,7 @@ class CandidateIndex:
         return [e for e in entries if e.slot.provider_id == pick]
 
     def select(self, group_id: str, cands: Candidates, now: float) -> Entry | None:
-        """Lowest load ratio, then lower priority, then round-robin (SPEC §2.2)."""
+        """Lowest load ratio, then lower priority, then round-robin."""
         flagged = self.flagged
         if flagged and not flagged.isdisjoint(cands.provider_ids):
             entries = self.eligible(cands, now)

@@ -1,4 +1,4 @@
-"""Runtime controls of a provider as the pool applies them (issue #19).
+"""Runtime controls of a provider as the pool applies them.
 
 Why a separate overlay: the config says what a provider is (``ProviderSlot``);
 an operator may override it for a while without editing the config -- take it

@@ -1,4 +1,4 @@
-"""The pool's wait queue: weighted fair across principals, FIFO within one (issue #17).
+"""The pool's wait queue: weighted fair across principals, FIFO within one.
 
 Why this shape: when waiters of several principals compete for the same
 providers, capacity goes to them in proportion to their ``share``; one

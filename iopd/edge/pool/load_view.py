@@ -2,7 +2,7 @@
 
 Why apart from the scheduler: these are read-only views over its candidate
 index and queue, computed when asked (a scrape, a status call, a change of
-the queue), never on the admission path.  With several edges (issue #20) a
+the queue), never on the admission path.  With several edges a
 provider's ``in_flight`` is every edge's streams -- this edge's leases plus
 what the node reported of the others -- while ``own_in_flight`` stays this
 edge's share, which its metrics gauges carry so that sums across edges do not

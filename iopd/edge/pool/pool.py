@@ -8,7 +8,7 @@ and runs the one timer passive ejection needs (``run_outlier_timer``: wake
 waiters when an ejection or a 429 saturation runs out).  It also keeps the
 operator's runtime controls (``controls.ControlTable``) and hands the
 scheduler the config under them, so the scheduler never knows of them.
-With several edges (issue #20) it takes the nodes' load reports and ``Busy``
+With several edges it takes the nodes' load reports and ``Busy``
 answers (``set_remote_load``, ``provider_busy``) and tells the nodes which
 providers it has waiters for (``on_waiting``, only the changes, only when
 something waits or waited: nothing on the hot path of an idle queue).  All scheduler calls
@@ -82,7 +82,7 @@ class Lease:
 
 
 class ProviderPool:
-    """Capacity-aware, outlier-aware provider selection with one fair queue (SPEC §2).
+    """Capacity-aware, outlier-aware provider selection with one fair queue.
 
     The edge feeds it ``set_node_connected``, ``set_provider_health`` and
     ``apply_snapshot``; request handlers use ``async with pool.lease(...)``
@@ -100,7 +100,7 @@ class ProviderPool:
         on_wait_done: WaitObserver | None = None,
         on_waiting: WaitingObserver | None = None,
     ) -> None:
-        #: The config's snapshot and the runtime controls over it (issue #19);
+        #: The config's snapshot and the runtime controls over it;
         #: the scheduler decides on ``self._controls.effective()``.
         self._controls = ControlTable(snapshot)
         self._scheduler = Scheduler(snapshot)
@@ -432,7 +432,7 @@ class ProviderPool:
         self._outliers_changed.set()
 
     def set_control(self, provider_id: str, control: ProviderControl) -> None:
-        """Set a provider's runtime state and overrides (issue #19); wakes every waiter it
+        """Set a provider's runtime state and overrides; wakes every waiter it
         admits or fails.  ``KeyError`` for a provider the config does not have.
 
         Leases held on the provider finish normally, whatever the new values.

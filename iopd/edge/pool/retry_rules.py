@@ -114,7 +114,8 @@ class _Rule(NamedTuple):
     effect: TrackerEffect
 
 
-#: Every failure kind but PROVIDER_STATUS (which depends on the status): the issue's table.
+#: Every failure kind but PROVIDER_STATUS (which depends on the status): the table of
+#: docs/operations.md, "Retry before the first byte".
 _RULES: dict[FailureKind, _Rule] = {
     FailureKind.CONNECT_FAILED: _Rule(True, FailureReason.CONNECT, TrackerEffect.FAILURE),
     FailureKind.RESET_BEFORE_SEND: _Rule(True, FailureReason.RESET, TrackerEffect.FAILURE),

@@ -1,4 +1,4 @@
-"""The provider pool's scheduling decisions as pure synchronous logic (SPEC §2).
+"""The provider pool's scheduling decisions as pure synchronous logic.
 
 Why this module is shaped this way: every decision -- which provider a request
 gets, who waits, who is admitted when a slot frees, who fails because its group
@@ -24,7 +24,7 @@ the candidate index).  What this module adds:
   candidates include the released provider, plus the releasing principal's
   lanes when it has a cap; an outlier change only the lanes that list the
   provider; a liveness change the groups that list it.
-* **Fallback groups** (issue #16): ``request(group, fallbacks=...)`` takes the
+* **Fallback groups**: ``request(group, fallbacks=...)`` takes the
   first group of the chain with a choosable candidate (admitted or queued
   there); when none has one, the first group with any live candidate serves
   through its last resort; only when none has a live candidate does the
@@ -34,7 +34,7 @@ the candidate index).  What this module adds:
   ``attempt_caller_credentialed`` for an error answered to the caller's own
   provider credential), and a grant
   released without one is abandoned.
-* **Node-reported load** (issue #20): ``set_remote_load`` records what a
+* **Node-reported load**: ``set_remote_load`` records what a
   node says the other edges hold and re-examines the provider's lanes when
   it has more room; ``provider_busy`` blocks a provider until the node's
   next report; ``waiting_providers`` is what the edge tells nodes it waits for.
@@ -544,7 +544,29 @@ class Scheduler:
         return waiters
 
     def _reexamine(self, lanes: Iterable[Lane] | None, now: float) -> list[Waiter]:
-        """Admit every waiter that fits, in fair order; fail those with no candidate."""
+        """Admit every waiter that fits, in fair order; fail those with no candidate.
+
+        The rule is the walk "repeatedly admit the pending waiter with the
+        smallest (tag of its principal, seq) among those that fit, until none
+        fits".  Merging lane heads gives the same admissions without visiting
+        every waiter, because:
+
+        * Waiters of one lane share key and principal, so they fit or not
+          alike, and the lane is FIFO: only its head can be next.
+        * Within a pass fitting only gets harder: an admission takes a slot
+          and raises a running count, nothing is freed.  A lane whose head
+          does not fit, or a principal at ``max_concurrent``, stays out for
+          the rest of the pass.
+        * Tags only grow (an admission moves its principal's tag on), so an
+          entry's tag is a lower bound: an entry popped with an old tag is
+          pushed again with the current one, and pops come in current order.
+        * ``lanes``: between events no pending waiter fits (a request that
+          fits is admitted on arrival, and every event that frees room calls
+          this), so only the lanes the event could make fit (the caller's
+          list) need a look; ``None`` means all.
+
+        Cost: one heap entry per lane and per admission, not per waiter.
+        """
         resolved: list[Waiter] = []
         heap: list[tuple[float, int, Lane, Candidates]] = []
         by_lane = self._queue.lanes

@@ -34,7 +34,7 @@ __all__ = [
 #: ``read_timeout`` after the request was sent.  ``provider_saturated``: the
 #: provider answered 429 to a normalized run (``AdapterError.retry_after`` carries
 #: its ``Retry-After``).  The edge retries the first two and the last on another
-#: provider (issue #16; a 429 is no failure of the provider, it is saturated for
+#: provider (a 429 is no failure of the provider, it is saturated for
 #: a while); an older edge reads them as ``provider_error``.
 AdapterErrorCode = Literal[
     "provider_error",

@@ -15,7 +15,7 @@ the command has exited and stdout stays quiet for ``EXIT_DRAIN_SECONDS`` (a
 helper it left running may hold stdout open).  A non-zero exit is a
 ``provider_error`` quoting the tail of stderr (bounded).
 
-Usage is estimated, since a CLI reports none: input = the §2.4 estimate
+Usage is estimated, since a CLI reports none: input = the input-token estimate (``iopd.tokens``)
 over the messages, output = ceil(characters of stdout / 4).
 """
 

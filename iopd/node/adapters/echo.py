@@ -1,7 +1,7 @@
-"""The built-in ``echo`` provider (SPEC §10): answers with the last user message.
+"""The built-in ``echo`` provider: answers with the last user message.
 
 Chunks are ``re.findall(r"\\S+\\s*", text)``; ``delay_ms`` is waited before
-each chunk.  Usage: input = the §2.4 estimate over all text parts as
+each chunk.  Usage: input = the input-token estimate (``iopd.tokens``) over all text parts as
 received, output = chunks sent so far (so a cancelled run reports exactly
 the chunks the caller got).
 """

@@ -2,7 +2,7 @@
 
 Two paths:
 
-* ``tunnel()`` — passthrough (SPEC §3): the edge's request is relayed as it
+* ``tunnel()`` — passthrough: the edge's request is relayed as it
   is (see ``http_relay.HTTPAdapter.tunnel``) and usage is read from the body.
 * ``run()`` — normalized: one streaming ``POST /v1/chat/completions`` whose
   SSE deltas become text / reasoning (``reasoning_content`` or ``reasoning``)
