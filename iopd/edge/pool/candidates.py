@@ -394,6 +394,37 @@ class CandidateIndex:
         self._cache[key] = result
         return result
 
+    def route(
+        self,
+        group_id: str,
+        fallbacks: Sequence[str],
+        long: bool,
+        requires: frozenset[str],
+        exclude: frozenset[str],
+        now: float,
+    ) -> tuple[WaitKey, Candidates]:
+        """The group of the chain that takes the request, with its live candidates."""
+        if not fallbacks:  # the common case: one group, its candidates whatever they are
+            key = WaitKey(group_id, long, requires, exclude)
+            cands = self.candidates(key)
+            if cands is not None:
+                return key, cands
+        first_live: tuple[WaitKey, Candidates] | None = None
+        for gid in (group_id, *fallbacks):
+            key = WaitKey(gid, long, requires, exclude)
+            cands = self.candidates(key)
+            if cands is None:
+                continue
+            if self.has_choosable(cands, now):
+                return key, cands
+            if first_live is None:
+                first_live = (key, cands)
+        if first_live is not None:
+            return first_live  # every candidate excluded: its last resort serves
+        if group_id not in self.snapshot.groups:
+            raise NodeDispatchError(f"model group '{group_id}' is not configured")
+        raise no_candidate_error(WaitKey(group_id, long, requires, exclude))
+
     def has_choosable(self, cands: Candidates, now: float) -> bool:
         """True when some candidate is not excluded by the outlier tracker."""
         flagged = self.flagged

@@ -219,7 +219,7 @@ class Scheduler:
         if body_bytes < 0:
             raise ValueError(f"body_bytes must be >= 0 (got {body_bytes})")
         now = self._clock(now)
-        key, cands = self._route(group_id, fallbacks, long, frozenset(requires), exclude, now)
+        key, cands = self._index.route(group_id, fallbacks, long, frozenset(requires), exclude, now)
         if self._may_start(principal):
             grant = self._take(key, cands, principal, now)
             if grant is not None:
@@ -449,37 +449,6 @@ class Scheduler:
             return True  # no cap configured: the common case, kept cheap
         limit = snap.principal(principal).max_concurrent
         return limit == 0 or self._running.get(principal, 0) < limit
-
-    def _route(
-        self,
-        group_id: str,
-        fallbacks: Sequence[str],
-        long: bool,
-        requires: frozenset[str],
-        exclude: frozenset[str],
-        now: float,
-    ) -> tuple[WaitKey, Candidates]:
-        """The group of the chain that takes the request, with its live candidates."""
-        if not fallbacks:  # the common case: one group, its candidates whatever they are
-            key = WaitKey(group_id, long, requires, exclude)
-            cands = self._index.candidates(key)
-            if cands is not None:
-                return key, cands
-        first_live: tuple[WaitKey, Candidates] | None = None
-        for gid in (group_id, *fallbacks):
-            key = WaitKey(gid, long, requires, exclude)
-            cands = self._index.candidates(key)
-            if cands is None:
-                continue
-            if self._index.has_choosable(cands, now):
-                return key, cands
-            if first_live is None:
-                first_live = (key, cands)
-        if first_live is not None:
-            return first_live  # every candidate excluded: its last resort serves
-        if group_id not in self.snapshot.groups:
-            raise NodeDispatchError(f"model group '{group_id}' is not configured")
-        raise no_candidate_error(WaitKey(group_id, long, requires, exclude))
 
     def _take(self, key: WaitKey, cands: Candidates, principal: str, now: float) -> Grant | None:
         grant = self._index.take(key, cands, principal, now)
