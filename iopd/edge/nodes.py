@@ -45,7 +45,8 @@ import trio
 
 from iopd.edge.hub_contract import HubOwner, HubSettings
 from iopd.edge.node_handshake import NodeVerifiers, Refusal, RefuseCode, challenge_node
-from iopd.edge.node_session import NodeSession, Reply
+from iopd.edge.node_session import NodeSession
+from iopd.edge.node_text import MAX_ERROR_CODE_CHARS, MAX_NODE_MESSAGE_CHARS, bounded, cut
 from iopd.errors import NodeDispatchError
 from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
@@ -166,20 +167,29 @@ def safe_node_reason(
     one, on one line, at most
     ``limit`` characters."""
     scrubber = Scrubber([*(p.api_key for p in pushed.providers), *known_secrets])
-    reason = scrubber.scrub(reason, "<redacted>")
+    # Cut before the scans: the reason is the node's, as long as a frame.
+    reason = scrubber.scrub(cut(reason, 4 * limit), "<redacted>")
     flat = " ".join(_URL_USERINFO.sub(r"\1<redacted>@", reason).split()) or "no reason given"
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def _scrubbed(msg: Reply, scrub: Callable[[str], str]) -> Reply:
-    """``msg`` with its error text (a provider may have echoed a key) scrubbed.
+def _scrubbed(
+    msg: RunEvent | ProviderTunnelFrame, scrub: Callable[[str], str]
+) -> RunEvent | ProviderTunnelFrame:
+    """``msg`` with its error text cut to ``MAX_NODE_MESSAGE_CHARS`` and scrubbed
+    (a provider may have echoed a key), its error code cut to ``MAX_ERROR_CODE_CHARS``.
 
     The node scrubs what it knows; this is the edge's own pass with every key
-    of its config, at the one place node text enters the edge.
+    of its config, at the one place node text enters the edge.  A
+    ``NodeConfigAck`` carries ``error`` instead, cut where it is read
+    (``safe_node_reason``).
     """
-    message: str = getattr(msg, "message", "")
-    clean = scrub(message)
-    return msg if clean is message else msgspec.structs.replace(msg, message=clean)
+    message, code = msg.message, msg.code
+    clean = bounded(message, MAX_NODE_MESSAGE_CHARS, scrub) if message else message
+    short = cut(code, MAX_ERROR_CODE_CHARS)
+    if clean is message and short is code:
+        return msg
+    return msgspec.structs.replace(msg, message=clean, code=short)
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -301,12 +311,14 @@ class NodeHub:
         owner = self._owner
 
         def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
-            if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
-                if getattr(msg, "message", None):
+            if isinstance(msg, RunEvent | ProviderTunnelFrame):
+                if msg.message or msg.code:
                     msg = _scrubbed(msg, owner.scrub)
                 session.deliver(msg)
+            elif isinstance(msg, NodeConfigAck):
+                session.deliver(msg)
             elif isinstance(msg, ProviderStatus):
-                self._call("provider_status", owner.provider_status, session.node_id, msg)
+                self._provider_status(session, msg)
             elif isinstance(msg, LoadReport):
                 self._call("provider_load", owner.provider_load, session.node_id, msg)
             elif isinstance(msg, Busy):
@@ -511,6 +523,24 @@ class NodeHub:
             pass
 
     # ---------------------------------------------------------------- events
+
+    def _provider_status(self, session: NodeSession, msg: ProviderStatus) -> None:
+        """Hand ``msg`` to the owner; count the entries it ignored, log the first
+        of them once per session (a node cannot make a log line per entry)."""
+        try:
+            ignored = self._owner.provider_status(session.node_id, msg)
+        except Exception:
+            log.exception("event=callback_failed component=nodehub callback=provider_status")
+            return
+        if ignored and not session.status_ignored:
+            log.warning(
+                "event=provider_status_ignored node=%s peer=%s entries=%d "
+                "reason=not_this_nodes (logged once per session)",
+                session.node_id,
+                session.peer,
+                ignored,
+            )
+        session.status_ignored += ignored
 
     def _protocol_error(
         self, node_id: str | None, peer: str, reason: str, kind: WireErrorReason

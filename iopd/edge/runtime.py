@@ -33,6 +33,7 @@ from iopd.edge.limits_backend import LimitsBackend
 from iopd.edge.limits_shared import limits_backend_for
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.node_shared_state import NodeConfigStates, apply_node_controls, send_controls
+from iopd.edge.node_text import MAX_LAST_ERROR_CHARS, bounded
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
@@ -60,6 +61,7 @@ from wire.messages import (
     LoadReport,
     NodeConfig,
     NodeConfigState,
+    ProviderHealth,
     ProviderStatus,
     Waiting,
 )
@@ -263,30 +265,43 @@ class EdgeRuntime:
     def scrub(self, text: str) -> str:
         return self.snapshot.secrets.scrub(text)
 
-    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> int:
+        """Apply the health ``node_id`` reported of its own providers; return how
+        many entries named another id (ignored: the hub logs them once per session).
+
+        Bounded by the node's configured providers, whatever the message holds:
+        an entry per id is kept (the last), each ``last_error`` cut to
+        ``MAX_LAST_ERROR_CHARS`` before it is scrubbed, and a health change is
+        logged at most once per provider per message.
+        """
+        providers = self.snapshot.catalog.providers
+        latest: dict[str, ProviderHealth] = {}
+        ignored = 0
         for p in msg.providers:
-            ref = self.snapshot.catalog.providers.get(p.provider_id)
+            ref = providers.get(p.provider_id)
             if ref is None or ref.node_id != node_id:
-                log.warning(
-                    "event=provider_status_ignored node=%s provider=%s reason=not_this_nodes",
-                    node_id,
-                    p.provider_id,
-                )
-                continue
-            state = self.health.setdefault(p.provider_id, ProviderHealthState())
-            # A probe's last error may quote the provider's answer: never a key in /status.
-            last_error = self.snapshot.secrets.scrub(p.last_error)
-            if state.health != p.health:
-                log.info(
-                    "event=provider_health node=%s provider=%s health=%s last_error=%r",
-                    node_id,
-                    p.provider_id,
-                    p.health,
-                    last_error[:200],
-                )
-            state.health = p.health
-            state.last_error = last_error
-            self.pool.set_provider_health(p.provider_id, p.health)
+                ignored += 1
+            else:
+                latest[p.provider_id] = p
+        for provider_id, p in latest.items():
+            self._apply_health(node_id, provider_id, p)
+        return ignored
+
+    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth) -> None:
+        state = self.health.setdefault(provider_id, ProviderHealthState())
+        # A probe's last error may quote the provider's answer: never a key in /status.
+        last_error = bounded(p.last_error, MAX_LAST_ERROR_CHARS, self.snapshot.secrets.scrub)
+        if state.health != p.health:
+            log.info(
+                "event=provider_health node=%s provider=%s health=%s last_error=%r",
+                node_id,
+                provider_id,
+                p.health,
+                last_error[:200],
+            )
+        state.health = p.health
+        state.last_error = last_error
+        self.pool.set_provider_health(provider_id, p.health)
 
     # ---------------------------------------------------------------- status
 
