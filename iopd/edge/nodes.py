@@ -312,7 +312,7 @@ class NodeHub:
 
         def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
             if isinstance(msg, RunEvent | ProviderTunnelFrame):
-                if msg.message or msg.code:
+                if msg.message or len(msg.code) > MAX_ERROR_CODE_CHARS:
                     msg = _scrubbed(msg, owner.scrub)
                 session.deliver(msg)
             elif isinstance(msg, NodeConfigAck):
