@@ -112,7 +112,7 @@ Health = Literal["unknown", "healthy", "unhealthy"]
 #: providers at most, and a config gives one node no more (see
 #: ``iopd.config.validate``).  A longer list is refused at its array header,
 #: before any entry is decoded.
-MAX_STATUS_ENTRIES = 4096
+MAX_STATUS_ENTRIES = 1024
 #: Longest provider id accepted in a node's message.
 MAX_PROVIDER_ID_CHARS = 256
 _ProviderId = Annotated[str, msgspec.Meta(max_length=MAX_PROVIDER_ID_CHARS)]

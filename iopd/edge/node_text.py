@@ -23,18 +23,30 @@ __all__ = [
     "MAX_ERROR_CODE_CHARS",
     "MAX_LAST_ERROR_CHARS",
     "MAX_NODE_MESSAGE_CHARS",
+    "STATUS_TEXT_BUDGET",
     "bounded",
     "cut",
+    "last_error_limit",
 ]
 
 #: A provider's last probe error as ``/status``, the console and the log keep it.
 MAX_LAST_ERROR_CHARS = 512
+#: The ``last_error`` characters one ``ProviderStatus`` may make the edge keep
+#: (and scrub) in all: a message naming more than 16 providers keeps less of
+#: each (``last_error_limit``).  The scrubber's worst case (a text made of
+#: pieces of secrets) is about a microsecond a character.
+STATUS_TEXT_BUDGET = 8192
 #: A run's or tunnel's error message, as a caller and the console see it.
 MAX_NODE_MESSAGE_CHARS = 2048
 #: A run's or tunnel's error code (a short word; compared, never shown).
 MAX_ERROR_CODE_CHARS = 64
 #: What ends a string that was cut.
 CUT_MARK = "..."
+
+
+def last_error_limit(providers: int) -> int:
+    """The ``last_error`` size kept of each of ``providers`` reported in one message."""
+    return min(MAX_LAST_ERROR_CHARS, STATUS_TEXT_BUDGET // max(1, providers))
 
 
 def cut(text: str, limit: int) -> str:

@@ -33,7 +33,7 @@ from iopd.edge.limits_backend import LimitsBackend
 from iopd.edge.limits_shared import limits_backend_for
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.node_shared_state import NodeConfigStates, apply_node_controls, send_controls
-from iopd.edge.node_text import MAX_LAST_ERROR_CHARS, bounded
+from iopd.edge.node_text import bounded, last_error_limit
 from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
@@ -271,8 +271,9 @@ class EdgeRuntime:
 
         Bounded by the node's configured providers, whatever the message holds:
         an entry per id is kept (the last), each ``last_error`` cut to
-        ``MAX_LAST_ERROR_CHARS`` before it is scrubbed, and a health change is
-        logged at most once per provider per message.
+        ``last_error_limit`` before it is scrubbed (``STATUS_TEXT_BUDGET``
+        characters per message in all), and a health change is logged at most
+        once per provider per message.
         """
         providers = self.snapshot.catalog.providers
         latest: dict[str, ProviderHealth] = {}
@@ -283,14 +284,15 @@ class EdgeRuntime:
                 ignored += 1
             else:
                 latest[p.provider_id] = p
+        limit = last_error_limit(len(latest))
         for provider_id, p in latest.items():
-            self._apply_health(node_id, provider_id, p)
+            self._apply_health(node_id, provider_id, p, limit)
         return ignored
 
-    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth) -> None:
+    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth, limit: int) -> None:
         state = self.health.setdefault(provider_id, ProviderHealthState())
         # A probe's last error may quote the provider's answer: never a key in /status.
-        last_error = bounded(p.last_error, MAX_LAST_ERROR_CHARS, self.snapshot.secrets.scrub)
+        last_error = bounded(p.last_error, limit, self.snapshot.secrets.scrub)
         if state.health != p.health:
             log.info(
                 "event=provider_health node=%s provider=%s health=%s last_error=%r",
