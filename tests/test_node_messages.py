@@ -13,6 +13,8 @@ from typing import Any, cast
 
 import msgspec
 import pytest
+import trio
+import trio.testing
 
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.edge.node_session import NodeSession
@@ -25,19 +27,25 @@ from iopd.edge.node_text import (
     cut,
 )
 from iopd.edge.nodes import NodeHub, _scrubbed, safe_node_reason
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
 from iopd.transport.channel import WireChannel
 from tests.gateway import node_token, token_hash
 from wire.framing import encode_frame
 from wire.messages import (
+    MAX_DIGEST_CHARS,
+    MAX_LOAD_ENTRIES,
     MAX_PROVIDER_ID_CHARS,
     MAX_STATUS_ENTRIES,
+    LoadReport,
     NodeConfig,
+    NodeConfigState,
     ProviderHealth,
     ProviderSpec,
     ProviderStatus,
     ProviderTunnelFrame,
     RunEvent,
+    SlotLoad,
+    node_config_digest,
 )
 
 KEY = "sk-live-0123456789abcdefghij"
@@ -280,3 +288,45 @@ def test_config_refuses_a_provider_id_longer_than_the_wire_carries() -> None:
         "nodes[0].providers[2].id"
     ]
     assert _problems(edge_yaml()) == []
+
+
+async def test_health_flapping_is_logged_at_most_a_burst_per_window(
+    caplog: pytest.LogCaptureFixture, autojump_clock: trio.testing.MockClock
+) -> None:
+    rt = runtime()
+
+    def flip(i: int) -> None:
+        health = "unhealthy" if i % 2 else "healthy"
+        rt.provider_status(
+            "node-a", ProviderStatus(providers=[ProviderHealth(provider_id="p2", health=health)])
+        )
+
+    with caplog.at_level(logging.INFO, logger="iopd.edge"):
+        for i in range(1000):  # a node flipping p2 with every message
+            flip(i)
+        await trio.sleep(HEALTH_LOG_WINDOW)
+        flip(1000)
+    lines = [r.getMessage() for r in caplog.records if "event=provider_health" in r.getMessage()]
+    assert len(lines) == HEALTH_LOG_BURST + 1
+    assert "unlogged=0" in lines[0]
+    assert f"unlogged={1000 - HEALTH_LOG_BURST}" in lines[-1]
+    assert rt.health["p2"].health == "healthy"  # every change applied, logged or not
+
+
+async def test_a_load_report_looks_at_each_provider_once() -> None:
+    rt = runtime()
+    seen: list[tuple[str, str, int]] = []
+    rt.pool.set_remote_load = lambda node, pid, running, long, offered: seen.append(  # type: ignore[method-assign]
+        (node, pid, running)
+    )
+    loads = [SlotLoad(provider_id="p1", in_flight=i % 3) for i in range(MAX_LOAD_ENTRIES - 1)]
+    rt.provider_load("node-a", LoadReport(providers=[*loads, SlotLoad(provider_id="p2")]))
+    assert seen == [("node-a", "p1", (MAX_LOAD_ENTRIES - 2) % 3), ("node-a", "p2", 0)]
+
+
+def test_an_absurd_config_digest_is_refused_at_decode() -> None:
+    raw = encode_frame(NodeConfigState(revision=1, digest="d" * (MAX_DIGEST_CHARS + 1)))
+    with pytest.raises(msgspec.ValidationError, match="length <= 128"):
+        msgspec.msgpack.decode(raw[4:], type=NodeConfigState)
+    ok = NodeConfigState(revision=1, digest=node_config_digest([]))
+    assert msgspec.msgpack.decode(encode_frame(ok)[4:], type=NodeConfigState) == ok

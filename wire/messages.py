@@ -369,6 +369,10 @@ def node_config_digest(providers: list[ProviderSpec]) -> str:
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
+#: Longest ``NodeConfigState.digest`` accepted (``node_config_digest`` gives 32).
+MAX_DIGEST_CHARS = 128
+
+
 class NodeConfigState(_Msg, tag=True):
     """Node -> edge: the config in force on the node.
 
@@ -380,7 +384,7 @@ class NodeConfigState(_Msg, tag=True):
     """
 
     revision: int
-    digest: str
+    digest: Annotated[str, msgspec.Meta(max_length=MAX_DIGEST_CHARS)]
 
 
 ControlName = Literal["active", "draining", "disabled"]

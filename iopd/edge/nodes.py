@@ -280,9 +280,7 @@ class NodeHub:
                 self._protocol_error(None, peer, exc.reason, _wire_error_reason(conn))
             else:
                 log.info(
-                    "event=wire_connection_ended stage=handshake peer=%s reason=%r",
-                    peer,
-                    exc.reason,
+                    "event=wire_connection_ended stage=handshake peer=%s reason=%r", peer, exc.reason
                 )
         except Exception:
             log.exception("event=wire_connection_failed peer=%s", peer)
