@@ -21,12 +21,13 @@ from iopd.edge.node_session import NodeSession
 from iopd.edge.node_text import (
     CUT_MARK,
     MAX_ERROR_CODE_CHARS,
+    MAX_FINISH_REASON_CHARS,
     MAX_LAST_ERROR_CHARS,
     MAX_NODE_MESSAGE_CHARS,
     bounded,
     cut,
 )
-from iopd.edge.nodes import NodeHub, _scrubbed, safe_node_reason
+from iopd.edge.nodes import NodeHub, _needs_bounding, _scrubbed, safe_node_reason
 from iopd.edge.runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
 from iopd.transport.channel import WireChannel
 from tests.gateway import node_token, token_hash
@@ -237,6 +238,17 @@ def test_relayed_error_message_and_code_are_cut(kind: str) -> None:
     assert len(out.message) == MAX_NODE_MESSAGE_CHARS - len(KEY) + 3
     assert out.message.startswith("*** m") and KEY not in out.message
     assert len(out.code) == MAX_ERROR_CODE_CHARS
+
+
+def test_a_finish_reason_is_cut() -> None:
+    msg = RunEvent(stream_id=1, kind="complete", finish_reason="f" * 1_000_000)
+    assert _needs_bounding(msg)
+    out = _scrubbed(msg, _scrub)
+    assert isinstance(out, RunEvent) and out.finish_reason is not None
+    assert len(out.finish_reason) == MAX_FINISH_REASON_CHARS
+    plain = RunEvent(stream_id=1, kind="complete", finish_reason="stop")
+    text = RunEvent(stream_id=1, kind="text", text="t" * 100_000)
+    assert not _needs_bounding(plain) and not _needs_bounding(text)
 
 
 def test_a_short_error_is_kept_as_it_is() -> None:

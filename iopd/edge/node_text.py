@@ -21,6 +21,7 @@ from collections.abc import Callable
 __all__ = [
     "CUT_MARK",
     "MAX_ERROR_CODE_CHARS",
+    "MAX_FINISH_REASON_CHARS",
     "MAX_LAST_ERROR_CHARS",
     "MAX_NODE_MESSAGE_CHARS",
     "STATUS_TEXT_BUDGET",
@@ -40,6 +41,8 @@ STATUS_TEXT_BUDGET = 8192
 MAX_NODE_MESSAGE_CHARS = 2048
 #: A run's or tunnel's error code (a short word; compared, never shown).
 MAX_ERROR_CODE_CHARS = 64
+#: A run's ``finish_reason`` (a short word the caller gets in the response).
+MAX_FINISH_REASON_CHARS = 64
 #: What ends a string that was cut.
 CUT_MARK = "..."
 

@@ -46,7 +46,13 @@ import trio
 from iopd.edge.hub_contract import HubOwner, HubSettings
 from iopd.edge.node_handshake import NodeVerifiers, Refusal, RefuseCode, challenge_node
 from iopd.edge.node_session import NodeSession
-from iopd.edge.node_text import MAX_ERROR_CODE_CHARS, MAX_NODE_MESSAGE_CHARS, bounded, cut
+from iopd.edge.node_text import (
+    MAX_ERROR_CODE_CHARS,
+    MAX_FINISH_REASON_CHARS,
+    MAX_NODE_MESSAGE_CHARS,
+    bounded,
+    cut,
+)
 from iopd.errors import NodeDispatchError
 from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
@@ -173,11 +179,21 @@ def safe_node_reason(
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+def _needs_bounding(msg: RunEvent | ProviderTunnelFrame) -> bool:
+    """``msg`` carries text ``_scrubbed`` must look at (a text or body frame
+    does not: three attribute checks on the hot path)."""
+    if msg.message or len(msg.code) > MAX_ERROR_CODE_CHARS:
+        return True
+    finish = getattr(msg, "finish_reason", None)
+    return finish is not None and len(finish) > MAX_FINISH_REASON_CHARS
+
+
 def _scrubbed(
     msg: RunEvent | ProviderTunnelFrame, scrub: Callable[[str], str]
 ) -> RunEvent | ProviderTunnelFrame:
     """``msg`` with its error text cut to ``MAX_NODE_MESSAGE_CHARS`` and scrubbed
-    (a provider may have echoed a key), its error code cut to ``MAX_ERROR_CODE_CHARS``.
+    (a provider may have echoed a key), its error code cut to ``MAX_ERROR_CODE_CHARS``
+    and a run's ``finish_reason`` to ``MAX_FINISH_REASON_CHARS``.
 
     The node scrubs what it knows; this is the edge's own pass with every key
     of its config, at the one place node text enters the edge.  A
@@ -187,6 +203,10 @@ def _scrubbed(
     message, code = msg.message, msg.code
     clean = bounded(message, MAX_NODE_MESSAGE_CHARS, scrub) if message else message
     short = cut(code, MAX_ERROR_CODE_CHARS)
+    if isinstance(msg, RunEvent) and msg.finish_reason is not None:
+        finish = cut(msg.finish_reason, MAX_FINISH_REASON_CHARS)
+        if finish is not msg.finish_reason:
+            return msgspec.structs.replace(msg, message=clean, code=short, finish_reason=finish)
     if clean is message and short is code:
         return msg
     return msgspec.structs.replace(msg, message=clean, code=short)
@@ -312,7 +332,7 @@ class NodeHub:
 
         def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
             if isinstance(msg, RunEvent | ProviderTunnelFrame):
-                if msg.message or len(msg.code) > MAX_ERROR_CODE_CHARS:
+                if _needs_bounding(msg):
                     msg = _scrubbed(msg, owner.scrub)
                 session.deliver(msg)
             elif isinstance(msg, NodeConfigAck):
