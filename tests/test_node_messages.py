@@ -31,7 +31,8 @@ from iopd.edge.nodes import NodeHub, _needs_bounding, _scrubbed, safe_node_reaso
 from iopd.edge.runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
 from iopd.transport.channel import WireChannel
 from tests.gateway import node_token, token_hash
-from wire.framing import encode_frame
+from wire.errors import MalformedFrame
+from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     MAX_DIGEST_CHARS,
     MAX_LOAD_ENTRIES,
@@ -82,9 +83,10 @@ def runtime() -> EdgeRuntime:
 
 def test_status_with_too_many_entries_is_refused_at_decode() -> None:
     entries = [ProviderHealth(provider_id=f"x{i}") for i in range(MAX_STATUS_ENTRIES + 1)]
-    raw = encode_frame(ProviderStatus(providers=entries), max_frame_bytes=64 * 1024 * 1024)
-    with pytest.raises(msgspec.ValidationError, match=f"length <= {MAX_STATUS_ENTRIES}"):
-        msgspec.msgpack.decode(raw[4:], type=ProviderStatus)
+    raw = encode_frame(ProviderStatus(providers=entries))
+    # As the edge's connection decodes it: a MalformedFrame closes the session.
+    with pytest.raises(MalformedFrame, match=f"length <= {MAX_STATUS_ENTRIES}"):
+        FrameDecoder(MAX_FRAME_BYTES).feed(raw)
 
 
 def test_status_at_the_cap_decodes() -> None:
