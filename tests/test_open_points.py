@@ -28,7 +28,7 @@ import trio
 import trio.testing
 
 from iopd.admin_client import refresh_main
-from iopd.edge.nodes import safe_node_reason
+from iopd.edge.node_text import safe_node_reason
 from tests.gateway import (
     Gateway,
     RawResponse,

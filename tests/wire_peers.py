@@ -535,8 +535,9 @@ class HubRecorder:
     def node_disconnected(self, node_id: str) -> None:
         self.events.append(("disconnect", node_id))
 
-    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> int:
         self.statuses.append((node_id, msg))
+        return 0
 
     def node_config_state(self, node_id: str, msg: NodeConfigState) -> None:
         self.config_states.append((node_id, msg))

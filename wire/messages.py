@@ -108,9 +108,21 @@ class Pong(_Msg, tag=True):
 
 Health = Literal["unknown", "healthy", "unhealthy"]
 
+#: Most providers one ProviderStatus may carry: a node sends all of its
+#: providers at most, and a config gives one node no more (see
+#: ``iopd.config.validate``).  A longer list is refused at its array header,
+#: before any entry is decoded.
+MAX_STATUS_ENTRIES = 1024
+#: Longest provider id accepted in a node's message.
+MAX_PROVIDER_ID_CHARS = 256
+_ProviderId = Annotated[str, msgspec.Meta(max_length=MAX_PROVIDER_ID_CHARS)]
+
 
 class ProviderHealth(msgspec.Struct, omit_defaults=True, kw_only=True):
-    provider_id: str
+    """One provider's probe result.  ``last_error`` is free text: the edge cuts
+    it to ``iopd.edge.node_text.MAX_LAST_ERROR_CHARS`` when it applies it."""
+
+    provider_id: _ProviderId
     health: Health = "unknown"
     last_error: str = ""
 
@@ -118,7 +130,9 @@ class ProviderHealth(msgspec.Struct, omit_defaults=True, kw_only=True):
 class ProviderStatus(_Msg, tag=True):
     """Node -> edge: health of some or all of the node's providers."""
 
-    providers: list[ProviderHealth] = msgspec.field(default_factory=list)
+    providers: Annotated[list[ProviderHealth], msgspec.Meta(max_length=MAX_STATUS_ENTRIES)] = (
+        msgspec.field(default_factory=list)
+    )
 
 
 class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -290,10 +304,7 @@ class Credit(_Msg, tag=True):
 
 #: Most providers one LoadReport may carry (a node has far fewer).
 MAX_LOAD_ENTRIES = 1024
-#: Longest provider id accepted in an admission message.
-MAX_PROVIDER_ID_CHARS = 256
 _Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
-_ProviderId = Annotated[str, msgspec.Meta(max_length=MAX_PROVIDER_ID_CHARS)]
 
 
 class SlotLoad(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -358,6 +369,10 @@ def node_config_digest(providers: list[ProviderSpec]) -> str:
     return hashlib.sha256(canonical).hexdigest()[:32]
 
 
+#: Longest ``NodeConfigState.digest`` accepted (``node_config_digest`` gives 32).
+MAX_DIGEST_CHARS = 128
+
+
 class NodeConfigState(_Msg, tag=True):
     """Node -> edge: the config in force on the node.
 
@@ -369,7 +384,7 @@ class NodeConfigState(_Msg, tag=True):
     """
 
     revision: int
-    digest: str
+    digest: Annotated[str, msgspec.Meta(max_length=MAX_DIGEST_CHARS)]
 
 
 ControlName = Literal["active", "draining", "disabled"]
@@ -381,7 +396,7 @@ MAX_CONTROLS = 4096
 class ProviderControlSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One provider's runtime control: its state and overrides (None: configured value)."""
 
-    provider_id: str
+    provider_id: _ProviderId
     state: ControlName = "active"
     capacity: _Override | None = None
     priority: _Override | None = None

@@ -39,6 +39,7 @@ from iopd.config.schema import (
 from iopd.edge.openai.upstream_headers import forbidden_reason
 from wire import scram
 from wire.framing import MAX_HANDSHAKE_ID_CHARS
+from wire.messages import MAX_PROVIDER_ID_CHARS, MAX_STATUS_ENTRIES
 
 __all__ = [
     "Errors",
@@ -264,9 +265,17 @@ def _check_nodes(err: Errors, nodes: list[NodeEntry]) -> _Defined:
             if first is not None:
                 err.add(f"{npath}.id", f"duplicate node id {node.id!r} (first defined at {first})")
         _check_node_token(err, npath, node)
+        if len(node.providers) > MAX_STATUS_ENTRIES:
+            # The node's health report names all of them in one message.
+            err.add(
+                f"{npath}.providers",
+                f"a node has at most {MAX_STATUS_ENTRIES} providers, got {len(node.providers)}",
+            )
         for j, p in enumerate(node.providers):
             ppath = f"{npath}.providers[{j}]"
-            if err.not_empty(f"{ppath}.id", p.id):
+            if len(p.id) > MAX_PROVIDER_ID_CHARS:
+                err.add(f"{ppath}.id", f"at most {MAX_PROVIDER_ID_CHARS} characters")
+            elif err.not_empty(f"{ppath}.id", p.id):
                 first = first_at(provider_at, p.id, ppath)
                 if first is not None:
                     err.add(

@@ -51,8 +51,9 @@ class HubOwner(Protocol):
         re-examine the queue, which must not admit a waiter to the dead node)."""
         ...
 
-    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
-        """``node_id`` reported the health of its providers."""
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> int:
+        """``node_id`` reported the health of its providers; returns how many
+        entries were ignored (not a provider of ``node_id``'s)."""
         ...
 
     def provider_load(self, node_id: str, msg: LoadReport) -> None:

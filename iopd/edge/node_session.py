@@ -274,6 +274,8 @@ class NodeSession:
         #: Wall-clock epoch seconds since the node acknowledged its first config.
         self.connected_since: float | None = None
         self.end_reason: str | None = None
+        #: ``ProviderStatus`` entries that named no provider of this node (ignored).
+        self.status_ignored = 0
 
     @property
     def alive(self) -> bool:

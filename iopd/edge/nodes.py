@@ -38,17 +38,15 @@ Why it looks like this:
 from __future__ import annotations
 
 import logging
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-import msgspec
 import trio
 
 from iopd.edge.hub_contract import HubOwner, HubSettings
 from iopd.edge.node_handshake import NodeVerifiers, Refusal, RefuseCode, challenge_node
-from iopd.edge.node_session import NodeSession, Reply
+from iopd.edge.node_session import NodeSession
+from iopd.edge.node_text import needs_bounding, safe_node_reason, scrubbed_message
 from iopd.errors import NodeDispatchError
-from iopd.redact import Scrubber
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.listen import PendingGate, RefusalReason
 from iopd.vocabulary import FrameDirection, WireErrorReason
@@ -162,34 +160,6 @@ def _wire_error_reason(conn: _MeteredConnection) -> WireErrorReason:
 def _printable(value: str, limit: int = 64) -> str:
     """A peer-supplied string made safe for a log line."""
     return repr(value[:limit])
-
-
-_URL_USERINFO = re.compile(r"(://)[^/@\s]+@")
-
-
-def safe_node_reason(
-    reason: str, pushed: NodeConfig, *, known_secrets: Iterable[str] = (), limit: int = 200
-) -> str:
-    """A node-supplied reason (e.g. a ``NodeConfigAck.error``) fit for a log line or a
-    report: without the secrets the edge knows (any 8+ character piece of ``pushed``'s
-    API keys or ``known_secrets``, credentials in URLs) should the node have echoed
-    one, on one line, at most
-    ``limit`` characters."""
-    scrubber = Scrubber([*(p.api_key for p in pushed.providers), *known_secrets])
-    reason = scrubber.scrub(reason, "<redacted>")
-    flat = " ".join(_URL_USERINFO.sub(r"\1<redacted>@", reason).split()) or "no reason given"
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
-def _scrubbed(msg: Reply, scrub: Callable[[str], str]) -> Reply:
-    """``msg`` with its error text (a provider may have echoed a key) scrubbed.
-
-    The node scrubs what it knows; this is the edge's own pass with every key
-    of its config, at the one place node text enters the edge.
-    """
-    message: str = getattr(msg, "message", "")
-    clean = scrub(message)
-    return msg if clean is message else msgspec.structs.replace(msg, message=clean)
 
 
 def _peer_name(stream: trio.abc.Stream) -> str:
@@ -329,12 +299,14 @@ class NodeHub:
         owner = self._owner
 
         def dispatch(msg: Message) -> None:  # the reader, for every message; never blocks
-            if isinstance(msg, RunEvent | ProviderTunnelFrame | NodeConfigAck):
-                if getattr(msg, "message", None):
-                    msg = _scrubbed(msg, owner.scrub)
+            if isinstance(msg, RunEvent | ProviderTunnelFrame):
+                if needs_bounding(msg):
+                    msg = scrubbed_message(msg, owner.scrub)
+                session.deliver(msg)
+            elif isinstance(msg, NodeConfigAck):
                 session.deliver(msg)
             elif isinstance(msg, ProviderStatus):
-                self._call("provider_status", owner.provider_status, session.node_id, msg)
+                self._provider_status(session, msg)
             elif isinstance(msg, LoadReport):
                 self._call("provider_load", owner.provider_load, session.node_id, msg)
             elif isinstance(msg, Busy):
@@ -549,6 +521,24 @@ class NodeHub:
             pass
 
     # ---------------------------------------------------------------- events
+
+    def _provider_status(self, session: NodeSession, msg: ProviderStatus) -> None:
+        """Hand ``msg`` to the owner; count the entries it ignored, log the first
+        of them once per session (a node cannot make a log line per entry)."""
+        try:
+            ignored = self._owner.provider_status(session.node_id, msg)
+        except Exception:
+            log.exception("event=callback_failed component=nodehub callback=provider_status")
+            return
+        if ignored and not session.status_ignored:
+            log.warning(
+                "event=provider_status_ignored node=%s peer=%s entries=%d "
+                "reason=not_this_nodes (logged once per session)",
+                session.node_id,
+                session.peer,
+                ignored,
+            )
+        session.status_ignored += ignored
 
     def _protocol_error(
         self, node_id: str | None, peer: str, reason: str, kind: WireErrorReason

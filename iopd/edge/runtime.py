@@ -33,7 +33,8 @@ from iopd.edge.limits_backend import LimitsBackend
 from iopd.edge.limits_shared import limits_backend_for
 from iopd.edge.metrics import GatewayMetrics, GatewayStatus, PrincipalLabels, ProviderGaugeRow
 from iopd.edge.node_shared_state import NodeConfigStates, apply_node_controls, send_controls
-from iopd.edge.nodes import HubSettings, NodeHub, safe_node_reason
+from iopd.edge.node_text import bounded, last_error_limit, safe_node_reason
+from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.edge.openai.auth import Authenticator
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.retry_budget import RetryBudget
@@ -60,6 +61,7 @@ from wire.messages import (
     LoadReport,
     NodeConfig,
     NodeConfigState,
+    ProviderHealth,
     ProviderStatus,
     Waiting,
 )
@@ -124,10 +126,33 @@ def mint_embedded_tokens(cfg: EdgeConfig) -> dict[str, str]:
     return {n.id: secrets.token_urlsafe(32) for n in cfg.nodes if n.embedded}
 
 
+#: ``event=provider_health`` lines per provider per ``HEALTH_LOG_WINDOW``
+#: seconds: a node can flip a provider's health with every message, and a
+#: real change is rare; the changes past it are counted in the next line.
+HEALTH_LOG_BURST: Final = 5
+HEALTH_LOG_WINDOW: Final = 10.0
+
+
 @dataclass
 class ProviderHealthState:
     health: ShownHealth = "unknown"
     last_error: str = ""
+    #: The ``event=provider_health`` budget: its window's start, lines logged in
+    #: it, changes not logged since the last line.
+    log_window: float = -HEALTH_LOG_WINDOW
+    logged: int = 0
+    unlogged: int = 0
+
+    def may_log_change(self, now: float) -> bool:
+        """One health change happened at ``now``: True to log it (at most
+        ``HEALTH_LOG_BURST`` a window), else it is counted in ``unlogged``."""
+        if now - self.log_window >= HEALTH_LOG_WINDOW:
+            self.log_window, self.logged = now, 0
+        if self.logged >= HEALTH_LOG_BURST:
+            self.unlogged += 1
+            return False
+        self.logged += 1
+        return True
 
 
 #: What ``/status`` and the health gauge show for a provider whose node has no
@@ -237,7 +262,10 @@ class EdgeRuntime:
         apply_node_controls(self.pool, self.snapshot.catalog, node_id, msg)
 
     def provider_load(self, node_id: str, msg: LoadReport) -> None:
-        for load in msg.providers:
+        # The last report per provider is what counts: a repeated id costs no
+        # second look at its queue.
+        latest = {load.provider_id: load for load in msg.providers}
+        for load in latest.values():
             self.pool.set_remote_load(
                 node_id, load.provider_id, load.in_flight, load.long_in_flight, load.offered
             )
@@ -263,30 +291,47 @@ class EdgeRuntime:
     def scrub(self, text: str) -> str:
         return self.snapshot.secrets.scrub(text)
 
-    def provider_status(self, node_id: str, msg: ProviderStatus) -> None:
+    def provider_status(self, node_id: str, msg: ProviderStatus) -> int:
+        """Apply the health ``node_id`` reported of its own providers; return how
+        many entries named another id (ignored: the hub logs them once per session).
+
+        Bounded by the node's configured providers, whatever the message holds:
+        an entry per id is kept (the last), each ``last_error`` cut to
+        ``last_error_limit`` before it is scrubbed (``STATUS_TEXT_BUDGET``
+        characters per message in all), and a health change is logged at most
+        ``HEALTH_LOG_BURST`` times per provider per ``HEALTH_LOG_WINDOW``.
+        """
+        providers = self.snapshot.catalog.providers
+        latest: dict[str, ProviderHealth] = {}
+        ignored = 0
         for p in msg.providers:
-            ref = self.snapshot.catalog.providers.get(p.provider_id)
+            ref = providers.get(p.provider_id)
             if ref is None or ref.node_id != node_id:
-                log.warning(
-                    "event=provider_status_ignored node=%s provider=%s reason=not_this_nodes",
-                    node_id,
-                    p.provider_id,
-                )
-                continue
-            state = self.health.setdefault(p.provider_id, ProviderHealthState())
-            # A probe's last error may quote the provider's answer: never a key in /status.
-            last_error = self.snapshot.secrets.scrub(p.last_error)
-            if state.health != p.health:
-                log.info(
-                    "event=provider_health node=%s provider=%s health=%s last_error=%r",
-                    node_id,
-                    p.provider_id,
-                    p.health,
-                    last_error[:200],
-                )
-            state.health = p.health
-            state.last_error = last_error
-            self.pool.set_provider_health(p.provider_id, p.health)
+                ignored += 1
+            else:
+                latest[p.provider_id] = p
+        limit = last_error_limit(len(latest))
+        for provider_id, p in latest.items():
+            self._apply_health(node_id, provider_id, p, limit)
+        return ignored
+
+    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth, limit: int) -> None:
+        state = self.health.setdefault(provider_id, ProviderHealthState())
+        # A probe's last error may quote the provider's answer: never a key in /status.
+        last_error = bounded(p.last_error, limit, self.snapshot.secrets.scrub)
+        if state.health != p.health and state.may_log_change(trio.current_time()):
+            log.info(
+                "event=provider_health node=%s provider=%s health=%s last_error=%r unlogged=%d",
+                node_id,
+                provider_id,
+                p.health,
+                last_error[:200],
+                state.unlogged,
+            )
+            state.unlogged = 0
+        state.health = p.health
+        state.last_error = last_error
+        self.pool.set_provider_health(provider_id, p.health)
 
     # ---------------------------------------------------------------- status
 
