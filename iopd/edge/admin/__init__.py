@@ -8,8 +8,8 @@
 The public listener has no route to any of this.
 """
 
-from iopd.edge.admin.app import create_admin_app, register_console
 from iopd.edge.admin.auth import bearer_matches, is_loopback_host_header, is_loopback_peer
+from iopd.edge.admin.routes import create_admin_app, register_console
 from iopd.edge.admin.serve import AdminLimits, AdminServer
 
 __all__ = [
