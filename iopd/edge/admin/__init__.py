@@ -1,6 +1,6 @@
 """The loopback admin side (SPEC §10, issue #19): a quart-trio app on hypercorn.
 
-- ``app.py``: ``create_admin_app(runtime)``, the routes and the per-request checks;
+- ``routes.py``: ``create_admin_app(runtime)``, the routes and the per-request checks;
 - ``auth.py``: the peer, Host, Origin, JSON-body, token and session checks;
 - ``serve.py``: ``AdminServer``, hypercorn's trio worker inside the edge's nursery;
 - ``streaming.py``: ``streaming_response``, for routes that stream (the console's events).

@@ -2,7 +2,7 @@
 
 ``HubOwner`` is every call the hub makes into its owner (``EdgeRuntime``):
 node registry, node config, and the events of node sessions.  ``HubSettings``
-is the hub's fixed settings.  Apart from ``nodes.py`` so that the contract
+is the hub's fixed settings.  Apart from ``hub.py`` so that the contract
 reads on one page and the hub's module stays about sessions.
 """
 

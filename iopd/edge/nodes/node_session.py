@@ -331,7 +331,7 @@ class NodeSession:
     ) -> _OpenStream:
         return _OpenStream(self, req, window)
 
-    # ------------------------------------------------- the hub's side (nodes.py)
+    # ------------------------------------------------- the hub's side (hub.py)
 
     def deliver(self, msg: Reply) -> None:
         """A reply from the node, from the hub's reader; never blocks.

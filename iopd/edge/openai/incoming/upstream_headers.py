@@ -7,18 +7,17 @@ addresses, ``X-Original-URL`` routing overrides, a ``Content-Encoding: gzip``
 over a body the edge already re-encoded as plain JSON.  A deny-list misses the
 next such header; an allow-list names the few the OpenAI API uses.
 
-Pure: config and header lists in, header list out.  The config check uses
-``forbidden_reason`` so ``openai.forward_headers`` cannot add a header this
-module would refuse to forward anyway.
+Pure: config and header lists in, header list out.  What may never be
+forwarded (``forbidden_reason``) is in :mod:`iopd.vocabulary`, with the other
+header sets: the config check refuses the same names in
+``openai.forward_headers``, and the config layer imports nothing of the edge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from iopd.vocabulary import HOP_BY_HOP
-
-__all__ = ["DEFAULT_FORWARDED", "forbidden_reason", "upstream_headers"]
+__all__ = ["DEFAULT_FORWARDED", "upstream_headers"]
 
 #: Caller headers forwarded by default (lower-case).  ``content-type`` is set
 #: by the edge itself: the relayed body is always the re-encoded JSON.
@@ -33,40 +32,6 @@ DEFAULT_FORWARDED: frozenset[str] = frozenset(
         "user-agent",
     }
 )
-
-# Headers openai.forward_headers may never add, by what they are (and HOP_BY_HOP).
-_FRAMING = frozenset(
-    {"content-length", "content-encoding", "content-type", "expect", "accept-encoding"}
-)
-_CREDENTIALS = frozenset({"authorization", "cookie", "cookie2", "set-cookie", "host"})
-_FORWARDING = frozenset(
-    {
-        "forwarded",
-        "via",
-        "x-real-ip",
-        "x-client-ip",
-        "true-client-ip",
-        "x-original-url",
-        "x-rewrite-url",
-    }
-)
-_FORWARDING_PREFIXES = ("x-forwarded-", "x-original-", "proxy-")
-
-
-def forbidden_reason(name: str) -> str | None:
-    """Why header ``name`` may never be forwarded to a provider, or None if it may."""
-    lname = name.lower()
-    # Forwarding first: a ``Proxy-*`` header is named for what it routes.
-    if lname in _FORWARDING or lname.startswith(_FORWARDING_PREFIXES):
-        return "a forwarding or routing header"
-    if lname in HOP_BY_HOP:
-        return "a hop-by-hop header"
-    if lname in _FRAMING:
-        return "a framing or encoding header of the body the edge re-encodes"
-    if lname in _CREDENTIALS:
-        return "the caller's credentials or the edge's own host"
-    return None
-
 
 def _connection_nominated(headers: Iterable[tuple[str, str]]) -> set[str]:
     """Names the caller's ``Connection:`` lists: hop-by-hop by its own word (RFC 9110 §7.6.1)."""

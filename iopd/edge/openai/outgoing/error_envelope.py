@@ -8,7 +8,7 @@ written by us, never from a traceback.
 
 Ollama's routes (``/api/*``) answer in Ollama's shape, ``{"error": "..."}``
 (what the ``ollama`` client and Ollama-speaking tools parse), with the same
-status: the shape is decided by the route (``app.py``'s route table) and
+status: the shape is decided by the route (``openai/app.py``'s route table) and
 travels as the request's head-hook context (:class:`Shaped`), so the HTTP
 layer's own refusals of an admitted request (413, 408, 503) get it too; a
 refusal from the head itself carries it in a :class:`ShapedRefusal`.  The
