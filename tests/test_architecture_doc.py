@@ -105,9 +105,8 @@ def test_every_large_module_is_named_in_its_row() -> None:
     assert not missing, f"docs/ARCHITECTURE.md does not name {missing}"
 
 
-def test_depends_on_is_the_import_graph() -> None:
-    table = rows()
-    computed = computed_depends(table)
+def wrong_depends(table: list[Row], computed: dict[str, set[str]]) -> list[str]:
+    """Each row whose "depends on" differs from what its modules import, and how."""
     wrong = []
     for row in table:
         if row.depends != computed[row.name]:
@@ -117,19 +116,34 @@ def test_depends_on_is_the_import_graph() -> None:
                 f"(missing {sorted(computed[row.name] - row.depends)}, "
                 f"not imported {sorted(row.depends - computed[row.name])})"
             )
+    return wrong
+
+
+def upward_imports(table: list[Row], computed: dict[str, set[str]]) -> list[str]:
+    """Each row that imports a row listed after it (a layer above its own)."""
+    seen: set[str] = set()
+    upward = []
+    for row in table:
+        later = {d for d in computed[row.name] if d in row_paths(table) and d not in seen}
+        if later:
+            upward.append(f"{row.name} imports {sorted(later)}, listed after it")
+        seen.update(row.paths)
+    return upward
+
+
+def row_paths(table: list[Row]) -> set[str]:
+    return {p for row in table for p in row.paths}
+
+
+def test_depends_on_is_the_import_graph() -> None:
+    table = rows()
+    wrong = wrong_depends(table, computed_depends(table))
     assert not wrong, "docs/ARCHITECTURE.md's 'depends on' is wrong:\n" + "\n".join(wrong)
 
 
 def test_no_row_imports_a_row_after_it() -> None:
     table = rows()
-    computed = computed_depends(table)
-    seen: set[str] = set()
-    upward = []
-    for row in table:
-        later = {d for d in computed[row.name] if "/" in d and d not in seen}
-        if later:
-            upward.append(f"{row.name} imports {sorted(later)}, listed after it")
-        seen.update(row.paths)
+    upward = upward_imports(table, computed_depends(table))
     assert not upward, "upward imports:\n" + "\n".join(upward)
 
 
@@ -162,3 +176,30 @@ def test_the_checks_see_a_wrong_row() -> None:
     assert computed["wire/"] == {"msgspec"}
     assert owner("wire/messages.py", table) == (table[0], "wire/")
     assert owner("iopd/errors.py", table) is None
+    assert wrong_depends(table, computed) == [
+        "iopd/vocabulary.py: the doc says —, the code imports ['wire/'] "
+        "(missing ['wire/'], not imported [])"
+    ]
+    assert upward_imports(table, computed) == []
+    upside_down = list(reversed(table))
+    assert upward_imports(upside_down, computed) == [
+        "iopd/vocabulary.py imports ['wire/'], listed after it"
+    ]
+
+
+EDGE = ROOT / "iopd" / "edge"
+EDGE_ROOT_MODULES = 6
+PACKAGE_MODULES = 12
+
+
+def test_the_edge_is_grouped_by_concept() -> None:
+    """The edge's root holds the daemon and little else; no edge folder is a flat heap."""
+    root = sorted(p.name for p in EDGE.glob("*.py"))
+    assert len(root) <= EDGE_ROOT_MODULES, f"iopd/edge/ holds {len(root)} modules: {root}"
+    crowded = {
+        rel(package): n
+        for package in [EDGE, *(p for p in EDGE.rglob("*") if (p / "__init__.py").is_file())]
+        if (n := len([m for m in package.glob("*.py") if m.name != "__init__.py"]))
+        > PACKAGE_MODULES
+    }
+    assert not crowded, f"edge packages over {PACKAGE_MODULES} modules: {crowded}"

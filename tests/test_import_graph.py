@@ -75,7 +75,9 @@ def third_party_imports(path: Path) -> set[str]:
             names.update(alias.name.partition(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             names.add(node.module.partition(".")[0])
-    return {n for n in names if n not in sys.stdlib_module_names and n not in (*PACKAGES, "__future__")}
+    return {
+        n for n in names if n not in sys.stdlib_module_names and n not in (*PACKAGES, "__future__")
+    }
 
 
 def import_graph(files: dict[str, Path], root: Path = ROOT) -> dict[str, dict[str, str]]:
