@@ -60,7 +60,7 @@ def _cmd_config_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_edge(args: argparse.Namespace) -> int:
-    from iopd.edge.run import edge_main
+    from iopd.edge.daemon import edge_main
 
     return edge_main(args.config, log_level=args.log_level)
 

@@ -44,7 +44,7 @@ def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
 async def run_demo(  # type: ignore[no-untyped-def]
     port: int, admin_port: int = DEFAULT_ADMIN_PORT, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
-    from iopd.edge.run import run_edge
+    from iopd.edge.daemon import run_edge
 
     cfg = demo_config(port, admin_port)
     async with trio.open_nursery() as nursery:

@@ -5,7 +5,7 @@ docs/troubleshooting.md, "Errors callers see".
 
 Every failure that can reach an HTTP caller is one of these; the OpenAI
 listener turns them into the ``{"error": {...}}`` envelope in exactly one
-place (``iopd/edge/openai/errors.py``).  ``metric_status`` is the ``status``
+place (``iopd/edge/openai/outgoing/error_envelope.py``).  ``metric_status`` is the ``status``
 label of ``iop_openai_requests_total``.
 """
 

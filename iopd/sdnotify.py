@@ -12,7 +12,7 @@ so nothing here raises.
 
 Where the daemons call it (see docs/operations.md):
 
-* edge (``iopd/edge/run.py``): ``notify(*ready(f"edge {id} serving"))`` once
+* edge (``iopd/edge/daemon.py``): ``notify(*ready(f"edge {id} serving"))`` once
   every listener is bound **and** the signal receiver is installed (else a
   ``systemctl reload`` right after start kills the process); around the
   SIGHUP refresh ``notify(*reloading())`` and, in a ``finally``,

@@ -60,6 +60,7 @@ __all__ = [
     "UsageSource",
     "WireErrorReason",
     "all_passthrough",
+    "forbidden_reason",
     "load_ratio",
     "types_meeting",
 ]
@@ -214,3 +215,37 @@ HOP_BY_HOP: Final = frozenset(
 #: The headers that frame a message on its connection: the HTTP server writes
 #: its own and drops a handler's.
 FRAMING_HEADERS: Final = frozenset({"content-length", "transfer-encoding", "connection"})
+
+#: Headers ``openai.forward_headers`` may never add and a passthrough never
+#: forwards, by what they are (and ``HOP_BY_HOP``).
+_FRAMING = frozenset(
+    {"content-length", "content-encoding", "content-type", "expect", "accept-encoding"}
+)
+_CREDENTIALS = frozenset({"authorization", "cookie", "cookie2", "set-cookie", "host"})
+_FORWARDING = frozenset(
+    {
+        "forwarded",
+        "via",
+        "x-real-ip",
+        "x-client-ip",
+        "true-client-ip",
+        "x-original-url",
+        "x-rewrite-url",
+    }
+)
+_FORWARDING_PREFIXES = ("x-forwarded-", "x-original-", "proxy-")
+
+
+def forbidden_reason(name: str) -> str | None:
+    """Why header ``name`` may never be forwarded to a provider, or None if it may."""
+    lname = name.lower()
+    # Forwarding first: a ``Proxy-*`` header is named for what it routes.
+    if lname in _FORWARDING or lname.startswith(_FORWARDING_PREFIXES):
+        return "a forwarding or routing header"
+    if lname in HOP_BY_HOP:
+        return "a hop-by-hop header"
+    if lname in _FRAMING:
+        return "a framing or encoding header of the body the edge re-encodes"
+    if lname in _CREDENTIALS:
+        return "the caller's credentials or the edge's own host"
+    return None

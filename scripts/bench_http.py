@@ -56,7 +56,7 @@ DIRECT_RESPONSE = (
 
 
 async def _serve_iopd() -> None:
-    from iopd.edge.openai.errors import render_error
+    from iopd.edge.openai.outgoing.error_envelope import render_error
     from iopd.http.server import HttpLimits, Request, Responder, serve_http
 
     async def handler(request: Request, responder: Responder) -> None:

@@ -36,8 +36,8 @@ import msgspec
 import trio
 
 from iopd.config.load import parse_edge_config
-from iopd.edge.nodes import _scrubbed
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.nodes.node_text import scrubbed_message
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from wire.errors import MalformedFrame
 from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import MAX_STATUS_ENTRIES, ProviderHealth, ProviderStatus, RunEvent
@@ -138,7 +138,7 @@ async def _main(providers: int, rounds: int) -> None:
     _time(
         "run-error",
         encode_frame(run_error),
-        lambda m: len(_scrubbed(msgspec.structs.replace(m), rt.scrub).message),  # type: ignore[arg-type]
+        lambda m: len(scrubbed_message(msgspec.structs.replace(m), rt.scrub).message),  # type: ignore[arg-type]
         rounds,
     )
 

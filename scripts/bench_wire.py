@@ -26,7 +26,7 @@ import time
 import trio
 
 from iopd.config.schema import NodeEntry, NodeSection
-from iopd.edge.nodes import FrameDirection, HubSettings, NodeHub, WireErrorReason
+from iopd.edge.nodes.hub import FrameDirection, HubSettings, NodeHub, WireErrorReason
 from iopd.node.handler import StreamSender
 from iopd.node.link import NodeLink
 from iopd.transport.listen import serve_wire

@@ -547,7 +547,7 @@ async def fuzz_in_process_edge(n: int, seed: int, *, concurrency: int = 4) -> Fu
     """Start an edge + echo node in this process and fuzz its OpenAI listener."""
     from iopd.config.load import parse_edge_config
     from iopd.config.schema import NodeConfigFile, NodeSection
-    from iopd.edge.run import run_edge
+    from iopd.edge.daemon import run_edge
     from iopd.node.run import run_node
 
     catcher = _TracebackCatcher()

@@ -28,9 +28,9 @@ from typing import Any
 
 import trio
 
-from iopd.edge.openai.requests import parse_json_object
-from iopd.edge.openai.strict import StrictStreamFilter
-from iopd.edge.openai.tools import parse_text_tool_calls
+from iopd.edge.openai.incoming.requests import parse_json_object
+from iopd.edge.openai.outgoing.strict import StrictStreamFilter
+from iopd.edge.openai.outgoing.tools import parse_text_tool_calls
 
 
 class _GaveUp(Exception):

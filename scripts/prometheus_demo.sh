@@ -73,9 +73,9 @@ if [[ "$MODE" == sample ]]; then
 import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from iopd.edge.metrics import (GatewayMetrics, GatewayStatus, PrincipalLabels,
+from iopd.edge.metering.metrics import (GatewayMetrics, GatewayStatus, PrincipalLabels,
                                ProviderGaugeRow, RequestLabels)
-from iopd.edge.usage import run_event_usage, tunnel_usage
+from iopd.edge.metering.usage import run_event_usage, tunnel_usage
 from wire.messages import Usage
 
 m = GatewayMetrics("edge-1")

@@ -20,7 +20,7 @@ from quart_trio import QuartTrio
 
 from iopd.edge.console import console_blueprint
 from iopd.edge.console.events import StreamSlots, StreamTiming
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from tests.gateway import Gateway
 
 #: Short ticks: the browser sees a change within a fraction of a second.

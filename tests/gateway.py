@@ -22,8 +22,8 @@ import trio
 
 from iopd.config.load import parse_edge_config
 from iopd.config.schema import NodeConfigFile, NodeSection
-from iopd.edge.run import EdgeHandle, run_edge
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.daemon import EdgeHandle, run_edge
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 
 T = TypeVar("T")
 

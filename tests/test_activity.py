@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from iopd.edge.activity import MAX_MESSAGE, OTHER, RATE_MINUTES, ActivityRecorder
+from iopd.edge.metering.activity import MAX_MESSAGE, OTHER, RATE_MINUTES, ActivityRecorder
 
 
 class Clock:

@@ -165,7 +165,7 @@ async def test_admin_listener_applies_the_peer_filter(monkeypatch: pytest.Monkey
         seen.append(host)
         return False
 
-    monkeypatch.setattr("iopd.edge.run.is_loopback_peer", refuse)
+    monkeypatch.setattr("iopd.edge.daemon.is_loopback_peer", refuse)
     with trio.fail_after(30):
         async with running_gateway(two_node_yaml(), nodes=[]) as gw:
             stream = await trio.open_tcp_stream(*gw.handle.admin)

@@ -15,13 +15,13 @@ import pytest
 import trio
 
 from iopd import errors
-from iopd.edge.admin.app import SECURITY_HEADERS
 from iopd.edge.admin.auth import (
     SESSION_COOKIE,
     SessionStore,
     check_json_body,
     check_same_origin,
 )
+from iopd.edge.admin.routes import SECURITY_HEADERS
 from tests.gateway import RawResponse, running_gateway, token_hash
 from tests.test_admin import ADMIN_TOKEN, token_yaml, two_node_yaml
 

@@ -20,9 +20,9 @@ from quart_trio import QuartTrio
 
 from iopd.config.load import parse_edge_config
 from iopd.edge.admin import AdminLimits, AdminServer, create_admin_app
-from iopd.edge.admin.app import MAX_BODY_BYTES
+from iopd.edge.admin.routes import MAX_BODY_BYTES
 from iopd.edge.admin.streaming import streaming_response
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from iopd.startup import StartupError
 from tests.test_admin import two_node_yaml
 

@@ -21,7 +21,7 @@ import msgspec
 import trio
 
 from iopd.config.catalog import build_catalog
-from iopd.edge.pool_config import pool_snapshot
+from iopd.edge.runtime.pool_config import pool_snapshot
 from tests.gateway import (
     Gateway,
     edge_config,

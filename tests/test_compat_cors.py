@@ -16,7 +16,7 @@ import pytest
 import trio
 
 from iopd.config.validate import origin_problem
-from iopd.edge.openai import cors
+from iopd.edge.openai.incoming import cors
 from tests.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
 from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 

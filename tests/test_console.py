@@ -25,7 +25,7 @@ from iopd.edge import console
 from iopd.edge.admin import AdminLimits, AdminServer
 from iopd.edge.console.events import MAX_STREAMS, StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from tests.console_harness import console_app, serving_app
 from tests.gateway import http_request, running_gateway, wait_until
 from tests.test_admin import two_node_yaml

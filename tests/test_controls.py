@@ -14,9 +14,9 @@ import trio
 import trio.testing
 
 from iopd import errors
-from iopd.edge.controls import RECENT_EVENTS, RuntimeControls
-from iopd.edge.metrics import GatewayMetrics
+from iopd.edge.metering.metrics import GatewayMetrics
 from iopd.edge.pool import Lease, ProviderPool
+from iopd.edge.runtime.runtime_controls import RECENT_EVENTS, RuntimeControls
 from tests.test_pool_trio import hold, make_pool
 from wire.messages import ControlUpdate, ProviderControlSpec
 

@@ -18,7 +18,7 @@ from contextlib import asynccontextmanager
 import trio
 import trio.testing
 
-from iopd.edge.node_session import NodeStream
+from iopd.edge.nodes.node_session import NodeStream
 from wire.messages import Credit, Message, ProviderTunnelFrame
 
 

@@ -27,7 +27,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from iopd.edge.nodes import HubSettings, NodeHub
+from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.tokens import estimate_input_tokens
 from tests.gateway import (
     Gateway,

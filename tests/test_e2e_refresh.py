@@ -936,7 +936,7 @@ def got_config(fake: FakeNode, version: int) -> bool:
 async def test_a_silent_node_does_not_hold_up_pushes_to_other_nodes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 60.0)
+    monkeypatch.setattr("iopd.edge.runtime.edge_runtime.NODE_PUSH_TIMEOUT", 60.0)
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=[]) as edge, silent_node_a(edge) as fake:
             b = await start_real_node(edge.gw, "node-b")
@@ -965,7 +965,7 @@ async def test_refresh_completes_when_the_admin_caller_goes_away(
 
     Every changed node gets its push, and the outcome is counted.
     """
-    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 1.0)
+    monkeypatch.setattr("iopd.edge.runtime.edge_runtime.NODE_PUSH_TIMEOUT", 1.0)
 
     def applied() -> float:
         return sum(

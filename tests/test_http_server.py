@@ -13,7 +13,7 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.edge.openai.errors import render_error
+from iopd.edge.openai.outgoing.error_envelope import render_error
 from iopd.errors import AuthenticationError, MethodNotAllowed, QueueTimeout, RouteNotFound
 from iopd.http.server import (
     AbortResponse,

@@ -16,6 +16,7 @@ package that re-exports its modules is not a cycle with them).
 from __future__ import annotations
 
 import ast
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -64,6 +65,19 @@ def imports_of(module: str, path: Path, modules: set[str]) -> dict[str, int]:
                 # ``from a import b`` imports the module ``a.b`` if there is one, else ``a``.
                 add(name if name in modules else base, node.lineno)
     return found
+
+
+def third_party_imports(path: Path) -> set[str]:
+    """The top-level names of the packages outside the tree and the standard library it imports."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.partition(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.partition(".")[0])
+    return {
+        n for n in names if n not in sys.stdlib_module_names and n not in (*PACKAGES, "__future__")
+    }
 
 
 def import_graph(files: dict[str, Path], root: Path = ROOT) -> dict[str, dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Per-principal limits: every rule and boundary of ``iopd.edge.principal_limits``.
+"""Per-principal limits: every rule and boundary of ``iopd.edge.principals.limiter``.
 
 Times are wall-clock seconds since the epoch; ``MIDNIGHT`` is a UTC midnight
 (2023-11-15T00:00:00Z), so day boundaries are exact.
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from iopd.config.schema import LimitDefaults, LimitsSection, PrincipalLimit
-from iopd.edge.principal_limits import (
+from iopd.edge.principals.limiter import (
     DAY_S,
     RETRY_SCAN_LIMIT,
     Admission,
@@ -23,7 +23,7 @@ from iopd.edge.principal_limits import (
     WindowStatus,
     format_reset,
 )
-from iopd.edge.token_reservation import (
+from iopd.edge.principals.reservation import (
     DEFAULT_OUTPUT_RESERVATION_TOKENS,
     Reservation,
     reservation_for,
@@ -547,8 +547,8 @@ def test_partial_principal_entry_inherits_default() -> None:
 def test_withdraw_undoes_an_admission_exactly() -> None:
     """A request found to have no live candidate never counted (a 502 before admission)."""
     from iopd.config.schema import LimitDefaults, LimitsSection
-    from iopd.edge.principal_limits import Admission, PrincipalLimiter
-    from iopd.edge.token_reservation import reservation_for
+    from iopd.edge.principals.limiter import Admission, PrincipalLimiter
+    from iopd.edge.principals.reservation import reservation_for
 
     section = LimitsSection(
         default=LimitDefaults(requests_per_minute=2, tokens_per_minute=100, tokens_per_day=1000)

@@ -11,7 +11,7 @@ import yaml
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig
-from iopd.edge.runtime import config_secrets
+from iopd.edge.runtime.edge_runtime import config_secrets
 from iopd.redact import Scrubber, url_secrets
 from tests.test_config_validate import BASE
 

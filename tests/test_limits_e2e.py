@@ -15,7 +15,7 @@ import pytest
 import trio
 
 from iopd.admin_client import format_principals
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from tests.gateway import (
     Gateway,
     admin_host_port,

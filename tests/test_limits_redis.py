@@ -21,8 +21,8 @@ import h11
 import pytest
 import trio
 
-from iopd.edge.limits_shared import SharedLimits
-from iopd.edge.limits_store import LimitsStore
+from iopd.edge.principals.shared_limits import SharedLimits
+from iopd.edge.principals.store import LimitsStore
 from scripts.edge_process import running_edge
 from tests.gateway import (
     Gateway,

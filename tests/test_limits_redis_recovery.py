@@ -20,11 +20,11 @@ import pytest
 import trio
 
 from iopd.config.schema import LimitsSection, PrincipalLimit
-from iopd.edge.limits_backend import SharedAdmission
-from iopd.edge.limits_shared import SharedLimits
-from iopd.edge.limits_store import LimitsStore
-from iopd.edge.metrics import GatewayMetrics
-from iopd.edge.token_reservation import Reservation
+from iopd.edge.metering.metrics import GatewayMetrics
+from iopd.edge.principals.backend import SharedAdmission
+from iopd.edge.principals.reservation import Reservation
+from iopd.edge.principals.shared_limits import SharedLimits
+from iopd.edge.principals.store import LimitsStore
 from tests.redis_server import RedisServer, running_redis
 
 REF = "team-r"

@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 )
 
 from iopd.config.schema import LimitDefaults, LimitsSection, PrincipalLimit
-from iopd.edge.principal_limits import (
+from iopd.edge.principals.limiter import (
     DAY_S,
     RETRY_SCAN_LIMIT,
     WINDOW_S,
@@ -41,7 +41,7 @@ from iopd.edge.principal_limits import (
     Settlement,
     limits_from_config,
 )
-from iopd.edge.token_reservation import Reservation
+from iopd.edge.principals.reservation import Reservation
 
 REFS = ["a", "b", "unmapped"]
 MIDNIGHT = 1_700_006_400

@@ -25,12 +25,12 @@ import trio
 
 from iopd import errors
 from iopd.config.schema import LimitsSection, PrincipalLimit
-from iopd.edge.lag_deadline import LAG_ALLOWANCE_S
-from iopd.edge.limits_backend import SharedAdmission
-from iopd.edge.limits_shared import SharedLimits
-from iopd.edge.limits_store import LimitsStore, Unseen
-from iopd.edge.metrics import GatewayMetrics
-from iopd.edge.token_reservation import Reservation
+from iopd.edge.metering.metrics import GatewayMetrics
+from iopd.edge.principals.backend import SharedAdmission
+from iopd.edge.principals.lag_deadline import LAG_ALLOWANCE_S
+from iopd.edge.principals.reservation import Reservation
+from iopd.edge.principals.shared_limits import SharedLimits
+from iopd.edge.principals.store import LimitsStore, Unseen
 from tests.redis_server import RedisServer, running_redis
 from tests.rogue_store import RogueProxy
 

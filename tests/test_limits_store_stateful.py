@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from iopd.edge.limit_decisions import Limits
-from iopd.edge.limits_store import DONE_TTL_S, Admitted, LimitsStore, StoreView
+from iopd.edge.principals.decisions import Limits
+from iopd.edge.principals.store import DONE_TTL_S, Admitted, LimitsStore, StoreView
 from tests.redis_server import RedisServer, running_redis
 
 REF = "team-model"

@@ -124,7 +124,7 @@ def test_json_quoted_values_lose_their_quotes(message: str, expected: str) -> No
 
 
 def test_json_repr_formatted_reason_is_one_field() -> None:
-    # Call sites log free text with %r (edge/run.py: reason=%r).
+    # Call sites log free text with %r (edge/daemon.py: reason=%r).
     doc = _json(_record("event=edge_failed reason=%r", "[Errno 98] Address in use"))
     assert doc["reason"] == "[Errno 98] Address in use"
     assert doc["event"] == "edge_failed"

@@ -11,7 +11,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
-from iopd.edge.metrics import (
+from iopd.edge.metering.metrics import (
     GatewayMetrics,
     GatewayStatus,
     PrincipalLabels,
@@ -19,8 +19,8 @@ from iopd.edge.metrics import (
     RequestLabels,
     expected_response_mode,
 )
-from iopd.edge.openai.auth import LEGACY_BEARER, OPEN, Principal
-from iopd.edge.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
+from iopd.edge.metering.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
+from iopd.edge.principals.authenticator import LEGACY_BEARER, OPEN, Principal
 from iopd.tokens import estimate_input_tokens
 from iopd.vocabulary import UNKNOWN_GROUP, UNMAPPED
 from wire.messages import ProviderTunnelFrame, Usage

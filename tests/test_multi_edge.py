@@ -17,7 +17,7 @@ import json
 import h11
 import trio
 
-from iopd.edge.nodes import NodeHub
+from iopd.edge.nodes.hub import NodeHub
 from tests.gateway import EdgeFleet, http_request, node_token, running_edges, wait_until
 from tests.mock_providers import MockOpenAIServer
 from tests.wire_peers import TEST_ITERATIONS

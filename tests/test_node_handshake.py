@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from iopd.config.schema import NodeSection
-from iopd.edge.nodes import HubSettings, NodeHub
+from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.node.link import NodeLink
 from iopd.transport.channel import WireChannel

@@ -17,8 +17,9 @@ import trio
 import trio.testing
 
 from iopd.config.load import ConfigError, parse_edge_config
-from iopd.edge.node_session import NodeSession
-from iopd.edge.node_text import (
+from iopd.edge.nodes.hub import NodeHub
+from iopd.edge.nodes.node_session import NodeSession
+from iopd.edge.nodes.node_text import (
     CUT_MARK,
     MAX_ERROR_CODE_CHARS,
     MAX_FINISH_REASON_CHARS,
@@ -30,8 +31,7 @@ from iopd.edge.node_text import (
     safe_node_reason,
     scrubbed_message,
 )
-from iopd.edge.nodes import NodeHub
-from iopd.edge.runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
+from iopd.edge.runtime.edge_runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
 from iopd.transport.channel import WireChannel
 from tests.gateway import node_token, token_hash
 from wire.errors import MalformedFrame

@@ -33,7 +33,7 @@ from typing import Any
 
 import trio
 
-from iopd.edge.node_text import MAX_LAST_ERROR_CHARS
+from iopd.edge.nodes.node_text import MAX_LAST_ERROR_CHARS
 from tests.test_ops_subprocess import (
     CALLER_TOKEN,
     NODE_TOKEN,

@@ -15,8 +15,8 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.edge.node_session import NodeStream
-from iopd.edge.nodes import HubSettings, NodeHub
+from iopd.edge.nodes.hub import HubSettings, NodeHub
+from iopd.edge.nodes.node_session import NodeStream
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
 from tests.wire_peers import FakeNode, HubRecorder, wait_until

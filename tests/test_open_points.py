@@ -28,7 +28,7 @@ import trio
 import trio.testing
 
 from iopd.admin_client import refresh_main
-from iopd.edge.node_text import safe_node_reason
+from iopd.edge.nodes.node_text import safe_node_reason
 from tests.gateway import (
     Gateway,
     RawResponse,
@@ -291,7 +291,7 @@ async def test_refresh_reports_a_rejected_push_and_the_cli_exits_1(
 async def test_refresh_reports_an_unanswered_push(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("iopd.edge.runtime.NODE_PUSH_TIMEOUT", 0.5)
+    monkeypatch.setattr("iopd.edge.runtime.edge_runtime.NODE_PUSH_TIMEOUT", 0.5)
     with trio.fail_after(60):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
             host, port = edge.gw.handle.wire

@@ -7,7 +7,7 @@ import hashlib
 import pytest
 
 from iopd.config.schema import OpenAISection, PrincipalToken, ProviderAuth
-from iopd.edge.openai.auth import (
+from iopd.edge.principals.authenticator import (
     Authenticator,
     Principal,
     apply_principal_metadata,

@@ -13,7 +13,7 @@ import msgspec
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from iopd.edge.openai.chat import (
+from iopd.edge.openai.outgoing.chat import (
     ChunkStream,
     CompletionAssembler,
     merge_usage,
@@ -21,7 +21,7 @@ from iopd.edge.openai.chat import (
     openai_finish_reason,
     usage_dict,
 )
-from iopd.edge.openai.sse import SSE_DONE, SSE_HEADERS, sse_data
+from iopd.edge.openai.outgoing.sse import SSE_DONE, SSE_HEADERS, sse_data
 from iopd.errors import ProviderError
 from wire.messages import RunEvent, Usage
 

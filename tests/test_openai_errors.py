@@ -7,7 +7,7 @@ import json
 import pytest
 
 from iopd import errors
-from iopd.edge.openai.errors import error_sse_event, render_error
+from iopd.edge.openai.outgoing.error_envelope import error_sse_event, render_error
 
 TABLE = [
     (errors.AuthenticationError, 401, "authentication_error", "invalid_api_key"),

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from iopd.edge.openai.jsonschema import ValidationBudget, validate
+from iopd.edge.openai.incoming.jsonschema import ValidationBudget, validate
 
 OBJ = {
     "type": "object",

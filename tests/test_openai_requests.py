@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from iopd.edge.openai import json_body
-from iopd.edge.openai.requests import (
+from iopd.edge.openai.incoming import json_body
+from iopd.edge.openai.incoming.requests import (
     ChatRequest,
     OllamaRequest,
     ResponsesRequest,

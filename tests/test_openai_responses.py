@@ -9,7 +9,7 @@ import msgspec
 import pytest
 from openai.types.responses import Response
 
-from iopd.edge.openai.responses import (
+from iopd.edge.openai.outgoing.responses import (
     ResponseEvents,
     build_response,
     new_response_id,

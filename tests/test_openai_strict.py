@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION
-from iopd.edge.openai.strict import (
+from iopd.edge.openai.outgoing.strict import (
     CLOSE_TAG,
     OPEN_TAG,
     StrictStreamFilter,

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletionMessageFunctionToolCall
 
-from iopd.edge.openai.jsonschema import ValidationBudget
-from iopd.edge.openai.tools import (
+from iopd.edge.openai.incoming.jsonschema import ValidationBudget
+from iopd.edge.openai.outgoing.tools import (
     new_call_id,
     parse_text_tool_calls,
     restore_native_tool_call,

@@ -637,7 +637,7 @@ def _unit(name: str) -> dict[str, dict[str, list[str]]]:
 def test_units_match_the_cli_and_the_drain(unit: str, kind: str) -> None:
     from iopd.cli import build_parser
     from iopd.config.schema import EdgeSection, NodeSection
-    from iopd.edge.run import CUT_GRACE
+    from iopd.edge.daemon import CUT_GRACE
 
     svc = _unit(unit)["Service"]
     (exec_start,) = svc["ExecStart"]

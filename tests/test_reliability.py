@@ -663,7 +663,7 @@ async def test_cancel_storm_leaks_nothing() -> None:
     back to baseline."""
     from iopd.config.load import parse_edge_config
     from iopd.config.schema import NodeConfigFile, NodeSection
-    from iopd.edge.run import run_edge
+    from iopd.edge.daemon import run_edge
     from iopd.node.run import run_node
 
     cycles = int(os.environ.get("IOPD_STORM_CYCLES", "2000"))

@@ -16,8 +16,8 @@ import pytest
 import trio
 
 from iopd.config.load import load_edge_config
+from iopd.edge.daemon import EdgeHandle, run_edge
 from iopd.edge.openai.app import OpenAIApp
-from iopd.edge.run import EdgeHandle, run_edge
 from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.mock_providers import MockOpenAIServer
 from tests.test_e2e_openai import echo_yaml

@@ -38,8 +38,8 @@ import pytest
 import trio
 
 from iopd.config.schema import NodeConfigFile, NodeSection
-from iopd.edge import nodes as edge_nodes
-from iopd.edge.openai import auth as openai_auth
+from iopd.edge.nodes import hub as edge_nodes
+from iopd.edge.principals import authenticator as openai_auth
 from tests.gateway import (
     Gateway,
     RawResponse,

@@ -12,7 +12,7 @@ import trio.testing
 import trustme
 
 from iopd.config.schema import EdgeTLS, NodeSection, NodeTLS
-from iopd.edge.nodes import HubSettings, NodeHub
+from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.node.link import NodeLink
 from iopd.transport import (
     Backoff,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from iopd.edge.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
+from iopd.edge.metering.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
 from wire.messages import ProviderTunnelFrame, Usage
 
 

@@ -12,7 +12,7 @@ from typing import get_args, get_type_hints
 
 from iopd import errors
 from iopd.config.schema import ProviderConfig
-from iopd.edge.metrics import HEALTH_GAUGE
+from iopd.edge.metering.metrics import HEALTH_GAUGE
 from iopd.vocabulary import (
     HEALTH_STATES,
     PROVIDER_TYPES,

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.edge.nodes import HubSettings, NodeHub
+from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.transport.listen import PendingGate, address_key, serve_wire
 from tests.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram

@@ -17,7 +17,7 @@
                                   responder=script) as node: ...
 
 * ``FakeEdge`` — a wire listener on port 0 playing the edge for ``NodeLink``
-  tests: it runs the edge's SCRAM challenge (``iopd.edge.node_handshake``)
+  tests: it runs the edge's SCRAM challenge (``iopd.edge.nodes.challenge``)
   against a verifier of ``token`` (default ``FAKE_NODE_TOKEN``), answers
   ``HelloAck`` (or a scripted ``Refused``), pushes a ``NodeConfig`` and waits
   for the ack; then the test sends ``RunRequest``/``Cancel``/``Credit`` and
@@ -30,7 +30,7 @@
           await session.send(RunRequest(stream_id=sid, provider_id="p", adapter="echo", target="m"))
           reply = await session.receive(RunEvent)
 
-* ``HubRecorder`` — a ``NodeHub`` owner (``iopd.edge.nodes.HubOwner``) with a
+* ``HubRecorder`` — a ``NodeHub`` owner (``iopd.edge.nodes.hub.HubOwner``) with a
   fixed node registry that records every event the hub tells it::
 
       rec = HubRecorder({"node-a": "token-a"})
@@ -56,7 +56,7 @@ import trio
 import trio.testing
 
 from iopd.config.schema import NodeEntry
-from iopd.edge.node_handshake import Refusal, SecretForm, challenge_node
+from iopd.edge.nodes.challenge import Refusal, SecretForm, challenge_node
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import DialError, dial
 from iopd.transport.listen import serve_wire

@@ -36,7 +36,7 @@ from iopd.config.schema import (
     ProviderConfig,
     ProviderPoolSection,
 )
-from iopd.edge.openai.upstream_headers import forbidden_reason
+from iopd.vocabulary import forbidden_reason
 from wire import scram
 from wire.framing import MAX_HANDSHAKE_ID_CHARS
 from wire.messages import MAX_PROVIDER_ID_CHARS, MAX_STATUS_ENTRIES

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import trio
 
 from iopd.config.schema import EdgeConfig, NodeConfigFile, NodeSection
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from iopd.node.consent import Consent
 from iopd.transport.listen import serve_wire
 

@@ -8,7 +8,7 @@ budget 503) and says each with a status, a stable ``code`` (the word logged
 in ``event=request_rejected``), a message and headers.  The listener's owner
 renders them (the server's ``render_error``) and counts them (``on_reject``):
 the OpenAI listener maps each to its envelope in one place
-(``iopd.edge.openai.errors.gateway_error``).
+(``iopd.edge.openai.outgoing.error_envelope.gateway_error``).
 
 The owner's own errors cross this layer in two places: a ``head_check`` that
 refuses a request, and an error escaping a handler before its response

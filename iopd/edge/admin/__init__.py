@@ -1,6 +1,6 @@
 """The loopback admin side: a quart-trio app on hypercorn.
 
-- ``app.py``: ``create_admin_app(runtime)``, the routes and the per-request checks;
+- ``routes.py``: ``create_admin_app(runtime)``, the routes and the per-request checks;
 - ``auth.py``: the peer, Host, Origin, JSON-body, token and session checks;
 - ``serve.py``: ``AdminServer``, hypercorn's trio worker inside the edge's nursery;
 - ``streaming.py``: ``streaming_response``, for routes that stream (the console's events).
@@ -8,8 +8,8 @@
 The public listener has no route to any of this.
 """
 
-from iopd.edge.admin.app import create_admin_app, register_console
 from iopd.edge.admin.auth import bearer_matches, is_loopback_host_header, is_loopback_peer
+from iopd.edge.admin.routes import create_admin_app, register_console
 from iopd.edge.admin.serve import AdminLimits, AdminServer
 
 __all__ = [

@@ -2,7 +2,7 @@
 
 Four checks, each a small function of the request's headers so that every
 route (the API, the runtime controls, the console) gets them from one
-``before_request`` hook (``app.py``):
+``before_request`` hook (``routes.py``):
 
 1. The peer is loopback (``is_loopback_peer``, applied by ``serve.py`` to the
    accepted socket, before any HTTP is spoken).

@@ -17,7 +17,7 @@ from quart import Blueprint, Response, render_template
 
 from iopd.edge.console.events import StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 
 __all__ = ["console_blueprint"]
 

@@ -28,7 +28,7 @@ import msgspec
 import trio
 
 from iopd.edge.console.view import console_view
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 
 __all__ = ["MAX_STREAMS", "StreamSlots", "StreamTicket", "StreamTiming", "status_events"]
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final, TypedDict
 
-from iopd.edge.activity import ErrorRow, UsageRow
-from iopd.edge.runtime import EdgeRuntime
+from iopd.edge.metering.activity import ErrorRow, UsageRow
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 
 __all__ = ["MAX_USAGE_ROWS", "ConsoleView", "console_view"]
 

@@ -29,9 +29,9 @@ import trio
 
 from iopd import __version__, errors
 from iopd.config.catalog import GroupSpec
-from iopd.edge.openai import cors, limits
-from iopd.edge.openai import requests as rq
-from iopd.edge.openai.errors import ShapedRefusal, render_error
+from iopd.edge.openai import limits
+from iopd.edge.openai.incoming import cors
+from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
 from iopd.edge.openai.normalized import (
     chat_once,
@@ -39,9 +39,10 @@ from iopd.edge.openai.normalized import (
     responses_once,
     responses_stream,
 )
+from iopd.edge.openai.outgoing.error_envelope import ShapedRefusal, render_error
 from iopd.edge.openai.prepare import model_not_found, prepare
 from iopd.edge.openai.relay import relay
-from iopd.edge.runtime import EdgeRuntime, Snapshot
+from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.server import HeadContext, Request, Responder
 from iopd.vocabulary import RELAY_ONLY_ENDPOINTS, Endpoint
 

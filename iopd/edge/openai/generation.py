@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import TypeGuard
 
 from iopd.config.schema import Generation
-from iopd.edge.openai.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
 from iopd.errors import InvalidRequest
 
 __all__ = ["apply_generation"]

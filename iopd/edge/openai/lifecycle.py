@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 import trio
 
 from iopd import errors
-from iopd.edge.activity import ActivityRecorder
-from iopd.edge.limits_backend import AnyAdmission
-from iopd.edge.metrics import GatewayMetrics, RequestLabels
-from iopd.edge.openai.auth import Principal
-from iopd.edge.openai.errors import error_sse_event, render_error
-from iopd.edge.runtime import Snapshot
-from iopd.edge.usage import UsageItem
+from iopd.edge.metering.activity import ActivityRecorder
+from iopd.edge.metering.metrics import GatewayMetrics, RequestLabels
+from iopd.edge.metering.usage import UsageItem
+from iopd.edge.openai.outgoing.error_envelope import error_sse_event, render_error
+from iopd.edge.principals.authenticator import Principal
+from iopd.edge.principals.backend import AnyAdmission
+from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import AbortResponse, Responder
 from iopd.vocabulary import (
     HOP_BY_HOP,

@@ -1,6 +1,6 @@
 """Per-principal rates and budgets on the request path.
 
-The limiter (``iopd.edge.principal_limits``) decides; this module is the
+The limiter (``iopd.edge.principals.limiter``) decides; this module is the
 glue, in three calls the request's life makes:
 
 * :func:`show_limits` when the handler starts: a principal with a rate or a
@@ -29,7 +29,7 @@ Nothing here runs while ``limits`` sets no rate or budget
 (``Snapshot.rates_limited``; with ``limits.backend: redis``, no shared
 ``max_concurrent`` either); otherwise ``max_concurrent`` and ``share`` are
 the pool's (the lease carries the principal).  The backend
-(``iopd.edge.limits_backend``) decides where the counters live.
+(``iopd.edge.principals.backend``) decides where the counters live.
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ from types import TracebackType
 import trio
 
 from iopd import errors
-from iopd.edge.limit_decisions import NeverFits, Rejection
-from iopd.edge.limits_backend import SharedAdmission
-from iopd.edge.openai import requests as rq
+from iopd.edge.metering.usage import UsageItem
+from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call
 from iopd.edge.pool.pool import Lease
-from iopd.edge.runtime import EdgeRuntime
-from iopd.edge.token_reservation import Reservation, reservation_for
-from iopd.edge.usage import UsageItem
+from iopd.edge.principals.backend import SharedAdmission
+from iopd.edge.principals.decisions import NeverFits, Rejection
+from iopd.edge.principals.reservation import Reservation, reservation_for
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from iopd.http.server import HeadContext, Request
 
 __all__ = [

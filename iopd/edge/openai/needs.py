@@ -15,11 +15,11 @@ from typing import NamedTuple
 
 from iopd import errors
 from iopd.config.catalog import GroupSpec
-from iopd.edge.openai import requests as rq
-from iopd.edge.openai.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.incoming import requests as rq
+from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES
-from iopd.edge.openai.responses import responses_input_to_messages
-from iopd.edge.runtime import Snapshot
+from iopd.edge.openai.outgoing.responses import responses_input_to_messages
+from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import Request
 from iopd.tokens import estimate_input_tokens
 from iopd.vocabulary import ContextClass

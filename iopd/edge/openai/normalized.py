@@ -27,17 +27,25 @@ from typing import Any
 
 import msgspec
 
-from iopd.edge.openai import requests as rq
-from iopd.edge.openai.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
-from iopd.edge.openai.jsonschema import JSONObject
+from iopd.edge.metering.usage import run_event_usage
+from iopd.edge.openai.incoming import requests as rq
+from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
+from iopd.edge.openai.outgoing.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
+from iopd.edge.openai.outgoing.responses import ResponseEvents, build_response
+from iopd.edge.openai.outgoing.sse import SSE_HEADERS
+from iopd.edge.openai.outgoing.strict import (
+    StrictStreamFilter,
+    extract_completion,
+    strict_system_message,
+)
+from iopd.edge.openai.outgoing.tools import (
+    parse_text_tool_calls,
+    restore_native_tool_call,
+    tool_instruction,
+)
 from iopd.edge.openai.prepare import LeasedRequest, Leasing
-from iopd.edge.openai.responses import ResponseEvents, build_response
 from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
-from iopd.edge.openai.sse import SSE_HEADERS
-from iopd.edge.openai.strict import StrictStreamFilter, extract_completion, strict_system_message
-from iopd.edge.openai.tools import parse_text_tool_calls, restore_native_tool_call, tool_instruction
-from iopd.edge.usage import run_event_usage
 from iopd.http.server import Responder
 from wire.messages import RunEvent, RunRequest, Usage
 

@@ -47,13 +47,12 @@ import trio
 
 from iopd import errors
 from iopd.config.catalog import GroupSpec
-from iopd.edge.node_session import NodeSession
+from iopd.edge.nodes.node_session import NodeSession
 from iopd.edge.openai import limits
-from iopd.edge.openai import requests as rq
-from iopd.edge.openai.auth import Principal
 from iopd.edge.openai.generation import apply_generation
-from iopd.edge.openai.json_body import parse_json_object
-from iopd.edge.openai.jsonschema import JSONObject
+from iopd.edge.openai.incoming import requests as rq
+from iopd.edge.openai.incoming.json_body import parse_json_object
+from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
 from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
@@ -66,7 +65,8 @@ from iopd.edge.pool.retry_rules import (
     classify_failure,
     url_origin,
 )
-from iopd.edge.runtime import EdgeRuntime, Snapshot
+from iopd.edge.principals.authenticator import Principal
+from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.connection import HeadContext
 from iopd.http.server import Request
 from iopd.vocabulary import ContextClass

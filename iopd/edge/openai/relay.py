@@ -42,16 +42,16 @@ from __future__ import annotations
 
 import time
 
-from iopd.edge.node_session import NODE_BUSY, NodeSession
-from iopd.edge.openai import requests as rq
+from iopd.edge.metering.usage import tunnel_usage
+from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession
+from iopd.edge.openai.incoming import requests as rq
+from iopd.edge.openai.incoming.upstream_headers import upstream_headers
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
 from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
 from iopd.edge.openai.run_errors import provider_error
-from iopd.edge.openai.upstream_headers import upstream_headers
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
-from iopd.edge.runtime import Snapshot
-from iopd.edge.usage import tunnel_usage
+from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import Request, Responder
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, Usage
 

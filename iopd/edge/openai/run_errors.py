@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 from iopd import errors
-from iopd.edge.node_session import NODE_BUSY
+from iopd.edge.nodes.node_session import NODE_BUSY
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from wire.messages import RunEvent

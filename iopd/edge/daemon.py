@@ -1,0 +1,267 @@
+"""The edge daemon: one nursery owning the wire listener, the OpenAI and admin
+listeners, signal handling and the drain.
+
+The OpenAI listener is ``iopd.http.server``; the admin listener is a quart-trio
+app on hypercorn's trio worker (``iopd.edge.admin``), in the same nursery and
+trio run.
+
+Drain (SIGTERM/SIGINT or ``EdgeHandle.drain()``): stop accepting on the OpenAI
+listener, let in-flight requests finish within ``edge.drain_timeout``, then
+end the rest with a terminal error (their leaving the node stream sends
+``Cancel`` to the node), close node sessions and return.  A second signal
+stops at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import trio
+
+from iopd import __version__, errors, sdnotify
+from iopd.config.load import ConfigError, ConfigUnreadable, load_edge_config
+from iopd.config.schema import EdgeConfig
+from iopd.edge.admin import AdminLimits, AdminServer, create_admin_app, is_loopback_peer
+from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_nodes
+from iopd.edge.openai.app import OpenAIApp
+from iopd.edge.openai.outgoing.error_envelope import gateway_error, render_error
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.http.errors import Refusal
+from iopd.http.server import HttpLimits, HttpServer
+from iopd.logs import LOG_SECRETS, setup_logging
+from iopd.startup import StartupError, listen_failed, run_daemon
+from iopd.transport.listen import serve_wire
+from iopd.transport.tls import server_ssl_context
+
+log = logging.getLogger("iopd.edge")
+
+#: After the drain deadline, how long cut requests get to write their error.
+CUT_GRACE = 2.0
+
+
+def split_hostport(addr: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` → (host, port); validated by the config loader."""
+    host, _, port = addr.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _fmt(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class EdgeHandle:
+    """What ``run_edge`` reports when it is serving: the runtime and bound addresses."""
+
+    runtime: EdgeRuntime
+    wire: tuple[str, int]
+    admin: tuple[str, int]
+    openai: tuple[str, int] | None
+    #: The OpenAI listener's server (``open_connections``, ``in_flight``), for tests.
+    openai_server: HttpServer | None = None
+    _drain: trio.Event = field(default_factory=trio.Event)
+    _stop_now: trio.Event = field(default_factory=trio.Event)
+
+    @property
+    def base_url(self) -> str:
+        assert self.openai is not None
+        return f"http://{_fmt(self.openai)}/v1"
+
+    def drain(self) -> None:
+        """Begin a graceful drain (like SIGTERM); a second call stops at once."""
+        if self._drain.is_set():
+            self._stop_now.set()
+        self._drain.set()
+
+
+def _count_refusal(app: OpenAIApp, status: int, exc: Refusal, context: object) -> None:
+    """The OpenAI listener's ``on_reject``: the HTTP layer's refusal, in the app's terms."""
+    app.layer_refused(status, gateway_error(exc), context)
+
+
+async def run_edge(
+    cfg: EdgeConfig,
+    config_path: str | None = None,
+    *,
+    handle_signals: bool = False,
+    task_status: trio.TaskStatus[EdgeHandle] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run an edge until drained; reports an ``EdgeHandle`` once every listener is bound."""
+    rt = EdgeRuntime.create(cfg, config_path)
+    oa = cfg.openai
+    app = OpenAIApp(rt)
+    openai_srv = HttpServer(
+        app,
+        limits=HttpLimits(
+            max_body_bytes=oa.max_body_bytes,
+            max_header_bytes=oa.max_header_bytes,
+            header_timeout=oa.header_timeout,
+            body_timeout=oa.body_timeout,
+            idle_timeout=oa.idle_timeout,
+            max_connections=oa.max_connections,
+            max_inflight_body_bytes=oa.max_inflight_body_bytes,
+            send_timeout=oa.send_timeout,
+        ),
+        render_error=render_error,
+        on_reject=functools.partial(_count_refusal, app),
+        head_check=app.check_head,
+    )
+    admin_srv = AdminServer(
+        create_admin_app(rt),
+        limits=AdminLimits(keep_alive_timeout=oa.idle_timeout),
+        allow_peer=is_loopback_peer,
+    )
+    ssl_ctx = server_ssl_context(cfg.edge.tls)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(_scrub_secrets_from_logs, rt)
+        await nursery.start(rt.pool.run_outlier_timer)  # ejections that run out wake waiters
+        await nursery.start(rt.limits.run)  # the shared limits store's client, renewals, probes
+        gate = rt.hub.listener_gate()  # unauthenticated connections, capped
+        wire_addr = await _listen(
+            nursery,
+            cfg.edge.node_listen,
+            functools.partial(
+                serve_wire,
+                functools.partial(rt.hub.handle_connection, gate=gate),
+                ssl_context=ssl_ctx,
+                gate=gate,
+            ),
+        )
+        admin_addr = await _listen(nursery, cfg.edge.admin_listen, admin_srv.serve)
+        openai_addr = None
+        if oa.enabled:
+            openai_addr = await _listen(nursery, oa.listen, openai_srv.serve)
+        embedded: EmbeddedNodes | None = None
+        if embedded_node_ids(cfg):  # nodes[].embedded: run them here, over loopback
+            embedded = await nursery.start(serve_embedded_nodes, rt, cfg)
+        handle = EdgeHandle(
+            runtime=rt,
+            wire=(wire_addr[0], wire_addr[1]),
+            admin=admin_addr,
+            openai=openai_addr,
+            openai_server=openai_srv if oa.enabled else None,
+        )
+        log.info(
+            "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
+            cfg.edge.id,
+            __version__,
+            _fmt(handle.wire),
+            _fmt(admin_addr),
+            _fmt(openai_addr) if openai_addr else "disabled",
+            "on" if ssl_ctx is not None else "off",
+        )
+        if handle_signals:
+            await nursery.start(_signals, handle, rt)
+        sdnotify.notify(*sdnotify.ready(f"serving edge {cfg.edge.id}"))
+        task_status.started(handle)
+
+        await handle._drain.wait()
+        sdnotify.notify(*sdnotify.stopping())
+        with trio.CancelScope() as hard:
+            nursery.start_soon(_stop_at_second_signal, handle, hard)
+            await _drain(rt, app, openai_srv, admin_srv, cfg.edge.drain_timeout)
+        if embedded is not None:
+            embedded.stop()
+        await rt.hub.aclose("edge shutting down")
+        nursery.cancel_scope.cancel()
+    log.info("event=edge_stopped edge=%s", cfg.edge.id)
+
+
+async def _listen(
+    nursery: trio.Nursery, address: str, serve: Callable[..., Awaitable[object]]
+) -> tuple[str, int]:
+    """Start ``serve(host, port)`` on ``address``; what it bound, or a one-line ``StartupError``."""
+    try:
+        bound: tuple[str, int] = await nursery.start(serve, *split_hostport(address))
+    except OSError as exc:  # in use, not an address of this machine, unresolvable
+        raise listen_failed(address, exc) from None
+    return bound
+
+
+async def _scrub_secrets_from_logs(rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]) -> None:
+    """For as long as the edge runs, no piece of its config's secrets reaches a log line."""
+    owner = f"edge:{id(rt)}"
+    LOG_SECRETS.add(owner, lambda: rt.snapshot.secrets)
+    try:
+        task_status.started()
+        await trio.sleep_forever()
+    finally:
+        LOG_SECRETS.forget(owner)
+
+
+async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> None:
+    await handle._stop_now.wait()
+    log.warning("event=edge_stop_now reason=second_signal")
+    hard.cancel()
+
+
+async def _drain(
+    rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: AdminServer, timeout: float
+) -> None:
+    rt.stopping.set()  # the console's event streams end
+    in_flight = openai_srv.in_flight
+    log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
+    app.begin_drain()  # /healthz answers 503 from now on: load balancers stop sending
+    openai_srv.shutdown()
+    with trio.move_on_after(timeout):
+        await openai_srv.wait_idle()
+    if openai_srv.in_flight:
+        log.warning("event=drain_deadline cut=%d", openai_srv.in_flight)
+        app.cut_all()
+        rt.pool.fail_all_waiters(lambda: errors.ShuttingDown("the edge is shutting down"))
+        with trio.move_on_after(CUT_GRACE):
+            await openai_srv.wait_idle()
+    admin_srv.shutdown()  # last: operators watch the drain on it
+    with trio.move_on_after(admin_srv.limits.graceful_timeout + CUT_GRACE):
+        await admin_srv.stopped.wait()
+    log.info("event=drain_done")
+
+
+async def _signals(
+    handle: EdgeHandle, rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]
+) -> None:
+    # A refresh runs in its own task: it may wait NODE_PUSH_TIMEOUT for a silent
+    # node's ack, and a SIGTERM (or the second one) must not wait behind it.
+    with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as refreshes:
+            task_status.started()
+            async for signum in signals:
+                if signum == signal.SIGHUP:
+                    log.info("event=sighup action=refresh")
+                    refreshes.start_soon(_refresh_on_sighup, rt)
+                else:
+                    log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
+                    handle.drain()
+
+
+async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
+    sdnotify.notify(*sdnotify.reloading())
+    try:
+        await rt.refresh("apply")
+    finally:
+        sdnotify.notify(*sdnotify.ready("serving"))
+
+
+def edge_main(config_path: str, *, log_level: str | None = None) -> int:
+    """``iopd edge --config PATH``; a start-up failure raises ``StartupError`` (one line)."""
+    try:
+        cfg = load_edge_config(config_path)
+    except ConfigUnreadable as exc:
+        raise StartupError("cannot read config", exc.path, exc.reason) from None
+    except ConfigError as exc:
+        for line in exc.errors:
+            print(line, file=sys.stderr)
+        return 1
+    setup_logging(cfg.edge.log_format, log_level or cfg.edge.log_level)
+    try:
+        run_daemon(lambda: run_edge(cfg, config_path, handle_signals=True))
+    except StartupError as exc:  # a port in use, unreadable certificates
+        log.error("event=edge_failed reason=%r", str(exc))
+        raise
+    return 0
