@@ -8,7 +8,7 @@ from the issue in turn.  While a case runs, a second caller asks
 shows the slowest of those answers (the issue's bar: the edge keeps
 answering others within 1 s), what the hostile caller got, and the edge's
 RSS before the case and at its peak.  Findings 7 and 8 need a provider that
-misbehaves; they are replayed by ``tests/test_hostile_admin_secrets.py``.
+misbehaves; they are replayed by ``tests/hostile/test_admin_secrets.py``.
 
 Everything is bounded (each case has a deadline) and the edge is stopped at
 the end.  Nothing here asserts: it prints figures for docs/reliability.md.

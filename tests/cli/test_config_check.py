@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from iopd.cli import main
-from tests.example_configs import CONFIGS, EXAMPLE_ENV, write_filled_example
+from tests.support.example_configs import CONFIGS, EXAMPLE_ENV, write_filled_example
 
 H = hashlib.sha256(b"n").hexdigest()
 

@@ -15,8 +15,8 @@ import trio
 
 from iopd.admin_client import format_control
 from iopd.cli import build_parser
-from tests.gateway import running_gateway, token_hash, wait_until
-from tests.test_status_cli import edge_from_file, edge_yaml, iopd, row_of
+from tests.cli.test_status import edge_from_file, edge_yaml, iopd, row_of
+from tests.support.gateway import running_gateway, token_hash, wait_until
 
 
 async def test_provider_and_node_commands_change_the_running_edge(tmp_path: Path) -> None:

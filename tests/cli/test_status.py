@@ -1,6 +1,6 @@
 """``iopd status`` and ``iopd refresh`` as real subprocesses against a running edge.
 
-The edge runs in this process (tests/gateway.py); the CLI runs as
+The edge runs in this process (tests/support/gateway.py); the CLI runs as
 ``python -m iopd ...`` through ``trio.run_process``, so its exit code, stdout
 and stderr are exactly what an operator's shell sees.  The table formatter is
 also tested directly for layout cases a live edge cannot easily produce.
@@ -22,7 +22,14 @@ import pytest
 import trio
 
 from iopd.admin_client import format_report, format_status
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    node_token,
+    running_gateway,
+    token_hash,
+    wait_until,
+)
 
 TABLE_COLUMNS = [
     "NODE",

@@ -10,7 +10,7 @@ import pytest
 from iopd.config.catalog import Catalog, GroupSpec, build_catalog, node_config_for
 from iopd.config.load import parse_edge_config
 from iopd.config.schema import Generation
-from tests.example_configs import filled_example
+from tests.support.example_configs import filled_example
 from wire.messages import NodeConfig, ProviderSpec
 
 H = hashlib.sha256(b"n").hexdigest()

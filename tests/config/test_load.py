@@ -17,7 +17,7 @@ from iopd.config.load import (
     parse_node_config,
 )
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION, EdgeConfig, NodeConfigFile
-from tests.example_configs import CONFIGS, EXAMPLE_ENV, filled_example, write_filled_example
+from tests.support.example_configs import CONFIGS, EXAMPLE_ENV, filled_example, write_filled_example
 from wire import scram
 
 H = hashlib.sha256(b"x").hexdigest()

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 
 import pytest
 
 from iopd.config.load import ConfigError, parse_edge_config, parse_node_config
 from iopd.config.placeholders import PLACEHOLDER_TOKENS, is_placeholder_hash, is_placeholder_token
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 REFUSED_HASH = (
     "is the SHA-256 of a placeholder token from the docs or examples; "
     "run `iopd token` to make a real one"

@@ -22,7 +22,7 @@ import trio
 
 from iopd.config.catalog import build_catalog
 from iopd.edge.pool_config import pool_snapshot
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     edge_config,
     http_request,
@@ -31,7 +31,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
+from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 OWN_KEY = "Bearer own-provider-key-of-"  # + the principal
 

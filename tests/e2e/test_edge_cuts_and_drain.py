@@ -17,10 +17,10 @@ import trio
 from iopd.config.load import load_edge_config
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.run import EdgeHandle, run_edge
-from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
-from tests.mock_providers import MockOpenAIServer
-from tests.test_e2e_openai import echo_yaml
-from tests.wire_peers import FakeNode
+from tests.e2e.test_openai import echo_yaml
+from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.mock_providers import MockOpenAIServer
+from tests.support.wire_peers import FakeNode
 from wire.messages import NodeConfig
 
 

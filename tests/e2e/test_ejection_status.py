@@ -1,6 +1,6 @@
 """``/status`` and the health gauge show passive ejection (issue #16).
 
-A real edge and node (tests/gateway.py) front a healthy mock provider; the
+A real edge and node (tests/support/gateway.py) front a healthy mock provider; the
 test ejects it through the pool's attempt API (what the request path will
 call) and reads ``/status`` and ``/metrics``: ``health: ejected`` with
 ``ejected_until`` in Unix time and the gauge at -2; a node that goes away
@@ -15,7 +15,7 @@ import time
 import trio
 
 from iopd.edge.pool.retry_rules import FailureReason
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     first_provider_status,
     node_token,
@@ -24,7 +24,7 @@ from tests.gateway import (
     token_hash,
     wait_provider_health,
 )
-from tests.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOpenAIServer
 
 YAML = """
 edge:

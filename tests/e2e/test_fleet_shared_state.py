@@ -17,7 +17,7 @@ from typing import Any
 
 import trio
 
-from tests.gateway import (
+from tests.support.gateway import (
     EdgeFleet,
     Gateway,
     http_request,

@@ -6,7 +6,7 @@ import openai
 import pytest
 import trio
 
-from tests.gateway import (
+from tests.support.gateway import (
     http_request,
     in_thread,
     node_token,
@@ -14,7 +14,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOpenAIServer
 
 YAML = """
 edge:

@@ -16,7 +16,9 @@ import trio
 
 from iopd.admin_client import format_principals
 from iopd.edge.runtime import EdgeRuntime
-from tests.gateway import (
+from tests.e2e.test_openai import echo_yaml
+from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.gateway import (
     Gateway,
     admin_host_port,
     get_json,
@@ -26,9 +28,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
-from tests.test_e2e_openai import echo_yaml
-from tests.test_e2e_surface import gateway_yaml, http_provider, node_entry
+from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 TEAM_A = "sk-limits-team-a-0001"
 TEAM_B = "sk-limits-team-b-0002"
@@ -365,7 +365,7 @@ async def test_refresh_keeps_the_counters_and_applies_the_new_limit() -> None:
                 ok = await http_request(gw.host_port, "POST", CHAT, body=chat(), headers=auth(TEAM_A))
                 assert ok.status == 200
             lowered = echo_yaml(auth=principals_block(), pool=limits_block("requests_per_minute: 2"))
-            from tests.gateway import edge_config
+            from tests.support.gateway import edge_config
 
             rt._swap(edge_config(lowered), changed=True)
             resp = await http_request(gw.host_port, "POST", CHAT, body=chat(), headers=auth(TEAM_A))

@@ -1,7 +1,7 @@
 """End to end: usage metering and gateway metrics as an operator scrapes them (SPEC §5).
 
-Every test runs a real edge (tests/gateway.py) with a real node, a mock model
-server (tests/mock_providers.py) or a scripted ``FakeNode`` (tests/wire_peers.py),
+Every test runs a real edge (tests/support/gateway.py) with a real node, a mock model
+server (tests/support/mock_providers.py) or a scripted ``FakeNode`` (tests/support/wire_peers.py),
 sends requests over real sockets, then parses the admin ``/metrics`` with
 ``prometheus_client``'s own parser and checks the *exact* change of every
 series between two scrapes: the numbers must be what the provider reported,
@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.tokens import estimate_input_tokens
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
@@ -38,8 +38,8 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOllamaServer, MockOpenAIServer
-from tests.wire_peers import FakeNode, HubRecorder
+from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
+from tests.support.wire_peers import FakeNode, HubRecorder
 from wire import scram
 from wire.connection import Connection, Role
 from wire.framing import encode_frame

@@ -18,9 +18,9 @@ import h11
 import trio
 
 from iopd.edge.nodes import NodeHub
-from tests.gateway import EdgeFleet, http_request, node_token, running_edges, wait_until
-from tests.mock_providers import MockOpenAIServer
-from tests.wire_peers import TEST_ITERATIONS
+from tests.support.gateway import EdgeFleet, http_request, node_token, running_edges, wait_until
+from tests.support.mock_providers import MockOpenAIServer
+from tests.support.wire_peers import TEST_ITERATIONS
 from wire import scram
 
 WORDS = 40

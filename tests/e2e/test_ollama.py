@@ -16,8 +16,15 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from tests.gateway import Gateway, http_request, in_thread, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOllamaServer
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    in_thread,
+    node_token,
+    running_gateway,
+    token_hash,
+)
+from tests.support.mock_providers import MockOllamaServer
 
 SERVED = "mock:latest"
 

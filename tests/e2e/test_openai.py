@@ -1,6 +1,6 @@
 """End to end: the official openai SDK → a real edge → the wire → a real node → providers.
 
-Every test starts a whole gateway on loopback port 0 (tests/gateway.py) and
+Every test starts a whole gateway on loopback port 0 (tests/support/gateway.py) and
 calls it with ``openai.OpenAI`` (``max_retries=0``) in a worker thread, or
 with raw HTTP where the SDK would hide what is tested.
 """
@@ -19,7 +19,7 @@ import trio
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.http_relay import HTTPAdapter
 from iopd.node.executor import NodeExecutor
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     http_request,
     in_thread,
@@ -28,7 +28,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOpenAIServer
 from wire.messages import ProviderTunnelRequest, RunRequest
 
 PRINCIPAL_TOKEN = "sk-canary-principal-0001"

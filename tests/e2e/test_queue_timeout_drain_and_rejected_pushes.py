@@ -14,7 +14,7 @@
    report's ``errors`` (never with a secret in it), and ``iopd refresh``
    exits 1.
 
-Everything runs a real edge (``tests/gateway.py``) over loopback; scripted
+Everything runs a real edge (``tests/support/gateway.py``) over loopback; scripted
 nodes are ``FakeNode`` subclasses that answer config pushes as told.
 """
 
@@ -29,7 +29,8 @@ import trio.testing
 
 from iopd.admin_client import refresh_main
 from iopd.edge.nodes import safe_node_reason
-from tests.gateway import (
+from tests.e2e.test_refresh import running_edge
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
@@ -38,8 +39,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.test_e2e_refresh import running_edge
-from tests.wire_peers import FakeNode
+from tests.support.wire_peers import FakeNode
 from wire.messages import Message, NodeConfig, NodeConfigAck, ProviderSpec
 
 REQUEST_TIMEOUT = 5

@@ -26,7 +26,7 @@ import pytest
 import trio
 
 from iopd.node.run import NodeHandle, run_node
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
@@ -35,7 +35,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.wire_peers import FakeNode
+from tests.support.wire_peers import FakeNode
 from wire.messages import NodeConfig, NodeConfigAck, RunEvent, RunRequest
 
 REPORT_KEYS = {
@@ -398,7 +398,7 @@ async def test_provider_pool_max_queue_live(tmp_path: Path) -> None:
 
 
 async def test_generation_limits_live_on_passthrough(tmp_path: Path) -> None:
-    from tests.mock_providers import MockOpenAIServer
+    from tests.support.mock_providers import MockOpenAIServer
 
     with trio.fail_after(30):
         async with trio.open_nursery() as outer:
@@ -602,7 +602,7 @@ async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
     """A node that refuses a pushed NodeConfig does not undo the edge's apply.
 
     It accepted its first config (a node that rejects that one is never
-    connected: tests/test_open_points.py), then rejects the refresh's push.
+    connected: tests/e2e/test_queue_timeout_drain_and_rejected_pushes.py), then rejects the refresh's push.
     """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:

@@ -13,7 +13,7 @@ from typing import Any
 import h11
 import trio
 
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     http_request,
     node_token,
@@ -21,7 +21,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer, MockReply, closed_port_url, sse
+from tests.support.mock_providers import MockOpenAIServer, MockReply, closed_port_url, sse
 
 EDGE_YAML = """
 edge:

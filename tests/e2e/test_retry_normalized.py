@@ -16,8 +16,8 @@ from typing import Any
 
 import trio
 
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOllamaServer, MockReply
+from tests.support.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOllamaServer, MockReply
 
 EDGE_YAML = """
 edge:

@@ -4,7 +4,7 @@ Complements ``test_e2e_openai.py``: strict output, generation policy,
 metadata and run metadata, long context, provider-auth forwarding, the
 legacy route forms, the queue, provider errors, the raw ``/v1/responses``
 relay and cancel on the passthrough path.  Every test starts a real edge on
-loopback port 0 (``tests/gateway.py``) with real nodes, or with a scripted
+loopback port 0 (``tests/support/gateway.py``) with real nodes, or with a scripted
 ``FakeNode`` where the test must read the ``RunRequest`` the edge sends.
 
 Providers are told apart with ``cli`` providers running tiny Python scripts
@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
@@ -32,8 +32,13 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOllamaServer, MockOpenAIServer, MockReply, RecordedRequest
-from tests.wire_peers import FakeNode
+from tests.support.mock_providers import (
+    MockOllamaServer,
+    MockOpenAIServer,
+    MockReply,
+    RecordedRequest,
+)
+from tests.support.wire_peers import FakeNode
 from wire.messages import RunEvent, RunRequest, Usage
 
 CHAT = "/v1/chat/completions"

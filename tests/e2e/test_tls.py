@@ -5,7 +5,7 @@ from __future__ import annotations
 import trio
 import trustme
 
-from tests.gateway import in_thread, node_token, running_gateway, token_hash
+from tests.support.gateway import in_thread, node_token, running_gateway, token_hash
 
 YAML = """
 edge:

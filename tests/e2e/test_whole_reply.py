@@ -13,7 +13,7 @@ import math
 
 import trio
 
-from tests.test_e2e_metrics import (
+from tests.e2e.test_metrics import (
     UNMAPPED,
     changes,
     chat,

@@ -1,8 +1,8 @@
 """``RuntimeControls`` (issue #19): bodies validated, changes applied, logged, counted.
 
 The domain object is driven directly with the bytes a route would hand it;
-the HTTP wiring is in ``tests/test_admin_controls.py``, the pool's side in
-``tests/test_pool_controls.py``.
+the HTTP wiring is in ``tests/edge/admin/test_controls.py``, the pool's side in
+``tests/edge/pool/test_controls.py``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from iopd import errors
 from iopd.edge.controls import RECENT_EVENTS, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.pool import Lease, ProviderPool
-from tests.test_pool_trio import hold, make_pool
+from tests.edge.pool.test_pool import hold, make_pool
 from wire.messages import ControlUpdate, ProviderControlSpec
 
 

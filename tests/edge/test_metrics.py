@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -23,6 +22,7 @@ from iopd.edge.openai.auth import LEGACY_BEARER, OPEN, Principal
 from iopd.edge.usage import run_event_usage, tunnel_frame_usage, tunnel_usage
 from iopd.tokens import estimate_input_tokens
 from iopd.vocabulary import UNKNOWN_GROUP, UNMAPPED
+from tests.support.paths import ROOT
 from wire.messages import ProviderTunnelFrame, Usage
 
 EDGE = "edge-1"
@@ -602,7 +602,7 @@ def test_canary_secrets_never_reach_the_exposition(m: GatewayMetrics) -> None:
 
 def test_guide_and_dashboard_use_only_exposed_metric_names(m: GatewayMetrics) -> None:
     """A metric renamed here but not in the docs (or a typo there) fails this test."""
-    docs = Path(__file__).resolve().parent.parent / "docs"
+    docs = ROOT / "docs"
     guide = (docs / "openai-usage-grafana.md").read_text(encoding="utf-8")
     queries = re.findall(r"```promql\n(.*?)\n```", guide, re.S)
     dashboard = json.loads((docs / "grafana-dashboard.json").read_text(encoding="utf-8"))

@@ -22,8 +22,8 @@ import pytest
 import trio
 
 from iopd.redact import MIN_RUN, Scrubber
-from tests.gateway import http_request, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOllamaServer, MockReply, RecordedRequest
+from tests.support.gateway import http_request, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOllamaServer, MockReply, RecordedRequest
 
 #: A provider key long enough to be cut 100 characters in.
 LONG_KEY = "sk-cut-canary-" + "".join(
@@ -233,7 +233,7 @@ async def test_only_allow_listed_caller_headers_reach_the_provider() -> None:
     received: list[RecordedRequest] = []
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
-            from tests.mock_providers import MockOpenAIServer
+            from tests.support.mock_providers import MockOpenAIServer
 
             mock = await nursery.start(MockOpenAIServer().serve)
 

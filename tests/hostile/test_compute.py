@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
+from tests.support.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
 
 EDGE_YAML = f"""
 edge:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -14,9 +13,10 @@ from hypothesis import strategies as st
 
 from iopd.config.load import ConfigError, parse_edge_config, parse_node_config
 from iopd.config.schema import EdgeConfig, NodeConfigFile
-from tests.example_configs import filled_example
+from tests.support.example_configs import filled_example
+from tests.support.paths import ROOT
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = ROOT / "configs"
 VALID: dict[str, Any] = yaml.safe_load(filled_example("edge.yaml"))
 ERROR_LINE = re.compile(r"^[^\n]+?: [^\n]+$")
 

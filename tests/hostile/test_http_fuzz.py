@@ -13,13 +13,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
 import trio
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "fuzz_http.py"
+from tests.support.paths import ROOT
+
+SCRIPT = ROOT / "scripts" / "fuzz_http.py"
 SEED = 20261129
 
 

@@ -22,7 +22,14 @@ import socket
 import pytest
 import trio
 
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    node_token,
+    running_gateway,
+    token_hash,
+    wait_until,
+)
 
 TOKEN = "iop_hostile_caller_token_0001"
 MAX_BODY = 8 * 1024 * 1024

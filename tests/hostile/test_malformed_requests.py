@@ -21,7 +21,7 @@ from typing import Any
 
 import trio
 
-from tests.gateway import Gateway, node_token, running_gateway, token_hash
+from tests.support.gateway import Gateway, node_token, running_gateway, token_hash
 
 TOKEN = "sk-canary-malformed-7777"
 AUTH = f"Bearer {TOKEN}".encode()

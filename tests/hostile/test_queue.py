@@ -25,7 +25,7 @@ from typing import Any
 import trio
 import trio.testing
 
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,

@@ -40,7 +40,7 @@ import trio
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.edge import nodes as edge_nodes
 from iopd.edge.openai import auth as openai_auth
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
@@ -49,7 +49,7 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import (
+from tests.support.mock_providers import (
     MockOllamaServer,
     MockOpenAIServer,
     MockReply,
@@ -556,8 +556,8 @@ node:
 
 
 async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> None:
-    from tests.test_ops_subprocess import NODE_TOKEN as OPS_NODE_TOKEN
-    from tests.test_ops_subprocess import _hostport, node_verifier, run_daemon
+    from tests.system.test_daemons import NODE_TOKEN as OPS_NODE_TOKEN
+    from tests.system.test_daemons import _hostport, node_verifier, run_daemon
 
     canaries = [*CANARIES, OPS_NODE_TOKEN]
     with trio.fail_after(60):

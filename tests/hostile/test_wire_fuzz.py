@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.wire_peers import SAMPLE_CHALLENGE, SAMPLE_PROOF
+from tests.support.wire_peers import SAMPLE_CHALLENGE, SAMPLE_PROOF
 from wire.connection import Connection, Role
 from wire.errors import RemoteProtocolError, WireError
 from wire.framing import FrameDecoder, encode_frame

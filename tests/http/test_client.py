@@ -17,7 +17,7 @@ from iopd.http.client import (
     ProviderProtocolError,
     ProviderTimeoutError,
 )
-from tests.mock_providers import MockOpenAIServer, MockReply
+from tests.support.mock_providers import MockOpenAIServer, MockReply
 
 
 @pytest.fixture

@@ -23,9 +23,9 @@ from iopd.config.schema import NodeSection
 from iopd.node.consent import REFUSED_PREFIX, Consent
 from iopd.node.executor import NodeExecutor
 from iopd.node.link import NodeLink
-from tests.gateway import running_gateway, wait_until
-from tests.test_node_link import ScriptedHandler
-from tests.wire_peers import FakeEdge
+from tests.node.test_link import ScriptedHandler
+from tests.support.gateway import running_gateway, wait_until
+from tests.support.wire_peers import FakeEdge
 from wire.messages import NodeConfig, ProviderSpec
 
 TOKEN = "node-consent-token"
@@ -284,7 +284,7 @@ nodes:
 
 
 async def test_the_edge_shows_the_refusal_in_status(tmp_path: Path) -> None:
-    from tests.gateway import get_json, node_token, token_hash
+    from tests.support.gateway import get_json, node_token, token_hash
 
     marker = tmp_path / "ran"
     yaml_text = EDGE_YAML.format(hash=token_hash(node_token("node-1")), marker=marker)
@@ -308,7 +308,7 @@ async def test_the_edge_shows_the_refusal_in_status(tmp_path: Path) -> None:
 async def test_the_edge_says_why_a_node_hangs_up_on_its_legacy_challenge(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.gateway import _run_node_scoped, node_token, token_hash
+    from tests.support.gateway import _run_node_scoped, node_token, token_hash
 
     caplog.set_level(logging.INFO)
     yaml_text = EDGE_YAML.format(hash=token_hash(node_token("node-1")), marker=tmp_path / "ran")

@@ -19,8 +19,8 @@ import trio.testing
 from iopd.cli import main as cli_main
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.node.run import NodeHandle, node_main, run_node
-from tests.mock_providers import MockOpenAIServer, MockReply
-from tests.wire_peers import FakeEdge, FakeEdgeSession, wait_until
+from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
     NodeConfig,

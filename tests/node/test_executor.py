@@ -311,7 +311,7 @@ def _tunnel(sid: int, provider: str = "p") -> ProviderTunnelRequest:
 
 
 async def test_start_early_sends_a_passthrough_request_before_serve_stream() -> None:
-    from tests.mock_providers import MockOpenAIServer
+    from tests.support.mock_providers import MockOpenAIServer
 
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:

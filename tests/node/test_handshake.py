@@ -24,8 +24,8 @@ from iopd.node.link import NodeLink
 from iopd.transport.channel import WireChannel
 from iopd.transport.dial import dial
 from iopd.transport.listen import serve_wire
-from tests.test_node_link import ScriptedHandler
-from tests.wire_peers import TEST_ITERATIONS, FakeEdge, FakeNode, HubRecorder, wait_until
+from tests.node.test_link import ScriptedHandler
+from tests.support.wire_peers import TEST_ITERATIONS, FakeEdge, FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, Role
 from wire.framing import encode_frame

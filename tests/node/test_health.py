@@ -9,7 +9,7 @@ from iopd.node.adapters.base import Adapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry
-from tests.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOpenAIServer
 from wire.messages import Health, ProviderHealth, ProviderSpec, ProviderStatus
 
 

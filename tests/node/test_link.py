@@ -14,7 +14,7 @@ import iopd.node.link as link_mod
 from iopd.config.schema import NodeSection
 from iopd.node.handler import StreamSender
 from iopd.node.link import NodeLink, parse_host_port
-from tests.wire_peers import FakeEdge, FakeEdgeSession, wait_until
+from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
     ControlState,

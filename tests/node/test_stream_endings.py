@@ -20,10 +20,10 @@ from iopd.node.adapters.cli import CliAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
-from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
-from tests.mock_providers import MockOpenAIServer, MockReply
-from tests.test_nodehub import TOKENS, run_req, running_hub
-from tests.wire_peers import FakeEdge, FakeEdgeSession, FakeNode
+from tests.edge.nodes.test_hub import TOKENS, run_req, running_hub
+from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.wire_peers import FakeEdge, FakeEdgeSession, FakeNode
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
 LARGE = 150
 

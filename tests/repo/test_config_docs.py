@@ -8,7 +8,6 @@ Each key has a table row whose first cell is the key in backticks.
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,8 +22,9 @@ from iopd.config.refresh_classify import (
     RESTART_LIMITS_KEYS,
 )
 from iopd.config.schema import EdgeConfig, NodeConfigFile
+from tests.support.paths import ROOT
 
-DOC = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+DOC = (ROOT / "docs" / "configuration.md").read_text()
 ROW = re.compile(r"^\| `([a-z_][a-z0-9_.\[\]]*)` \|(.*)\|\s*$")
 
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "hop_timeline.py"
+from tests.support.paths import ROOT
+
+SCRIPT = ROOT / "scripts" / "hop_timeline.py"
 _spec = importlib.util.spec_from_file_location("hop_timeline", SCRIPT)
 assert _spec is not None and _spec.loader is not None
 hop_timeline = importlib.util.module_from_spec(_spec)

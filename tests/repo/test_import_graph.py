@@ -19,7 +19,8 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 PACKAGES = ("iopd", "wire")
 MAX_LINES = 600
 

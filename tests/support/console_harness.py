@@ -21,7 +21,7 @@ from quart_trio import QuartTrio
 from iopd.edge.console import console_blueprint
 from iopd.edge.console.events import StreamSlots, StreamTiming
 from iopd.edge.runtime import EdgeRuntime
-from tests.gateway import Gateway
+from tests.support.gateway import Gateway
 
 #: Short ticks: the browser sees a change within a fraction of a second.
 FAST_STREAMS = StreamTiming(tick=0.1, heartbeat=5.0, max_age=600.0)

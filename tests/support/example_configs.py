@@ -14,9 +14,10 @@ import re
 import secrets
 from pathlib import Path
 
+from tests.support.paths import ROOT
 from wire import scram
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = ROOT / "configs"
 PLACEHOLDER = re.compile(r'"<(token_hash_sha256|token_verifier) from iopd token>"')
 #: What the node examples read (``node.token: ${IOP_NODE_TOKEN...}``).
 EXAMPLE_ENV = {"IOP_NODE_TOKEN": secrets.token_urlsafe(32)}

@@ -6,7 +6,7 @@ playwright the tests skip, unless ``CI`` is set (then they fail).  The edge
 and its node run in the test's trio run; the browser runs in a worker thread
 (Playwright's sync API) and asks the trio side to start or release a request
 with ``trio.from_thread``.  The console is reached through
-``tests.console_harness.serving_console``.
+``tests.support.console_harness.serving_console``.
 
 A screenshot of each run is kept: ``console-*.png`` in the test's tmp
 directory and, when ``IOPD_ARTIFACTS`` names a directory, copied there.
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 import trio
 
-from tests.console_harness import console_app, serving_app, serving_console
-from tests.gateway import Gateway, http_request, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
+from tests.support.console_harness import console_app, serving_app, serving_console
+from tests.support.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [

@@ -33,6 +33,7 @@ import h11
 import pytest
 import trio
 
+from tests.support.paths import ROOT
 from wire import scram
 
 GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
@@ -612,7 +613,7 @@ async def test_edge_notifies_systemd_ready_reloading_stopping(tmp_path: Path) ->
 
 # ------------------------------------------------------------ systemd units
 
-UNIT_DIR = Path(__file__).resolve().parent.parent / "scripts" / "systemd"
+UNIT_DIR = ROOT / "scripts" / "systemd"
 
 
 def _unit(name: str) -> dict[str, dict[str, list[str]]]:

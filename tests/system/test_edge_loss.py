@@ -33,8 +33,8 @@ from pathlib import Path
 
 import trio
 
-from tests.mock_providers import MockOpenAIServer
-from tests.test_ops_subprocess import (
+from tests.support.mock_providers import MockOpenAIServer
+from tests.system.test_daemons import (
     NODE_TOKEN,
     Daemon,
     Response,

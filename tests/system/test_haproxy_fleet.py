@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.test_ops_subprocess import (
+from tests.system.test_daemons import (
     NODE_TOKEN,
     Daemon,
     Response,

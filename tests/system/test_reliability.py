@@ -37,8 +37,9 @@ from typing import Any
 import pytest
 import trio
 
-from tests.mock_providers import MockOllamaServer, MockOpenAIServer
-from tests.test_ops_subprocess import (
+from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
+from tests.support.paths import ROOT
+from tests.system.test_daemons import (
     CALLER_TOKEN,
     NODE_TOKEN,
     Daemon,
@@ -51,7 +52,7 @@ from tests.test_ops_subprocess import (
     sse_payloads,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = ROOT
 
 HEARTBEAT_INTERVAL = 0.5
 HEARTBEAT_TIMEOUT = 2.0

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.gateway import http_request
+from tests.support.gateway import http_request
 
 GUARD = 30.0  # seconds; each process normally exits within one
 NODE_TOKEN = "iop_canary_startup_node_4e1c"

@@ -38,7 +38,7 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tests.test_ops_subprocess import (
+from tests.system.test_daemons import (
     CALLER_TOKEN,
     NODE_YAML,
     Daemon,

@@ -25,8 +25,14 @@ from iopd.transport import (
     serve_wire,
     server_ssl_context,
 )
-from tests.test_node_link import ScriptedHandler
-from tests.wire_peers import FakeEdge, FakeNode, HubRecorder, challenge_and_prove, wait_until
+from tests.node.test_link import ScriptedHandler
+from tests.support.wire_peers import (
+    FakeEdge,
+    FakeNode,
+    HubRecorder,
+    challenge_and_prove,
+    wait_until,
+)
 from wire import scram
 from wire.connection import Connection, Role
 from wire.messages import (

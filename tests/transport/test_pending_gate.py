@@ -16,7 +16,7 @@ import trio.testing
 
 from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.transport.listen import PendingGate, address_key, serve_wire
-from tests.wire_peers import FakeNode, HubRecorder, wait_until
+from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, ConnState, Role
 from wire.errors import FrameTooLarge, LocalProtocolError

@@ -18,8 +18,8 @@ from iopd.cli import main
 from iopd.config.catalog import node_config_for
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.provider_url import base_url_problem, provider_root, request_url
-from tests.gateway import http_request, in_thread, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOllamaServer, MockOpenAIServer
+from tests.support.gateway import http_request, in_thread, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
 
 # ------------------------------------------------------------------ the rules
 

@@ -17,8 +17,8 @@ import trio
 
 from iopd.config.validate import origin_problem
 from iopd.edge.openai import cors
-from tests.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
+from tests.support.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 APP = "http://app.example:3000"
 TOKEN = "sk-browser-caller"

@@ -1,7 +1,7 @@
 """One daemon for one machine (issue 18, item 12): ``nodes[].embedded: true``.
 
 The config rules are checked directly; the behaviour end to end, with the
-official ``openai`` SDK: in process (``run_edge`` through tests/gateway.py,
+official ``openai`` SDK: in process (``run_edge`` through tests/support/gateway.py,
 next to a node that dials in) and as ``python -m iopd edge --config`` from
 the shipped ``configs/one-machine.yaml``, in front of a mock OpenAI server.
 """
@@ -20,7 +20,7 @@ from iopd.config.refresh_classify import classify
 from iopd.config.validate import validate_edge_config
 from iopd.edge.embedded import embedded_node_config
 from iopd.node.run import run_node
-from tests.gateway import (
+from tests.support.gateway import (
     http_request,
     in_thread,
     node_token,
@@ -28,9 +28,8 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.mock_providers import MockOpenAIServer
+from tests.support.paths import ROOT
 
 YAML = """
 edge:
@@ -200,7 +199,7 @@ async def test_iopd_edge_with_the_one_machine_config_serves_the_sdk(tmp_path: Pa
     """``iopd edge --config one-machine.yaml``: one command, one file, the SDK answered."""
     import openai
 
-    from tests.test_ops_subprocess import run_daemon
+    from tests.system.test_daemons import run_daemon
 
     shipped = (ROOT / "configs" / "one-machine.yaml").read_text()
     with trio.fail_after(30):

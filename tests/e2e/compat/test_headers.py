@@ -16,9 +16,9 @@ import openai
 import pytest
 import trio
 
-from tests.gateway import http_request, in_thread, running_gateway
-from tests.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
-from tests.test_e2e_surface import gateway_yaml, http_provider, node_entry
+from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.gateway import http_request, in_thread, running_gateway
+from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 PROVIDER_DATE = "Thu, 01 Jan 2026 00:00:00 GMT"
 CHAT = "/v1/chat/completions"

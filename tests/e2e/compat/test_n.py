@@ -12,10 +12,10 @@ import openai
 import pytest
 import trio
 
-from tests.gateway import in_thread, running_gateway
-from tests.mock_providers import MockOpenAIServer
-from tests.test_e2e_openai import echo_yaml
-from tests.test_e2e_surface import gateway_yaml, http_provider, node_entry
+from tests.e2e.test_openai import echo_yaml
+from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.gateway import in_thread, running_gateway
+from tests.support.mock_providers import MockOpenAIServer
 
 MSGS = [{"role": "user", "content": "hello there"}]
 

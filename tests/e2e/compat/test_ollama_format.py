@@ -23,8 +23,8 @@ import trio
 
 from iopd.node.adapters.base import AdapterError
 from iopd.node.adapters.ollama import to_ollama_format, to_ollama_messages
-from tests.gateway import Gateway, in_thread, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOllamaServer
+from tests.support.gateway import Gateway, in_thread, node_token, running_gateway, token_hash
+from tests.support.mock_providers import MockOllamaServer
 
 SERVED = "mock:latest"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(64))

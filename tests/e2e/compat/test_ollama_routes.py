@@ -20,9 +20,9 @@ import pytest
 import trio
 
 from iopd import __version__
-from tests.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
-from tests.mock_providers import MockOllamaServer
-from tests.test_e2e_ollama import SERVED, ollama_yaml
+from tests.e2e.test_ollama import SERVED, ollama_yaml
+from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
+from tests.support.mock_providers import MockOllamaServer
 
 TOKEN = "sk-ollama-caller"
 

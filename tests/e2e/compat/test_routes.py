@@ -22,9 +22,16 @@ import pytest
 import trio
 
 from iopd.admin_client import format_status
-from tests.gateway import Gateway, http_request, in_thread, node_token, running_gateway, token_hash
-from tests.mock_providers import MockOpenAIServer
-from tests.test_e2e_metrics import changes, scrape
+from tests.e2e.test_metrics import changes, scrape
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    in_thread,
+    node_token,
+    running_gateway,
+    token_hash,
+)
+from tests.support.mock_providers import MockOpenAIServer
 
 SERVED = "mock-model"
 

@@ -1,6 +1,6 @@
 """Truthful status (issue 18, item 9): a provider whose node is gone shows ``disconnected``.
 
-A real edge and node over loopback (tests/gateway.py) front a mock OpenAI
+A real edge and node over loopback (tests/support/gateway.py) front a mock OpenAI
 server whose health route fails, so the node's last probe says
 ``unhealthy``.  When the node stops, ``/status``, ``iopd status`` and the
 ``iop_provider_health`` gauge must say ``disconnected`` (-1), not repeat that
@@ -13,7 +13,7 @@ import sys
 
 import trio
 
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     node_token,
     provider_health_gauge,
@@ -21,7 +21,7 @@ from tests.gateway import (
     token_hash,
     wait_provider_health,
 )
-from tests.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOpenAIServer
 
 YAML = """
 edge:

@@ -19,7 +19,7 @@ import trio
 from iopd.cli import main
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.edge import admin
-from tests.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
 #: Beyond the SPEC: the runtime's snapshot version, bumped by every applied refresh.

@@ -2,7 +2,7 @@
 
 Routes stay thin (``iopd.edge.admin``); what they answer, and that a drain
 lets a request in flight finish without an error, is checked here over HTTP.
-The validation cases are in ``tests/test_controls.py``.
+The validation cases are in ``tests/edge/test_controls.py``.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import trio
 
-from tests.gateway import http_request, running_gateway, token_hash, wait_until
-from tests.test_admin import raw_admin, two_node_yaml
+from tests.edge.admin.test_api import raw_admin, two_node_yaml
+from tests.support.gateway import http_request, running_gateway, token_hash, wait_until
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}
 

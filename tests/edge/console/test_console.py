@@ -26,9 +26,9 @@ from iopd.edge.admin import AdminLimits, AdminServer
 from iopd.edge.console.events import MAX_STREAMS, StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
 from iopd.edge.runtime import EdgeRuntime
-from tests.console_harness import console_app, serving_app
-from tests.gateway import http_request, running_gateway, wait_until
-from tests.test_admin import two_node_yaml
+from tests.edge.admin.test_api import two_node_yaml
+from tests.support.console_harness import console_app, serving_app
+from tests.support.gateway import http_request, running_gateway, wait_until
 
 PROVIDERS = ["echo-1", "echo-off", "echo-2"]
 NODES = ["node-a", "node-b"]

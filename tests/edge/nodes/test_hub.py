@@ -19,7 +19,7 @@ from iopd.edge.node_session import NodeStream
 from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
-from tests.wire_peers import FakeNode, HubRecorder, wait_until
+from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, Role
 from wire.framing import encode_frame

@@ -18,20 +18,20 @@ import trio
 from iopd.edge.openai.run_errors import provider_error
 from iopd.node.adapters.base import AdapterError, CollectedTunnelOutput
 from iopd.node.adapters.openai import OpenAIAdapter
-from tests.gateway import (
+from tests.node.adapters.test_openai import tunnel_req
+from tests.support.gateway import (
     http_request,
     node_token,
     running_gateway,
     token_hash,
     wait_provider_health,
 )
-from tests.mock_providers import (
+from tests.support.mock_providers import (
     MockHTTPServer,
     MockOllamaServer,
     MockOpenAIServer,
     closed_port_url,
 )
-from tests.test_adapter_openai import tunnel_req
 from wire.messages import ProviderSpec
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

@@ -1,6 +1,6 @@
 """Runtime controls in the pool (issue #19): states, overrides, waiters, refresh.
 
-The hypothesis machine in ``tests/test_pool_stateful.py`` checks controls
+The hypothesis machine in ``tests/edge/pool/test_pool_stateful.py`` checks controls
 against its reference at random; these are the named cases an operator
 relies on, through the trio layer.
 """
@@ -16,7 +16,7 @@ import trio.testing
 from iopd.edge.pool import Lease, PoolSnapshot, ProviderControl, ProviderPool
 from iopd.edge.pool.scheduler import Grant
 from iopd.errors import NodeDispatchError
-from tests.test_pool_trio import hold, in_flight, make_pool
+from tests.edge.pool.test_pool import hold, in_flight, make_pool
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ each admission, no waiter waits while it could fit (ejection never leaves a
 request without a provider: the last resort serves) or while its group has
 no live candidate, and the queued body bytes equal the sum over the waiters
 (bounded by ``max_queued_bytes`` when they were enqueued).  Fairness bounds
-and starvation are checked in ``tests/test_pool_fair.py``.  A randomized test
+and starvation are checked in ``tests/edge/pool/test_fair_queue.py``.  A randomized test
 drives the same kinds of events through the trio layer.
 """
 

@@ -12,7 +12,7 @@ import trio
 from iopd.node.adapters.base import AdapterError, CollectedRunOutput, CollectedTunnelOutput
 from iopd.node.adapters.ollama import OllamaAdapter, to_ollama_messages
 from iopd.node.usage_extract import NdjsonUsageScanner
-from tests.mock_providers import MockOllamaServer, MockReply
+from tests.support.mock_providers import MockOllamaServer, MockReply
 from wire.messages import ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
 

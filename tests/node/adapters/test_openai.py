@@ -22,7 +22,7 @@ from iopd.node.usage_extract import (
     scanner_for,
     usage_from_openai,
 )
-from tests.mock_providers import MockOpenAIServer, MockReply
+from tests.support.mock_providers import MockOpenAIServer, MockReply
 from wire.messages import NodeConfig, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
 CANARY = "sk-canary-4f1d2a9e"
@@ -256,7 +256,7 @@ async def test_passthrough_hang_is_provider_timeout(
 
 
 async def test_cancel_through_executor_closes_upstream_connection(mock: MockOpenAIServer) -> None:
-    from tests.test_node_executor import ListSender
+    from tests.node.test_executor import ListSender
 
     mock.chunk_delay = 0.05
     mock.reply_text = " ".join(["word"] * 200)

@@ -25,7 +25,7 @@ from iopd.edge.limits_shared import SharedLimits
 from iopd.edge.limits_store import LimitsStore
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.token_reservation import Reservation
-from tests.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, running_redis
 
 REF = "team-r"
 

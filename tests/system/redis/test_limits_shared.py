@@ -24,7 +24,7 @@ import trio
 from iopd.edge.limits_shared import SharedLimits
 from iopd.edge.limits_store import LimitsStore
 from scripts.edge_process import running_edge
-from tests.gateway import (
+from tests.support.gateway import (
     Gateway,
     admin_host_port,
     get_json,
@@ -33,8 +33,8 @@ from tests.gateway import (
     token_hash,
     wait_until,
 )
-from tests.mock_providers import MockOpenAIServer, closed_port_url
-from tests.redis_server import RedisServer, running_redis
+from tests.support.mock_providers import MockOpenAIServer, closed_port_url
+from tests.support.redis_server import RedisServer, running_redis
 
 TEAM_A = "sk-shared-limits-team-a-0001"
 CHAT = "/v1/chat/completions"

@@ -31,8 +31,8 @@ from iopd.edge.limits_shared import SharedLimits
 from iopd.edge.limits_store import LimitsStore, Unseen
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.token_reservation import Reservation
-from tests.redis_server import RedisServer, running_redis
-from tests.rogue_store import RogueProxy
+from tests.support.redis_server import RedisServer, running_redis
+from tests.support.rogue_store import RogueProxy
 
 REF = "team-f"
 TIMEOUT = 0.3

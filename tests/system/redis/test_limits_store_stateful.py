@@ -35,7 +35,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from iopd.edge.limit_decisions import Limits
 from iopd.edge.limits_store import DONE_TTL_S, Admitted, LimitsStore, StoreView
-from tests.redis_server import RedisServer, running_redis
+from tests.support.redis_server import RedisServer, running_redis
 
 REF = "team-model"
 LIMITS = Limits(max_concurrent=2, requests_per_minute=5, tokens_per_minute=300, tokens_per_day=1500)
