@@ -18,6 +18,7 @@ from iopd.config.load import load_edge_config
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.run import EdgeHandle, run_edge
 from tests.e2e.test_openai import echo_yaml
+from tests.support.configs import echo_provider, edge_yaml, node
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.support.mock_providers import MockOpenAIServer
 from tests.support.wire_peers import FakeNode
@@ -69,22 +70,7 @@ async def test_request_timeout_bounds_a_stream_whose_client_stopped_reading() ->
 
 
 def _signal_edge_yaml(capacity: int) -> str:
-    return f"""
-edge:
-  id: edge-sig
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - {{id: echo-1, type: echo, category: api, models: [echo], capacity: {capacity}}}
-"""
+    return edge_yaml(edge_id="edge-sig", nodes=[node(providers=[echo_provider(capacity=capacity)])])
 
 
 async def test_sigterm_during_a_sighup_refresh_drains_at_once(

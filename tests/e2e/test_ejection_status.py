@@ -15,40 +15,15 @@ import time
 import trio
 
 from iopd.edge.pool.retry_rules import FailureReason
+from tests.support.configs import served_edge_yaml
 from tests.support.gateway import (
     Gateway,
     first_provider_status,
-    node_token,
     provider_health_gauge,
     running_gateway,
-    token_hash,
     wait_provider_health,
 )
 from tests.support.mock_providers import MockOpenAIServer
-
-YAML = """
-edge:
-  id: edge-eject
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-provider_pool:
-  eject_after_failures: 2
-  eject_seconds: 30
-models:
-  - id: m
-    providers: {{vllm-a: served}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {hash}
-    providers:
-      - id: vllm-a
-        type: openai
-        base_url: {base}
-        models: [served]
-        health_interval: 0.05
-"""
 
 
 async def _fail_once(gw: Gateway) -> None:
@@ -62,7 +37,11 @@ async def test_status_shows_ejected_with_its_end_and_disconnected_first() -> Non
         async with trio.open_nursery() as n:
             mock = MockOpenAIServer()
             await n.start(mock.serve)
-            yaml_text = YAML.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+            yaml_text = served_edge_yaml(
+                mock.base_url,
+                edge_id="edge-eject",
+                provider_pool={"eject_after_failures": 2, "eject_seconds": 30},
+            )
             async with running_gateway(yaml_text) as gw:
                 healthy = await wait_provider_health(gw, "healthy")
                 assert healthy["ejected_until"] is None

@@ -6,36 +6,14 @@ import openai
 import pytest
 import trio
 
+from tests.support.configs import served_edge_yaml
 from tests.support.gateway import (
     http_request,
     in_thread,
-    node_token,
     running_gateway,
-    token_hash,
     wait_until,
 )
 from tests.support.mock_providers import MockOpenAIServer
-
-YAML = """
-edge:
-  id: edge-health
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: m
-    providers: {{vllm-a: served}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {hash}
-    providers:
-      - id: vllm-a
-        type: openai
-        base_url: {base}
-        models: [served]
-        health_interval: 0.05
-"""
 
 
 async def _health(gw) -> tuple[str, str]:  # type: ignore[no-untyped-def]
@@ -49,7 +27,7 @@ async def test_unhealthy_provider_leaves_dispatch_and_comes_back() -> None:
         async with trio.open_nursery() as n:
             mock = MockOpenAIServer()
             await n.start(mock.serve)
-            yaml_text = YAML.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+            yaml_text = served_edge_yaml(mock.base_url, edge_id="edge-health")
             async with running_gateway(yaml_text) as gw:
                 client = gw.sdk()
                 msgs = [{"role": "user", "content": "hi"}]

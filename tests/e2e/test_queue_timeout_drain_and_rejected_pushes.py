@@ -30,13 +30,13 @@ import trio.testing
 from iopd.admin_client import refresh_main
 from iopd.edge.nodes import safe_node_reason
 from tests.e2e.test_refresh import running_edge
+from tests.support.configs import echo_provider, edge_yaml, node
 from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
     node_token,
     running_gateway,
-    token_hash,
     wait_until,
 )
 from tests.support.wire_peers import FakeNode
@@ -45,32 +45,15 @@ from wire.messages import Message, NodeConfig, NodeConfigAck, ProviderSpec
 REQUEST_TIMEOUT = 5
 
 
-def edge_yaml() -> str:
+def one_slot_yaml() -> str:
     """One echo provider with one slot; a request may wait far longer than it may run."""
-    return f"""
-edge:
-  id: edge-open
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  drain_timeout: 30
-openai:
-  listen: 127.0.0.1:0
-  request_timeout: {REQUEST_TIMEOUT}
-provider_pool: {{max_queue: 8, queue_timeout: 60}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: 1
-        delay_ms: 1000
-"""
+    return edge_yaml(
+        edge_id="edge-open",
+        edge={"drain_timeout": 30},
+        openai={"request_timeout": REQUEST_TIMEOUT},
+        provider_pool={"max_queue": 8, "queue_timeout": 60},
+        nodes=[node(providers=[echo_provider(capacity=1, delay_ms=1000)])],
+    )
 
 
 def metric(gw: Gateway, name: str, **labels: str) -> float:
@@ -95,7 +78,7 @@ async def test_request_timeout_while_queued_is_a_queue_timeout(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(300):
-        async with running_gateway(edge_yaml()) as gw:
+        async with running_gateway(one_slot_yaml()) as gw:
             # The test holds the only slot, so the request can only wait.
             async with gw.runtime.pool.lease("echo"):
                 queued = await chat(gw, "hello")
@@ -145,7 +128,7 @@ async def test_healthz_answers_503_and_closes_once_the_edge_drains(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     with trio.fail_after(120):
-        async with running_gateway(edge_yaml()) as gw:
+        async with running_gateway(one_slot_yaml()) as gw:
             server = gw.handle.openai_server
             assert server is not None
             stream = await trio.open_tcp_stream(*gw.host_port)

@@ -18,27 +18,10 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
+from tests.support.configs import echo_provider, edge_yaml, node
+from tests.support.gateway import RawResponse, http_request, running_gateway
 
-EDGE_YAML = f"""
-edge:
-  id: edge-hostile
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-"""
+EDGE_YAML = edge_yaml(edge_id="edge-hostile", nodes=[node(providers=[echo_provider(category=None)])])
 
 
 def _tools(parameters: Any) -> list[dict[str, Any]]:

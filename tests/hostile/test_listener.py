@@ -18,16 +18,16 @@ from __future__ import annotations
 import json
 import re
 import socket
+from typing import Any
 
 import pytest
 import trio
 
+from tests.support.configs import echo_provider, edge_yaml, node, principal_token
 from tests.support.gateway import (
     Gateway,
     http_request,
-    node_token,
     running_gateway,
-    token_hash,
     wait_until,
 )
 
@@ -35,26 +35,12 @@ TOKEN = "iop_hostile_caller_token_0001"
 MAX_BODY = 8 * 1024 * 1024
 
 
-def hostile_yaml(*, capacity: int = 4, openai_extra: str = "") -> str:
-    return f"""
-edge:
-  id: edge-hostile
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - {{token_ref: app-1, token_hash_sha256: {token_hash(TOKEN)}, principal_ref: user-1}}
-{openai_extra}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - {{id: echo-1, type: echo, category: api, models: [echo], capacity: {capacity}}}
-"""
+def hostile_yaml(*, capacity: int = 4, **openai: Any) -> str:
+    return edge_yaml(
+        edge_id="edge-hostile",
+        openai={"principal_tokens": [principal_token(TOKEN)], **openai},
+        nodes=[node(providers=[echo_provider(capacity=capacity)])],
+    )
 
 
 def head(method: str, path: str, length: int, *extra: str) -> bytes:
@@ -160,13 +146,12 @@ async def test_bodies_past_max_inflight_body_bytes_get_503_overloaded() -> None:
     body is refused from its head, with ``Retry-After``, and counted with its
     endpoint as ``overloaded``; the budget is back to 0 once the first is in."""
     budget = 1024 * 1024
-    extra = f"  max_body_bytes: {budget}\n  max_inflight_body_bytes: {budget}\n"
     body = json.dumps(
         {"model": "echo", "messages": [{"role": "user", "content": "x" * (budget - 200)}]}
     ).encode()
     auth = f"Authorization: Bearer {TOKEN}"
     with trio.fail_after(30):
-        async with running_gateway(hostile_yaml(openai_extra=extra)) as gw:
+        async with running_gateway(hostile_yaml(max_body_bytes=budget, max_inflight_body_bytes=budget)) as gw:
             server = gw.handle.openai_server
             assert server is not None
             before = overloaded_count(
@@ -224,7 +209,7 @@ async def test_a_caller_that_never_reads_frees_its_provider_slot() -> None:
     capacity = 4  # as in the finding: 4 callers held all 4 slots
     # 2 s, not less: all four must be holding their slots at once before the
     # first is cut, and sending four 6 MB requests takes a while on a busy machine.
-    yaml = hostile_yaml(capacity=capacity, openai_extra="  send_timeout: 2\n")
+    yaml = hostile_yaml(capacity=capacity, send_timeout=2)
     # ~6 MB of output per request: more than the socket buffers absorb.
     words = " ".join("a" * 60_000 for _ in range(100))
     body = json.dumps(

@@ -21,38 +21,25 @@ from typing import Any
 
 import trio
 
-from tests.support.gateway import Gateway, node_token, running_gateway, token_hash
+from tests.support.configs import echo_provider, edge_yaml, node, principal_token
+from tests.support.gateway import Gateway, running_gateway
 
 TOKEN = "sk-canary-malformed-7777"
 AUTH = f"Bearer {TOKEN}".encode()
 MAX_BODY = 4096
 MAX_HEADERS = 2048
 
-YAML = f"""
-edge:
-  id: edge-malformed
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - {{token_ref: app-1, token_hash_sha256: {token_hash(TOKEN)}, principal_ref: user-1}}
-  max_body_bytes: {MAX_BODY}
-  max_header_bytes: {MAX_HEADERS}
-  header_timeout: 0.3
-  body_timeout: 0.3
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 8
-"""
+YAML = edge_yaml(
+    edge_id="edge-malformed",
+    openai={
+        "principal_tokens": [principal_token(TOKEN)],
+        "max_body_bytes": MAX_BODY,
+        "max_header_bytes": MAX_HEADERS,
+        "header_timeout": 0.3,
+        "body_timeout": 0.3,
+    },
+    nodes=[node(providers=[echo_provider(category=None, capacity=8)])],
+)
 
 # status -> the OpenAI ``type`` SPEC §10 gives every code at that status here
 BAD_REQUEST = (400, "invalid_request_error", "invalid_request_error")

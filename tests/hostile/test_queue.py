@@ -25,13 +25,12 @@ from typing import Any
 import trio
 import trio.testing
 
+from tests.support.configs import echo_provider, edge_yaml, node
 from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
-    node_token,
     running_gateway,
-    token_hash,
     wait_until,
 )
 
@@ -39,28 +38,18 @@ CHAT = "/v1/chat/completions"
 MAX_QUEUED_BYTES = 2_000
 
 
-def edge_yaml(*, queue_timeout: float = 60, max_queued_bytes: int = MAX_QUEUED_BYTES) -> str:
-    return f"""
-edge:
-  id: edge-hostile-queue
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 8, queue_timeout: {queue_timeout}, max_queued_bytes: {max_queued_bytes}}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: 1
-"""
+def queue_yaml(
+    *, queue_timeout: float = 60, max_queued_bytes: int = MAX_QUEUED_BYTES, max_queue: int = 8
+) -> str:
+    return edge_yaml(
+        edge_id="edge-hostile-queue",
+        provider_pool={
+            "max_queue": max_queue,
+            "queue_timeout": queue_timeout,
+            "max_queued_bytes": max_queued_bytes,
+        },
+        nodes=[node(providers=[echo_provider(capacity=1)])],
+    )
 
 
 def body_of(size: int) -> bytes:
@@ -128,7 +117,7 @@ async def status_queue(gw: Gateway) -> dict[str, Any]:
 
 async def test_bytes_bound_refuses_with_429_and_cancels_give_the_bytes_back() -> None:
     with trio.fail_after(300):
-        async with running_gateway(edge_yaml()) as gw:
+        async with running_gateway(queue_yaml()) as gw:
             pool = gw.runtime.pool
             big = body_of(900)
             async with pool.lease("echo"), trio.open_nursery() as callers:
@@ -169,7 +158,7 @@ async def test_bytes_bound_refuses_with_429_and_cancels_give_the_bytes_back() ->
 
 async def test_timeouts_and_admission_give_the_bytes_back() -> None:
     with trio.fail_after(300):
-        async with running_gateway(edge_yaml(queue_timeout=1)) as gw:
+        async with running_gateway(queue_yaml(queue_timeout=1)) as gw:
             pool = gw.runtime.pool
             timed_out: list[RawResponse] = []
             async with trio.open_nursery() as callers:
@@ -192,7 +181,7 @@ async def test_timeouts_and_admission_give_the_bytes_back() -> None:
 
 async def test_node_loss_fails_the_waiters_and_gives_the_bytes_back() -> None:
     with trio.fail_after(300):
-        async with running_gateway(edge_yaml()) as gw:
+        async with running_gateway(queue_yaml()) as gw:
             pool = gw.runtime.pool
             failed: list[RawResponse] = []
             async with trio.open_nursery() as callers:
@@ -210,14 +199,14 @@ async def test_node_loss_fails_the_waiters_and_gives_the_bytes_back() -> None:
 async def test_max_queued_bytes_is_live_on_refresh_and_evicts_nobody(tmp_path: Path) -> None:
     """Lowering the bound by ``/refresh`` keeps the waiters queued and refuses the next one."""
     path = tmp_path / "edge.yaml"
-    path.write_text(edge_yaml())
+    path.write_text(queue_yaml())
     with trio.fail_after(300):
         async with running_gateway(path.read_text(), config_path=str(path)) as gw:
             pool = gw.runtime.pool
             async with pool.lease("echo"), trio.open_nursery() as callers:
                 callers.start_soon(chat, gw, body_of(900))
                 await wait_until(lambda: pool.queue_depth == 1)
-                path.write_text(edge_yaml(max_queued_bytes=500))
+                path.write_text(queue_yaml(max_queued_bytes=500))
                 report = await gw.runtime.refresh("apply")
                 assert report["applied"] is True and report["restart_required"] == [], report
                 queue = await status_queue(gw)
@@ -232,7 +221,7 @@ async def test_max_queued_bytes_is_live_on_refresh_and_evicts_nobody(tmp_path: P
 
 async def test_responses_requests_count_their_body_while_queued() -> None:
     with trio.fail_after(300):
-        async with running_gateway(edge_yaml()) as gw:
+        async with running_gateway(queue_yaml()) as gw:
             pool = gw.runtime.pool
             body = json.dumps({"model": "echo", "input": "y" * 700}).encode()
             async with pool.lease("echo"), trio.open_nursery() as callers:
@@ -252,7 +241,7 @@ async def test_eight_mib_bodies_queue_only_up_to_the_bound() -> None:
     requests hold (``pytest -s``), asserts only the counts.
     """
     limit = 24 * 1024 * 1024
-    yaml_text = edge_yaml(max_queued_bytes=limit).replace("max_queue: 8", "max_queue: 64")
+    yaml_text = queue_yaml(max_queued_bytes=limit, max_queue=64)
     with trio.fail_after(120):
         async with running_gateway(yaml_text) as gw:
             pool = gw.runtime.pool

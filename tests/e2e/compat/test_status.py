@@ -13,36 +13,14 @@ import sys
 
 import trio
 
+from tests.support.configs import served_edge_yaml
 from tests.support.gateway import (
     Gateway,
-    node_token,
     provider_health_gauge,
     running_gateway,
-    token_hash,
     wait_provider_health,
 )
 from tests.support.mock_providers import MockOpenAIServer
-
-YAML = """
-edge:
-  id: edge-status
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: m
-    providers: {{vllm-a: served}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {hash}
-    providers:
-      - id: vllm-a
-        type: openai
-        base_url: {base}
-        models: [served]
-        health_interval: 0.05
-"""
 
 
 async def _iopd_status(gw: Gateway) -> str:
@@ -66,7 +44,7 @@ async def test_a_stopped_node_shows_disconnected_and_its_probe_again_on_reconnec
             mock = MockOpenAIServer()
             mock.healthy = False
             await n.start(mock.serve)
-            yaml_text = YAML.format(hash=token_hash(node_token("node-a")), base=mock.base_url)
+            yaml_text = served_edge_yaml(mock.base_url, edge_id="edge-status")
             async with running_gateway(yaml_text) as gw:
                 probed = await wait_provider_health(gw, "unhealthy")
                 assert probed["last_error"]
