@@ -17,6 +17,7 @@ from iopd.node.adapters.base import Adapter, TunnelOutput
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.executor import NodeExecutor
 from iopd.node.registry import AdapterRegistry
+from tests.support.streams import read_head
 from wire.messages import ProviderSpec, ProviderTunnelFrame, ProviderTunnelRequest, RunEvent
 
 SSE_HEAD = (
@@ -34,12 +35,8 @@ async def _serve_two_writes(
     """Answer each request with ``first`` at once and ``rest`` once ``release`` is set."""
 
     async def handle(stream: trio.SocketStream) -> None:
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            buf += data
+        if b"\r\n\r\n" not in await read_head(stream):
+            return
         await stream.send_all(first)
         await release.wait()
         await stream.send_all(rest)

@@ -23,6 +23,7 @@ from iopd.node.usage_extract import SseUsageScanner
 from tests.edge.nodes.test_hub import TOKENS, run_req, running_hub
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.streams import read_head
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, FakeNode
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
@@ -94,30 +95,21 @@ async def test_reused_connection_reset_before_any_response_is_retried() -> None:
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}"
     connections = 0
 
-    async def read_request(stream: trio.SocketStream) -> bytes:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = await stream.receive_some(65536)
-            if not chunk:
-                break
-            data += chunk
-        return data
-
     async def handle(stream: trio.SocketStream) -> None:
         nonlocal connections
         connections += 1
         first_connection = connections == 1
         try:
-            await read_request(stream)
+            await read_head(stream)
             await stream.send_all(ok)
             if first_connection:
-                await read_request(stream)  # the reused request: answer with a reset
+                await read_head(stream)  # the reused request: answer with a reset
                 stream.socket.setsockopt(
                     socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
                 )
                 stream.socket.close()
                 return
-            await read_request(stream)
+            await read_head(stream)
         finally:
             await trio.aclose_forcefully(stream)
 

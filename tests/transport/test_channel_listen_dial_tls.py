@@ -26,6 +26,7 @@ from iopd.transport import (
     server_ssl_context,
 )
 from tests.node.test_link import ScriptedHandler
+from tests.support.streams import CountingStream
 from tests.support.wire_peers import (
     FakeEdge,
     FakeNode,
@@ -356,30 +357,9 @@ async def test_server_tls_without_client_certs(pki: dict[str, str]) -> None:
                 assert (await session.receive(RunEvent)).kind == "complete"
 
 
-class _CountingStream(trio.abc.Stream):
-    """Wraps a stream, counting ``send_all`` calls."""
-
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.writes = 0
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes += 1
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
 async def test_concurrent_senders_are_coalesced_in_call_order() -> None:
     a, b = trio.testing.memory_stream_pair()  # send_all yields: senders pile up
-    counting = _CountingStream(b)
+    counting = CountingStream(b)
     edge = WireChannel(a, Connection(Role.EDGE))
     node = WireChannel(counting, Connection(Role.NODE))
     with trio.fail_after(5):

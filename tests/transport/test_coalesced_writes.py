@@ -25,6 +25,7 @@ from iopd.node.registry import AdapterRegistry
 from iopd.node.stream_out import MAX_HELD_BODY_BYTES
 from iopd.transport.channel import WireChannel
 from tests.http.test_server import connect, get, running
+from tests.support.streams import CountingStream, read_head
 from tests.support.wire_peers import challenge_and_prove
 from wire.connection import Connection, Role
 from wire.messages import (
@@ -42,29 +43,10 @@ from wire.messages import (
 # ------------------------------------------------------------------ channel
 
 
-class _CountingStream(trio.abc.Stream):
-    def __init__(self, inner: trio.abc.Stream) -> None:
-        self.inner = inner
-        self.writes = 0
-
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        self.writes += 1
-        await self.inner.send_all(data)
-
-    async def wait_send_all_might_not_block(self) -> None:
-        await self.inner.wait_send_all_might_not_block()
-
-    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.inner.receive_some(max_bytes)
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
-
-
-async def _pair(window: int = 100) -> tuple[WireChannel, WireChannel, _CountingStream]:
+async def _pair(window: int = 100) -> tuple[WireChannel, WireChannel, CountingStream]:
     """(edge, node, node's counting stream); stream 1 open with ``window``."""
     a, b = trio.testing.memory_stream_pair()
-    counting = _CountingStream(b)
+    counting = CountingStream(b)
     edge = WireChannel(a, Connection(Role.EDGE))
     node = WireChannel(counting, Connection(Role.NODE))
     await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
@@ -318,12 +300,8 @@ async def _serve_raw(reply: bytes, task_status: Any = trio.TASK_STATUS_IGNORED) 
     """Answer every request on a connection with ``reply``, sent in one write."""
 
     async def handle(stream: trio.SocketStream) -> None:
-        buf = b""
-        while b"\r\n\r\n" not in buf:
-            data = await stream.receive_some(65536)
-            if not data:
-                return
-            buf += data
+        if b"\r\n\r\n" not in await read_head(stream):
+            return
         await stream.send_all(reply)
         await trio.sleep_forever()
 

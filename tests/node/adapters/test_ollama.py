@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -16,16 +15,8 @@ from tests.support.mock_providers import MockOllamaServer, MockReply
 from wire.messages import ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
 
-@pytest.fixture
-async def mock() -> AsyncIterator[MockOllamaServer]:
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(MockOllamaServer().serve)
-        yield server
-        nursery.cancel_scope.cancel()
-
-
-def adapter_for(mock: MockOllamaServer) -> OllamaAdapter:
-    return OllamaAdapter(ProviderSpec(id="ol", type="ollama", base_url=mock.base_url))
+def adapter_for(ollama_mock: MockOllamaServer) -> OllamaAdapter:
+    return OllamaAdapter(ProviderSpec(id="ol", type="ollama", base_url=ollama_mock.base_url))
 
 
 def run_req(**kw: Any) -> RunRequest:
@@ -45,11 +36,11 @@ def run_req(**kw: Any) -> RunRequest:
     )
 
 
-async def test_run_maps_text_thinking_usage_and_options(mock: MockOllamaServer) -> None:
-    mock.reasoning_text = "hmm ok"
+async def test_run_maps_text_thinking_usage_and_options(ollama_mock: MockOllamaServer) -> None:
+    ollama_mock.reasoning_text = "hmm ok"
     out = CollectedRunOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).run(
+        await adapter_for(ollama_mock).run(
             run_req(
                 params={
                     "temperature": 0.1,
@@ -62,8 +53,8 @@ async def test_run_maps_text_thinking_usage_and_options(mock: MockOllamaServer) 
             ),
             out,
         )
-    sent = mock.requests[0].json()
-    assert mock.requests[0].path == "/api/chat"
+    sent = ollama_mock.requests[0].json()
+    assert ollama_mock.requests[0].path == "/api/chat"
     assert sent["model"] == "qwen3:32b" and sent["stream"] is True
     assert sent["options"] == {
         "temperature": 0.1,
@@ -82,12 +73,12 @@ async def test_run_maps_text_thinking_usage_and_options(mock: MockOllamaServer) 
     assert out.finish_reason == "stop"
 
 
-async def test_run_tool_calls_become_openai_shape(mock: MockOllamaServer) -> None:
-    mock.reply_text = ""
-    mock.tool_calls = [{"name": "lookup", "arguments": {"q": "trio", "n": 2}}]
+async def test_run_tool_calls_become_openai_shape(ollama_mock: MockOllamaServer) -> None:
+    ollama_mock.reply_text = ""
+    ollama_mock.tool_calls = [{"name": "lookup", "arguments": {"q": "trio", "n": 2}}]
     out = CollectedRunOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).run(
+        await adapter_for(ollama_mock).run(
             run_req(tools=[{"type": "function", "function": {"name": "lookup"}}]), out
         )
     (call,) = out.tool_calls
@@ -95,7 +86,7 @@ async def test_run_tool_calls_become_openai_shape(mock: MockOllamaServer) -> Non
     assert call["function"]["name"] == "lookup"
     assert json.loads(call["function"]["arguments"]) == {"q": "trio", "n": 2}
     assert out.finish_reason == "tool_calls"
-    assert mock.requests[0].json()["tools"][0]["function"]["name"] == "lookup"
+    assert ollama_mock.requests[0].json()["tools"][0]["function"]["name"] == "lookup"
 
 
 def test_history_tool_calls_are_converted_for_ollama() -> None:
@@ -119,23 +110,23 @@ def test_history_tool_calls_are_converted_for_ollama() -> None:
     ]
 
 
-async def test_run_errors(mock: MockOllamaServer) -> None:
-    adapter = adapter_for(mock)
+async def test_run_errors(ollama_mock: MockOllamaServer) -> None:
+    adapter = adapter_for(ollama_mock)
     with trio.fail_after(5):
-        mock.mode = "error500"
+        ollama_mock.mode = "error500"
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert info.value.code == "provider_error"
-        mock.mode = "ok"
-        mock.handler = lambda req: MockReply(chunks=[b'{"error": "model not found"}\n'])
+        ollama_mock.mode = "ok"
+        ollama_mock.handler = lambda req: MockReply(chunks=[b'{"error": "model not found"}\n'])
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert "model not found" in info.value.message
-        mock.handler = lambda req: MockReply(chunks=[b"garbage\n"])
+        ollama_mock.handler = lambda req: MockReply(chunks=[b"garbage\n"])
         with pytest.raises(AdapterError):
             await adapter.run(run_req(), CollectedRunOutput())
-        mock.handler = None
-        mock.mode, mock.retry_after = "status429", "7"
+        ollama_mock.handler = None
+        ollama_mock.mode, ollama_mock.retry_after = "status429", "7"
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert (info.value.code, info.value.retry_after) == ("provider_saturated", "7")
@@ -144,7 +135,7 @@ async def test_run_errors(mock: MockOllamaServer) -> None:
 @pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
 @pytest.mark.parametrize("stream", [True, False])
 async def test_tunnel_relays_raw_and_extracts_usage(
-    mock: MockOllamaServer, path: str, stream: bool
+    ollama_mock: MockOllamaServer, path: str, stream: bool
 ) -> None:
     body = {"model": "qwen3:32b", "stream": stream, "prompt": "hi", "messages": []}
     req = ProviderTunnelRequest(
@@ -152,8 +143,8 @@ async def test_tunnel_relays_raw_and_extracts_usage(
     )
     out = CollectedTunnelOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).tunnel(req, out)
-    reply = mock._generate(body, chat=path == "/api/chat")
+        await adapter_for(ollama_mock).tunnel(req, out)
+    reply = ollama_mock._generate(body, chat=path == "/api/chat")
     assert out.status == 200
     assert out.data == (reply.body if reply.chunks is None else b"".join(reply.chunks))
     assert out.usage == Usage(input_tokens=13, output_tokens=5)
@@ -170,10 +161,10 @@ def test_ndjson_scanner_counts_thinking() -> None:
     assert scanner.reasoning_chars == 3
 
 
-async def test_probe_uses_api_tags(mock: MockOllamaServer) -> None:
-    adapter = adapter_for(mock)
+async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
+    adapter = adapter_for(ollama_mock)
     with trio.fail_after(5):
         assert await adapter.probe() == ("healthy", "")
-        assert mock.requests[-1].path == "/api/tags"
-        mock.healthy = False
+        assert ollama_mock.requests[-1].path == "/api/tags"
+        ollama_mock.healthy = False
         assert (await adapter.probe())[0] == "unhealthy"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -28,16 +27,8 @@ from wire.messages import NodeConfig, ProviderSpec, ProviderTunnelRequest, RunRe
 CANARY = "sk-canary-4f1d2a9e"
 
 
-@pytest.fixture
-async def mock() -> AsyncIterator[MockOpenAIServer]:
-    async with trio.open_nursery() as nursery:
-        server = await nursery.start(MockOpenAIServer().serve)
-        yield server
-        nursery.cancel_scope.cancel()
-
-
-def adapter_for(mock: MockOpenAIServer, **kw: Any) -> OpenAIAdapter:
-    return OpenAIAdapter(ProviderSpec(id="vllm", type="openai", base_url=mock.base_url, **kw))
+def adapter_for(openai_mock: MockOpenAIServer, **kw: Any) -> OpenAIAdapter:
+    return OpenAIAdapter(ProviderSpec(id="vllm", type="openai", base_url=openai_mock.base_url, **kw))
 
 
 def tunnel_req(
@@ -149,24 +140,24 @@ def test_end_to_end_drops_hop_by_hop_headers() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 async def test_chat_passthrough_is_byte_exact_with_usage(
-    mock: MockOpenAIServer, stream: bool
+    openai_mock: MockOpenAIServer, stream: bool
 ) -> None:
-    mock.reasoning_text = "let me think"
-    mock.usage = {
+    openai_mock.reasoning_text = "let me think"
+    openai_mock.usage = {
         "prompt_tokens": 12,
         "completion_tokens": 9,
         "completion_tokens_details": {"reasoning_tokens": 4},
         "prompt_tokens_details": {"cached_tokens": 6},
     }
-    adapter = adapter_for(mock)
+    adapter = adapter_for(openai_mock)
     body = {"model": "m", "messages": [], "stream": stream, "codex_field": [1, 2]}
     out = CollectedTunnelOutput()
     with trio.fail_after(5):
         await adapter.tunnel(tunnel_req("/v1/chat/completions", body), out)
     assert out.status == 200
-    assert out.data == expected_body(mock._chat(body))
+    assert out.data == expected_body(openai_mock._chat(body))
     assert b"x_unknown_field" in out.data
-    assert json.loads(mock.requests[0].body)["codex_field"] == [1, 2]
+    assert json.loads(openai_mock.requests[0].body)["codex_field"] == [1, 2]
     assert not any(k == "content-length" for k, _ in out.headers)
     assert out.usage == Usage(
         input_tokens=12, output_tokens=9, reasoning_tokens=4, cached_input_tokens=6
@@ -177,20 +168,20 @@ async def test_chat_passthrough_is_byte_exact_with_usage(
 
 
 @pytest.mark.parametrize("stream", [False, True])
-async def test_responses_passthrough_usage(mock: MockOpenAIServer, stream: bool) -> None:
-    adapter = adapter_for(mock)
+async def test_responses_passthrough_usage(openai_mock: MockOpenAIServer, stream: bool) -> None:
+    adapter = adapter_for(openai_mock)
     body = {"model": "m", "input": "hi", "stream": stream}
     out = CollectedTunnelOutput()
     with trio.fail_after(5):
         await adapter.tunnel(tunnel_req("/v1/responses", body), out)
-    assert out.data == expected_body(mock._responses(body))
+    assert out.data == expected_body(openai_mock._responses(body))
     assert out.usage == Usage(
         input_tokens=11, output_tokens=7, reasoning_tokens=3, cached_input_tokens=2
     )
 
 
-async def test_passthrough_request_headers_and_api_key(mock: MockOpenAIServer) -> None:
-    adapter = adapter_for(mock, api_key=CANARY)
+async def test_passthrough_request_headers_and_api_key(openai_mock: MockOpenAIServer) -> None:
+    adapter = adapter_for(openai_mock, api_key=CANARY)
     headers = [
         ("content-type", "application/json"),
         ("connection", "keep-alive"),
@@ -211,61 +202,61 @@ async def test_passthrough_request_headers_and_api_key(mock: MockOpenAIServer) -
         await adapter.tunnel(
             tunnel_req("/v1/chat/completions", {"model": "m"}, forwarded), CollectedTunnelOutput()
         )
-    first, second = mock.requests
+    first, second = openai_mock.requests
     names = {k for k, _ in first.headers}
     assert {"keep-alive", "te", "accept-encoding", "proxy-authorization"}.isdisjoint(names)
     assert first.header("x-trace") == "t-1"
     assert first.header("authorization") == f"Bearer {CANARY}"
     assert [v for k, v in second.headers if k == "authorization"] == ["Bearer caller-provider-key"]
-    assert mock.connections_opened == 1  # keep-alive across tunnels
+    assert openai_mock.connections_opened == 1  # keep-alive across tunnels
 
 
-async def test_passthrough_relays_provider_500(mock: MockOpenAIServer) -> None:
-    mock.mode = "error500"
+async def test_passthrough_relays_provider_500(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.mode = "error500"
     out = CollectedTunnelOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).tunnel(tunnel_req("/v1/chat/completions", {"model": "m"}), out)
+        await adapter_for(openai_mock).tunnel(tunnel_req("/v1/chat/completions", {"model": "m"}), out)
     assert out.status == 500
     assert json.loads(out.data)["error"]["message"] == "boom"
 
 
-async def test_passthrough_unreachable_and_garbage(mock: MockOpenAIServer) -> None:
+async def test_passthrough_unreachable_and_garbage(openai_mock: MockOpenAIServer) -> None:
     dead = OpenAIAdapter(ProviderSpec(id="x", type="openai", base_url="http://127.0.0.1:1"))
     with trio.fail_after(5):
         with pytest.raises(AdapterError) as info:
             await dead.tunnel(tunnel_req("/v1/chat/completions", {}), CollectedTunnelOutput())
         assert info.value.code == "provider_unreachable"  # never reached: the edge may retry
-        mock.mode = "garbage"
+        openai_mock.mode = "garbage"
         with pytest.raises(AdapterError) as info:
-            await adapter_for(mock).tunnel(
+            await adapter_for(openai_mock).tunnel(
                 tunnel_req("/v1/chat/completions", {}), CollectedTunnelOutput()
             )
         assert info.value.code == "provider_error"
 
 
 async def test_passthrough_hang_is_provider_timeout(
-    mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
+    openai_mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
 ) -> None:
-    mock.mode = "hang"
+    openai_mock.mode = "hang"
     with trio.fail_after(100):
         with pytest.raises(AdapterError) as info:
-            await adapter_for(mock, read_timeout=30).tunnel(
+            await adapter_for(openai_mock, read_timeout=30).tunnel(
                 tunnel_req("/v1/chat/completions", {}), CollectedTunnelOutput()
             )
     assert info.value.code == "provider_timeout"
 
 
-async def test_cancel_through_executor_closes_upstream_connection(mock: MockOpenAIServer) -> None:
+async def test_cancel_through_executor_closes_upstream_connection(openai_mock: MockOpenAIServer) -> None:
     from tests.node.test_executor import ListSender
 
-    mock.chunk_delay = 0.05
-    mock.reply_text = " ".join(["word"] * 200)
+    openai_mock.chunk_delay = 0.05
+    openai_mock.reply_text = " ".join(["word"] * 200)
     executor = NodeExecutor()
     await executor.on_config(
         NodeConfig(
             stream_id=0,
             version=1,
-            providers=[ProviderSpec(id="vllm", type="openai", base_url=mock.base_url)],
+            providers=[ProviderSpec(id="vllm", type="openai", base_url=openai_mock.base_url)],
         )
     )
     sender = ListSender()
@@ -275,9 +266,9 @@ async def test_cancel_through_executor_closes_upstream_connection(mock: MockOpen
             nursery.start_soon(executor.serve_stream, req, sender)
             while sender.kinds.count("body") < 2:
                 await sender.sent.wait()
-            assert mock.client_closes == 0
+            assert openai_mock.client_closes == 0
             executor.cancel(req.stream_id, "caller went away")
-        await mock.wait_client_close(1)
+        await openai_mock.wait_client_close(1)
     assert sender.kinds[0] == "head"
     assert sender.kinds[-1] == "error" and sender.msgs[-1].code == "cancelled"
 
@@ -296,19 +287,19 @@ def run_req(**kw: Any) -> RunRequest:
     )
 
 
-async def test_normalized_run_text_reasoning_tools_usage(mock: MockOpenAIServer) -> None:
-    mock.reasoning_text = "thinking hard"
-    mock.tool_calls = [{"name": "get_weather", "arguments": '{"city": "Seoul"}'}]
+async def test_normalized_run_text_reasoning_tools_usage(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.reasoning_text = "thinking hard"
+    openai_mock.tool_calls = [{"name": "get_weather", "arguments": '{"city": "Seoul"}'}]
     out = CollectedRunOutput()
     with trio.fail_after(5):
-        await adapter_for(mock).run(
+        await adapter_for(openai_mock).run(
             run_req(params={"temperature": 0.2, "model": "ignored"}, tools=[{"type": "function"}]),
             out,
         )
-    sent = mock.requests[0].json()
+    sent = openai_mock.requests[0].json()
     assert sent["model"] == "served-model" and sent["stream"] is True
     assert sent["temperature"] == 0.2 and sent["tools"] == [{"type": "function"}]
-    assert out.joined_text == mock.reply_text
+    assert out.joined_text == openai_mock.reply_text
     assert out.joined_reasoning == "thinking hard"
     assert out.tool_calls == [
         {
@@ -321,21 +312,21 @@ async def test_normalized_run_text_reasoning_tools_usage(mock: MockOpenAIServer)
     assert out.usage == Usage(input_tokens=11, output_tokens=7)
 
 
-async def test_normalized_run_errors(mock: MockOpenAIServer) -> None:
-    adapter = adapter_for(mock)
+async def test_normalized_run_errors(openai_mock: MockOpenAIServer) -> None:
+    adapter = adapter_for(openai_mock)
     with trio.fail_after(5):
-        mock.mode = "error500"
+        openai_mock.mode = "error500"
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert info.value.code == "provider_error" and "500" in info.value.message
-        mock.mode = "ok"
-        mock.handler = lambda req: MockReply(
+        openai_mock.mode = "ok"
+        openai_mock.handler = lambda req: MockReply(
             headers=[("content-type", "text/event-stream")], chunks=[b"data: {not json\n\n"]
         )
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert info.value.code == "provider_error"
-        mock.handler = lambda req: MockReply(
+        openai_mock.handler = lambda req: MockReply(
             headers=[("content-type", "text/event-stream")],
             chunks=[b'data: {"choices":[{"delta":{"content":"cut"}}]}\n\n'],
         )
@@ -346,21 +337,21 @@ async def test_normalized_run_errors(mock: MockOpenAIServer) -> None:
 
 
 async def test_probe_flips_and_canary_key_never_logged(
-    mock: MockOpenAIServer, caplog: pytest.LogCaptureFixture
+    openai_mock: MockOpenAIServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    adapter = adapter_for(mock, api_key=CANARY)
+    adapter = adapter_for(openai_mock, api_key=CANARY)
     with trio.fail_after(5):
         assert await adapter.probe() == ("healthy", "")
-        assert mock.requests[-1].path == "/v1/models"
-        assert mock.requests[-1].header("authorization") == f"Bearer {CANARY}"
-        mock.healthy = False
+        assert openai_mock.requests[-1].path == "/v1/models"
+        assert openai_mock.requests[-1].header("authorization") == f"Bearer {CANARY}"
+        openai_mock.healthy = False
         health, error = await adapter.probe()
         assert health == "unhealthy" and "503" in error
-        mock.mode = "garbage"
+        openai_mock.mode = "garbage"
         health, error = await adapter.probe()
         assert health == "unhealthy" and CANARY not in error
-        mock.mode = "error500"
+        openai_mock.mode = "error500"
         with pytest.raises(AdapterError) as info:
             await adapter.run(run_req(), CollectedRunOutput())
         assert CANARY not in info.value.message
