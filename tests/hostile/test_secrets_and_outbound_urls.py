@@ -556,8 +556,8 @@ node:
 
 
 async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> None:
-    from tests.system.test_daemons import NODE_TOKEN as OPS_NODE_TOKEN
-    from tests.system.test_daemons import _hostport, node_verifier, run_daemon
+    from tests.support.daemons import NODE_TOKEN as OPS_NODE_TOKEN
+    from tests.support.daemons import host_port, node_verifier, run_daemon
 
     canaries = [*CANARIES, OPS_NODE_TOKEN]
     with trio.fail_after(60):
@@ -577,8 +577,8 @@ async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> N
             )
             async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
                 started = await edge.wait_event("edge_started")
-                wire_port = _hostport(started["wire"])[1]
-                openai, admin = _hostport(started["openai"]), _hostport(started["admin"])
+                wire_port = host_port(started["wire"])[1]
+                openai, admin = host_port(started["openai"]), host_port(started["admin"])
                 good_cfg = tmp_path / "node.yaml"
                 good_cfg.write_text(
                     DAEMON_NODE_YAML.format(wire_port=wire_port, token="${IOP_NODE_TOKEN}")

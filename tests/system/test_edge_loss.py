@@ -33,19 +33,19 @@ from pathlib import Path
 
 import trio
 
-from tests.support.mock_providers import MockOpenAIServer
-from tests.system.test_daemons import (
+from tests.support.daemons import (
     NODE_TOKEN,
     Daemon,
     Response,
-    _hostport,
     chat_body,
+    host_port,
     http_request,
     node_verifier,
     run_daemon,
     sse_payloads,
     streamed_text,
 )
+from tests.support.mock_providers import MockOpenAIServer
 
 GUARD = 60.0
 HEARTBEAT_INTERVAL = 0.2
@@ -138,7 +138,7 @@ async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
                 try:
                     yield Fleet(
                         edges=[e1, e2],
-                        publics=[_hostport(s["openai"]) for s in started],
+                        publics=[host_port(s["openai"]) for s in started],
                         wires=[s["wire"] for s in started],
                         node=node,
                         mock_a=mock_a,

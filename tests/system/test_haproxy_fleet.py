@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.system.test_daemons import (
+from tests.support.daemons import (
     NODE_TOKEN,
     Daemon,
     Response,
-    _hostport,
     chat_body,
+    host_port,
     http_request,
     node_verifier,
     run_daemon,
@@ -192,8 +192,8 @@ async def test_two_edges_behind_haproxy_survive_one_edge_killed(tmp_path: Path) 
                     started = await edge.wait_event("edge_started")
                     edges.append(edge)
                     wires.append(started["wire"])
-                    publics.append(_hostport(started["openai"]))
-                    admins.append(_hostport(started["admin"]))
+                    publics.append(host_port(started["openai"]))
+                    admins.append(host_port(started["admin"]))
                 n1_cfg = _node_cfg(tmp_path, "node-1", wires)
                 n2_cfg = _node_cfg(tmp_path, "node-2", wires)
                 async with (

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.support.daemons import NODE_TOKEN, Daemon, run_daemon
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession
-from tests.system.test_daemons import NODE_TOKEN, Daemon, run_daemon
 from wire.messages import (
     NodeConfig,
     ProviderSpec,

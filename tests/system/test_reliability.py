@@ -37,20 +37,20 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
-from tests.support.paths import ROOT
-from tests.system.test_daemons import (
+from tests.support.daemons import (
     CALLER_TOKEN,
     NODE_TOKEN,
     Daemon,
     Response,
-    _hostport,
     chat_body,
+    host_port,
     http_request,
     node_verifier,
     run_daemon,
     sse_payloads,
 )
+from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
+from tests.support.paths import ROOT
 
 REPO = ROOT
 
@@ -196,15 +196,15 @@ async def cluster(tmp: Path, yaml_text: str, node_ids: tuple[str, ...] = ("rel-n
     async with trio.open_nursery() as nursery:
         async with await start_edge(nursery, tmp, yaml_text) as edge:
             started = await edge.wait_event("edge_started")
-            wire = _hostport(started["wire"])
+            wire = host_port(started["wire"])
             nodes: dict[str, Daemon] = {}
             async with node_process(nursery, tmp, node_ids[0], wire[1]) as node:
                 nodes[node_ids[0]] = node
                 c = Cluster(
                     edge=edge,
                     nodes=nodes,
-                    openai=_hostport(started["openai"]),
-                    admin=_hostport(started["admin"]),
+                    openai=host_port(started["openai"]),
+                    admin=host_port(started["admin"]),
                     wire=wire,
                     nursery=nursery,
                     tmp=tmp,
@@ -451,7 +451,7 @@ async def test_edge_restart_nodes_reconnect_with_backoff_and_serve(tmp_path: Pat
                         with trio.fail_after(10 * 1.0 + 10):  # 10 x reconnect_max_backoff
                             await edge2.wait_event("node_connected")
                         reconnected = trio.current_time() - up_at
-                        openai = _hostport(started["openai"])
+                        openai = host_port(started["openai"])
                         resp = await http_request(
                             openai,
                             "POST",

@@ -38,13 +38,13 @@ import pytest
 import trio
 import trio.lowlevel
 
-from tests.system.test_daemons import (
+from tests.support.daemons import (
     CALLER_TOKEN,
     NODE_YAML,
     Daemon,
-    _hostport,
     chat_body,
     edge_yaml,
+    host_port,
     http_request,
     run_daemon,
 )
@@ -231,8 +231,8 @@ async def test_a_flood_of_unauthenticated_connections_leaves_the_node_and_caller
         async with trio.open_nursery() as nursery:
             async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
                 started = await edge.wait_event("edge_started")
-                wire = _hostport(started["wire"])
-                openai, admin = _hostport(started["openai"]), _hostport(started["admin"])
+                wire = host_port(started["wire"])
+                openai, admin = host_port(started["openai"]), host_port(started["admin"])
                 node_cfg = tmp_path / "node.yaml"
                 node_cfg.write_text(NODE_YAML.format(wire_port=wire[1], log_format="keyvalue"))
                 async with run_daemon(nursery, "node", "node", node_cfg) as node:

@@ -199,7 +199,7 @@ async def test_iopd_edge_with_the_one_machine_config_serves_the_sdk(tmp_path: Pa
     """``iopd edge --config one-machine.yaml``: one command, one file, the SDK answered."""
     import openai
 
-    from tests.system.test_daemons import run_daemon
+    from tests.support.daemons import run_daemon
 
     shipped = (ROOT / "configs" / "one-machine.yaml").read_text()
     with trio.fail_after(30):
