@@ -15,7 +15,7 @@ import trio
 
 from iopd.admin_client import format_control
 from iopd.cli import build_parser
-from tests.cli.test_status import edge_from_file, edge_yaml, iopd, row_of
+from tests.support.cli import edge_from_file, edge_yaml, iopd, row_of
 from tests.support.gateway import running_gateway, token_hash, wait_until
 
 

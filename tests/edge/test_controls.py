@@ -17,7 +17,7 @@ from iopd import errors
 from iopd.edge.controls import RECENT_EVENTS, RuntimeControls
 from iopd.edge.metrics import GatewayMetrics
 from iopd.edge.pool import Lease, ProviderPool
-from tests.edge.pool.test_pool import hold, make_pool
+from tests.support.pools import hold, make_pool
 from wire.messages import ControlUpdate, ProviderControlSpec
 
 

@@ -23,8 +23,8 @@ from iopd.config.schema import NodeSection
 from iopd.node.consent import REFUSED_PREFIX, Consent
 from iopd.node.executor import NodeExecutor
 from iopd.node.link import NodeLink
-from tests.node.test_link import ScriptedHandler
 from tests.support.gateway import running_gateway, wait_until
+from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import FakeEdge
 from wire.messages import NodeConfig, ProviderSpec
 

@@ -13,6 +13,7 @@ from iopd.node.adapters.base import Adapter, AdapterError, RunOutput, TunnelOutp
 from iopd.node.executor import NodeExecutor
 from iopd.node.handler import NodeHandler
 from iopd.node.registry import AdapterRegistry
+from tests.support.node_parts import ListSender, run_req
 from wire.messages import (
     NodeConfig,
     ProviderSpec,
@@ -21,42 +22,7 @@ from wire.messages import (
     RunEvent,
     RunRequest,
     Usage,
-    is_terminal,
 )
-
-
-class ListSender:
-    """A StreamSender that collects messages; ``broken`` makes send fail like a lost link."""
-
-    def __init__(self) -> None:
-        self.msgs: list[RunEvent | ProviderTunnelFrame] = []
-        self.broken = False
-        self.sent = trio.Event()
-
-    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
-        await trio.lowlevel.checkpoint()
-        if self.broken:
-            raise trio.BrokenResourceError("link lost")
-        self.msgs.append(msg)
-        self.sent.set()
-        self.sent = trio.Event()
-
-    @property
-    def kinds(self) -> list[str]:
-        return [m.kind for m in self.msgs]
-
-    def terminals(self) -> list[RunEvent | ProviderTunnelFrame]:
-        return [m for m in self.msgs if is_terminal(m)]
-
-
-def run_req(text: str = "alpha beta gamma", provider: str = "echo", sid: int = 1) -> RunRequest:
-    return RunRequest(
-        stream_id=sid,
-        provider_id=provider,
-        adapter="echo",
-        target="echo",
-        messages=[{"role": "user", "content": text}],
-    )
 
 
 async def make_executor(*specs: ProviderSpec) -> NodeExecutor:

@@ -24,7 +24,7 @@ from iopd.node.link import NodeLink
 from iopd.transport.channel import WireChannel
 from iopd.transport.dial import dial
 from iopd.transport.listen import serve_wire
-from tests.node.test_link import ScriptedHandler
+from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import TEST_ITERATIONS, FakeEdge, FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, Role

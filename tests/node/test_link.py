@@ -12,18 +12,14 @@ import trio.testing
 
 import iopd.node.link as link_mod
 from iopd.config.schema import NodeSection
-from iopd.node.handler import StreamSender
 from iopd.node.link import NodeLink, parse_host_port
+from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
-    ControlState,
-    ControlUpdate,
     Credit,
     Hello,
     NodeConfig,
-    NodeConfigAck,
-    NodeConfigState,
     ProviderHealth,
     ProviderSpec,
     ProviderStatus,
@@ -35,75 +31,6 @@ from wire.messages import (
 )
 
 TOKEN = "node-token-secret"
-
-
-class ScriptedHandler:
-    """A NodeHandler: sends ``req.metadata['n']`` text events then complete."""
-
-    def __init__(self) -> None:
-        self.configs: list[NodeConfig] = []
-        self.cancels: list[tuple[int, str]] = []
-        self.sent: dict[int, int] = {}
-        self.cancelled_tasks: list[int] = []
-        self.scopes: dict[int, trio.CancelScope] = {}
-        self.started = trio.Event()
-        self.fail_config = False
-        self.control_updates: list[ControlUpdate] = []
-
-    async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
-        if self.fail_config:
-            raise RuntimeError("bad provider set")
-        self.configs.append(msg)
-        return NodeConfigAck(stream_id=msg.stream_id, version=msg.version)
-
-    def start_early(self, req: RunRequest | ProviderTunnelRequest) -> None:
-        return None
-
-    def on_controls(self, msg: ControlUpdate) -> None:
-        self.control_updates.append(msg)
-
-    def config_state(self) -> NodeConfigState:
-        return NodeConfigState(revision=0, digest="")
-
-    def control_state(self) -> ControlState:
-        return ControlState()
-
-    async def serve_stream(
-        self,
-        req: RunRequest | ProviderTunnelRequest,
-        sender: StreamSender,
-        early: object = None,
-    ) -> None:
-        sid = req.stream_id
-        self.sent[sid] = 0
-        self.started.set()
-        if isinstance(req, ProviderTunnelRequest):
-            return  # a buggy executor: no terminal
-        n = int(req.metadata.get("n", "0"))
-        forever = req.metadata.get("forever") == "1"
-        with trio.CancelScope() as scope:
-            self.scopes[sid] = scope
-            try:
-                for i in range(n):
-                    await sender.send(RunEvent(stream_id=sid, kind="text", text=str(i)))
-                    self.sent[sid] += 1
-                if forever:
-                    await trio.sleep_forever()
-            except trio.Cancelled:
-                self.cancelled_tasks.append(sid)
-                raise
-        if scope.cancelled_caught:
-            await sender.send(RunEvent(stream_id=sid, kind="error", code="cancelled"))
-        else:
-            await sender.send(RunEvent(stream_id=sid, kind="complete"))
-
-    def cancel(self, stream_id: int, reason: str) -> None:
-        self.cancels.append((stream_id, reason))
-        if stream_id in self.scopes:
-            self.scopes[stream_id].cancel()
-
-    def current_status(self) -> ProviderStatus:
-        return ProviderStatus(providers=[ProviderHealth(provider_id="echo-1", health="healthy")])
 
 
 def node_cfg(edge: str, **kw: float) -> NodeSection:

@@ -13,7 +13,7 @@ from iopd.node.adapters.ollama import OllamaAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.executor import NodeExecutor
 from iopd.node.registry import AdapterRegistry, RegistryError
-from tests.node.test_executor import ListSender, run_req
+from tests.support.node_parts import ListSender, run_req
 from wire.messages import NodeConfig, ProviderSpec
 
 

@@ -20,8 +20,8 @@ from iopd.node.adapters.cli import CliAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
-from tests.edge.nodes.test_hub import TOKENS, run_req, running_hub
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.hubs import TOKENS, run_req, running_hub
 from tests.support.mock_providers import MockOpenAIServer, MockReply
 from tests.support.streams import read_head
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, FakeNode

@@ -5,6 +5,7 @@ Every listener is on port 0; the edge reports what it bound in its ``edge_starte
 log line, which ``run_daemon`` reads.  Each helper kills its processes in ``finally``.
 """
 
+from __future__ import annotations
 
 import functools
 import hashlib

@@ -25,7 +25,7 @@ from iopd.transport import (
     serve_wire,
     server_ssl_context,
 )
-from tests.node.test_link import ScriptedHandler
+from tests.support.node_parts import ScriptedHandler
 from tests.support.streams import CountingStream
 from tests.support.wire_peers import (
     FakeEdge,

@@ -24,7 +24,7 @@ from iopd.node.link import _StreamSender
 from iopd.node.registry import AdapterRegistry
 from iopd.node.stream_out import MAX_HELD_BODY_BYTES
 from iopd.transport.channel import WireChannel
-from tests.http.test_server import connect, get, running
+from tests.support.http_server import connect, get, running
 from tests.support.streams import CountingStream, read_head
 from tests.support.wire_peers import challenge_and_prove
 from wire.connection import Connection, Role

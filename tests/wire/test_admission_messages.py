@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tests.wire.test_connection import pair, run_req, text, xfer
+from tests.support.wire_pairs import pair, run_req, text, xfer
 from wire.connection import StreamState
 from wire.errors import LocalProtocolError, MalformedFrame, RemoteProtocolError
 from wire.framing import encode_frame

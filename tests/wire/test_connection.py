@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.support.wire_pairs import ACK, CHALLENGE, HELLO, PROOF, pair, run_req, text, xfer
 from wire.connection import (
     CONNECTION_TRANSITIONS,
     Connection,
@@ -14,7 +15,6 @@ from wire.connection import (
 from wire.errors import LocalProtocolError, RemoteProtocolError, VersionMismatch
 from wire.framing import encode_frame
 from wire.messages import (
-    PROTOCOL_VERSION,
     Cancel,
     Challenge,
     Credit,
@@ -25,45 +25,12 @@ from wire.messages import (
     NodeConfig,
     NodeConfigAck,
     Pong,
-    Proof,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
     Refused,
     RunEvent,
-    RunRequest,
 )
-
-HELLO = Hello(protocol_version=PROTOCOL_VERSION, node_id="n1", token="", nonce="c" * 24)
-CHALLENGE = Challenge(nonce="c" * 48, salt=b"salt", iterations=4096)
-PROOF = Proof(proof=bytes(32))
-ACK = HelloAck(edge_id="e1")
-
-
-def xfer(src: Connection, dst: Connection, msg: Message) -> list[Message]:
-    """Send ``msg`` from ``src`` and feed the bytes to ``dst``."""
-    return dst.receive_data(src.send(msg))
-
-
-def pair() -> tuple[Connection, Connection]:
-    edge, node = Connection(Role.EDGE), Connection(Role.NODE)
-    assert xfer(node, edge, HELLO) == [HELLO]
-    assert edge.hello == HELLO
-    xfer(edge, node, CHALLENGE)
-    assert edge.state is node.state is ConnState.CHALLENGED
-    xfer(node, edge, PROOF)
-    assert edge.state is node.state is ConnState.PROOF_SENT
-    xfer(edge, node, ACK)
-    assert edge.state is node.state is ConnState.OPEN
-    return edge, node
-
-
-def run_req(sid: int, window: int = 2) -> RunRequest:
-    return RunRequest(stream_id=sid, provider_id="p", adapter="echo", target="m", window=window)
-
-
-def text(sid: int) -> RunEvent:
-    return RunEvent(stream_id=sid, kind="text", text="x")
 
 
 def done(sid: int) -> RunEvent:

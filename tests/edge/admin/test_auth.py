@@ -22,7 +22,7 @@ from iopd.edge.admin.auth import (
     check_json_body,
     check_same_origin,
 )
-from tests.edge.admin.test_api import ADMIN_TOKEN, token_yaml, two_node_yaml
+from tests.support.admin import ADMIN_TOKEN, token_yaml, two_node_yaml
 from tests.support.gateway import RawResponse, running_gateway, token_hash
 
 HASH = token_hash(ADMIN_TOKEN)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import trio
 
-from tests.edge.admin.test_api import raw_admin, two_node_yaml
+from tests.support.admin import raw_admin, two_node_yaml
 from tests.support.gateway import http_request, running_gateway, token_hash, wait_until
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}

@@ -24,7 +24,7 @@ from iopd.edge.admin.app import MAX_BODY_BYTES
 from iopd.edge.admin.streaming import streaming_response
 from iopd.edge.runtime import EdgeRuntime
 from iopd.startup import StartupError
-from tests.edge.admin.test_api import two_node_yaml
+from tests.support.admin import two_node_yaml
 
 #: Small, so that a stream of a few 0.1 s gaps outlives them several times over.
 FAST = AdminLimits(keep_alive_timeout=0.1, graceful_timeout=0.2, lifespan_timeout=2)

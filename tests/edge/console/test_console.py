@@ -26,7 +26,7 @@ from iopd.edge.admin import AdminLimits, AdminServer
 from iopd.edge.console.events import MAX_STREAMS, StreamSlots, StreamTiming, status_events
 from iopd.edge.console.view import console_view
 from iopd.edge.runtime import EdgeRuntime
-from tests.edge.admin.test_api import two_node_yaml
+from tests.support.admin import two_node_yaml
 from tests.support.console_harness import console_app, serving_app
 from tests.support.gateway import http_request, running_gateway, wait_until
 

@@ -7,8 +7,6 @@ in-memory stream pair + ``autojump_clock`` for everything timed.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
@@ -16,9 +14,9 @@ import trio
 import trio.testing
 
 from iopd.edge.node_session import NodeStream
-from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
+from tests.support.hubs import TOKENS, make_hub, run_req, running_hub
 from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, Role
@@ -43,41 +41,6 @@ from wire.messages import (
     RunEvent,
     RunRequest,
 )
-
-TOKENS = {"node-a": "token-a-secret", "node-b": "token-b-secret"}
-
-
-def make_hub(
-    rec: HubRecorder,
-    *,
-    heartbeat_interval: float = 5.0,
-    heartbeat_timeout: float = 15.0,
-    handshake_timeout: float = 10.0,
-) -> NodeHub:
-    settings = HubSettings(
-        edge_id="edge-1",
-        heartbeat_interval=heartbeat_interval,
-        heartbeat_timeout=heartbeat_timeout,
-        handshake_timeout=handshake_timeout,
-        max_frame_bytes=1024 * 1024,
-    )
-    return NodeHub(settings, owner=rec)
-
-
-@asynccontextmanager
-async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, HubRecorder]]:
-    rec = HubRecorder(TOKENS)
-    hub = make_hub(rec, **overrides)
-    async with trio.open_nursery() as nursery:
-        _host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
-        yield hub, port, rec
-        await hub.aclose("test over")
-        nursery.cancel_scope.cancel()
-
-
-def run_req(window: int = 64) -> RunRequest:
-    return RunRequest(stream_id=0, provider_id="echo-1", adapter="echo", target="m", window=window)
-
 
 # ------------------------------------------------------------------ handshake
 

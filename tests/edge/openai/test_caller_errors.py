@@ -18,7 +18,6 @@ import trio
 from iopd.edge.openai.run_errors import provider_error
 from iopd.node.adapters.base import AdapterError, CollectedTunnelOutput
 from iopd.node.adapters.openai import OpenAIAdapter
-from tests.node.adapters.test_openai import tunnel_req
 from tests.support.gateway import (
     http_request,
     node_token,
@@ -32,6 +31,7 @@ from tests.support.mock_providers import (
     MockOpenAIServer,
     closed_port_url,
 )
+from tests.support.node_parts import tunnel_req
 from wire.messages import ProviderSpec
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

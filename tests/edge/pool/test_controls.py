@@ -16,7 +16,7 @@ import trio.testing
 from iopd.edge.pool import Lease, PoolSnapshot, ProviderControl, ProviderPool
 from iopd.edge.pool.scheduler import Grant
 from iopd.errors import NodeDispatchError
-from tests.edge.pool.test_pool import hold, in_flight, make_pool
+from tests.support.pools import hold, in_flight, make_pool
 
 
 @dataclasses.dataclass

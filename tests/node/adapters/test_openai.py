@@ -22,26 +22,14 @@ from iopd.node.usage_extract import (
     usage_from_openai,
 )
 from tests.support.mock_providers import MockOpenAIServer, MockReply
-from wire.messages import NodeConfig, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
+from tests.support.node_parts import tunnel_req
+from wire.messages import NodeConfig, ProviderSpec, RunRequest, Usage
 
 CANARY = "sk-canary-4f1d2a9e"
 
 
 def adapter_for(openai_mock: MockOpenAIServer, **kw: Any) -> OpenAIAdapter:
     return OpenAIAdapter(ProviderSpec(id="vllm", type="openai", base_url=openai_mock.base_url, **kw))
-
-
-def tunnel_req(
-    path: str, body: dict[str, Any], headers: list[tuple[str, str]] | None = None
-) -> ProviderTunnelRequest:
-    return ProviderTunnelRequest(
-        stream_id=1,
-        provider_id="vllm",
-        method="POST",
-        path=path,
-        headers=headers or [("content-type", "application/json")],
-        body=json.dumps(body).encode(),
-    )
 
 
 def expected_body(reply: MockReply) -> bytes:
@@ -247,7 +235,7 @@ async def test_passthrough_hang_is_provider_timeout(
 
 
 async def test_cancel_through_executor_closes_upstream_connection(openai_mock: MockOpenAIServer) -> None:
-    from tests.node.test_executor import ListSender
+    from tests.support.node_parts import ListSender
 
     openai_mock.chunk_delay = 0.05
     openai_mock.reply_text = " ".join(["word"] * 200)
