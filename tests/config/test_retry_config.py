@@ -10,9 +10,9 @@ import pytest
 
 from iopd.config.catalog import Catalog, build_catalog
 from iopd.config.schema import ModelGroup, ProviderPoolSection
-from tests.config.test_refresh_classify import BASE as REFRESH_BASE
-from tests.config.test_refresh_classify import diff_of, load
-from tests.config.test_validate import BASE, Mutation, errors_of
+from tests.support.refresh_cases import BASE as REFRESH_BASE
+from tests.support.refresh_cases import diff_of, load
+from tests.support.validate_cases import BASE, Mutation, errors_of
 
 
 def with_groups(*groups: dict[str, Any]) -> dict[str, Any]:

@@ -17,8 +17,7 @@ import trio
 from iopd.config.load import load_edge_config
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.run import EdgeHandle, run_edge
-from tests.e2e.test_openai import echo_yaml
-from tests.support.configs import echo_provider, edge_yaml, node
+from tests.support.configs import echo_provider, echo_yaml, edge_yaml, node
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.support.mock_providers import MockOpenAIServer
 from tests.support.wire_peers import FakeNode

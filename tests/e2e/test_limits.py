@@ -16,8 +16,7 @@ import trio
 
 from iopd.admin_client import format_principals
 from iopd.edge.runtime import EdgeRuntime
-from tests.e2e.test_openai import echo_yaml
-from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import (
     Gateway,
     admin_host_port,

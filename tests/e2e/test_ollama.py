@@ -16,50 +16,14 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from tests.support.configs import OLLAMA_SERVED, ollama_yaml
 from tests.support.gateway import (
     Gateway,
     http_request,
     in_thread,
-    node_token,
     running_gateway,
-    token_hash,
 )
 from tests.support.mock_providers import MockOllamaServer
-
-SERVED = "mock:latest"
-
-
-def ollama_yaml(base_url: str, *, generation: str = "") -> str:
-    return f"""
-edge:
-  id: edge-ollama
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: llama
-    providers: {{ol-1: "{SERVED}"}}
-{generation}
-  - id: echo-only
-    providers: {{echo-1: echo}}
-  - id: both
-    providers: {{ol-1: "{SERVED}", echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: ol-1
-        type: ollama
-        base_url: {base_url}
-        models: ["{SERVED}"]
-        capacity: 4
-        health_interval: 30
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-"""
 
 
 @asynccontextmanager
@@ -90,10 +54,10 @@ async def test_api_chat_and_generate_relayed_raw_with_model_rewritten() -> None:
                     r = await http_request(gw.host_port, "POST", path, body=body)
                     assert r.status == 200, r.body
                     sent = posts(mock, path)[-1]
-                    assert sent == {**body, "model": SERVED}  # unknown fields kept
+                    assert sent == {**body, "model": OLLAMA_SERVED}  # unknown fields kept
                     # The provider's bytes, unchanged: the same request straight to the mock.
                     direct = await http_request(
-                        ("127.0.0.1", mock.port), "POST", path, body={**body, "model": SERVED}
+                        ("127.0.0.1", mock.port), "POST", path, body={**body, "model": OLLAMA_SERVED}
                     )
                     assert r.body == direct.body
                     ctype = r.header("content-type")
@@ -102,7 +66,7 @@ async def test_api_chat_and_generate_relayed_raw_with_model_rewritten() -> None:
                         assert r.header("x-accel-buffering") == "no"
                         lines = [json.loads(line) for line in r.body.splitlines()]
                         assert lines[-1]["done"] is True
-                        assert all(line["model"] == SERVED for line in lines)
+                        assert all(line["model"] == OLLAMA_SERVED for line in lines)
                     else:
                         assert ctype == "application/json"
                         assert r.json()["done"] is True
@@ -197,7 +161,7 @@ async def test_normalized_chat_restores_thinking_and_native_tool_calls() -> None
             )
             assert r.status == 200, r.body
             sent = posts(mock, "/api/chat")[-1]
-            assert sent["model"] == SERVED
+            assert sent["model"] == OLLAMA_SERVED
             assert sent["tools"]  # native tools: passed to the provider, no text protocol
             assert "tool_call>" not in json.dumps(sent["messages"])
             choice = r.json()["choices"][0]

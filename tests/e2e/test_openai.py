@@ -19,6 +19,7 @@ import trio
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.http_relay import HTTPAdapter
 from iopd.node.executor import NodeExecutor
+from tests.support.configs import echo_yaml
 from tests.support.gateway import (
     Gateway,
     http_request,
@@ -34,46 +35,6 @@ from wire.messages import ProviderTunnelRequest, RunRequest
 PRINCIPAL_TOKEN = "sk-canary-principal-0001"
 OTHER_TOKEN = "sk-canary-principal-0002"
 LEGACY_TOKEN = "sk-canary-legacy-0003"
-
-
-def echo_yaml(
-    *,
-    delay_ms: int = 0,
-    capacity: int = 4,
-    auth: str = "",
-    extra_models: str = "",
-    extra_providers: str = "",
-    openai_extra: str = "",
-    pool: str = "",
-) -> str:
-    return f"""
-edge:
-  id: edge-test
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-{auth}{openai_extra}
-{pool}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-{extra_models}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-{extra_providers}
-"""
 
 
 def auth_block() -> str:

@@ -29,8 +29,8 @@ import trio.testing
 
 from iopd.admin_client import refresh_main
 from iopd.edge.nodes import safe_node_reason
-from tests.e2e.test_refresh import running_edge
 from tests.support.configs import echo_provider, edge_yaml, node
+from tests.support.edges import running_edge
 from tests.support.gateway import (
     Gateway,
     RawResponse,

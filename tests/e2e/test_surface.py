@@ -16,12 +16,12 @@ from __future__ import annotations
 import base64
 import json
 import statistics
-import sys
 from typing import Any
 
 import trio
 
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION
+from tests.support.configs import cli_provider, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import (
     Gateway,
     RawResponse,
@@ -48,23 +48,6 @@ PRINCIPAL_TOKEN = "sk-canary-surface-0001"
 # ------------------------------------------------------------------ helpers
 
 
-def py_command(script: str) -> str:
-    """A ``cli`` provider ``command`` (YAML flow list) running ``script`` with this Python."""
-    return json.dumps([sys.executable, "-c", script])
-
-
-def cli_provider(pid: str, script: str, *, models: str = "[cli]", extra: str = "") -> str:
-    """One ``cli`` provider entry (indented for ``nodes[].providers``)."""
-    return f"""      - id: {pid}
-        type: cli
-        category: cli
-        models: {models}
-        command: {py_command(script)}
-        capacity: 4
-        read_timeout: 20
-{extra}"""
-
-
 def echo_provider(pid: str, *, capacity: int = 4, delay_ms: int = 0, models: str = "[echo]") -> str:
     return f"""      - id: {pid}
         type: echo
@@ -72,45 +55,6 @@ def echo_provider(pid: str, *, capacity: int = 4, delay_ms: int = 0, models: str
         models: {models}
         capacity: {capacity}
         delay_ms: {delay_ms}
-"""
-
-
-def http_provider(
-    pid: str, ptype: str, base_url: str, *, models: str, capacity: int = 4, extra: str = ""
-) -> str:
-    return f"""      - id: {pid}
-        type: {ptype}
-        base_url: {base_url}
-        models: {models}
-        capacity: {capacity}
-        health_interval: 30
-{extra}"""
-
-
-def node_entry(node_id: str, providers: str) -> str:
-    return f"""  - id: {node_id}
-    token_hash_sha256: {token_hash(node_token(node_id))}
-    providers:
-{providers}"""
-
-
-def gateway_yaml(
-    *, models: str, nodes: str, openai_extra: str = "", pool: str = "", edge_extra: str = ""
-) -> str:
-    return f"""
-edge:
-  id: edge-surface
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-{edge_extra}
-openai:
-  listen: 127.0.0.1:0
-{openai_extra}
-{pool}
-models:
-{models}
-nodes:
-{nodes}
 """
 
 

@@ -45,6 +45,7 @@ from tests.support.gateway import (
     RawResponse,
     http_request,
     node_token,
+    read_response,
     running_gateway,
     token_hash,
     wait_until,
@@ -170,19 +171,7 @@ async def raw_request(
         conn = h11.Connection(h11.CLIENT)
         conn.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
         conn.send(h11.EndOfMessage())
-        status, rheaders, chunks = 0, [], []
-        while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(ev, h11.Response):
-                status = ev.status_code
-                rheaders = [(k.decode(), v.decode()) for k, v in ev.headers]
-            elif isinstance(ev, h11.Data):
-                chunks.append(bytes(ev.data))
-            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
-                break
-    return RawResponse(status, rheaders, b"".join(chunks))
+        return await read_response(stream, conn)
 
 
 @asynccontextmanager

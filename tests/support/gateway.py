@@ -220,20 +220,25 @@ async def http_request(
             data += conn.send(h11.Data(data=body))
         data += conn.send(h11.EndOfMessage())
         await stream.send_all(data)
-        status, rheaders, chunks = 0, [], []
-        while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-                continue
-            if isinstance(ev, h11.Response):
-                status = ev.status_code
-                rheaders = [(k.decode(), v.decode()) for k, v in ev.headers]
-            elif isinstance(ev, h11.Data):
-                chunks.append(bytes(ev.data))
-            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
-                break
-        return RawResponse(status, rheaders, b"".join(chunks))
+        return await read_response(stream, conn)
+
+
+async def read_response(stream: trio.abc.ReceiveStream, conn: Any) -> RawResponse:
+    """The next response on an h11 client connection, read to its end (or the connection's)."""
+    import h11
+
+    status, rheaders, chunks = 0, [], []
+    while True:
+        ev = conn.next_event()
+        if ev is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+        elif isinstance(ev, h11.Response):
+            status = ev.status_code
+            rheaders = [(k.decode(), v.decode()) for k, v in ev.headers]
+        elif isinstance(ev, h11.Data):
+            chunks.append(bytes(ev.data))
+        elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
+            return RawResponse(status, rheaders, b"".join(chunks))
 
 
 async def get_json(url_host_port: tuple[str, int], path: str) -> Any:

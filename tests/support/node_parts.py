@@ -8,6 +8,8 @@ from typing import Any
 import trio
 import trio.testing
 
+from iopd.http.client import EarlyStart
+from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.handler import StreamSender
 from wire.messages import (
     ControlState,
@@ -16,11 +18,13 @@ from wire.messages import (
     NodeConfigAck,
     NodeConfigState,
     ProviderHealth,
+    ProviderSpec,
     ProviderStatus,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
     RunEvent,
     RunRequest,
+    Usage,
     is_terminal,
 )
 
@@ -139,3 +143,27 @@ def tunnel_req(
         headers=headers or [("content-type", "application/json")],
         body=json.dumps(body).encode(),
     )
+
+
+class _ReplyAdapter(Adapter):
+    def __init__(
+        self, spec: ProviderSpec, content_type: str, pieces: list[bytes], fail: bool = False
+    ) -> None:
+        super().__init__(spec)
+        self.content_type = content_type
+        self.pieces = pieces
+        self.fail = fail
+
+    async def run(self, req: RunRequest, out: Any) -> None:  # pragma: no cover - unused
+        raise NotImplementedError
+
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
+        await out.head(200, [("content-type", self.content_type)])
+        for piece in self.pieces:
+            await out.body(piece)
+        out.usage = Usage(input_tokens=3, output_tokens=2)
+        out.reasoning_chars = 4
+        if self.fail:
+            raise AdapterError("provider_timeout", "the provider stopped sending")

@@ -16,15 +16,14 @@ import h11
 import trio
 import trio.testing
 
-from iopd.http.client import EarlyStart
 from iopd.http.server import Request, Responder
-from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.executor import NodeExecutor
 from iopd.node.link import _StreamSender
 from iopd.node.registry import AdapterRegistry
 from iopd.node.stream_out import MAX_HELD_BODY_BYTES
 from iopd.transport.channel import WireChannel
 from tests.support.http_server import connect, get, running
+from tests.support.node_parts import _ReplyAdapter
 from tests.support.streams import CountingStream, read_head
 from tests.support.wire_peers import challenge_and_prove
 from wire.connection import Connection, Role
@@ -129,30 +128,6 @@ class _RecordingSender:
         await trio.lowlevel.checkpoint()
         self.calls.append((msg.kind, True))
         self.msgs.append(msg)
-
-
-class _ReplyAdapter(Adapter):
-    def __init__(
-        self, spec: ProviderSpec, content_type: str, pieces: list[bytes], fail: bool = False
-    ) -> None:
-        super().__init__(spec)
-        self.content_type = content_type
-        self.pieces = pieces
-        self.fail = fail
-
-    async def run(self, req: RunRequest, out: Any) -> None:  # pragma: no cover - unused
-        raise NotImplementedError
-
-    async def tunnel(
-        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
-    ) -> None:
-        await out.head(200, [("content-type", self.content_type)])
-        for piece in self.pieces:
-            await out.body(piece)
-        out.usage = Usage(input_tokens=3, output_tokens=2)
-        out.reasoning_chars = 4
-        if self.fail:
-            raise AdapterError("provider_timeout", "the provider stopped sending")
 
 
 async def _tunnel_sender(

@@ -26,8 +26,8 @@ from iopd.node.link import _StreamSender
 from iopd.node.registry import AdapterRegistry
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.round_end import call_at_round_end
+from tests.support.node_parts import _ReplyAdapter
 from tests.support.wire_peers import challenge_and_prove
-from tests.transport.test_coalesced_writes import _ReplyAdapter
 from wire.connection import Connection, Role
 from wire.messages import (
     PROTOCOL_VERSION,

@@ -16,7 +16,7 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.configs import gateway_yaml, http_provider, node_entry
 from tests.support.gateway import http_request, in_thread, running_gateway
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 

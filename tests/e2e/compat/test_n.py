@@ -12,8 +12,7 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.test_openai import echo_yaml
-from tests.e2e.test_surface import gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import in_thread, running_gateway
 from tests.support.mock_providers import MockOpenAIServer
 

@@ -20,7 +20,7 @@ import pytest
 import trio
 
 from iopd import __version__
-from tests.e2e.test_ollama import SERVED, ollama_yaml
+from tests.support.configs import OLLAMA_SERVED, ollama_yaml
 from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
 from tests.support.mock_providers import MockOllamaServer
 
@@ -62,10 +62,10 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
             assert [m.model for m in listed.models] == ["llama", "both"]
 
             shown = await in_thread(lambda: c.show("llama"))
-            assert shown.modelfile == f"FROM {SERVED}"  # the provider's answer, relayed
+            assert shown.modelfile == f"FROM {OLLAMA_SERVED}"  # the provider's answer, relayed
             assert shown.capabilities == ["completion"]
             sent = [r.json() for r in mock.requests if r.path == "/api/show"]
-            assert sent == [{"model": SERVED}]
+            assert sent == [{"model": OLLAMA_SERVED}]
 
             reply = await in_thread(
                 lambda: c.chat(model="llama", messages=[{"role": "user", "content": "hi"}])
@@ -75,12 +75,12 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
             embedded = await in_thread(lambda: c.embed(model="llama", input=["a", "bcd"]))
             assert [list(e) for e in embedded.embeddings] == [[0.5, 1.0], [0.5, 3.0]]
             sent = [r.json() for r in mock.requests if r.path == "/api/embed"]
-            assert sent[-1]["model"] == SERVED and sent[-1]["input"] == ["a", "bcd"]
+            assert sent[-1]["model"] == OLLAMA_SERVED and sent[-1]["input"] == ["a", "bcd"]
             # Relayed byte for byte: the same body straight from the mock.
             body = {"model": "llama", "input": "x"}
             r = await http_request(gw.host_port, "POST", "/api/embed", body=body)
             direct = await http_request(
-                ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": SERVED}
+                ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": OLLAMA_SERVED}
             )
             assert r.status == 200 and r.body == direct.body
 

@@ -16,8 +16,7 @@ import openai
 import pytest
 import trio
 
-from tests.e2e.test_openai import echo_yaml
-from tests.e2e.test_surface import cli_provider, gateway_yaml, http_provider, node_entry
+from tests.support.configs import cli_provider, echo_yaml, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import in_thread, running_gateway
 from tests.support.mock_providers import MockOllamaServer
 

@@ -23,7 +23,7 @@ from iopd.edge.admin.auth import (
     check_same_origin,
 )
 from tests.support.admin import ADMIN_TOKEN, token_yaml, two_node_yaml
-from tests.support.gateway import RawResponse, running_gateway, token_hash
+from tests.support.gateway import RawResponse, read_response, running_gateway, token_hash
 
 HASH = token_hash(ADMIN_TOKEN)
 FORM = "application/x-www-form-urlencoded"
@@ -47,17 +47,7 @@ async def call(
         data = conn.send(h11.Request(method=method, target=path, headers=hdrs))
         data += conn.send(h11.Data(data=body)) if body else b""
         await stream.send_all(data + conn.send(h11.EndOfMessage()))
-        status, rheaders, chunks = 0, [], []
-        while True:
-            ev = conn.next_event()
-            if ev is h11.NEED_DATA:
-                conn.receive_data(await stream.receive_some(65536))
-            elif isinstance(ev, h11.Response):
-                status, rheaders = ev.status_code, [(k.decode(), v.decode()) for k, v in ev.headers]
-            elif isinstance(ev, h11.Data):
-                chunks.append(bytes(ev.data))
-            elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)):
-                return RawResponse(status, rheaders, b"".join(chunks))
+        return await read_response(stream, conn)
 
 
 def cookie_of(response: RawResponse) -> str:

@@ -13,7 +13,7 @@ from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig
 from iopd.edge.runtime import config_secrets
 from iopd.redact import Scrubber, url_secrets
-from tests.config.test_validate import BASE
+from tests.support.validate_cases import BASE
 
 PASSWORD = "s3cret-redis-passw0rd"
 

@@ -13,7 +13,7 @@ from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.refresh_classify import classify
 from iopd.config.schema import EdgeConfig
 from iopd.edge.principal_limits import Limits, limits_from_config
-from tests.config.test_validate import BASE
+from tests.support.validate_cases import BASE
 
 
 def load(data: dict[str, Any]) -> EdgeConfig:
