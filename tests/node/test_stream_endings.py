@@ -21,10 +21,10 @@ from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
-from tests.support.hubs import TOKENS, run_req, running_hub
+from tests.support.hubs import node_with_session, run_req, running_hub
 from tests.support.mock_providers import MockOpenAIServer, MockReply
 from tests.support.streams import read_head
-from tests.support.wire_peers import FakeEdge, FakeEdgeSession, FakeNode
+from tests.support.wire_peers import FakeEdge, FakeEdgeSession
 from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
 
 
@@ -247,12 +247,7 @@ async def test_a_stream_already_complete_survives_the_node_hanging_up() -> None:
     # their terminal fail when the session ends.
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req()) as replies:
                     req = await node.receive(RunRequest)
                     for msg in (

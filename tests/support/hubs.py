@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 import trio.testing
 
+from iopd.edge.node_session import NodeSession
 from iopd.edge.nodes import HubSettings, NodeHub
 from iopd.transport.listen import serve_wire
-from tests.support.wire_peers import HubRecorder
+from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire.messages import (
     RunRequest,
 )
@@ -49,3 +51,17 @@ async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, H
 
 def run_req(window: int = 64) -> RunRequest:
     return RunRequest(stream_id=0, provider_id="echo-1", adapter="echo", target="m", window=window)
+
+
+@asynccontextmanager
+async def node_with_session(
+    hub: NodeHub, port: int, node_id: str = "node-a", **node_options: Any
+) -> AsyncIterator[tuple[FakeNode, NodeSession]]:
+    """A ``FakeNode`` connected to ``hub`` with its known token, and its session once the hub has it."""
+    async with FakeNode.connect(
+        "127.0.0.1", port, node_id=node_id, token=TOKENS[node_id], **node_options
+    ) as fake:
+        await wait_until(lambda: hub.session(node_id) is not None)
+        session = hub.session(node_id)
+        assert session is not None
+        yield fake, session

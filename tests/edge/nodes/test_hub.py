@@ -16,7 +16,7 @@ import trio.testing
 from iopd.edge.node_session import NodeStream
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
-from tests.support.hubs import TOKENS, make_hub, run_req, running_hub
+from tests.support.hubs import TOKENS, make_hub, node_with_session, run_req, running_hub
 from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, Role
@@ -119,12 +119,7 @@ async def test_concurrent_opens_get_increasing_ids() -> None:
     results: list[str] = []
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"], responder=script
-            ):
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port, responder=script) as (_node, session):
 
                 async def one() -> None:
                     async with session.open_stream(run_req()) as replies:
@@ -360,12 +355,7 @@ async def test_tunnel_stream_scripted_node() -> None:
 async def test_node_disconnect_mid_stream_fails_at_once() -> None:
     with trio.fail_after(10):
         async with running_hub() as (hub, port, rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req()) as replies:
                     req = await node.receive(RunRequest)
                     await node.send(RunEvent(stream_id=req.stream_id, kind="text", text="x"))
@@ -395,12 +385,7 @@ async def test_owner_hears_the_disconnect_before_the_streams_fail() -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             _h, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req()) as replies:
                     open_streams.append(replies)
                     await node.receive(RunRequest)
@@ -416,12 +401,7 @@ async def test_owner_hears_the_disconnect_before_the_streams_fail() -> None:
 async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> None:
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req(window=4)) as replies:
                     req = await node.receive(RunRequest)
                     await node.send(RunEvent(stream_id=req.stream_id, kind="text", text="1"))
@@ -443,12 +423,7 @@ async def test_leaving_early_sends_cancel_and_late_replies_are_credited() -> Non
 async def test_cancelled_consumer_sends_cancel() -> None:
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 with trio.move_on_after(0.05):  # e.g. the HTTP caller went away
                     async with session.open_stream(run_req()) as replies:
                         await replies.__anext__()
@@ -461,12 +436,7 @@ async def test_credit_returned_as_consumer_reads() -> None:
     window = 8
     with trio.fail_after(10):
         async with running_hub() as (hub, port, _rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req(window=window)) as replies:
                     req = await node.receive(RunRequest)
                     sid = req.stream_id
@@ -486,12 +456,7 @@ async def test_credit_returned_as_consumer_reads() -> None:
 async def test_node_overrunning_its_window_is_closed() -> None:
     with trio.fail_after(10):
         async with running_hub() as (hub, port, rec):
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req(window=2)) as replies:
                     req = await node.receive(RunRequest)
                     for i in range(3):  # bypass the node-side check
@@ -536,12 +501,7 @@ async def test_aclose_ends_sessions_and_refuses_new_nodes() -> None:
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             _h, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
-            async with FakeNode.connect(
-                "127.0.0.1", port, node_id="node-a", token=TOKENS["node-a"]
-            ) as node:
-                await wait_until(lambda: hub.session("node-a") is not None)
-                session = hub.session("node-a")
-                assert session is not None
+            async with node_with_session(hub, port) as (node, session):
                 async with session.open_stream(run_req()) as replies:
                     await node.receive(RunRequest)
                     await hub.aclose("edge shutting down")
