@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import trio
 from iopd.admin_client import format_report, format_status
 from tests.support.cli import edge_from_file, edge_yaml, iopd, row_of
 from tests.support.gateway import (
+    free_port,
     http_request,
     running_gateway,
     token_hash,
@@ -42,14 +42,6 @@ TABLE_COLUMNS = [
     "MODELS",
     "LAST ERROR",
 ]
-
-
-def closed_port() -> int:
-    """A loopback port nothing listens on (bound, then released)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 # ------------------------------------------------------------------ status
@@ -141,7 +133,7 @@ async def test_status_json_is_the_admin_document(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("command", ["status", "refresh"])
 async def test_unreachable_admin_exits_1_with_a_clear_message(command: str) -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with trio.fail_after(60):
         code, out, err = await iopd(command, "--admin", url)
     assert code == 1

@@ -35,7 +35,9 @@ from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
+    metric,
     node_token,
+    read_response,
     running_gateway,
     wait_until,
 )
@@ -54,16 +56,6 @@ def one_slot_yaml() -> str:
         provider_pool={"max_queue": 8, "queue_timeout": 60},
         nodes=[node(providers=[echo_provider(capacity=1, delay_ms=1000)])],
     )
-
-
-def metric(gw: Gateway, name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for family in gw.runtime.metrics.registry.collect():
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 async def chat(gw: Gateway, content: str) -> RawResponse:
@@ -106,24 +98,6 @@ async def test_request_timeout_while_queued_is_a_queue_timeout(
 # ------------------------------------------------------ 2. /healthz when draining
 
 
-async def _read_response(stream: trio.SocketStream, conn: h11.Connection) -> RawResponse:
-    """The next whole response on a client connection (body read to its end)."""
-    status, headers, body = 0, [], b""
-    while True:
-        ev = conn.next_event()
-        if ev is h11.NEED_DATA:
-            conn.receive_data(await stream.receive_some(65536))
-        elif isinstance(ev, h11.Response):
-            status = ev.status_code
-            headers = [(k.decode(), v.decode()) for k, v in ev.headers]
-        elif isinstance(ev, h11.Data):
-            body += bytes(ev.data)
-        elif isinstance(ev, h11.EndOfMessage):
-            return RawResponse(status, headers, body)
-        else:
-            raise AssertionError(f"unexpected {ev!r}")
-
-
 async def test_healthz_answers_503_and_closes_once_the_edge_drains(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
@@ -136,7 +110,7 @@ async def test_healthz_answers_503_and_closes_once_the_edge_drains(
                 conn = h11.Connection(h11.CLIENT)
                 probe = h11.Request(method="GET", target="/healthz", headers=[("host", "edge")])
                 await stream.send_all(conn.send(probe) + conn.send(h11.EndOfMessage()))
-                first = await _read_response(stream, conn)
+                first = await read_response(stream, conn)
                 assert first.status == 200 and first.header("connection") != "close"
 
                 # A second probe on the same keep-alive connection is under way
@@ -149,7 +123,7 @@ async def test_healthz_answers_503_and_closes_once_the_edge_drains(
                 await wait_until(lambda: server.closing)
                 await stream.send_all(head[10:])
 
-                second = await _read_response(stream, conn)
+                second = await read_response(stream, conn)
                 assert second.status == 503, second.body
                 err = second.json()["error"]
                 assert (err["type"], err["code"]) == ("server_error", "shutting_down")

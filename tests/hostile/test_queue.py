@@ -30,6 +30,7 @@ from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
+    metric,
     running_gateway,
     wait_until,
 )
@@ -90,16 +91,6 @@ async def raw_post(host_port: tuple[str, int], body: bytes, statuses: list[int])
         await stream.send_all(body)
         first = await stream.receive_some(64)
         statuses.append(int(first[9:12]))
-
-
-def metric(gw: Gateway, name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for family in gw.runtime.metrics.registry.collect():
-        for sample in family.samples:
-            if sample.name == name and labels.items() <= sample.labels.items():
-                total += sample.value
-    return total
 
 
 async def chat(gw: Gateway, body: bytes, out: list[RawResponse] | None = None) -> RawResponse:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -363,3 +364,22 @@ async def running_edges(yaml_texts: list[str], *, nodes: list[str]) -> AsyncIter
             yield fleet
         finally:
             nursery.cancel_scope.cancel()
+
+
+def metric(gw: Gateway, name: str, **labels: str) -> float:
+    """Sum of the edge's samples called ``name`` whose labels include ``labels``."""
+    total = 0.0
+    for family in gw.runtime.metrics.registry.collect():
+        for sample in family.samples:
+            if sample.name == name and labels.items() <= sample.labels.items():
+                total += sample.value
+    return total
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (bound, then released): for a refused
+    connection, or a listener that cannot be told port 0."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port

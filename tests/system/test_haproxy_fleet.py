@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -36,6 +35,7 @@ from tests.support.daemons import (
     node_verifier,
     run_daemon,
 )
+from tests.support.gateway import free_port
 
 GUARD = 60.0
 HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sbin")
@@ -108,14 +108,6 @@ def _haproxy_or_skip() -> str:
             pytest.fail("haproxy is missing (CI is set: .ci/run installs it)")
         pytest.skip("haproxy is not installed (Debian: apt-get install haproxy)")
     return HAPROXY
-
-
-def _free_port() -> int:
-    """A loopback port nothing listens on now (HAProxy cannot report port 0)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def _wait_listening(port: int) -> None:
@@ -203,7 +195,7 @@ async def test_two_edges_behind_haproxy_survive_one_edge_killed(tmp_path: Path) 
                     for edge in edges:
                         await edge.wait_for(lambda ln: "event=node_connected node=node-1" in ln)
                         await edge.wait_for(lambda ln: "event=node_connected node=node-2" in ln)
-                    port = _free_port()
+                    port = free_port()
                     cfg = tmp_path / "haproxy.cfg"
                     servers = "\n".join(
                         f"    server {name} {host}:{p} check"

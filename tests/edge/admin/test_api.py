@@ -20,6 +20,7 @@ from iopd.cli import main
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.edge import admin
 from tests.support.admin import ADMIN_TOKEN, raw_admin, token_yaml, two_node_yaml
+from tests.support.edges import REPORT_KEYS
 from tests.support.gateway import http_request, running_gateway, wait_until
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
@@ -54,15 +55,6 @@ PROVIDER_KEYS = {
     "long_in_flight",
     "lifecycle_capabilities",
     "last_error",
-}
-REPORT_KEYS = {
-    "mode",
-    "applied",
-    "changed_nodes",
-    "changed_providers",
-    "changed_models",
-    "restart_required",
-    "errors",
 }
 
 
