@@ -285,6 +285,20 @@ async def challenge_and_prove(edge: WireChannel, node: WireChannel) -> None:
     assert isinstance(await edge.receive_message(), Proof)
 
 
+async def handshaken_channels(
+    edge_stream: trio.abc.Stream, node_stream: trio.abc.Stream
+) -> tuple[WireChannel, WireChannel]:
+    """Two scripted channels (edge, node) over the given streams, the handshake done."""
+    edge = WireChannel(edge_stream, Connection(Role.EDGE))
+    node = WireChannel(node_stream, Connection(Role.NODE))
+    await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
+    assert isinstance(await edge.receive_message(), Hello)
+    await challenge_and_prove(edge, node)
+    await edge.send(HelloAck(edge_id="e"))
+    assert isinstance(await node.receive_message(), HelloAck)
+    return edge, node
+
+
 class FakeEdgeSession(_Peer):
     """One node connection accepted by ``FakeEdge``, after handshake and config."""
 

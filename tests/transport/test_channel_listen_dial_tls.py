@@ -32,6 +32,7 @@ from tests.support.wire_peers import (
     FakeNode,
     HubRecorder,
     challenge_and_prove,
+    handshaken_channels,
     wait_until,
 )
 from wire import scram
@@ -52,15 +53,7 @@ from wire.messages import (
 
 async def _open_pair() -> tuple[WireChannel, WireChannel]:
     """Two channels (edge, node) over memory streams, handshake done."""
-    a, b = trio.testing.memory_stream_pair()
-    edge = WireChannel(a, Connection(Role.EDGE))
-    node = WireChannel(b, Connection(Role.NODE))
-    await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
-    assert isinstance(await edge.receive_message(), Hello)
-    await challenge_and_prove(edge, node)
-    await edge.send(HelloAck(edge_id="e"))
-    assert isinstance(await node.receive_message(), HelloAck)
-    return edge, node
+    return await handshaken_channels(*trio.testing.memory_stream_pair())
 
 
 async def test_channel_answers_heartbeat_with_pong_and_dispatches_the_rest() -> None:

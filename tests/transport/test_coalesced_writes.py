@@ -25,12 +25,8 @@ from iopd.transport.channel import WireChannel
 from tests.support.http_server import connect, get, running
 from tests.support.node_parts import _ReplyAdapter
 from tests.support.streams import CountingStream, read_head
-from tests.support.wire_peers import challenge_and_prove
-from wire.connection import Connection, Role
+from tests.support.wire_peers import handshaken_channels
 from wire.messages import (
-    PROTOCOL_VERSION,
-    Hello,
-    HelloAck,
     ProviderSpec,
     ProviderTunnelFrame,
     ProviderTunnelRequest,
@@ -46,16 +42,10 @@ async def _pair(window: int = 100) -> tuple[WireChannel, WireChannel, CountingSt
     """(edge, node, node's counting stream); stream 1 open with ``window``."""
     a, b = trio.testing.memory_stream_pair()
     counting = CountingStream(b)
-    edge = WireChannel(a, Connection(Role.EDGE))
-    node = WireChannel(counting, Connection(Role.NODE))
-    await node.send(Hello(protocol_version=PROTOCOL_VERSION, node_id="n", token="t"))
-    assert isinstance(await edge.receive_message(), Hello)
-    await challenge_and_prove(edge, node)
-    await edge.send(HelloAck(edge_id="e"))
+    edge, node = await handshaken_channels(a, counting)
     await edge.send(
         RunRequest(stream_id=1, provider_id="p", adapter="echo", target="m", window=window)
     )
-    assert isinstance(await node.receive_message(), HelloAck)
     assert isinstance(await node.receive_message(), RunRequest)
     return edge, node, counting
 
