@@ -11,7 +11,7 @@ decoding of a request body.  The figures go in docs/reliability.md
 milliseconds; before the fixes several of them never finished, so the script
 gives up on a case after ``--limit`` seconds (SIGALRM) and says so.
 
-``--queued`` runs an edge and an echo node in this process (tests/gateway.py;
+``--queued`` runs an edge and an echo node in this process (tests/support/gateway.py;
 run from the repository root) with one slot held by a slow request, sends
 ten 8 MiB bodies of ``[]`` items at once, and reports the process's peak RSS
 growth while they are decoded or queued, and the longest the event loop was
@@ -126,7 +126,7 @@ nodes:
 
 
 async def _queued() -> None:
-    from tests.gateway import http_request, node_token, running_gateway, token_hash
+    from tests.support.gateway import http_request, node_token, running_gateway, token_hash
 
     statuses: list[int] = []
     lag = [0.0]

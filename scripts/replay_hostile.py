@@ -8,7 +8,7 @@ in turn.  While a case runs, a second caller asks
 shows the slowest of those answers (the bar: the edge keeps
 answering others within 1 s), what the hostile caller got, and the edge's
 RSS before the case and at its peak.  Cut keys and caller headers upstream
-need a provider that misbehaves; they are replayed by ``tests/test_hostile_admin_secrets.py``.
+need a provider that misbehaves; they are replayed by ``tests/hostile/test_admin_secrets.py``.
 
 Everything is bounded (each case has a deadline) and the edge is stopped at
 the end.  Nothing here asserts: it prints figures for docs/reliability.md.

@@ -1,0 +1,162 @@
+"""Ollama's routes through the official ``ollama`` client.
+
+A real edge + node in front of ``MockOllamaServer``: ``list`` (``/api/tags``,
+from the catalog), ``show`` and ``embed`` (relayed to the group's ollama
+provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
+``/api/version`` (the edge's own), and errors in Ollama's shape
+``{"error": "..."}`` that the client turns into a ``ResponseError`` with the
+message, whoever refused: the route, the authentication, the model lookup or
+the HTTP layer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import ollama
+import pytest
+import trio
+
+from iopd import __version__
+from tests.support.configs import OLLAMA_SERVED, ollama_yaml
+from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
+from tests.support.mock_providers import MockOllamaServer
+
+TOKEN = "sk-ollama-caller"
+
+
+@asynccontextmanager
+async def gateway(
+    *, auth: bool = False, max_body: int | None = None
+) -> AsyncIterator[tuple[Gateway, MockOllamaServer]]:
+    mock = MockOllamaServer()
+    yaml_text = ollama_yaml("MOCK")
+    extra = []
+    if auth:
+        extra.append(f"  bearer_token: {TOKEN}")
+    if max_body is not None:
+        extra.append(f"  max_body_bytes: {max_body}")
+    if extra:
+        yaml_text = yaml_text.replace(
+            "  listen: 127.0.0.1:0\n", "  listen: 127.0.0.1:0\n" + "\n".join(extra) + "\n", 1
+        )
+    async with trio.open_nursery() as n:
+        await n.start(mock.serve)
+        async with running_gateway(yaml_text.replace("MOCK", mock.base_url)) as gw:
+            yield gw, mock
+        n.cancel_scope.cancel()
+
+
+def client(gw: Gateway, **kwargs: object) -> ollama.Client:
+    host, port = gw.host_port
+    return ollama.Client(host=f"http://{host}:{port}", timeout=30, **kwargs)  # type: ignore[arg-type]
+
+
+async def test_list_show_chat_embed_through_the_ollama_client() -> None:
+    with trio.fail_after(30):
+        async with gateway() as (gw, mock):
+            c = client(gw)
+            listed = await in_thread(c.list)
+            assert [m.model for m in listed.models] == ["llama", "both"]
+
+            shown = await in_thread(lambda: c.show("llama"))
+            assert shown.modelfile == f"FROM {OLLAMA_SERVED}"  # the provider's answer, relayed
+            assert shown.capabilities == ["completion"]
+            sent = [r.json() for r in mock.requests if r.path == "/api/show"]
+            assert sent == [{"model": OLLAMA_SERVED}]
+
+            reply = await in_thread(
+                lambda: c.chat(model="llama", messages=[{"role": "user", "content": "hi"}])
+            )
+            assert reply.message.content == mock.reply_text
+
+            embedded = await in_thread(lambda: c.embed(model="llama", input=["a", "bcd"]))
+            assert [list(e) for e in embedded.embeddings] == [[0.5, 1.0], [0.5, 3.0]]
+            sent = [r.json() for r in mock.requests if r.path == "/api/embed"]
+            assert sent[-1]["model"] == OLLAMA_SERVED and sent[-1]["input"] == ["a", "bcd"]
+            # Relayed byte for byte: the same body straight from the mock.
+            body = {"model": "llama", "input": "x"}
+            r = await http_request(gw.host_port, "POST", "/api/embed", body=body)
+            direct = await http_request(
+                ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": OLLAMA_SERVED}
+            )
+            assert r.status == 200 and r.body == direct.body
+
+
+async def test_ps_shows_groups_with_a_request_in_flight_and_version_is_the_edges() -> None:
+    with trio.fail_after(30):
+        async with gateway() as (gw, mock):
+            c = client(gw)
+            assert (await in_thread(c.ps)).models == []
+            mock.chunk_delay = 0.2  # a slow stream keeps the provider busy meanwhile
+            async with trio.open_nursery() as n:
+                body = {"model": "llama", "messages": [{"role": "user", "content": "hi"}]}
+                n.start_soon(lambda: http_request(gw.host_port, "POST", "/api/chat", body=body))
+                loads = gw.runtime.pool.provider_loads
+                await wait_until(lambda: loads()["ol-1"].in_flight == 1)
+                running = await in_thread(c.ps)
+                assert [m.model for m in running.models] == ["llama", "both"]
+            r = await http_request(gw.host_port, "GET", "/api/version")
+            assert r.status == 200 and r.json() == {"version": __version__}
+            assert not [q for q in mock.requests if q.path in ("/api/ps", "/api/version")]
+
+
+async def test_errors_on_api_routes_take_ollamas_shape() -> None:
+    with trio.fail_after(30):
+        async with gateway() as (gw, _mock):
+            c = client(gw)
+            # An unknown model: 404, the message names the models.
+            with pytest.raises(ollama.ResponseError) as err:
+                await in_thread(lambda: c.chat(model="nope", messages=[]))
+            assert err.value.status_code == 404
+            assert isinstance(err.value.error, str)
+            assert "'nope' does not exist" in err.value.error and "llama" in err.value.error
+            # A group without an ollama provider: 400 naming the route.
+            with pytest.raises(ollama.ResponseError) as err:
+                await in_thread(lambda: c.show("echo-only"))
+            assert err.value.status_code == 400 and "/api/show" in err.value.error
+            # Raw: the body is exactly {"error": "..."}; an unknown route and a
+            # wrong method are refused from the head, in the same shape.
+            for method, path, status in (
+                ("POST", "/api/pull", 404),
+                ("GET", "/api/chat", 405),
+                ("POST", "/api/chat", 400),  # no body: not JSON
+            ):
+                r = await http_request(gw.host_port, method, path, body=b"" if method == "POST" else None)
+                assert r.status == status, (path, r.body)
+                doc = json.loads(r.body)
+                assert list(doc) == ["error"] and isinstance(doc["error"], str)
+                assert r.header("x-request-id")
+            # The OpenAI routes keep the OpenAI envelope.
+            r = await http_request(gw.host_port, "GET", "/v1/chat/completions")
+            assert r.status == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+async def test_authentication_and_http_layer_refusals_take_ollamas_shape_too() -> None:
+    with trio.fail_after(30):
+        async with gateway(auth=True, max_body=1024) as (gw, _mock):
+            with pytest.raises(ollama.ResponseError) as err:
+                await in_thread(lambda: client(gw).list())
+            assert err.value.status_code == 401 and isinstance(err.value.error, str)
+            authed = client(gw, headers={"authorization": f"Bearer {TOKEN}"})
+            assert [m.model for m in (await in_thread(authed.list)).models] == ["llama", "both"]
+            # Over max_body_bytes: the HTTP layer refuses an admitted request.
+            big = {"model": "llama", "prompt": "x" * 2000}
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/api/generate",
+                body=big,
+                headers=[("authorization", f"Bearer {TOKEN}")],
+            )
+            assert r.status == 413 and isinstance(r.json()["error"], str)
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body=big,
+                headers=[("authorization", f"Bearer {TOKEN}")],
+            )
+            assert r.status == 413 and r.json()["error"]["code"] == "request_too_large"

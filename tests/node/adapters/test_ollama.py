@@ -1,0 +1,170 @@
+"""The ollama adapter: normalized /api/chat runs and the raw /api/* relay."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import trio
+
+from iopd.node.adapters.base import AdapterError, CollectedRunOutput, CollectedTunnelOutput
+from iopd.node.adapters.ollama import OllamaAdapter, to_ollama_messages
+from iopd.node.usage_extract import NdjsonUsageScanner
+from tests.support.mock_providers import MockOllamaServer, MockReply
+from wire.messages import ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
+
+
+def adapter_for(ollama_mock: MockOllamaServer) -> OllamaAdapter:
+    return OllamaAdapter(ProviderSpec(id="ol", type="ollama", base_url=ollama_mock.base_url))
+
+
+def run_req(**kw: Any) -> RunRequest:
+    return RunRequest(
+        stream_id=1,
+        provider_id="ol",
+        adapter="ollama",
+        target="qwen3:32b",
+        messages=[
+            {"role": "system", "content": "be nice"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+            },
+        ],
+        **kw,
+    )
+
+
+async def test_run_maps_text_thinking_usage_and_options(ollama_mock: MockOllamaServer) -> None:
+    ollama_mock.reasoning_text = "hmm ok"
+    out = CollectedRunOutput()
+    with trio.fail_after(5):
+        await adapter_for(ollama_mock).run(
+            run_req(
+                params={
+                    "temperature": 0.1,
+                    "top_p": 0.9,
+                    "max_tokens": 64,
+                    "stop": ["x"],
+                    "seed": 7,
+                    "user": "u",
+                }
+            ),
+            out,
+        )
+    sent = ollama_mock.requests[0].json()
+    assert ollama_mock.requests[0].path == "/api/chat"
+    assert sent["model"] == "qwen3:32b" and sent["stream"] is True
+    assert sent["options"] == {
+        "temperature": 0.1,
+        "top_p": 0.9,
+        "num_predict": 64,
+        "stop": ["x"],
+        "seed": 7,
+    }
+    assert sent["messages"] == [
+        {"role": "system", "content": "be nice"},
+        {"role": "user", "content": "hi there"},
+    ]
+    assert out.joined_text == "Hello from ollama"
+    assert out.joined_reasoning == "hmm ok"
+    assert out.usage == Usage(input_tokens=13, output_tokens=5)
+    assert out.finish_reason == "stop"
+
+
+async def test_run_tool_calls_become_openai_shape(ollama_mock: MockOllamaServer) -> None:
+    ollama_mock.reply_text = ""
+    ollama_mock.tool_calls = [{"name": "lookup", "arguments": {"q": "trio", "n": 2}}]
+    out = CollectedRunOutput()
+    with trio.fail_after(5):
+        await adapter_for(ollama_mock).run(
+            run_req(tools=[{"type": "function", "function": {"name": "lookup"}}]), out
+        )
+    (call,) = out.tool_calls
+    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["function"]["name"] == "lookup"
+    assert json.loads(call["function"]["arguments"]) == {"q": "trio", "n": 2}
+    assert out.finish_reason == "tool_calls"
+    assert ollama_mock.requests[0].json()["tools"][0]["function"]["name"] == "lookup"
+
+
+def test_history_tool_calls_are_converted_for_ollama() -> None:
+    messages: list[dict[str, Any]] = [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "42"},
+    ]
+    assert to_ollama_messages(messages) == [
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}],
+        },
+        {"role": "tool", "content": "42"},
+    ]
+
+
+async def test_run_errors(ollama_mock: MockOllamaServer) -> None:
+    adapter = adapter_for(ollama_mock)
+    with trio.fail_after(5):
+        ollama_mock.mode = "error500"
+        with pytest.raises(AdapterError) as info:
+            await adapter.run(run_req(), CollectedRunOutput())
+        assert info.value.code == "provider_error"
+        ollama_mock.mode = "ok"
+        ollama_mock.handler = lambda req: MockReply(chunks=[b'{"error": "model not found"}\n'])
+        with pytest.raises(AdapterError) as info:
+            await adapter.run(run_req(), CollectedRunOutput())
+        assert "model not found" in info.value.message
+        ollama_mock.handler = lambda req: MockReply(chunks=[b"garbage\n"])
+        with pytest.raises(AdapterError):
+            await adapter.run(run_req(), CollectedRunOutput())
+        ollama_mock.handler = None
+        ollama_mock.mode, ollama_mock.retry_after = "status429", "7"
+        with pytest.raises(AdapterError) as info:
+            await adapter.run(run_req(), CollectedRunOutput())
+        assert (info.value.code, info.value.retry_after) == ("provider_saturated", "7")
+
+
+@pytest.mark.parametrize("path", ["/api/chat", "/api/generate"])
+@pytest.mark.parametrize("stream", [True, False])
+async def test_tunnel_relays_raw_and_extracts_usage(
+    ollama_mock: MockOllamaServer, path: str, stream: bool
+) -> None:
+    body = {"model": "qwen3:32b", "stream": stream, "prompt": "hi", "messages": []}
+    req = ProviderTunnelRequest(
+        stream_id=1, provider_id="ol", method="POST", path=path, body=json.dumps(body).encode()
+    )
+    out = CollectedTunnelOutput()
+    with trio.fail_after(5):
+        await adapter_for(ollama_mock).tunnel(req, out)
+    reply = ollama_mock._generate(body, chat=path == "/api/chat")
+    assert out.status == 200
+    assert out.data == (reply.body if reply.chunks is None else b"".join(reply.chunks))
+    assert out.usage == Usage(input_tokens=13, output_tokens=5)
+
+
+def test_ndjson_scanner_counts_thinking() -> None:
+    scanner = NdjsonUsageScanner()
+    scanner.feed(
+        b'{"message":{"thinking":"abc"},"done":false}\n{"done":true,"prompt_eval_count":1,'
+    )
+    scanner.feed(b'"eval_count":2}')
+    scanner.finish()
+    assert scanner.usage == Usage(input_tokens=1, output_tokens=2)
+    assert scanner.reasoning_chars == 3
+
+
+async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
+    adapter = adapter_for(ollama_mock)
+    with trio.fail_after(5):
+        assert await adapter.probe() == ("healthy", "")
+        assert ollama_mock.requests[-1].path == "/api/tags"
+        ollama_mock.healthy = False
+        assert (await adapter.probe())[0] == "unhealthy"
