@@ -260,8 +260,6 @@ class PrincipalLimiter:
         if isinstance(tokens, NeverFits):
             return tokens
         state = self._state(principal_ref, now, limits)
-        if not reservation.explicit_output:
-            tokens = min(tokens, max(reservation.required, _room(state, limits, tokens)))
         rejection = self._over_limit(principal_ref, state, limits, tokens, now)
         if rejection is not None:
             return rejection
@@ -455,14 +453,3 @@ class PrincipalLimiter:
             tokens_per_minute=window_status(limits.tokens_per_minute, state.tokens.total, tokens_reset),
             tokens_per_day=window_status(tpd, state.day_total, day_reset),
         )
-
-
-def _room(state: _PrincipalState, limits: Limits, tokens: int) -> int:
-    """The tokens the principal's windows have left now (``tokens`` when no token
-    limit is in force): what a reservation without a maximum output is cut to."""
-    rooms = [tokens]
-    if limits.tokens_per_minute:
-        rooms.append(limits.tokens_per_minute - state.tokens.total)
-    if limits.tokens_per_day:
-        rooms.append(limits.tokens_per_day - state.day_total)
-    return min(rooms)

@@ -199,12 +199,11 @@ class SharedLimits:
         if isinstance(tokens, NeverFits):
             return tokens
         held = Held(principal_ref, tokens, secrets.token_hex(12))
-        floor = None if reservation.explicit_output else reservation.required
         if self._outage_since is None:
             try:
                 got = await self._call(
                     lambda: self.store.admit(
-                        principal_ref, held.key, limits, tokens, self._ttl, slot=True, floor=floor
+                        principal_ref, held.key, limits, tokens, self._ttl, slot=True
                     )
                 )
             except _StoreDown:
@@ -224,7 +223,6 @@ class SharedLimits:
                         got.retry_after_s,
                     )
                 held.in_store, held.day, held.slot = True, got.day, got.slot
-                held.reserved_tokens = got.tokens
                 if self._local is not None:  # this edge's own count follows the store's
                     local = self._local.limiter.try_admit(principal_ref, reservation, time.time())
                     held.local = local if isinstance(local, Admission) else None
@@ -249,7 +247,6 @@ class SharedLimits:
         if not isinstance(decision, Admission):
             return decision
         held.local, held.at = decision, trio.current_time()
-        held.reserved_tokens = decision.reserved_tokens  # cut like the store's, when cuttable
         limits = self.limits_for(ref)
         if limits.rate_limited or limits.max_concurrent:  # nothing to write for no limits
             self._remember_unseen(held)

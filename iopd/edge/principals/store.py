@@ -141,27 +141,16 @@ local function take(now, id, cap, ttl)
 end
 """.replace("DONE_TTL", str(DONE_TTL_S))
 
-#: ARGV: id, rpm, tpm, tpd, tokens, max_concurrent, lease_ttl, floor (-1: the
-#: reservation has a maximum output; else cut to the windows' room, not below floor).
-#: Answers the tokens admitted.
+#: ARGV: id, rpm, tpm, tpd, tokens, max_concurrent, lease_ttl.
 #: -> {'admit', day, slot(0|1), status} | {'reject', limit, value, used, requested, wait, status}
 #:    | {'done', status} (withdrawn before it arrived)
 _ADMIT = """
 local id = ARGV[1]
 local rpm, tpm, tpd = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tokens, cap, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
-local floor = tonumber(ARGV[8])
 local now = clock()
 local today = advance(now, tpd)
 if done(now, id) then return {'done', status(now)} end
-local total = tonumber(redis.call('HGET', S, 'tok') or '0')
-local day_total = tonumber(redis.call('HGET', S, 'day_total') or '0')
-if floor >= 0 then  -- no maximum output: cut to what the windows have left, down to floor
-  local room = tokens
-  if tpm > 0 then room = math.min(room, tpm - total) end
-  if tpd > 0 then room = math.min(room, tpd - day_total) end
-  tokens = math.max(floor, room)
-end
 local worst = nil
 local function consider(name, value, used, requested, wait)
   if worst == nil or wait > worst[5] then worst = {name, value, used, requested, wait} end
@@ -171,6 +160,7 @@ if rpm > 0 and count + 1 > rpm then
   local e = redis.call('ZRANGE', R, count - rpm, count - rpm, 'WITHSCORES')
   consider('requests_per_minute', rpm, count, 1, tonumber(e[2]) + WINDOW - now)
 end
+local total = tonumber(redis.call('HGET', S, 'tok') or '0')
 if tpm > 0 and total + tokens > tpm then
   local excess = total - (tpm - tokens)
   local wait = nil
@@ -186,6 +176,7 @@ if tpm > 0 and total + tokens > tpm then
   end
   consider('tokens_per_minute', tpm, total, tokens, wait)
 end
+local day_total = tonumber(redis.call('HGET', S, 'day_total') or '0')
 if tpd > 0 and day_total + tokens > tpd then
   local days = math.ceil((day_total + tokens - tpd) / tpd)
   consider('tokens_per_day', tpd, day_total, tokens, (today + days) * DAY - now)
@@ -204,7 +195,7 @@ redis.call('HINCRBY', S, 'day_total', tokens)
 local slot = 0
 if cap > 0 then slot = take(now, id, cap, ttl) end
 keep(now, tpd)
-return {'admit', today, slot, status(now), tokens}
+return {'admit', today, slot, status(now)}
 """
 
 #: ARGV: id, reserved, used, tpd, admitted day.  Gives the slot back too.
@@ -431,7 +422,6 @@ class Admitted:
     day: int
     slot: bool
     view: StoreView
-    tokens: int  # what the admission holds (a reservation without a maximum output is cut)
 
 
 @dataclass(frozen=True)
@@ -535,25 +525,15 @@ class LimitsStore:
         return days
 
     async def admit(
-        self,
-        ref: str,
-        key: str,
-        limits: Limits,
-        tokens: int,
-        ttl: float,
-        *,
-        slot: bool,
-        floor: int | None = None,
+        self, ref: str, key: str, limits: Limits, tokens: int, ttl: float, *, slot: bool
     ) -> Admitted | Refused | None:
-        """None: ``key`` was withdrawn before this arrived.  ``floor``: a reservation
-        without a maximum output, cut to what the windows have left but not below it."""
+        """None: ``key`` was withdrawn before this arrived."""
         cap = limits.max_concurrent if slot else 0
         args = [key, limits.requests_per_minute, limits.tokens_per_minute]
-        args += [limits.tokens_per_day, tokens, cap, ttl, -1 if floor is None else floor]
+        args += [limits.tokens_per_day, tokens, cap, ttl]
         raw = await self._admit(self.client, self.keys(ref), args)
         if raw[0] == "admit":
-            view = StoreView.parse(raw[3])
-            return Admitted(int(raw[1]), int(raw[2]) == 1, view, int(raw[4]))
+            return Admitted(int(raw[1]), int(raw[2]) == 1, StoreView.parse(raw[3]))
         if raw[0] == "reject":
             limit: LimitName = raw[1]
             view = StoreView.parse(raw[6])

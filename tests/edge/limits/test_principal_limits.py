@@ -281,26 +281,6 @@ def test_a_default_output_reservation_is_cut_to_the_limit() -> None:
     assert isinstance(out, NeverFits) and out.param == "input" and out.requested == 1001
 
 
-def test_a_default_output_reservation_is_cut_to_what_the_windows_have_left() -> None:
-    """TPM 4096: after one 3-token request a request without max_tokens still gets
-    in, holding what is left; only when its input no longer fits is it refused."""
-    lim = limiter(a={"tokens_per_minute": 4096, "tokens_per_day": 10000})
-    small = lim.try_admit("a", reservation_for(1, 2), T)
-    assert isinstance(small, Admission)
-    lim.settle(small, 3, T + 1)
-    adm = lim.try_admit("a", reservation_for(10, None), T + 2)
-    assert isinstance(adm, Admission) and adm.reserved_tokens == 4096 - 3
-    out = lim.try_admit("a", reservation_for(10, None), T + 3)  # no room for its input
-    assert isinstance(out, Rejection) and out.limit == "tokens_per_minute" and out.requested == 10
-    lim.settle(adm, 100, T + 4)  # it used 100: the rest comes back at once
-    again = lim.try_admit("a", reservation_for(10, None), T + 5)
-    assert isinstance(again, Admission) and again.reserved_tokens == 4096 - 103
-    lim.settle(again, 0, T + 6)
-    assert used(lim, T + 6) == (3, 103, 103)
-    explicit = lim.try_admit("a", reservation_for(10, 4000), T + 7)  # a maximum is never cut
-    assert isinstance(explicit, Rejection) and explicit.requested == 4010
-
-
 def test_reservation_for() -> None:
     assert reservation_for(10, 100, n=3) == Reservation(10, 300, True, "messages", "max_tokens")
     default = reservation_for(10, None, n=2)

@@ -174,19 +174,6 @@ class Reference:
         tokens = res.tokens
         return max(res.required, cap) if cap and tokens > cap else tokens
 
-    def cut_to_room(self, ref: str, res: Reservation, tokens: int, t: int) -> int:
-        """A reservation without a maximum output holds what the windows have left
-        at ``t``, down to its input; one with a maximum holds all of it."""
-        if res.explicit_output:
-            return tokens
-        lim = self.limits(ref)
-        room = tokens
-        if lim.tokens_per_minute:
-            room = min(room, lim.tokens_per_minute - self.tokens_in_window(ref, t))
-        if lim.tokens_per_day:
-            room = min(room, lim.tokens_per_day - self.day_total(ref, t))
-        return max(res.required, room)
-
     def violations(self, ref: str, tokens: int, t: int) -> set[LimitName]:
         lim = self.limits(ref)
         out: set[LimitName] = set()
@@ -278,9 +265,6 @@ class LimiterMachine(RuleBasedStateMachine):
             assert (out.limit, out.requested) == (too_big[0], tokens)
             event("never fits")
             return
-        tokens = R.cut_to_room(ref, res, tokens, t)
-        if not explicit and tokens < R.effective(ref, res):
-            event("cut to the windows' room")
         over = R.violations(ref, tokens, t)
         if over:
             assert isinstance(out, Rejection), out

@@ -203,22 +203,6 @@ async def test_tokens_per_minute_hold_exactly_and_settle_with_usage(redis: Redis
             assert requests == 1 + fits and tokens == settled * (1 + fits)
 
 
-async def test_a_request_without_max_tokens_is_cut_to_what_the_window_has_left(
-    redis: RedisServer,
-) -> None:
-    """TPM 4096, after one small request: a request without max_tokens is still
-    admitted (its default output cut by the store's script to the room left)."""
-    with trio.fail_after(60):
-        async with edges(redis, 2, "tokens_per_minute: 4096") as gws:
-            assert (await post(gws[0], max_tokens=1)).status == 200
-            _, settled, _ = await store_view(redis)
-            assert 0 < settled < 100
-            assert (await post(gws[1])).status == 200  # no max_tokens: not refused
-            assert (await post(gws[0])).status == 200
-            requests, tokens, slots = await store_view(redis)
-            assert requests == 3 and tokens == 3 * settled and slots == 0
-
-
 async def test_max_concurrent_holds_across_edges_and_waiters_get_freed_slots(
     redis: RedisServer,
 ) -> None:
