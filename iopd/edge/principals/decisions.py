@@ -30,6 +30,7 @@ __all__ = [
     "WindowStatus",
     "headers_of",
     "limits_from_config",
+    "cut_to_room",
     "reserved_tokens",
     "window_status",
 ]
@@ -181,6 +182,26 @@ def reserved_tokens(principal_ref: str, limits: Limits, reservation: Reservation
             )
             return NeverFits(principal_ref, name, value, tokens, param)
     return tokens
+
+
+def cut_to_room(limits: Limits, reservation: Reservation, tokens: int, minute: int, day: int) -> int:
+    """What a request that set no maximum output holds, given the windows' use now.
+
+    Its reservation (already cut to the smallest token limit) is cut again to
+    the room the token windows have left (``minute`` and ``day`` tokens in
+    use), down to its input estimate, so such a request is admitted with what
+    is left rather than refused as too large; only when even its input does
+    not fit does it wait (429).  A request with an explicit maximum keeps its
+    whole reservation.  The shared store's admission script applies the same rule.
+    """
+    if reservation.explicit_output:
+        return tokens
+    room = tokens
+    if limits.tokens_per_minute:
+        room = min(room, limits.tokens_per_minute - minute)
+    if limits.tokens_per_day:
+        room = min(room, limits.tokens_per_day - day)
+    return max(reservation.required, room)
 
 
 def headers_of(st: PrincipalStatus) -> list[tuple[str, str]]:

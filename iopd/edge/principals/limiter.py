@@ -12,7 +12,10 @@ The rules, exactly:
 * A request is **admitted** against a :class:`Reservation` (input estimate
   plus ``n`` x its maximum output).  Admission checks every limit in force
   and records the request in all of them at once, or in none.  Admission
-  never takes a window over its limit.
+  never takes a window over its limit.  A request that set no maximum
+  output holds its reservation cut to the room the token windows have left
+  (down to its input estimate, ``limit_decisions.cut_to_room``): it waits
+  only while even its input does not fit.
 * **Requests per minute** is a sliding log of admission times; a request
   counts at its admission, once, for 60 s (the window is ``(now - 60, now]``).
   Retries and fallbacks hold the same :class:`Admission`, so they never
@@ -62,6 +65,7 @@ from iopd.edge.principals.decisions import (
     Rejection,
     Settlement,
     WindowStatus,
+    cut_to_room,
     headers_of,
     limits_from_config,
     reserved_tokens,
@@ -260,6 +264,7 @@ class PrincipalLimiter:
         if isinstance(tokens, NeverFits):
             return tokens
         state = self._state(principal_ref, now, limits)
+        tokens = cut_to_room(limits, reservation, tokens, state.tokens.total, state.day_total)
         rejection = self._over_limit(principal_ref, state, limits, tokens, now)
         if rejection is not None:
             return rejection

@@ -199,11 +199,12 @@ class SharedLimits:
         if isinstance(tokens, NeverFits):
             return tokens
         held = Held(principal_ref, tokens, secrets.token_hex(12))
+        floor = tokens if reservation.explicit_output else reservation.required
         if self._outage_since is None:
             try:
                 got = await self._call(
                     lambda: self.store.admit(
-                        principal_ref, held.key, limits, tokens, self._ttl, slot=True
+                        principal_ref, held.key, limits, tokens, self._ttl, slot=True, floor=floor
                     )
                 )
             except _StoreDown:
@@ -226,6 +227,7 @@ class SharedLimits:
                 if self._local is not None:  # this edge's own count follows the store's
                     local = self._local.limiter.try_admit(principal_ref, reservation, time.time())
                     held.local = local if isinstance(local, Admission) else None
+                held.reserved_tokens = got.tokens
                 if got.slot:
                     self._holds_store_slot(held)
                 return held
@@ -247,6 +249,7 @@ class SharedLimits:
         if not isinstance(decision, Admission):
             return decision
         held.local, held.at = decision, trio.current_time()
+        held.reserved_tokens = decision.reserved_tokens  # cut like the store's, when cuttable
         limits = self.limits_for(ref)
         if limits.rate_limited or limits.max_concurrent:  # nothing to write for no limits
             self._remember_unseen(held)

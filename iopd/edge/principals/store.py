@@ -141,8 +141,10 @@ local function take(now, id, cap, ttl)
 end
 """.replace("DONE_TTL", str(DONE_TTL_S))
 
-#: ARGV: id, rpm, tpm, tpd, tokens, max_concurrent, lease_ttl.
-#: -> {'admit', day, slot(0|1), status} | {'reject', limit, value, used, requested, wait, status}
+#: ARGV: id, rpm, tpm, tpd, tokens, max_concurrent, lease_ttl, floor.  ``floor`` below
+#: ``tokens``: the request set no maximum output, and ``tokens`` is cut to the
+#: windows' room, down to ``floor`` (``limit_decisions.cut_to_room``).
+#: -> {'admit', day, slot(0|1), status, tokens held} | {'reject', limit, value, used, requested, wait, status}
 #:    | {'done', status} (withdrawn before it arrived)
 _ADMIT = """
 local id = ARGV[1]
@@ -151,6 +153,13 @@ local tokens, cap, ttl = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
 local now = clock()
 local today = advance(now, tpd)
 if done(now, id) then return {'done', status(now)} end
+local floor = tonumber(ARGV[8])
+if floor < tokens then
+  local room = tokens
+  if tpm > 0 then room = math.min(room, tpm - tonumber(redis.call('HGET', S, 'tok') or '0')) end
+  if tpd > 0 then room = math.min(room, tpd - tonumber(redis.call('HGET', S, 'day_total') or '0')) end
+  tokens = math.max(floor, room)
+end
 local worst = nil
 local function consider(name, value, used, requested, wait)
   if worst == nil or wait > worst[5] then worst = {name, value, used, requested, wait} end
@@ -195,7 +204,7 @@ redis.call('HINCRBY', S, 'day_total', tokens)
 local slot = 0
 if cap > 0 then slot = take(now, id, cap, ttl) end
 keep(now, tpd)
-return {'admit', today, slot, status(now)}
+return {'admit', today, slot, status(now), tokens}
 """
 
 #: ARGV: id, reserved, used, tpd, admitted day.  Gives the slot back too.
@@ -246,6 +255,7 @@ if stamp then
 end
 local amount = redis.call('HGET', A, id)
 if amount then
+  reserved = tonumber(amount)  -- what the admission held (it may have been cut to the room)
   redis.call('HDEL', A, id)
   redis.call('ZREM', T, id)
   redis.call('HINCRBY', S, 'tok', 0 - tonumber(amount))
@@ -422,6 +432,7 @@ class Admitted:
     day: int
     slot: bool
     view: StoreView
+    tokens: int  # what the admission holds (cut to the windows' room without a maximum output)
 
 
 @dataclass(frozen=True)
@@ -525,15 +536,24 @@ class LimitsStore:
         return days
 
     async def admit(
-        self, ref: str, key: str, limits: Limits, tokens: int, ttl: float, *, slot: bool
+        self,
+        ref: str,
+        key: str,
+        limits: Limits,
+        tokens: int,
+        ttl: float,
+        *,
+        slot: bool,
+        floor: int | None = None,
     ) -> Admitted | Refused | None:
-        """None: ``key`` was withdrawn before this arrived."""
+        """None: ``key`` was withdrawn before this arrived.  ``floor`` (below
+        ``tokens``): cut ``tokens`` to the windows' room, down to it."""
         cap = limits.max_concurrent if slot else 0
         args = [key, limits.requests_per_minute, limits.tokens_per_minute]
-        args += [limits.tokens_per_day, tokens, cap, ttl]
+        args += [limits.tokens_per_day, tokens, cap, ttl, tokens if floor is None else floor]
         raw = await self._admit(self.client, self.keys(ref), args)
         if raw[0] == "admit":
-            return Admitted(int(raw[1]), int(raw[2]) == 1, StoreView.parse(raw[3]))
+            return Admitted(int(raw[1]), int(raw[2]) == 1, StoreView.parse(raw[3]), int(raw[4]))
         if raw[0] == "reject":
             limit: LimitName = raw[1]
             view = StoreView.parse(raw[6])

@@ -281,6 +281,39 @@ def test_a_default_output_reservation_is_cut_to_the_limit() -> None:
     assert isinstance(out, NeverFits) and out.param == "input" and out.requested == 1001
 
 
+def test_without_max_tokens_the_reservation_is_cut_to_what_the_window_has_left() -> None:
+    """TPM 4096: after one small request, one without max_tokens is admitted with
+    the room left, not refused; it waits only while even its input does not fit."""
+    lim = limiter(a={"tokens_per_minute": 4096})
+    first = lim.try_admit("a", reservation_for(3, 1), T)
+    assert isinstance(first, Admission)
+    lim.settle(first, 3, T)
+    adm = lim.try_admit("a", reservation_for(5, None), T + 1)
+    assert isinstance(adm, Admission) and adm.reserved_tokens == 4093
+    lim.settle(adm, 10, T + 2)
+    assert used(lim, T + 2)[1] == 13
+    # An explicit max_tokens that does not fit what is left still waits (429).
+    assert isinstance(lim.try_admit("a", reservation_for(5, 4090), T + 3), Rejection)
+    # The window full to the last token: a request without max_tokens waits for its input.
+    full = lim.try_admit("a", reservation_for(0, None), T + 3)
+    assert isinstance(full, Admission) and full.reserved_tokens == 4096 - 13
+    out = lim.try_admit("a", reservation_for(5, None), T + 4)
+    assert isinstance(out, Rejection) and out.requested == 5
+    lim.settle(full, 0, T + 5)
+    # Nothing held: the minute is empty once it has passed, the day keeps the usage.
+    assert lim.status_of("a", T + 5).admitted == 0
+    assert used(lim, T + 64) == (0, 0, 13)
+
+
+def test_without_max_tokens_the_day_budget_cuts_too() -> None:
+    lim = limiter(a={"tokens_per_minute": 1000, "tokens_per_day": 1500})
+    adm = lim.try_admit("a", reservation_for(10, None), T)
+    assert isinstance(adm, Admission) and adm.reserved_tokens == 1000
+    lim.settle(adm, 900, T)
+    nxt = lim.try_admit("a", reservation_for(10, None), T + 61)
+    assert isinstance(nxt, Admission) and nxt.reserved_tokens == 600
+
+
 def test_reservation_for() -> None:
     assert reservation_for(10, 100, n=3) == Reservation(10, 300, True, "messages", "max_tokens")
     default = reservation_for(10, None, n=2)

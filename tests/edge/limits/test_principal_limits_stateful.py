@@ -169,10 +169,29 @@ class Reference:
                 day += 1
         return total
 
-    def effective(self, ref: str, res: Reservation) -> int:
-        cap = self.limits(ref).token_cap
+    def effective(self, ref: str, res: Reservation, t: int) -> int:
+        """Cut to the smallest token limit; with no maximum output, to the windows' room too."""
+        lim = self.limits(ref)
+        cap = lim.token_cap
         tokens = res.tokens
-        return max(res.required, cap) if cap and tokens > cap else tokens
+        tokens = max(res.required, cap) if cap and tokens > cap else tokens
+        if res.explicit_output or self.never_fits(ref, tokens):
+            return tokens
+        rooms = [tokens]
+        if lim.tokens_per_minute:
+            rooms.append(lim.tokens_per_minute - self.tokens_in_window(ref, t))
+        if lim.tokens_per_day:
+            rooms.append(lim.tokens_per_day - self.day_total(ref, t))
+        return max(res.required, min(rooms))
+
+    def never_fits(self, ref: str, tokens: int) -> list[LimitName]:
+        lim = self.limits(ref)
+        out: list[LimitName] = []
+        if lim.tokens_per_minute and tokens > lim.tokens_per_minute:
+            out.append("tokens_per_minute")
+        if lim.tokens_per_day and tokens > lim.tokens_per_day:
+            out.append("tokens_per_day")
+        return out
 
     def violations(self, ref: str, tokens: int, t: int) -> set[LimitName]:
         lim = self.limits(ref)
@@ -250,16 +269,8 @@ class LimiterMachine(RuleBasedStateMachine):
         out = self.L().try_admit(ref, res, self.clock(lag))
         t = self.seen
         R = self.R()
-        lim = R.limits(ref)
-        tokens = R.effective(ref, res)
-        too_big = [
-            name
-            for name, value in (
-                ("tokens_per_minute", lim.tokens_per_minute),
-                ("tokens_per_day", lim.tokens_per_day),
-            )
-            if value and tokens > value
-        ]
+        tokens = R.effective(ref, res, t)
+        too_big = R.never_fits(ref, tokens)
         if too_big:
             assert isinstance(out, NeverFits), out
             assert (out.limit, out.requested) == (too_big[0], tokens)
@@ -274,6 +285,8 @@ class LimiterMachine(RuleBasedStateMachine):
             return
         assert isinstance(out, Admission), out
         assert out.reserved_tokens == tokens and out.admitted_at == t
+        if not explicit:
+            event("admitted without a maximum output")
         R.requests.append(RefRequest(self.next_ident, ref, t, tokens))
         self.held[self.next_ident] = out
         self.next_ident += 1

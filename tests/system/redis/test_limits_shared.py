@@ -203,6 +203,23 @@ async def test_tokens_per_minute_hold_exactly_and_settle_with_usage(redis: Redis
             assert requests == 1 + fits and tokens == settled * (1 + fits)
 
 
+async def test_without_max_tokens_requests_are_cut_to_the_room_left(redis: RedisServer) -> None:
+    """TPM 4096: after a small request, every request without max_tokens is
+    admitted (cut to what the shared window has left), not refused."""
+    with trio.fail_after(60):
+        async with edges(redis, 2, "tokens_per_minute: 4096") as gws:
+            assert (await post(gws[0], max_tokens=3)).status == 200
+            _, first, _ = await store_view(redis)
+            assert 0 < first < 100
+            for i in range(4):
+                assert (await post(gws[i % 2])).status == 200
+            requests, tokens, slots = await store_view(redis)
+            # Each settled with its usage: the window holds the usage alone.
+            assert requests == 5 and tokens == 5 * first and slots == 0
+            # An explicit max_tokens larger than the room left still waits.
+            assert (await post(gws[0], max_tokens=4096 - 5 * first)).status == 429
+
+
 async def test_max_concurrent_holds_across_edges_and_waiters_get_freed_slots(
     redis: RedisServer,
 ) -> None:
