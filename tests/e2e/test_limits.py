@@ -8,6 +8,7 @@ the real clock (autojump would jump timeouts while tasks wait on I/O).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import openai
@@ -420,3 +421,110 @@ async def test_passthrough_edge_values_replace_the_providers_headers(stream: boo
                 resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_B))
                 assert resp.header("x-ratelimit-limit-requests") == "9999"
             n.cancel_scope.cancel()
+
+
+# ------------------------------------------------------------------ settled by what was relayed
+
+#: A passthrough stream of ~3,000 tokens' worth of text (by the one estimate), no usage.
+_PIECE = "abcd" * 10  # 10 tokens
+_PIECES = 300
+
+
+def _no_usage_stream(delay: float = 0.0) -> MockReply:
+    chunks = [
+        b"data: "
+        + json.dumps(
+            {
+                "id": "chatcmpl-mock",
+                "object": "chat.completion.chunk",
+                "model": "mock-model",
+                "choices": [{"index": 0, "delta": {"content": _PIECE}, "finish_reason": None}],
+            }
+        ).encode()
+        + b"\n\n"
+        for _ in range(_PIECES)
+    ]
+    chunks.append(b"data: [DONE]\n\n")
+    return MockReply(
+        headers=[("content-type", "text/event-stream")], chunks=chunks, chunk_delay=delay
+    )
+
+
+def _remote_yaml(url: str, limits: str) -> str:
+    return gateway_yaml(
+        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
+        nodes=node_entry("node-a", http_provider("oa-1", "openai", url, models="[mock-model]")),
+        openai_extra=principals_block(),
+        pool=limits_block(limits),
+    )
+
+
+async def test_a_stream_without_usage_settles_the_output_it_relayed() -> None:
+    """TPM 2000, no max_tokens: the reservation is cut to 2000, but the 3,000
+    tokens relayed are what the window records (the overshoot as debt)."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = await n.start(MockOpenAIServer().serve)
+            mock.handler = lambda req: _no_usage_stream() if req.method == "POST" else None
+            async with running_gateway(_remote_yaml(mock.base_url, "tokens_per_minute: 2000")) as gw:
+                clock = Clock(gw.runtime)
+                body = {"model": "remote", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
+                assert resp.status == 200 and resp.body.count(b'"content"') == _PIECES
+                used, remaining = window(gw.runtime, "team-a", "tokens_per_minute", clock)
+                assert used == 1 + _PIECES * 10 and remaining == 0  # input "hi" + output
+                # In debt: the next request waits, whatever it asks for.
+                resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
+                assert resp.status == 429
+                assert_nothing_held(gw, clock)
+            n.cancel_scope.cancel()
+
+
+async def test_a_caller_that_hangs_up_is_settled_with_what_was_relayed() -> None:
+    """The caller reads part of a stream without usage and leaves: at least what
+    reached it counts, never less than the reservation."""
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = await n.start(MockOpenAIServer().serve)
+            mock.handler = lambda req: _no_usage_stream(0.005) if req.method == "POST" else None
+            async with running_gateway(_remote_yaml(mock.base_url, "tokens_per_minute: 500")) as gw:
+                clock = Clock(gw.runtime)
+                body = json.dumps(
+                    {"model": "remote", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+                ).encode()
+                host, port = gw.host_port
+                sock = await trio.open_tcp_stream(host, port)
+                await sock.send_all(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                    + f"authorization: Bearer {TEAM_A}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+                got = b""
+                while got.count(b'"content"') < 120:
+                    data = await sock.receive_some(65536)
+                    assert data
+                    got += data
+                await sock.aclose()
+                rt = gw.runtime
+                await wait_until(lambda: not rt.limiter.status_of("team-a", clock()).admitted)
+                used, _ = window(rt, "team-a", "tokens_per_minute", clock)
+                assert used >= 1 + got.count(b'"content"') * 10 > 500
+                assert used < 1 + _PIECES * 10  # the caller left before the end
+                assert_nothing_held(gw, clock)
+            n.cancel_scope.cancel()
+
+
+async def test_tpm_4096_admits_every_request_without_max_tokens_after_a_small_one() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(
+            echo_yaml(openai_extra=principals_block(), pool=limits_block("tokens_per_minute: 4096"))
+        ) as gw:
+            clock = Clock(gw.runtime)
+            resp = await http_request(
+                gw.host_port, "POST", CHAT, body=chat("hi", max_tokens=3), headers=auth(TEAM_A)
+            )
+            assert resp.status == 200
+            for _ in range(5):
+                resp = await http_request(gw.host_port, "POST", CHAT, body=chat("hi"), headers=auth(TEAM_A))
+                assert resp.status == 200, resp.body
+            assert_nothing_held(gw, clock)

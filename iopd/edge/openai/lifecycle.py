@@ -87,6 +87,9 @@ class Outcome:
     usage: list[UsageItem] = field(default_factory=list)
     reasoning_chars: int = 0
     reasoning_reported: bool = False
+    #: Output tokens relayed to the caller, by the one estimate (``iopd.tokens``):
+    #: what the token limits settle when no usage was reported.
+    output_estimate: int = 0
     quiet: bool = False  # not logged (health probes)
     started: float = field(default_factory=time.perf_counter)
     #: The error the request ended with (``fail``), for the console's recent errors.
@@ -143,7 +146,9 @@ class Call:
     back in the handler's ``finally`` whatever way the request ends.
     """
 
-    __slots__ = ("snap", "out", "scope", "deadline", "sse_open", "admission", "leased")
+    __slots__ = (
+        "snap", "out", "scope", "deadline", "sse_open", "admission", "leased", "input_estimate"
+    )
 
     def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
         self.snap = snap
@@ -158,6 +163,8 @@ class Call:
         self.admission: AnyAdmission | None = None
         #: A provider was leased for it (a request that never got one used no tokens).
         self.leased = False
+        #: Its input estimate, settled with the output relayed when no usage is metered.
+        self.input_estimate = 0
 
     def time_left(self) -> float:
         """The seconds its time limit leaves: what bounds its wait for a lease."""

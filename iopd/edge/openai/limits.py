@@ -21,9 +21,11 @@ glue, in three calls the request's life makes:
   shared ``max_concurrent`` (``limits.backend: redis``), the principal's
   slot is held with the provider, and only then.
 * :func:`settle` in the handler's ``finally``, on every path (answer, error,
-  cancel, node loss): the metered usage replaces the reservation; no usage
-  metered keeps the full reservation, unless no provider was ever leased
-  (then nothing ran: 0 tokens).
+  cancel, node loss): the metered usage replaces the reservation; with no
+  usage metered, the larger of the reservation and the input estimate plus
+  the output relayed to the caller (``Outcome.output_estimate``, counted
+  as it was relayed, so also when the caller left early), unless no
+  provider was ever leased (then nothing ran: 0 tokens).
 
 Nothing here runs while ``limits`` sets no rate or budget
 (``Snapshot.rates_limited``; with ``limits.backend: redis``, no shared
@@ -130,6 +132,7 @@ async def admit(
     if isinstance(decision, NeverFits):
         raise errors.InvalidRequest(decision.message, param=decision.param)
     call.admission = decision
+    call.input_estimate = estimate
 
 
 def lease_with_slot(
@@ -225,7 +228,8 @@ async def settle(rt: EdgeRuntime, call: Call) -> None:
     if admission is None:
         return
     call.admission = None
-    await rt.limits.settle(admission, _used_tokens(call.out.usage, leased=call.leased))
+    used = _used_tokens(call.out.usage, leased=call.leased)
+    await rt.limits.settle(admission, used, call.input_estimate + call.out.output_estimate)
 
 
 def _used_tokens(usage: list[UsageItem], *, leased: bool) -> int | None:

@@ -47,6 +47,7 @@ from iopd.edge.openai.outgoing.tools import (
 from iopd.edge.openai.prepare import LeasedRequest, Leasing
 from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.http.server import Responder
+from iopd.tokens import estimate_tokens_from_chars
 from wire.messages import RunEvent, RunRequest, Usage
 
 __all__ = ["chat_once", "chat_stream", "responses_once", "responses_stream"]
@@ -570,6 +571,8 @@ def _account_run_usage(asms: list[CompletionAssembler], out: Outcome) -> None:
     out.usage = run_event_usage(usage)
     out.reasoning_reported = bool(usage and usage.reasoning_tokens)
     out.reasoning_chars = sum(len(asm.reasoning_text) for asm in asms)
+    text = sum(len(asm.text) for asm in asms)
+    out.output_estimate = estimate_tokens_from_chars(text + out.reasoning_chars)
 
 
 def _restore_tool_event(ev: RunEvent, asm: CompletionAssembler) -> RunEvent:

@@ -53,6 +53,7 @@ from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
 from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import Request, Responder
+from iopd.tokens import RelayedOutput
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, Usage
 
 __all__ = ["UPSTREAM_STATUS_HEADER", "relay"]
@@ -116,7 +117,7 @@ async def _relay(
     """
     session: NodeSession = leased.session
     leasing = leased.leasing
-    reply = _Reply(responder, out)
+    reply = _Reply(responder, out, count_output=leased.snap.rates_limited)
     try:
         async with session.open_stream(treq) as frames:
             frames.direct = reply
@@ -125,6 +126,7 @@ async def _relay(
                 # hold: the next frame is already here, so write both at once.
                 if kind == "body":
                     if fr.data:
+                        reply.relayed(fr.data)
                         await responder.write(fr.data, hold=frames.buffered() > 0)
                 elif kind == "head":
                     if _retry_on_head(leasing, fr):
@@ -155,6 +157,8 @@ async def _relay(
             (reply.body_usage and reply.body_usage.reasoning_tokens)
             or (reply.frame_usage and reply.frame_usage.reasoning_tokens)
         )
+        if reply.output is not None:
+            out.output_estimate = reply.output.tokens
 
 
 class _Reply:
@@ -187,11 +191,23 @@ class _Reply:
     the stream drops its writer, so nothing more is written for it.
     """
 
-    __slots__ = ("_responder", "_out", "_stuck", "body_usage", "frame_usage", "took_whole")
+    __slots__ = (
+        "_count",
+        "_out",
+        "_responder",
+        "_stuck",
+        "body_usage",
+        "frame_usage",
+        "output",
+        "took_whole",
+    )
 
-    def __init__(self, responder: Responder, out: Outcome) -> None:
+    def __init__(self, responder: Responder, out: Outcome, *, count_output: bool = False) -> None:
         self._responder = responder
         self._out = out
+        self._count = count_output  # the principal's token limits settle by what was relayed
+        #: The output text relayed to the caller (counted when ``count_output``).
+        self.output: RelayedOutput | None = None
         self._stuck = False  # flush_now wrote nothing: held bytes wait for the loop
         self.body_usage: Usage | None = None
         self.frame_usage: Usage | None = None
@@ -206,12 +222,20 @@ class _Reply:
             headers.append(("X-Accel-Buffering", "no"))
         self._responder.start_held(fr.status, headers)
         self._out.http_status = fr.status
+        if self._count:
+            self.output = RelayedOutput(ctype)
+
+    def relayed(self, data: bytes) -> None:
+        """Body bytes going to the caller: their output text is counted."""
+        if self.output is not None:
+            self.output.feed(data)
 
     def take_whole(self, fr: ProviderTunnelFrame) -> None:
         """Hold a ``whole`` frame's response: head, body and end (the next
         flush writes them) and note its usage."""
         self.start(fr)
         self.note_usage(fr)
+        self.relayed(fr.data)
         self._responder.write_held(fr.data)
         self._responder.end_held()
         self.took_whole = True
@@ -231,7 +255,10 @@ class _Reply:
         kind = msg.kind
         responder = self._responder
         if kind == "body":
-            return responder.write_held(msg.data)
+            if not responder.write_held(msg.data):
+                return False
+            self.relayed(msg.data)
+            return True
         if kind == "usage":
             self.note_usage(msg)
             return True

@@ -93,8 +93,11 @@ class LimitsBackend(Protocol):
         """Undo an admission (no live candidate: the request never counted)."""
         ...
 
-    async def settle(self, admission: AnyAdmission, used_tokens: int | None) -> None:
-        """End an admission with its metered usage (None: the full reservation)."""
+    async def settle(
+        self, admission: AnyAdmission, used_tokens: int | None, estimated: int = 0
+    ) -> None:
+        """End an admission with its metered usage (None: none metered; then the
+        larger of the reservation and ``estimated``, ``limit_decisions.settled_tokens``)."""
         ...
 
     def headers(self, principal_ref: str) -> list[tuple[str, str]]:
@@ -150,9 +153,11 @@ class MemoryLimits:
         if isinstance(admission, Admission):
             self.limiter.withdraw(admission, self._clock())
 
-    async def settle(self, admission: AnyAdmission, used_tokens: int | None) -> None:
+    async def settle(
+        self, admission: AnyAdmission, used_tokens: int | None, estimated: int = 0
+    ) -> None:
         if isinstance(admission, Admission):
-            self.limiter.settle(admission, used_tokens, self._clock())
+            self.limiter.settle(admission, used_tokens, self._clock(), estimated)
 
     def headers(self, principal_ref: str) -> list[tuple[str, str]]:
         return self.limiter.headers(principal_ref, self._clock())

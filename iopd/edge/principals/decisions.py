@@ -31,6 +31,7 @@ __all__ = [
     "headers_of",
     "limits_from_config",
     "cut_to_room",
+    "settled_tokens",
     "reserved_tokens",
     "window_status",
 ]
@@ -202,6 +203,17 @@ def cut_to_room(limits: Limits, reservation: Reservation, tokens: int, minute: i
     if limits.tokens_per_day:
         room = min(room, limits.tokens_per_day - day)
     return max(reservation.required, room)
+
+
+def settled_tokens(reserved: int, used: int | None, estimated: int = 0) -> int:
+    """What an admission settles: the metered usage; with none, the larger of
+    its reservation and ``estimated`` (its input estimate plus the output it
+    relayed, by the one estimate of ``iopd.tokens``), so a stream that
+    reported no usage, or whose caller left before it came, never counts
+    less than it produced.  Every backend settles this amount."""
+    if used is not None:
+        return max(0, used)
+    return max(reserved, estimated)
 
 
 def headers_of(st: PrincipalStatus) -> list[tuple[str, str]]:

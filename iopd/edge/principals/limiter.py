@@ -69,6 +69,7 @@ from iopd.edge.principals.decisions import (
     headers_of,
     limits_from_config,
     reserved_tokens,
+    settled_tokens,
     window_status,
 )
 from iopd.edge.principals.ratelimit_headers import format_reset
@@ -303,8 +304,11 @@ class PrincipalLimiter:
             wait = (state.day + days) * DAY_S - now
             yield Rejection(ref, "tokens_per_day", tpd, state.day_total, tokens, wait)
 
-    def settle(self, admission: Admission, used_tokens: int | None, now: float) -> Settlement:
-        """End an admitted request with its metered usage (``None``: the full reservation).
+    def settle(
+        self, admission: Admission, used_tokens: int | None, now: float, estimated: int = 0
+    ) -> Settlement:
+        """End an admitted request with its metered usage (``None``: none metered,
+        the larger of the reservation and ``estimated``, see ``settled_tokens``).
 
         Gives back its concurrency slot if it holds one.  Settling twice does
         nothing the second time.
@@ -318,7 +322,7 @@ class PrincipalLimiter:
         state.admitted -= 1
         state.advance(now, self.limits_for(admission.principal_ref).tokens_per_day)
         reserved = admission.reserved_tokens
-        used = reserved if used_tokens is None else max(0, used_tokens)
+        used = settled_tokens(reserved, used_tokens, estimated)
         returned = 0
         if admission._entry is not None:
             returned = state.tokens.shrink(admission._entry, used)

@@ -84,6 +84,7 @@ from iopd.edge.principals.decisions import (
     headers_of,
     limits_from_config,
     reserved_tokens,
+    settled_tokens,
 )
 from iopd.edge.principals.held import Held, LocalCounts
 from iopd.edge.principals.lag_deadline import LAG_ALLOWANCE_S, lag_aware_deadline
@@ -337,16 +338,20 @@ class SharedLimits:
         if isinstance(admission, Held):
             await self._end(admission, None, withdraw=True)
 
-    async def settle(self, admission: AnyAdmission, used_tokens: int | None) -> None:
+    async def settle(
+        self, admission: AnyAdmission, used_tokens: int | None, estimated: int = 0
+    ) -> None:
         if isinstance(admission, Held):
-            await self._end(admission, used_tokens, withdraw=False)
+            await self._end(admission, used_tokens, withdraw=False, estimated=estimated)
 
-    async def _end(self, held: Held, used_tokens: int | None, *, withdraw: bool) -> None:
+    async def _end(
+        self, held: Held, used_tokens: int | None, *, withdraw: bool, estimated: int = 0
+    ) -> None:
         if held.settled:
             return
         held.settled = True
         ref, reserved = held.principal_ref, held.reserved_tokens
-        used = reserved if used_tokens is None else max(0, used_tokens)
+        used = settled_tokens(reserved, used_tokens, estimated)
         held.used, held.withdrawn, held.ended_at = used, withdraw, trio.current_time()
         self._leases.pop(held.key, None)
         if held.local_slot is not None:
@@ -356,7 +361,7 @@ class SharedLimits:
             if withdraw:
                 self._local.limiter.withdraw(held.local, time.time())
             else:
-                self._local.limiter.settle(held.local, used_tokens, time.time())
+                self._local.limiter.settle(held.local, used_tokens, time.time(), estimated)
         if not held.in_store:
             return
         tpd = self.limits_for(ref).tokens_per_day
