@@ -73,6 +73,9 @@ def _text_chars(doc: Any, depth: int = 0) -> int:
         return sum(_text_chars(x, depth + 1) for x in doc)
     if not isinstance(doc, dict):
         return 0
+    kind = doc.get("type") if depth == 0 else None
+    if isinstance(kind, str) and kind.startswith("response.") and not kind.endswith(".delta"):
+        return 0  # a Responses event that repeats text its deltas already carried
     total = 0
     for key, value in doc.items():
         if isinstance(value, str):

@@ -579,3 +579,22 @@ def test_withdraw_undoes_an_admission_exactly() -> None:
     lim.withdraw(second, 1002.0)  # after settle: nothing
     st = lim.status_of("p", 1002.0)
     assert (st.requests_per_minute.used, st.tokens_per_minute.used, st.admitted) == (1, 5, 0)
+
+
+def test_no_usage_settles_the_larger_of_the_reservation_and_the_estimate() -> None:
+    lim = limiter(a={"tokens_per_minute": 2000})
+    adm = lim.try_admit("a", reservation_for(1, None), T)
+    assert isinstance(adm, Admission) and adm.reserved_tokens == 2000
+    out = lim.settle(adm, None, T + 1, estimated=3001)
+    assert out == Settlement(0, 1001, False)
+    assert used(lim, T + 1)[1] == 3001
+    assert isinstance(lim.try_admit("a", reservation_for(1, None), T + 2), Rejection)
+    small = limiter(a={"tokens_per_minute": 2000})
+    adm = small.try_admit("a", reservation_for(1, 100), T)
+    assert isinstance(adm, Admission)
+    assert small.settle(adm, None, T + 1, estimated=20) == Settlement(0, 0, False)
+    assert used(small, T + 1)[1] == 101  # the reservation, the larger
+    adm = small.try_admit("a", reservation_for(1, 100), T + 2)
+    assert isinstance(adm, Admission)
+    small.settle(adm, 7, T + 3, estimated=5000)  # usage metered: it alone counts
+    assert used(small, T + 3)[1] == 108
