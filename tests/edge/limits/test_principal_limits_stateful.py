@@ -1,7 +1,7 @@
 """Stateful property test of the per-principal limiter.
 
 Hypothesis drives ``PrincipalLimiter`` through random admissions, settlements
-(below, at and above the reservation, with no usage, twice), starts and
+(below, at and above the reservation, with no usage and an output estimate, twice), starts and
 finishes, clock advances across minute edges and UTC midnights, refreshes
 (limits up, down, to and from unlimited, entries added and removed), idle
 pruning and clocks stepped back.  After every step it is compared with a
@@ -310,15 +310,17 @@ class LimiterMachine(RuleBasedStateMachine):
     @rule(
         data=st.data(),
         used=st.none() | st.integers(0, 120),
+        estimated=st.sampled_from([0, 0, 50, 400]),
         lag=st.sampled_from([0, 0, 0, 45]),
     )
-    def settle(self, data: st.DataObject, used: int | None, lag: int) -> None:
+    def settle(self, data: st.DataObject, used: int | None, estimated: int, lag: int) -> None:
         ident = data.draw(st.sampled_from(sorted(self.held)))
         adm = self.held.pop(ident)
-        out = self.L().settle(adm, used, self.clock(lag))
+        out = self.L().settle(adm, used, self.clock(lag), estimated)
         q = self.req(ident)
         t = self.seen
-        u = q.reserved if used is None else used
+        # No usage metered: the larger of the reservation and the output estimate.
+        u = max(q.reserved, estimated) if used is None else used
         alive = t - q.admitted < WINDOW_S
         assert out == Settlement(
             returned_tokens=q.reserved - u if alive and u < q.reserved else 0,

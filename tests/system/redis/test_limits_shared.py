@@ -500,3 +500,39 @@ async def _post_to(host_port: tuple[str, int]) -> Any:
     return await http_request(
         host_port, "POST", CHAT, body=chat(), headers=[("authorization", f"Bearer {TEAM_A}")]
     )
+
+
+async def test_a_stream_without_usage_settles_what_it_relayed_in_the_store(
+    redis: RedisServer,
+) -> None:
+    """TPM 2000, no max_tokens, ~3,000 tokens streamed without usage: the shared
+    window records them all (the reservation was cut to 2000), as debt."""
+    from tests.e2e.test_limits import _PIECES, _no_usage_stream
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as n:
+            mock = await n.start(MockOpenAIServer().serve)
+            mock.handler = lambda req: _no_usage_stream() if req.method == "POST" else None
+            yaml = edge_head("edge-0") + f"""models:
+  - id: echo
+    providers: {{oa-1: mock-model}}
+nodes:
+  - id: here
+    embedded: true
+    providers:
+      - {{id: oa-1, type: openai, base_url: {mock.base_url}/v1, models: [mock-model]}}
+limits:
+  backend: redis
+  redis_url: {redis.url}
+  principals:
+    - {{principal_ref: team-a, tokens_per_minute: 2000}}
+"""
+            async with running_gateway(yaml, nodes=[]) as gw:
+                await wait_until(lambda: gw.runtime.hub.connected_since("here") is not None)
+                resp = await post(gw, stream=True)
+                assert resp.status == 200 and resp.body.count(b'"content"') == _PIECES
+                requests, tokens, slots = await store_view(redis)
+                # The input estimate of "one two" (2) plus the output relayed.
+                assert (requests, tokens, slots) == (1, 2 + _PIECES * 10, 0)
+                assert (await post(gw, stream=True)).status == 429  # in debt
+            n.cancel_scope.cancel()
