@@ -75,6 +75,7 @@ class Held:
     edge: int
     reserved: int
     slot: bool = False
+    asked: int = 0  # before the store cut it (what an edge that never heard back knows)
 
 
 @dataclass
@@ -163,22 +164,39 @@ class StoreMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ rules
 
-    @rule(edge=st.integers(0, EDGES - 1), tokens=st.integers(0, 320), slot=st.booleans())
-    def admit(self, edge: int, tokens: int, slot: bool) -> None:
+    @rule(
+        edge=st.integers(0, EDGES - 1),
+        tokens=st.integers(0, 320),
+        slot=st.booleans(),
+        floor=st.none() | st.integers(0, 60),
+    )
+    def admit(self, edge: int, tokens: int, slot: bool, floor: int | None) -> None:
         key = self.new_key()
-        got = run(self.server, edge, lambda s: s.admit(REF, key, LIMITS, tokens, TTL, slot=slot))
+        got = run(
+            self.server,
+            edge,
+            lambda s: s.admit(REF, key, LIMITS, tokens, TTL, slot=slot, floor=floor),
+        )
         assert got is not None
+        asked = tokens
+        if floor is not None and floor < tokens:  # no maximum output: cut to the room left
+            _, in_window, _ = self.model.view()
+            room = min(
+                LIMITS.tokens_per_minute - in_window, LIMITS.tokens_per_day - self.model.day_total
+            )
+            tokens = max(floor, min(tokens, room))
         over = self.model.over(tokens)
         if over:
             assert not isinstance(got, Admitted), (over, got)
             assert got.limit in over
         else:
             assert isinstance(got, Admitted), got
+            assert got.tokens == tokens
             self.model.requests[key] = self.model.now
             if tokens > 0:
                 self.model.tokens[key] = (self.model.now, tokens)
             self.model.day_total += tokens
-            held = Held(key, edge, tokens)
+            held = Held(key, edge, tokens, asked=asked)
             held.slot = self.model.take(key) if slot else False
             assert got.slot == held.slot
             self.live[key] = held
@@ -208,7 +226,9 @@ class StoreMachine(RuleBasedStateMachine):
         held = self.live.pop(data.draw(st.sampled_from(sorted(self.live))))
         tpd = LIMITS.tokens_per_day
         day = int(time.time() // 86_400) if day_known else -1
-        view = run(self.server, held.edge, lambda s: s.withdraw(REF, held.key, held.reserved, tpd, day))
+        # With the day unknown the edge never heard back: it knows only what it asked for.
+        sent = held.reserved if day_known else held.asked
+        view = run(self.server, held.edge, lambda s: s.withdraw(REF, held.key, sent, tpd, day))
         self.model.advance()
         if day_known or held.key in self.model.requests:
             self.model.day_total -= held.reserved  # else the store cannot know it arrived
