@@ -25,8 +25,10 @@ class Reservation:
     With an explicit maximum (``explicit_output``) the whole reservation
     must fit every token limit, else the request can never be admitted.
     Without one, the output part is the default and is cut down to the
-    smallest token limit in force, so a request that set no ``max_tokens``
-    is never refused as one that cannot fit; only its input must fit.
+    smallest token limit in force, then at admission to what the token
+    windows have left (``limit_decisions.cut_to_room``), so a request that
+    set no ``max_tokens`` is never refused as one that cannot fit; only its
+    input must fit.
     ``input_param``/``output_param`` name the request fields a "can never
     fit" answer points at.
     """
