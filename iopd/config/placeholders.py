@@ -5,7 +5,7 @@ example: every token string the docs, the README and ``configs/`` use (and
 the usual ``change-me`` words) is listed here, and ``validate.py`` refuses
 it as a plain token (``openai.bearer_token``, ``node.token``) and its SHA-256
 wherever a token hash is accepted (principal tokens, ``nodes[]``,
-``edge.admin_token_hash_sha256``).  ``tests/test_placeholders.py`` scans the
+``edge.admin_token_hash_sha256``).  ``tests/config/test_placeholders.py`` scans the
 docs and examples so that a new example token cannot be missing here.
 Pure: no I/O, no trio.
 """

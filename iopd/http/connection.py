@@ -6,7 +6,7 @@ changes state (as ``wire.connection`` does for the Edge-Node wire).  What the
 limits decide (a head or body too large, the in-flight body budget), which
 deadline applies in which state (``DEADLINES``), what a timeout answers, and
 what a refusal does to the connection are decided here, in plain synchronous
-code tested byte by byte without trio (``tests/test_http_connection.py``).
+code tested byte by byte without trio (``tests/http/test_connection.py``).
 The trio transport (``iopd.http.server``) only moves bytes, arms the deadline
 this machine names, runs the handler and writes what it is told to.
 

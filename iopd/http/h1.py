@@ -17,7 +17,7 @@ where the body ends), so a front end built on either cannot disagree with
 iopd about where a request ends (request smuggling).  Head and chunk lines end
 in exactly CRLF; values are stripped of SP/HTAB only, on bytes; one framing;
 token methods and names; no obsolete line folding, no control characters.
-``tests/test_h1.py`` checks it against both on generated requests; the one
+``tests/http/test_h1.py`` checks it against both on generated requests; the one
 deliberate leniency (empty lines before a request line) is listed in
 docs/reliability.md.  Responses (from providers) may still end head lines
 in a bare LF, as h11 allows.

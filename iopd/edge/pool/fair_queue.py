@@ -20,7 +20,7 @@ weighted fair queuing with virtual time:
   those that fit, so FIFO within a principal; each admission moves ``V`` up
   to the admitted waiter's start (``tag - 1 / share``).  Two principals
   that both keep waiters for the same slots are admitted ``share_a : share_b``
-  (within one admission of each, see ``tests/test_pool_fair.py``), and with
+  (within one admission of each, see ``tests/edge/pool/test_fair_queue.py``), and with
   a single principal the order is plain FIFO, as before.
 * ``Waiter.tag`` is the tag it was admitted with; while it waits, the tag it
   would get if every waiter of its principal ahead of it were admitted first
