@@ -361,13 +361,10 @@ class OutlierTracker:
         caller's own provider credential: that answer is about the caller's key
         (its quota, its rights), not the provider, so it is neither a failure
         nor a saturation and leaves the streak as it was.  A probe answered so
-        decides nothing: the half-open slot is free again (``PROBE_RELEASED``).
+        decides nothing: the half-open slot is free again (``PROBE_RELEASED``),
+        as for an attempt that ended without a verdict.
         """
-        s = self._current(attempt)
-        if s is None or not attempt.probe or not s.probing:
-            return None
-        s.probing = False
-        return Transition.PROBE_RELEASED
+        return self.attempt_abandoned(attempt)
 
     def attempt_abandoned(self, attempt: Attempt) -> Transition | None:
         """The attempt ended without a verdict (caller gone, deadline): only a probe matters."""
