@@ -19,9 +19,11 @@ do with the endpoint) is given by each agent's own headless flag.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,10 +48,26 @@ def cli_dir() -> Path:
     return Path(os.environ.get("IOPD_AGENT_CLIS") or Path.home() / ".cache" / "iopd-agents")
 
 
+@functools.cache
 def installed(name: str) -> Path | None:
-    """The executable of CLI ``name`` when it is installed, else None."""
+    """The executable of CLI ``name`` when it is installed and answers ``--version``
+    (a half-done install, such as a placeholder binary, counts as absent), else None."""
     path = cli_dir() / "node_modules" / ".bin" / name
-    return path if path.exists() and os.access(path, os.X_OK) else None
+    if not (path.exists() and os.access(path, os.X_OK)):
+        return None
+    try:
+        with tempfile.TemporaryDirectory() as home:
+            done = subprocess.run(
+                [str(path), "--version"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=30,
+                check=False,
+                env=_private_env(Path(home)),
+            )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return path if done.returncode == 0 else None
 
 
 def version(name: str) -> str:
