@@ -108,18 +108,27 @@ def _private_env(home: Path) -> dict[str, str]:
 
 
 async def _run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> AgentRun:
-    with trio.fail_after(RUN_TIMEOUT):
-        done = await trio.run_process(
-            argv,
-            cwd=cwd,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-        )
+    """Run ``argv`` to its end; one that overruns ``RUN_TIMEOUT`` is killed and
+    reported with what it wrote so far (exit code -1)."""
+    out, err = Path(env["HOME"]) / "agent.stdout", Path(env["HOME"]) / "agent.stderr"
+    returncode = -1
+    with out.open("wb") as stdout, err.open("wb") as stderr:
+        with trio.move_on_after(RUN_TIMEOUT):
+            done = await trio.run_process(
+                argv,
+                cwd=cwd,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                check=False,
+            )
+            returncode = done.returncode
     return AgentRun(
-        done.returncode, done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+        returncode,
+        out.read_text(errors="replace"),
+        err.read_text(errors="replace")
+        + ("" if returncode != -1 else f"\n(killed after {RUN_TIMEOUT} s)"),
     )
 
 
@@ -161,7 +170,6 @@ async def run_codex(
         'name = "iopd"\n'
         f'base_url = "{base_url}"\n'
         'env_key = "IOPD_TOKEN"\n'
-        'wire_api = "responses"\n'
     )
     env.update(CODEX_HOME=str(codex_home), IOPD_TOKEN=token)
     argv = [

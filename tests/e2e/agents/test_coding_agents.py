@@ -83,7 +83,7 @@ EARLY_CLOSE = (
 @dataclass(frozen=True)
 class Case:
     agent: str
-    provider: str  # a key of PROVIDERS, or "direct" (no edge)
+    provider: str  # a key of PROVIDERS
     xfail: str = ""
 
     @property
