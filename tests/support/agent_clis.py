@@ -133,16 +133,24 @@ async def _run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> AgentRun:
 
 
 async def run_claude(
-    *, base_url: str, token: str, model: str, workdir: Path, home: Path, prompt: str
+    *,
+    base_url: str,
+    token: str,
+    model: str,
+    workdir: Path,
+    home: Path,
+    prompt: str,
+    bearer: bool = False,
 ) -> AgentRun:
     """``claude -p``: ``ANTHROPIC_BASE_URL`` (the root, without ``/v1``),
-    ``ANTHROPIC_API_KEY`` (sent as ``x-api-key``) and ``ANTHROPIC_MODEL``."""
+    ``ANTHROPIC_API_KEY`` (sent as ``x-api-key``; ``bearer``: ``ANTHROPIC_AUTH_TOKEN``,
+    sent as ``Authorization: Bearer``) and ``ANTHROPIC_MODEL``."""
     exe = installed("claude")
     assert exe is not None
     env = _private_env(home)
+    env["ANTHROPIC_AUTH_TOKEN" if bearer else "ANTHROPIC_API_KEY"] = token
     env.update(
         ANTHROPIC_BASE_URL=base_url,
-        ANTHROPIC_API_KEY=token,
         ANTHROPIC_MODEL=model,
         CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1",
         DISABLE_TELEMETRY="1",

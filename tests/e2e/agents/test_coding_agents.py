@@ -85,10 +85,11 @@ class Case:
     agent: str
     provider: str  # a key of PROVIDERS
     xfail: str = ""
+    options: tuple[tuple[str, Any], ...] = ()  # more keyword arguments of the runner
 
     @property
     def id(self) -> str:
-        return f"{self.agent}-{self.provider}"
+        return "-".join([self.agent, self.provider, *(k for k, _ in self.options)])
 
 
 CASES = [
@@ -98,6 +99,7 @@ CASES = [
     Case("codex", "chat", xfail=CODEX_CHAT_ONLY),
     Case("codex", "ollama", xfail=CODEX_NORMALIZED),
     Case("claude", "messages", xfail=NO_MESSAGES_ROUTE),
+    Case("claude", "messages", xfail=NO_MESSAGES_ROUTE, options=(("bearer", True),)),
     Case("claude", "chat", xfail=NO_MESSAGES_ROUTE),
     Case("claude", "ollama", xfail=NO_MESSAGES_ROUTE),
 ]
@@ -176,6 +178,7 @@ async def test_agent_writes_the_file_through_the_edge(
                     workdir=workdir,
                     home=tmp_path / "home",
                     prompt=PROMPT,
+                    **dict(case.options),
                 )
                 turns = list(upstream.turns)
                 with trio.move_on_after(5):  # the last turn's accounting may trail the exit
