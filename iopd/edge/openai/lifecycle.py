@@ -32,7 +32,7 @@ from iopd import errors
 from iopd.edge.metering.activity import ActivityRecorder
 from iopd.edge.metering.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.metering.usage import UsageItem
-from iopd.edge.openai.outgoing.error_envelope import error_sse_event, render_error
+from iopd.edge.openai.outgoing.error_envelope import OPENAI_ERRORS, Shaped, render_error
 from iopd.edge.principals.authenticator import Principal
 from iopd.edge.principals.backend import AnyAdmission
 from iopd.edge.runtime.edge_runtime import Snapshot
@@ -210,8 +210,8 @@ async def fail(
 ) -> None:
     """End a request with ``exc``: an error response, an SSE error event, or a cut.
 
-    ``context`` is the request's head-hook context: it decides the error's
-    shape (Ollama's on ``/api/*``, see ``errors.render_error``).
+    ``context`` is the request's head-hook context: its route decides the
+    error's shape (Ollama's on ``/api/*``, see ``render_error``).
     """
     out.failed(exc)
     if not responder.started:
@@ -224,7 +224,8 @@ async def fail(
         # after a timeout or a drain cut the caller may be one that stopped
         # reading, and this write must not outlive the request's deadline.
         with trio.move_on_after(ERROR_EVENT_GRACE):
-            await responder.write(error_sse_event(exc))
+            shape = context.error_shape if isinstance(context, Shaped) else OPENAI_ERRORS
+            await responder.write(shape.sse_event(exc))
             await responder.end()
             return
         raise AbortConnection(exc.message)

@@ -63,7 +63,7 @@ _json_encode = msgspec.json.Encoder().encode
 
 
 async def chat_once(
-    leased: LeasedRequest[rq.ChatRequest], responder: Responder, out: Outcome, ids: RequestIds
+    leased: LeasedRequest[rq.ChatRequest], responder: Responder, call: Call, ids: RequestIds
 ) -> None:
     """A whole ``chat.completion``, sent once the run (one per choice) completed.
 
@@ -71,6 +71,7 @@ async def chat_once(
     lease (it holds one provider slot); the choices are indexed 0..n-1 and the
     usage is the runs' sum.
     """
+    out = call.out
     completion_id, created = ids.new("chatcmpl"), int(time.time())
     while True:
         choices = await _chat_choices(leased, out, completion_id, created)
@@ -314,11 +315,11 @@ def _settle(
 async def responses_once(
     leased: LeasedRequest[rq.ResponsesRequest],
     responder: Responder,
-    out: Outcome,
+    call: Call,
     ids: RequestIds,
 ) -> None:
     """A whole ``response`` object, sent once the run completed."""
-    req = leased.body
+    req, out = leased.body, call.out
     tools = req.function_tools
     while True:
         text_tools = _text_tools(leased, tools)

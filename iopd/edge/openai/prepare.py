@@ -55,6 +55,7 @@ from iopd.edge.openai.incoming.json_body import parse_json_object
 from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
+from iopd.edge.openai.routes import Serves
 from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
 from iopd.edge.pool.pool import Lease
 from iopd.edge.pool.retry_rules import (
@@ -119,14 +120,16 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     leasing: Leasing[Body]
 
 
-def prepare(rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> Leasing[Body]:
+def prepare(
+    rt: EdgeRuntime, call: Call, request: Request, kind: type[Body], serves: Serves
+) -> Leasing[Body]:
     """Everything up to the lease, checked now; ``async with`` the result to lease.
 
     Raises ``GatewayError`` for a bad body, an unknown model, missing provider
     credentials, a request no provider of the group can serve, or (for a
     request that can only be relayed) a generation limit exceeded.
     """
-    return Leasing(rt, call, request, kind)
+    return Leasing(rt, call, request, kind, serves)
 
 
 class Leasing(Generic[Body]):
@@ -153,19 +156,19 @@ class Leasing(Generic[Body]):
         "_relay_params",
     )
 
-    def __init__(self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> None:
+    def __init__(
+        self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body], serves: Serves
+    ) -> None:
         snap, out = call.snap, call.out
         body = _parse(snap, request, kind, out)
         group = snap.catalog.resolve(body.model)
         if group is None:
             raise model_not_found(snap, body.model)
         out.group = group.id
-        # /api/*, /v1/embeddings and /v1/completions are only ever relayed (to
-        # a provider speaking that API); otherwise the group's provider types
-        # say whether a normalized path exists.
-        relay_only = isinstance(body, rq.OllamaRequest | rq.RelayedRequest) or all_passthrough(
-            snap, group
-        )
+        # A relay-only route (/api/*, /v1/embeddings, /v1/completions) is
+        # only ever relayed (to a provider speaking that API); otherwise the
+        # group's provider types say whether a normalized path exists.
+        relay_only = serves is not Serves.RELAY_OR_NORMALIZED or all_passthrough(snap, group)
         out.mode = "passthrough" if relay_only else "normalized"
         if isinstance(body, rq.OllamaRequest):
             needs = ollama_needs(snap, group, body, request.path)
