@@ -93,7 +93,7 @@ class Provided(Generic[Body]):
         self, host: Host, call: Call, request: Request, responder: Responder
     ) -> None:
         async with prepare(host.rt, call, request, self.kind, self.serves) as leased:
-            if leased.relay:
+            if leased.decision.relay:
                 await relay(leased, responder, call.out)
             elif leased.body.stream:
                 assert self.stream is not None  # (a normalized path exists: see __init__)

@@ -499,7 +499,7 @@ def _run_request(
         target=lease.target,
         messages=messages,
         tools=tools,
-        params=leased.params,
+        params=leased.decision.params,
         metadata=md,
         workspace=req.workspace,
         stream=stream,

@@ -70,10 +70,10 @@ from iopd.edge.principals.authenticator import Principal
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.connection import HeadContext
 from iopd.http.server import Request
-from iopd.vocabulary import ContextClass
+from iopd.vocabulary import ContextClass, ResponseMode
 
 __all__ = [
-    "MODEL_GROUP_HEADER", "Body", "ContextClass", "LeasedRequest", "Leasing",
+    "MODEL_GROUP_HEADER", "Body", "ContextClass", "Decision", "LeasedRequest", "Leasing",
     "model_not_found", "prepare",
 ]
 
@@ -90,6 +90,40 @@ MAX_NAMED_MODELS = 20
 
 
 
+class Decision(NamedTuple):
+    """What is decided about a request once and carried, frozen, to its end.
+
+    The model group that serves it (the one asked for, or a fallback group),
+    the path (True: the caller's body relayed raw; False: run normalized),
+    the response mode that follows, and the generation parameters of that
+    path and group (``models[].generation`` applied, :func:`generation_params`).
+
+    A request that can only be relayed is decided before it queues (its
+    limits are a 400 then); any other at its first lease, by the leased
+    provider's type.  A retry keeps the path (the path's own loop runs the
+    next attempt); only a retry served by a fallback group changes the
+    group, and so the parameters, with :meth:`for_group`.
+    """
+
+    group: GroupSpec
+    relay: bool
+    params: JSONObject
+
+    @property
+    def mode(self) -> ResponseMode:
+        """The metrics' ``response_mode``: the path's name."""
+        return "passthrough" if self.relay else "normalized"
+
+    @classmethod
+    def make(cls, body: Body, group: GroupSpec, *, relay: bool) -> Decision:
+        """Decide: ``group`` serves ``body`` on that path (a 400 over a relayed limit)."""
+        return cls(group, relay, generation_params(body, group, relay=relay))
+
+    def for_group(self, group: GroupSpec, body: Body) -> Decision:
+        """The same path served by another group (a fallback): its parameters."""
+        return self if group is self.group else Decision.make(body, group, relay=self.relay)
+
+
 class LeasedRequest(NamedTuple, Generic[Body]):
     """A request that holds a provider: what the relay and the normalized paths need.
 
@@ -102,8 +136,8 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     request: Request
     body: Body
     principal: Principal
-    #: The group that serves it: the one asked for, or a fallback group.
-    group: GroupSpec
+    #: The group that serves it, its path and that path's parameters.
+    decision: Decision
     lease: Lease
     session: NodeSession
     #: The caller's credentials for a passthrough provider (``openai.provider_auth``).
@@ -112,10 +146,6 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     messages: list[JSONObject]
     estimate: int
     context_class: ContextClass
-    #: The path: True relays the caller's body raw, False runs it normalized.
-    relay: bool
-    #: Generation parameters for that path (``models[].generation`` applied).
-    params: JSONObject
     #: The request's attempt loop: report this attempt's end, lease the next.
     leasing: Leasing[Body]
 
@@ -145,7 +175,7 @@ class Leasing(Generic[Body]):
         "_request",
         "_body",
         "_group",
-        "_relay_only",
+        "_decision",
         "_needs",
         "_lease_cm",
         "_lease",
@@ -153,31 +183,27 @@ class Leasing(Generic[Body]):
         "_failed",
         "_retries",
         "_reported",
-        "_relay_params",
     )
 
     def __init__(
         self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body], serves: Serves
     ) -> None:
         snap, out = call.snap, call.out
-        body = _parse(snap, request, kind, out)
-        group = snap.catalog.resolve(body.model)
-        if group is None:
-            raise model_not_found(snap, body.model)
-        out.group = group.id
+        body, group = _parse(snap, request, kind, out)
         # A relay-only route (/api/*, /v1/embeddings, /v1/completions) is
         # only ever relayed (to a provider speaking that API); otherwise the
         # group's provider types say whether a normalized path exists.
         relay_only = serves is not Serves.RELAY_OR_NORMALIZED or all_passthrough(snap, group)
-        out.mode = "passthrough" if relay_only else "normalized"
+        if relay_only:  # its path is known: a refusal from here on is labelled with it
+            out.mode = "passthrough"
         if isinstance(body, rq.OllamaRequest):
             needs = ollama_needs(snap, group, body, request.path)
         elif isinstance(body, rq.RelayedRequest):
             needs = relayed_needs(snap, request, group, body)
         else:
             needs = openai_needs(snap, request, group, body, relay_only)
-        # Over a limit: 400 before queueing (kept for the lease, when its group is this one).
-        relay_params = generation_params(body, group, relay=True) if relay_only else None
+        # Relayed only: decided now, and over a limit is a 400 before queueing.
+        decision = Decision.make(body, group, relay=True) if relay_only else None
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         principal_ref = principal.label_principal_ref
@@ -187,14 +213,13 @@ class Leasing(Generic[Body]):
         self._request = request
         self._body: Body = body
         self._group = group
-        self._relay_only = relay_only
+        self._decision = decision
         self._needs = needs
         self._chain = snap.catalog.fallback_chain(group.id)
         self._failed: frozenset[str] = frozenset()  # providers that failed it (never again)
         self._retries = 0
         self._lease: Lease | None = None  # the lease held now
         self._reported = False  # this attempt's verdict went to the tracker
-        self._relay_params = relay_params
         self._lease_cm: AbstractAsyncContextManager[Lease] = self._open_lease(frozenset())
 
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
@@ -340,9 +365,9 @@ class Leasing(Generic[Body]):
     def _carried_credential(self, lease: Lease) -> bool:
         """This attempt took the caller's own provider credential to the provider
         (only a relayed request carries it, under ``provider_auth.target_header``)."""
-        return bool(self._needs.provider_auth) and (
-            self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
-        )
+        decision = self._decision
+        relay = lease.provider_type in PASSTHROUGH_TYPES if decision is None else decision.relay
+        return bool(self._needs.provider_auth) and relay
 
     def _retry_refusal(self, attempts: int) -> str | None:
         """Why a safe retry is not made (attempts, candidates, budget), or None (spent)."""
@@ -394,40 +419,45 @@ class Leasing(Generic[Body]):
         call, out = self._call, self._call.out
         call.resume_deadline()
         out.provider = lease.provider_id
-        group = self._group
-        if lease.group_id and lease.group_id != group.id:  # served by a fallback group
-            fallback = call.snap.catalog.group(lease.group_id)
-            if fallback is not None:
-                self._rt.metrics.count_fallback(group.id, fallback.id)
-                group = fallback
-        out.group = group.id  # metering and the log line: the group that served it
-        _name_serving_group(self._request, group.id)
+        decision = self._decide(lease)
+        out.group, out.mode = decision.group.id, decision.mode  # metering and the log line
+        _name_serving_group(self._request, decision.group.id)
         call.leased = True  # from here a provider may spend tokens on it
-        relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
-        out.mode = "passthrough" if relay else "normalized"
-        body, needs, params = self._body, self._needs, self._relay_params
-        if params is None or not relay or group is not self._group:
-            params = generation_params(body, group, relay=relay)
+        needs = self._needs
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         return LeasedRequest(
             snap=call.snap,
             request=self._request,
-            body=body,
+            body=self._body,
             principal=principal,
-            group=group,
+            decision=decision,
             lease=lease,
             session=session,
             provider_auth=needs.provider_auth,
             messages=needs.messages,
             estimate=needs.estimate,
             context_class=needs.context_class,
-            relay=relay,
-            # In a mixed group only the lease decides the path, so a relayed
-            # request's limits are checked (again) here.
-            params=params,
             leasing=self,
         )
+
+    def _decide(self, lease: Lease) -> Decision:
+        """The request's :class:`Decision`: made at its first lease unless it
+        was before it queued, then kept (a fallback group's lease re-groups it)."""
+        group = self._group
+        if lease.group_id and lease.group_id != group.id:  # served by a fallback group
+            fallback = self._call.snap.catalog.group(lease.group_id)
+            if fallback is not None:
+                self._rt.metrics.count_fallback(group.id, fallback.id)
+                group = fallback
+        decision = self._decision
+        if decision is None:  # the leased provider decides the path, once
+            relay = lease.provider_type in PASSTHROUGH_TYPES
+            decision = Decision.make(self._body, group, relay=relay)
+        else:
+            decision = decision.for_group(group, self._body)
+        self._decision = decision
+        return decision
 
 
 def _origin(base_url: str | None) -> str | None:
@@ -472,12 +502,20 @@ def model_not_found(snap: Snapshot, model: str) -> errors.ModelNotFound:
     )
 
 
-def _parse(snap: Snapshot, request: Request, kind: type[Body], out: Outcome) -> Body:
-    """Decode and validate the body; a 400 is labelled with the group when one resolves."""
+def _parse(
+    snap: Snapshot, request: Request, kind: type[Body], out: Outcome
+) -> tuple[Body, GroupSpec]:
+    """Decode the body, resolve its model group (once), validate the body.
+
+    The group labels the request (``out.group``) as soon as it resolves, so
+    a 400 of the body is counted under it; an unknown model is a 404.
+    """
     raw = parse_json_object(request.body)
     model = raw.get("model")
-    if isinstance(model, str):
-        group = snap.catalog.resolve(model)
-        if group is not None:
-            out.group = group.id
-    return kind.parse(raw)
+    group = snap.catalog.resolve(model) if isinstance(model, str) else None
+    if group is not None:
+        out.group = group.id
+    body = kind.parse(raw)  # (its model is that string: a 400 otherwise)
+    if group is None:
+        raise model_not_found(snap, body.model)
+    return body, group
