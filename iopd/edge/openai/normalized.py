@@ -10,8 +10,9 @@ choice (``n``), one after the other under the one lease — and a whole
 output, the text tool protocol), text tool parsing, and the usage record.
 
 Retries: a run that fails before any event reports it to the
-request's attempt loop (``leased.leasing.failed``) and, when that says
-retry, runs again on the next leased provider; nothing was sent.  That holds
+request's retry policy (``leased.attempts.failed``) and, when that answers
+``RETRY``, returns; ``prepare.until_done`` runs it again on the next leased
+provider; nothing was sent.  That holds
 for the streamed answers too: their response head waits for the run's first
 event (it leaves, held, with the stream's first chunk, so the first chunk
 comes no later), and a run that fails before it can still go elsewhere or
@@ -22,12 +23,13 @@ process had started.
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
 
 import msgspec
 
 from iopd.edge.metering.usage import run_event_usage
+from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
@@ -44,7 +46,7 @@ from iopd.edge.openai.outgoing.tools import (
     restore_native_tool_call,
     tool_instruction,
 )
-from iopd.edge.openai.prepare import LeasedRequest, Leasing
+from iopd.edge.openai.prepare import LeasedRequest, until_done
 from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.http.server import Responder
 from iopd.tokens import estimate_tokens_from_chars
@@ -73,11 +75,15 @@ async def chat_once(
     """
     out = call.out
     completion_id, created = ids.new("chatcmpl"), int(time.time())
-    while True:
-        choices = await _chat_choices(leased, out, completion_id, created)
-        if choices is not None:
-            break
-        leased = await leased.leasing.next_attempt()
+    choices: list[tuple[JSONObject, CompletionAssembler]] = []
+
+    async def attempt(leased: LeasedRequest[rq.ChatRequest]) -> bool:
+        nonlocal choices
+        got = await _chat_choices(leased, out, completion_id, created)
+        choices = got or []
+        return got is not None
+
+    await until_done(leased, attempt)
     result = choices[0][0]
     if len(choices) > 1:
         result["choices"] = [doc["choices"][0] for doc, _ in choices]
@@ -141,8 +147,9 @@ async def chat_stream(
             asms.append(asm)
             filt = StrictStreamFilter() if strict else None
             # A run that is retried produced nothing: asm and filt stay empty.
-            while not await stream.run(leased, index, asm, filt):
-                leased = await leased.leasing.next_attempt()
+            leased = await until_done(
+                leased, functools.partial(stream.run, index=index, asm=asm, strict=filt)
+            )
         await responder.write(stream.chunks.end(_total_usage(asms)))
         await responder.end()
         call.out.status = "ok"
@@ -192,7 +199,7 @@ class _ChatStream:
         text_tools = _text_tools(leased, tools)
         self.text_tools = tools if text_tools else None
         self.asm, self.strict, self.tool_index = asm, strict, 0
-        responder, chunks, leasing = self.responder, self.chunks, leased.leasing
+        responder, chunks, attempts = self.responder, self.chunks, leased.attempts
         async with leased.session.open_stream(_chat_run(leased, text_tools)) as events:
             next_event = events.__anext__
             ev = await next_event()
@@ -224,11 +231,11 @@ class _ChatStream:
                     asm.feed(ev)
                 elif kind == "complete":
                     asm.finish(ev)
-                    leasing.succeeded()
+                    attempts.succeeded()
                     await self._complete()
                     return True
                 elif kind == "error":
-                    _report_stream_error(leasing, ev, leased.lease.provider_type)
+                    _report_stream_error(attempts, ev, leased.lease.provider_type)
                     raise run_error(ev)
                 ev = await next_event()
 
@@ -321,17 +328,21 @@ async def responses_once(
     """A whole ``response`` object, sent once the run completed."""
     req, out = leased.body, call.out
     tools = req.function_tools
-    while True:
+    asm = CompletionAssembler(completion_id="", model=req.model, created=0)
+    text_tools, run = False, None
+
+    async def attempt(leased: LeasedRequest[rq.ResponsesRequest]) -> bool:
+        nonlocal asm, text_tools, run
         text_tools = _text_tools(leased, tools)
         run = _tools_run(leased, tools, text_tools, stream=False)
         asm = CompletionAssembler(completion_id="", model=req.model, created=0)
         try:
-            done = await _collect(leased, run, asm, produced=False)
+            return await _collect(leased, run, asm, produced=False)
         finally:
             _account_run_usage([asm], out)
-        if done:
-            break
-        leased = await leased.leasing.next_attempt()
+
+    leased = await until_done(leased, attempt)
+    assert run is not None
     text, calls = _settle(leased, asm, run, tools if text_tools else None)
     if calls is not None:  # parsed tool calls: only the text outside the blocks
         text = text or ""
@@ -373,8 +384,12 @@ async def responses_stream(
     asm = CompletionAssembler(completion_id="", model=req.model, created=0)
     strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
     try:
-        while not await _responses_run(leased, responder, call, events, asm, strict):
-            leased = await leased.leasing.next_attempt()
+        await until_done(
+            leased,
+            functools.partial(
+                _responses_run, responder=responder, call=call, events=events, asm=asm, strict=strict
+            ),
+        )
     finally:
         _account_run_usage([asm], call.out)
 
@@ -422,13 +437,13 @@ async def _responses_run(
                 asm.feed(ev)
             elif kind == "complete":
                 asm.finish(ev)
-                leased.leasing.succeeded()
+                leased.attempts.succeeded()
                 await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
                 await responder.end()
                 call.out.status = "ok"
                 return True
             elif kind == "error":
-                _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
+                _report_stream_error(leased.attempts, ev, leased.lease.provider_type)
                 raise run_error(ev)
             ev = await next_event()
 
@@ -515,12 +530,11 @@ async def _collect(
     False: the run failed before any event (and ``produced``: no earlier run
     of this request produced one) and the attempt loop says retry.
     """
-    leasing = leased.leasing
     async with leased.session.open_stream(run) as events:
         async for ev in events:
             if ev.kind == "complete":
                 asm.finish(ev)
-                leasing.succeeded()
+                leased.attempts.succeeded()
             elif ev.kind == "error":
                 if _retry_before_event(leased, ev, produced=produced):
                     return False
@@ -546,14 +560,17 @@ def _retry_before_event(leased: _Normalized, ev: RunEvent, *, produced: bool = F
     failure = run_failure(ev, leased.lease.provider_type, produced)
     if failure is None:
         return False
-    return leased.leasing.failed(failure, False, retry_after=run_retry_after(ev))
+    verdict = leased.attempts.failed(
+        failure, caller_saw_bytes=False, retry_after=run_retry_after(ev)
+    )
+    return verdict is AttemptVerdict.RETRY
 
 
-def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
+def _report_stream_error(attempts: Attempts, ev: RunEvent, provider_type: str) -> None:
     """A streamed run failed: the stream had started, so it is reported, never retried."""
     failure = run_failure(ev, provider_type, produced=True)
     if failure is not None:
-        leasing.failed(failure, True, retry_after=run_retry_after(ev))
+        attempts.failed(failure, caller_saw_bytes=True, retry_after=run_retry_after(ev))
 
 
 def _total_usage(asms: list[CompletionAssembler]) -> Usage | None:

@@ -18,27 +18,20 @@ gives a frozen :class:`LeasedRequest`: everything the relay and the
 normalized paths read, typed.  A class-based context manager (no generator
 frame) around the pool's lease keeps the hot path cheap.
 
-Attempts.  The ``Leasing`` is also the request's attempt loop:
-the paths report how each attempt ended (``leased.leasing.succeeded()`` or
-``failed(...)``), which tells the pool's outlier tracker and the metrics,
-and -- only when ``retry_rules.classify_failure`` says it is safe, an
-attempt is left (``provider_pool.retry_attempts``), a candidate that has
-not failed this request remains and the group's ``RetryBudget`` allows it
--- ``failed`` returns True and the path calls ``next_attempt()``: the
-failed lease is released and another candidate of the group (or of its
-fallback groups) is leased under the same queue rules, with the failed
-providers excluded (never to another ``base_url`` origin with the caller's
-credentials).  A provider whose node had no session is retried the same
-way.  An error status answered to the caller's own provider credential is
-reported as ``attempt_caller_credentialed``: it marks the provider for
-nobody else (see ``retry_rules.classify_failure``).  Nothing here writes to
-the caller before the paths' first byte.
+Attempts.  ``Leasing`` only leases: the first lease, and the next one when
+the request's retry policy (``attempts.Attempts``, on ``leased.attempts``)
+answered ``RETRY`` to a path's report.  The paths report and return;
+:func:`until_done` is the one loop that then leases another candidate of
+the group (or of its fallback groups) under the same queue rules, with the
+failed providers excluded (never to another ``base_url`` origin with the
+caller's credentials).  A provider whose node had no session is retried
+the same way, here.  Nothing here writes to the caller.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Generic, NamedTuple, TypeVar
@@ -49,6 +42,7 @@ from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.nodes.node_session import NodeSession
 from iopd.edge.openai import limits
+from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.generation import apply_generation
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.json_body import parse_json_object
@@ -56,16 +50,8 @@ from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
 from iopd.edge.openai.routes import Serves
-from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
 from iopd.edge.pool.pool import Lease
-from iopd.edge.pool.retry_rules import (
-    AttemptFailure,
-    FailureKind,
-    RetryPolicy,
-    TrackerEffect,
-    classify_failure,
-    url_origin,
-)
+from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from iopd.edge.principals.authenticator import Principal
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.connection import HeadContext
@@ -74,10 +60,8 @@ from iopd.vocabulary import ContextClass, ResponseMode
 
 __all__ = [
     "MODEL_GROUP_HEADER", "Body", "ContextClass", "Decision", "LeasedRequest", "Leasing",
-    "model_not_found", "prepare",
+    "model_not_found", "prepare", "until_done",
 ]
-
-log = logging.getLogger("iopd.edge.request")
 
 #: On every response of a leased request: the model group that served it (or fallback).
 MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
@@ -146,7 +130,9 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     messages: list[JSONObject]
     estimate: int
     context_class: ContextClass
-    #: The request's attempt loop: report this attempt's end, lease the next.
+    #: The retry policy: the path reports this attempt's end to it.
+    attempts: Attempts
+    #: The lease's owner (:func:`until_done` leases the next attempt with it).
     leasing: Leasing[Body]
 
 
@@ -163,10 +149,8 @@ def prepare(
 
 
 class Leasing(Generic[Body]):
-    """A prepared request; entering it leases a provider (see :func:`prepare`).
-
-    Then it is the request's attempt loop (see the module docstring).
-    """
+    """A prepared request; entering it leases a provider (see :func:`prepare`),
+    :meth:`next_attempt` the next one (see the module docstring)."""
 
     __slots__ = (
         "_rt",
@@ -180,9 +164,7 @@ class Leasing(Generic[Body]):
         "_lease_cm",
         "_lease",
         "_chain",
-        "_failed",
-        "_retries",
-        "_reported",
+        "attempts",
     )
 
     def __init__(
@@ -216,10 +198,9 @@ class Leasing(Generic[Body]):
         self._decision = decision
         self._needs = needs
         self._chain = snap.catalog.fallback_chain(group.id)
-        self._failed: frozenset[str] = frozenset()  # providers that failed it (never again)
-        self._retries = 0
         self._lease: Lease | None = None  # the lease held now
-        self._reported = False  # this attempt's verdict went to the tracker
+        #: The retry policy the paths report to (this object only leases).
+        self.attempts = Attempts(rt, call, group.id, self._chain, bool(needs.provider_auth))
         self._lease_cm: AbstractAsyncContextManager[Lease] = self._open_lease(frozenset())
 
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
@@ -260,19 +241,24 @@ class Leasing(Generic[Body]):
                 if not self._call.leased:  # no live candidate: it never counted
                     await limits.withdraw(self._rt, self._call)
                 raise
-            self._lease, self._reported = lease, False
+            self._lease = lease
+            decision = self._decision
+            relay = lease.provider_type in PASSTHROUGH_TYPES if decision is None else decision.relay
+            self.attempts.begin(lease, relay=relay)
             try:
                 session = self._rt.hub.session(lease.node_id)
                 if session is not None:
                     return self._leased(lease, session)
-                if not self.failed(AttemptFailure(FailureKind.NODE_LOST_BEFORE_RUN), False):
+                lost = AttemptFailure(FailureKind.NODE_LOST_BEFORE_RUN)
+                if self.attempts.failed(lost, caller_saw_bytes=False) is AttemptVerdict.FINAL:
                     raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
             except BaseException as exc:
                 self._lease = None
+                self.attempts.end()
                 await self._lease_cm.__aexit__(type(exc), exc, exc.__traceback__)
                 raise
             await self._release()
-            self._lease_cm = self._open_lease(self._exclude())
+            self._lease_cm = self._open_lease(self.attempts.exclude())
 
     async def __aexit__(
         self,
@@ -283,136 +269,24 @@ class Leasing(Generic[Body]):
         if self._lease is None:  # a retry's lease was refused: nothing is held
             return None
         self._lease = None
+        self.attempts.end()
         return await self._lease_cm.__aexit__(exc_type, exc, tb)
 
     # ------------------------------------------------------------ attempts
 
-    def succeeded(self) -> None:
-        """The attempt worked (a caller's 4xx relayed counts as working)."""
-        lease = self._lease
-        if lease is not None and not self._reported:
-            self._reported = True
-            self._rt.pool.attempt_succeeded(lease)
-
-    def failed(
-        self,
-        failure: AttemptFailure,
-        caller_saw_bytes: bool,
-        *,
-        retry_after: float = SATURATION_DEFAULT_SECONDS,
-    ) -> bool:
-        """Report a failed attempt; True when the path should call :meth:`next_attempt`.
-
-        Synchronous (the path decides while its stream is still open, before
-        writing anything).  ``retry_after``: a 429's bounded ``Retry-After``.
-        True spends one retry of the group's budget (a node's ``Busy``: none).
-        """
-        lease = self._lease
-        if lease is None or self._reported:
-            return False
-        self._reported = True
-        if failure.kind is FailureKind.NODE_BUSY:  # node full: lease again, not a failure
-            return True
-        rt, out = self._rt, self._call.out
-        pool_cfg = self._call.snap.config.provider_pool
-        verdict = classify_failure(
-            failure,
-            caller_saw_bytes=caller_saw_bytes,
-            retry_on_timeout=pool_cfg.retry_on_timeout,
-            caller_credentialed=self._carried_credential(lease),
-        )
-        transition: Transition | None = None
-        if verdict.effect is TrackerEffect.FAILURE and verdict.reason is not None:
-            transition = rt.pool.attempt_failed(lease, verdict.reason)
-        elif verdict.effect is TrackerEffect.SATURATED:
-            transition = rt.pool.attempt_saturated(lease, retry_after)
-        elif verdict.effect is TrackerEffect.SUCCESS:
-            rt.pool.attempt_succeeded(lease)
-        elif verdict.effect is TrackerEffect.CALLER_CREDENTIALED:
-            rt.pool.attempt_caller_credentialed(lease)
-        if verdict.reason is not None:
-            rt.metrics.count_attempt_failure(
-                lease.group_id or self._group.id, lease.provider_id, verdict.reason.value
-            )
-        if transition is Transition.EJECTED:
-            rt.metrics.count_ejection(lease.provider_id)
-            log.warning(
-                "event=provider_ejected provider=%s reason=%s",
-                lease.provider_id,
-                verdict.reason.value if verdict.reason else "-",
-            )
-        self._failed |= {lease.provider_id}
-        why = verdict.no_retry.value if verdict.no_retry is not None else None
-        if why is None:
-            why = self._retry_refusal(pool_cfg.retry_attempts)
-        log.info(
-            "event=attempt_failed request_id=%s group=%s provider=%s failure=%s status=%s "
-            "retry=%s tracker=%s",
-            out.request_id,
-            lease.group_id or self._group.id,
-            lease.provider_id,
-            failure.kind.value,
-            failure.status if failure.status is not None else "-",
-            "yes" if why is None else f"no({why})",
-            verdict.effect.value,
-        )
-        if why is not None:
-            return False
-        self._retries += 1
-        rt.metrics.count_retry(self._group.id)
-        return True
-
-    def _carried_credential(self, lease: Lease) -> bool:
-        """This attempt took the caller's own provider credential to the provider
-        (only a relayed request carries it, under ``provider_auth.target_header``)."""
-        decision = self._decision
-        relay = lease.provider_type in PASSTHROUGH_TYPES if decision is None else decision.relay
-        return bool(self._needs.provider_auth) and relay
-
-    def _retry_refusal(self, attempts: int) -> str | None:
-        """Why a safe retry is not made (attempts, candidates, budget), or None (spent)."""
-        if not RetryPolicy(attempts=attempts).attempt_left(self._retries):
-            return "attempts"
-        if not self._candidates_left():
-            return "no_candidate"
-        if not self._rt.retry_budget.try_retry(self._group.id, trio.current_time()):
-            return "budget"
-        return None
-
-    def _candidates_left(self) -> bool:
-        """A provider of the group or its fallbacks this request may still go to."""
-        catalog = self._call.snap.catalog
-        exclude = self._exclude()
-        for gid in (self._group.id, *self._chain):
-            spec = catalog.group(gid)
-            if spec is not None and any(pid not in exclude for pid, _ in spec.providers):
-                return True
-        return False
-
-    def _exclude(self) -> frozenset[str]:
-        """Failed providers, and -- with the caller's provider credentials -- every
-        provider of another ``base_url`` origin than the first one leased."""
-        if not self._needs.provider_auth or not self._failed:
-            return self._failed
-        catalog = self._call.snap.catalog
-        first = catalog.providers.get(next(iter(self._failed)))
-        origin = _origin(first.config.base_url) if first is not None else None
-        other = {
-            pid for pid, ref in catalog.providers.items() if _origin(ref.config.base_url) != origin
-        }
-        return self._failed | other
-
     async def next_attempt(self) -> LeasedRequest[Body]:
-        """Release the failed lease and lease another candidate (after ``failed`` said True).
+        """Release the failed lease and lease another candidate (after a
+        ``RETRY`` verdict; only :func:`until_done` calls it).
 
         Raises what a first lease raises (no candidate left, queue timeout).
         """
         await self._release()
-        self._lease_cm = self._open_lease(self._exclude())
+        self._lease_cm = self._open_lease(self.attempts.exclude())
         return await self._enter()
 
     async def _release(self) -> None:
         self._lease = None
+        self.attempts.end()
         await self._lease_cm.__aexit__(None, None, None)
 
     def _leased(self, lease: Lease, session: NodeSession) -> LeasedRequest[Body]:
@@ -438,6 +312,7 @@ class Leasing(Generic[Body]):
             messages=needs.messages,
             estimate=needs.estimate,
             context_class=needs.context_class,
+            attempts=self.attempts,
             leasing=self,
         )
 
@@ -460,11 +335,17 @@ class Leasing(Generic[Body]):
         return decision
 
 
-def _origin(base_url: str | None) -> str | None:
-    try:
-        return url_origin(base_url) if base_url else None
-    except ValueError:
-        return None
+async def until_done(
+    leased: LeasedRequest[Body], attempt: Callable[[LeasedRequest[Body]], Awaitable[bool]]
+) -> LeasedRequest[Body]:
+    """Run ``attempt`` until it is done: False (its report got ``RETRY``, and
+    nothing was written) leases the next candidate and runs it again there.
+
+    The one retry loop of every path; gives the lease the request ended on.
+    """
+    while not await attempt(leased):
+        leased = await leased.leasing.next_attempt()
+    return leased
 
 
 def _name_serving_group(request: Request, group_id: str) -> None:
