@@ -32,6 +32,7 @@ from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_
 from iopd.edge.handover import (
     NODE_WAIT,
     HandoverFailed,
+    HandoverOutcome,
     Successor,
     hand_over,
     successor_argv,
@@ -92,10 +93,16 @@ class EdgeHandle:
         assert self.openai is not None
         return f"http://{_fmt(self.openai)}/v1"
 
-    def hand_over(self) -> None:
-        """Hand the sockets to a new ``iopd edge`` (like ``SIGUSR2``; see ``handover``)."""
+    def hand_over(self) -> HandoverOutcome:
+        """Hand the sockets to a new ``iopd edge`` (like ``SIGUSR2``; see ``handover``).
+
+        Runs in the edge's own nursery (a caller that goes away cancels
+        nothing); the outcome is set when the successor took over or failed.
+        """
+        outcome = HandoverOutcome()
         assert self._nursery is not None
-        self._nursery.start_soon(_upgrade, self, self.runtime)
+        self._nursery.start_soon(_upgrade, self, self.runtime, outcome)
+        return outcome
 
     def drain(self) -> None:
         """Begin a graceful drain (like SIGTERM); a second call stops at once."""
@@ -145,8 +152,10 @@ async def run_edge(
         on_reject=functools.partial(_count_refusal, app),
         head_check=app.check_head,
     )
+    handles: list[EdgeHandle] = []  # the one this run reports, once it serves
+    restart = (lambda: handles[0].hand_over()) if successor_argv is not None else None
     admin_srv = AdminServer(
-        create_admin_app(rt),
+        create_admin_app(rt, restart=restart),
         limits=AdminLimits(keep_alive_timeout=oa.idle_timeout),
         allow_peer=is_loopback_peer,
     )
@@ -208,6 +217,7 @@ async def run_edge(
             _wire_stop=wire_stop,
             _nursery=nursery,
         )
+        handles.append(handle)
         log.info(
             "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
             cfg.edge.id,
@@ -362,13 +372,14 @@ async def _signals(
                     handle.drain()
 
 
-async def _upgrade(handle: EdgeHandle, rt: EdgeRuntime) -> None:
+async def _upgrade(handle: EdgeHandle, rt: EdgeRuntime, outcome: HandoverOutcome) -> None:
     """``SIGUSR2``: hand the sockets to a new ``iopd edge`` (``iopd.edge.handover``)."""
     if handle.successor_argv is None or handle._upgrading or handle._drain.is_set():
-        why = "draining" if handle._drain.is_set() else "a hand-over is under way"
+        why = "the edge is draining" if handle._drain.is_set() else "a hand-over is under way"
         if handle.successor_argv is None:
-            why = "this edge was not started by 'iopd edge'"
+            why = "this edge was not started by 'iopd edge' (embedded in another program)"
         log.warning("event=handover_refused reason=%r", why)
+        outcome.finish(error=why)
         return
     handle._upgrading = True
     keep = frozenset(embedded_node_ids(rt.snapshot.config))
@@ -399,6 +410,7 @@ async def _upgrade(handle: EdgeHandle, rt: EdgeRuntime) -> None:
     log.info("event=handover_done successor_pid=%d", pid)
     sdnotify.notify(f"MAINPID={pid}")  # systemd follows the successor from now on
     handle._handed_over = True
+    outcome.finish(pid=pid)
     handle.drain()
 
 

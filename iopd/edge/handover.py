@@ -38,7 +38,15 @@ import trio
 
 from iopd.transport.sockets import LISTEN_FDS_ENV, handover_value
 
-__all__ = ["HANDOVER_FD_ENV", "NODE_WAIT", "HandoverFailed", "Successor", "hand_over"]
+__all__ = [
+    "HANDOVER_FD_ENV",
+    "NODE_WAIT",
+    "HandoverFailed",
+    "HandoverOutcome",
+    "Successor",
+    "hand_over",
+    "successor_argv",
+]
 
 log = logging.getLogger("iopd.edge.handover")
 
@@ -56,6 +64,21 @@ _MAX_LINE = 64
 
 class HandoverFailed(Exception):
     """The successor did not take over; the old edge goes on serving."""
+
+
+class HandoverOutcome:
+    """One hand-over's end, awaited by whoever asked for it (``POST /restart``)."""
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        #: The successor's pid once it took over.
+        self.successor_pid: int | None = None
+        #: Why there was no hand-over (refused, or the successor failed).
+        self.error: str | None = None
+
+    def finish(self, *, pid: int | None = None, error: str | None = None) -> None:
+        self.successor_pid, self.error = pid, error
+        self.done.set()
 
 
 class Successor:

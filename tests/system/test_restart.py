@@ -1,4 +1,4 @@
-"""A restart that refuses nothing: ``SIGUSR2`` hands a real edge's sockets to a new
+"""A restart that refuses nothing: ``SIGUSR2`` (or ``POST /restart``) hands a real edge's sockets to a new
 ``iopd edge`` while a load loop and open streams run; the node follows it.
 
 Counted, not sampled: every request of the loop is answered 200 (none refused,
@@ -9,10 +9,12 @@ served by the new one (same ports, a new ``connected_since``).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.support.daemons import (
@@ -27,6 +29,7 @@ from tests.support.daemons import (
     sse_payloads,
     streamed_text,
 )
+from tests.support.gateway import wait_until
 
 LOOP_TASKS = 4
 STREAMS = 6
@@ -69,7 +72,8 @@ async def _stream(c: Cluster, text: str, results: list[Response], started: trio.
     )
 
 
-async def test_sigusr2_hands_over_with_nothing_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["signal", "admin"])
+async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: str) -> None:
     successor_pid: int | None = None
     try:
         with trio.fail_after(90):
@@ -90,7 +94,12 @@ async def test_sigusr2_hands_over_with_nothing_refused(tmp_path: Path) -> None:
                     for event in started:
                         await event.wait()
                     served_before = len(outcomes)
-                    c.edge.proc.send_signal(signal.SIGUSR2)
+                    if how == "signal":
+                        c.edge.proc.send_signal(signal.SIGUSR2)
+                    else:  # iopd restart: answered once the successor took over
+                        answer = await http_request(c.admin, "POST", "/restart")
+                        assert answer.status == 200, answer.body
+                        assert json.loads(answer.body)["outcome"] == "handed_over"
                     done = await c.edge.wait_event("handover_done")
                     successor_pid = int(done["successor_pid"])
                     assert await c.edge.wait_exit() == 0  # the old one drained and left
@@ -100,8 +109,8 @@ async def test_sigusr2_hands_over_with_nothing_refused(tmp_path: Path) -> None:
                         and len(c.edge.events("node_connected")) >= 2
                     )
                     mark = len(outcomes)
-                    while len(outcomes) < mark + 20:  # the loop goes on against the new one
-                        await trio.sleep(0.05)
+                    # The loop goes on against the new one.
+                    await wait_until(lambda: len(outcomes) >= mark + 20, interval=0.05)
                     stop.set()
                 after = await get_status(c)
     finally:
