@@ -14,6 +14,7 @@ stops at once.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import signal
@@ -125,6 +126,7 @@ async def run_edge(
         gate = rt.hub.listener_gate()  # unauthenticated connections, capped
         wire_addr = await _listen(
             nursery,
+            "edge.node_listen",
             cfg.edge.node_listen,
             functools.partial(
                 serve_wire,
@@ -133,10 +135,12 @@ async def run_edge(
                 gate=gate,
             ),
         )
-        admin_addr = await _listen(nursery, cfg.edge.admin_listen, admin_srv.serve)
+        admin_addr = await _listen(
+            nursery, "edge.admin_listen", cfg.edge.admin_listen, admin_srv.serve
+        )
         openai_addr = None
         if oa.enabled:
-            openai_addr = await _listen(nursery, oa.listen, openai_srv.serve)
+            openai_addr = await _listen(nursery, "openai.listen", oa.listen, openai_srv.serve)
         embedded: EmbeddedNodes | None = None
         if embedded_node_ids(cfg):  # nodes[].embedded: run them here, over loopback
             embedded = await nursery.start(serve_embedded_nodes, rt, cfg)
@@ -173,14 +177,33 @@ async def run_edge(
     log.info("event=edge_stopped edge=%s", cfg.edge.id)
 
 
+class ListenFailed(StartupError):
+    """A listener could not bind: the config ``key`` naming ``address``, the system's reason.
+
+    The line names the key and what to do; ``iopd demo`` rebuilds it with its own flags.
+    """
+
+    def __init__(self, key: str, address: str, exc: OSError) -> None:
+        self.key = key
+        self.address = address
+        self.in_use = exc.errno == errno.EADDRINUSE
+        self.os_reason = listen_failed(address, exc).reason
+        if self.in_use:
+            hint = f"another process holds that port: stop it, or set {key} to a free port"
+        else:
+            hint = f"check {key} (an address of this machine, host:port)"
+        super().__init__("cannot listen on", f"{address} ({key})", f"{self.os_reason}: {hint}")
+
+
 async def _listen(
-    nursery: trio.Nursery, address: str, serve: Callable[..., Awaitable[object]]
+    nursery: trio.Nursery, key: str, address: str, serve: Callable[..., Awaitable[object]]
 ) -> tuple[str, int]:
-    """Start ``serve(host, port)`` on ``address``; what it bound, or a one-line ``StartupError``."""
+    """Start ``serve(host, port)`` on ``address`` (the config's ``key``); what it bound, or a
+    one-line ``StartupError`` naming the key."""
     try:
         bound: tuple[str, int] = await nursery.start(serve, *split_hostport(address))
     except OSError as exc:  # in use, not an address of this machine, unresolvable
-        raise listen_failed(address, exc) from None
+        raise ListenFailed(key, address, exc) from None
     return bound
 
 
