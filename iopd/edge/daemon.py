@@ -32,6 +32,7 @@ from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.outgoing.error_envelope import gateway_error, render_error
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.edge.runtime.status_document import RefreshReport
 from iopd.http.errors import Refusal
 from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import LOG_SECRETS, setup_logging
@@ -151,6 +152,8 @@ async def run_edge(
             openai=openai_addr,
             openai_server=openai_srv if oa.enabled else None,
         )
+        if handle_signals:  # before edge_started: a SIGHUP sent on that line is handled
+            await nursery.start(_signals, handle, rt)
         log.info(
             "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
             cfg.edge.id,
@@ -160,8 +163,6 @@ async def run_edge(
             _fmt(openai_addr) if openai_addr else "disabled",
             "on" if ssl_ctx is not None else "off",
         )
-        if handle_signals:
-            await nursery.start(_signals, handle, rt)
         sdnotify.notify(*sdnotify.ready(f"serving edge {cfg.edge.id}"))
         task_status.started(handle)
 
@@ -265,10 +266,44 @@ async def _signals(
 
 async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
     sdnotify.notify(*sdnotify.reloading())
+    status = "serving"
     try:
-        await rt.refresh("apply")
+        status = sighup_outcome(await rt.refresh("apply"), rt.config_path)
     finally:
-        sdnotify.notify(*sdnotify.ready("serving"))
+        sdnotify.notify(*sdnotify.ready(status))
+
+
+def sighup_outcome(report: RefreshReport, config_path: str | None) -> str:
+    """Log why a SIGHUP (``systemctl reload``) refresh did not apply, one line per
+    reason with what to do; the unit's status text (``systemctl status``)."""
+    if report["applied"] and not report["errors"]:
+        return "serving"
+    check = f"`iopd config check {config_path}`" if config_path else "`iopd config check`"
+    if report["applied"]:  # applied, but a changed node did not take its new config
+        for problem in report["errors"]:
+            log.warning(
+                "event=sighup_refresh outcome=incomplete problem=%r hint=%r",
+                problem,
+                "the node keeps its previous config: see its log, then reload again",
+            )
+        return f"serving; the last reload left {len(report['errors'])} node(s) behind (see log)"
+    if report["restart_required"]:
+        keys = ",".join(report["restart_required"])
+        log.error(
+            "event=sighup_refresh outcome=refused restart_required=%s hint=%r",
+            keys,
+            "nothing was applied: these keys change only at a restart; revert them and "
+            "reload to apply the rest, or restart the edge",
+        )
+        return f"serving the previous config; the last reload needs a restart for {keys}"
+    for problem in report["errors"]:
+        log.error(
+            "event=sighup_refresh outcome=failed problem=%r hint=%r",
+            problem,
+            f"nothing was applied: fix the config and reload again ({check} lists every problem)",
+        )
+    first = report["errors"][0] if report["errors"] else "unknown"
+    return f"serving the previous config; the last reload failed: {first}"
 
 
 def edge_main(config_path: str, *, log_level: str | None = None) -> int:
