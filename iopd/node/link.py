@@ -51,6 +51,7 @@ from iopd.transport.dial import Backoff, DialError, dial
 from iopd.transport.tls import client_ssl_context
 from wire.connection import Connection, Role, StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.framing import HTTP_SERVER_REASON
 from wire.messages import (
     Busy,
     Cancel,
@@ -314,10 +315,10 @@ class NodeLink:
             )
         except DialError as exc:
             self.last_error = exc.reason
-            log.warning(
-                "event=edge_unreachable edge=%s:%d reason=%r", self.host, self.port, exc.reason
-            )
-            return self.backoff.next()
+            delay = self.backoff.next()
+            msg = "event=edge_unreachable edge=%s reason=%r retry_in_s=%.2f"
+            log.warning(msg, self.edge, exc.reason, delay)
+            return delay
         channel = WireChannel(
             stream,
             Connection(Role.NODE, max_frame_bytes=self.cfg.max_frame_bytes),
@@ -327,6 +328,8 @@ class NodeLink:
             return await self._session(channel)
         except ChannelClosed as exc:
             self.last_error = exc.reason
+            if not self._stopping and HTTP_SERVER_REASON in exc.reason:
+                return self._http_server()
             if self._stopping:
                 log.info("event=edge_link_closed edge=%s reason=%r", self.edge, exc.reason)
             elif exc.kind == "protocol":
@@ -363,9 +366,28 @@ class NodeLink:
         await self._serve(channel, ack)
         raise AssertionError("unreachable")  # _serve only ends by raising
 
+    def _http_server(self) -> float:
+        """The edge address answered in HTTP (the OpenAI port?): say which key to fix;
+        retried slowly (a retry cannot fix it)."""
+        key = "node.edges" if self.cfg.edges else "node.edge"
+        self.last_error = (
+            f"{self.host}:{self.port} answered in HTTP: this is an HTTP server, not an iopd "
+            f"wire listener: point {key} at edge.node_listen"
+        )
+        delay = self.backoff.max_delay()
+        log.error(
+            "event=edge_link_lost edge=%s kind=protocol reason=%r retry_in_s=%.2f",
+            self.edge,
+            self.last_error,
+            delay,
+        )
+        return delay
+
     def _handshake_failed(self, exc: HandshakeFailed) -> float:
         """Log why the handshake failed (one line, never the token); the delay to wait."""
         refused = exc.refused
+        if refused is None and HTTP_SERVER_REASON in exc.reason:
+            return self._http_server()
         if refused is None:
             self.last_error = exc.reason
             log.log(
