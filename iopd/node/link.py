@@ -51,11 +51,13 @@ from iopd.transport.dial import Backoff, DialError, dial
 from iopd.transport.tls import client_ssl_context
 from wire.connection import Connection, Role, StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.framing import HTTP_SERVER_REASON
 from wire.messages import (
     Busy,
     Cancel,
     ControlUpdate,
     Credit,
+    GoAway,
     HelloAck,
     LoadReport,
     Message,
@@ -194,6 +196,7 @@ class NodeLink:
         *,
         software_version: str,
         edge: str | None = None,
+        key: str | None = None,
         salted: SaltedPasswords | None = None,
         admission: AdmissionView | None = None,
         connect_timeout: float = 10.0,
@@ -210,7 +213,14 @@ class NodeLink:
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
         self.edge = edge or cfg.edge or cfg.edges[0]
+        #: What this link's streams and slots are kept under: the address, or for
+        #: the successor of a link told ``GoAway``, the address and a generation.
+        self.key = key or self.edge
         self.host, self.port = parse_host_port(self.edge)
+        #: Told ``GoAway``: serve what is in flight, then end without reconnecting.
+        self.retiring = False
+        #: Called once when the edge says ``GoAway`` (``EdgeSessions`` dials again).
+        self.on_go_away: Callable[[NodeLink], None] | None = None
         self._salted = salted if salted is not None else SaltedPasswords()
         self.admission = admission
         self._ssl_context = client_ssl_context(cfg.tls)
@@ -283,6 +293,9 @@ class NodeLink:
         task_status.started()
         while True:
             delay = await self._attempt()
+            if self.retiring:  # its successor serves this edge now
+                log.info("event=edge_link_retired edge=%s", self.edge)
+                return
             if self._stopping:
                 await trio.sleep_forever()  # shut down: no reconnect; the caller cancels
             log.info("event=edge_reconnect edge=%s:%d delay_s=%.2f", self.host, self.port, delay)
@@ -302,10 +315,10 @@ class NodeLink:
             )
         except DialError as exc:
             self.last_error = exc.reason
-            log.warning(
-                "event=edge_unreachable edge=%s:%d reason=%r", self.host, self.port, exc.reason
-            )
-            return self.backoff.next()
+            delay = self.backoff.next()
+            msg = "event=edge_unreachable edge=%s reason=%r retry_in_s=%.2f"
+            log.warning(msg, self.edge, exc.reason, delay)
+            return delay
         channel = WireChannel(
             stream,
             Connection(Role.NODE, max_frame_bytes=self.cfg.max_frame_bytes),
@@ -315,6 +328,8 @@ class NodeLink:
             return await self._session(channel)
         except ChannelClosed as exc:
             self.last_error = exc.reason
+            if not self._stopping and HTTP_SERVER_REASON in exc.reason:
+                return self._http_server()
             if self._stopping:
                 log.info("event=edge_link_closed edge=%s reason=%r", self.edge, exc.reason)
             elif exc.kind == "protocol":
@@ -351,9 +366,28 @@ class NodeLink:
         await self._serve(channel, ack)
         raise AssertionError("unreachable")  # _serve only ends by raising
 
+    def _http_server(self) -> float:
+        """The edge address answered in HTTP (the OpenAI port?): say which key to fix;
+        retried slowly (a retry cannot fix it)."""
+        key = "node.edges" if self.cfg.edges else "node.edge"
+        self.last_error = (
+            f"{self.host}:{self.port} answered in HTTP: this is an HTTP server, not an iopd "
+            f"wire listener: point {key} at edge.node_listen"
+        )
+        delay = self.backoff.max_delay()
+        log.error(
+            "event=edge_link_lost edge=%s kind=protocol reason=%r retry_in_s=%.2f",
+            self.edge,
+            self.last_error,
+            delay,
+        )
+        return delay
+
     def _handshake_failed(self, exc: HandshakeFailed) -> float:
         """Log why the handshake failed (one line, never the token); the delay to wait."""
         refused = exc.refused
+        if refused is None and HTTP_SERVER_REASON in exc.reason:
+            return self._http_server()
         if refused is None:
             self.last_error = exc.reason
             log.log(
@@ -460,6 +494,12 @@ class NodeLink:
                 self.handler.on_controls(msg)
             except Exception:
                 log.exception("event=control_update_failed edge=%s", self.edge)
+        elif isinstance(msg, GoAway):
+            if not self.retiring:
+                self.retiring = True
+                log.info("event=edge_go_away edge=%s reason=%r", self.edge, msg.reason[:200])
+                if self.on_go_away is not None:
+                    self.on_go_away(self)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
