@@ -159,7 +159,12 @@ def _url(admin: AdminTarget | str) -> str:
 
 
 def _call(
-    admin: AdminTarget | str, method: str, path: str, body: dict[str, Any] | None = None
+    admin: AdminTarget | str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    timeout: float = 30,
 ) -> Any:
     target = _target(admin)
     where = target.url
@@ -173,7 +178,7 @@ def _call(
         raise bad_url from None
     if url.scheme != "http" or not url.hostname:
         raise bad_url
-    conn = http.client.HTTPConnection(url.hostname, port, timeout=30)
+    conn = http.client.HTTPConnection(url.hostname, port, timeout=timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"content-type": "application/json"} if data is not None else {}
@@ -452,6 +457,29 @@ def refresh_main(admin: AdminTarget | str, *, dry_run: bool = False) -> int:
     if dry_run:
         return 1 if refused else 0
     return 0 if doc.get("applied") and not doc.get("errors") else 1
+
+
+#: How long ``iopd restart`` waits for the new process (it is given 60 s to be ready).
+RESTART_TIMEOUT = 90.0
+
+
+def restart_main(admin: AdminTarget | str) -> int:
+    """``iopd restart``: the edge hands its sockets to a new process and drains.
+
+    Exit 0 once the new process took over (its pid printed); 1 when it did
+    not, with the reason (the old edge goes on serving).
+    """
+    try:
+        doc = _call(admin, "POST", "/restart", timeout=RESTART_TIMEOUT)
+        if not isinstance(doc, dict) or doc.get("outcome") != "handed_over":
+            raise AdminError(f"{_url(admin)} did not answer like the admin API")
+    except _ANSWER_ERRORS as exc:
+        return _failed("restart", admin, exc)
+    print(
+        f"restarted: the new edge process (pid {doc.get('successor_pid')}) serves; "
+        "the old one drains its open connections and exits"
+    )
+    return 0
 
 
 #: ``iopd provider ACTION``: the admin route (after ``/providers/{id}/``) and its body.

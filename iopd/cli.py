@@ -119,6 +119,15 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     return refresh_main(target, dry_run=args.dry_run)
 
 
+def _cmd_restart(args: argparse.Namespace) -> int:
+    from iopd.admin_client import restart_main
+
+    target = _admin_target(args, "restart")
+    if target is None:
+        return 1
+    return restart_main(target)
+
+
 def _override(text: str) -> int | None:
     """An argparse type: an override value, an integer >= 0, or ``none`` to clear it."""
     if text.strip().lower() in ("none", "null"):
@@ -244,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  iopd status          what the running edge serves\n"
             "on a running edge (found by --config EDGE_CONFIG, --admin URL or $IOP_ADMIN_URL):\n"
             "  iopd refresh [--dry-run]\n"
+            "  iopd restart         a new edge process takes over the sockets; nothing refused\n"
             "  iopd provider drain|disable|enable|set|reset ID\n"
             "  iopd node drain ID\n"
             "`iopd COMMAND -h` shows a command's options."
@@ -356,6 +366,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only classify and report; change nothing"
     )
     p.set_defaults(func=_cmd_refresh)
+
+    p = sub.add_parser(
+        "restart",
+        help="restart the running edge with nothing refused (a new process takes its sockets)",
+        description=(
+            "Restart the running edge without refusing a request: a new `iopd edge` process "
+            "(new code, the config file read again) takes over the listening sockets and the "
+            "nodes, then the old one drains and exits.  If the new process fails, the old one "
+            "goes on serving.  The same as SIGUSR2.  " + admin_token_note
+        ),
+    )
+    _add_admin_options(p, json_help=None, with_json=False)
+    p.set_defaults(func=_cmd_restart)
 
     _add_control_parsers(sub, node_parser, admin_token_note)
 
