@@ -19,9 +19,11 @@ do with the endpoint) is given by each agent's own headless flag.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import signal
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -40,8 +42,9 @@ PACKAGES = {
     "opencode": "opencode-ai",
 }
 
-#: How long one agent run may take (each takes seconds against a scripted upstream).
-RUN_TIMEOUT = 90.0
+#: How long one agent run may take (each takes seconds against a scripted upstream;
+#: within pytest-timeout's 120 s with the edge's start and stop).
+RUN_TIMEOUT = 75.0
 
 
 def cli_dir() -> Path:
@@ -107,28 +110,44 @@ def _private_env(home: Path) -> dict[str, str]:
     return env
 
 
+def _kill_group(process: trio.Process) -> None:
+    """Kill ``process`` and everything it started (its own session: a CLI's wrapper
+    and the native binary it runs, the shells its tools start)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+async def _deliver_cancel(process: trio.Process) -> None:
+    _kill_group(process)
+
+
 async def _run(argv: list[str], *, cwd: Path, env: dict[str, str]) -> AgentRun:
     """Run ``argv`` to its end; one that overruns ``RUN_TIMEOUT`` is killed and
-    reported with what it wrote so far (exit code -1)."""
+    reported with what it wrote so far (exit code -1).  Nothing it started outlives it."""
     out, err = Path(env["HOME"]) / "agent.stdout", Path(env["HOME"]) / "agent.stderr"
     returncode = -1
     with out.open("wb") as stdout, err.open("wb") as stderr:
-        with trio.move_on_after(RUN_TIMEOUT):
-            done = await trio.run_process(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
-                check=False,
-            )
-            returncode = done.returncode
+        start = functools.partial(
+            trio.run_process,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            check=False,
+            start_new_session=True,
+            deliver_cancel=_deliver_cancel,
+        )
+        async with trio.open_nursery() as nursery:
+            process: trio.Process = await nursery.start(start)
+            with trio.move_on_after(RUN_TIMEOUT):
+                returncode = await process.wait()
+            nursery.cancel_scope.cancel()
+        _kill_group(process)
+    killed = "" if returncode != -1 else f"\n(killed after {RUN_TIMEOUT} s)"
     return AgentRun(
-        returncode,
-        out.read_text(errors="replace"),
-        err.read_text(errors="replace")
-        + ("" if returncode != -1 else f"\n(killed after {RUN_TIMEOUT} s)"),
+        returncode, out.read_text(errors="replace"), err.read_text(errors="replace") + killed
     )
 
 

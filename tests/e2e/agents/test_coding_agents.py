@@ -166,7 +166,7 @@ async def test_agent_writes_the_file_through_the_edge(
     workdir.mkdir()
     task = _task(case.agent, workdir)
     endpoint = ENDPOINTS[case.agent]
-    with trio.fail_after(agent_clis.RUN_TIMEOUT + 30):
+    with trio.fail_after(agent_clis.RUN_TIMEOUT + 20):
         async with trio.open_nursery() as nursery:
             upstream = await _serve(nursery, case.provider, task)
             async with running_gateway(_edge(case.provider, upstream.base_url)) as gw:
