@@ -7,8 +7,12 @@ edge's base URL, a principal token and the model group (see
 upstream (``tests/support/agent_upstream.py``) that answers the agent's first
 turn with a call of the agent's own write or shell tool, and the turn carrying
 the tool's result with a final text.  A case passes when the file is there
-with the content asked for, the agent exited 0 with the final text, and the
-edge metered every turn the upstream answered ``ok`` with its usage.
+with the content asked for, the agent exited 0 with the final text, the edge
+metered every turn the upstream answered ``ok`` with its usage, and (on a
+passthrough provider) the agent's session header reached the provider.  The
+checks run in that order; where the only one that fails is a known gap of the
+edge (the session header, a finished stream metered ``cancelled``), the case
+is reported xfail naming it, having passed every check before it.
 
 The same agents also run against the scripted upstream directly, without the
 edge: when a case through the edge fails and its direct twin passes, the edge
@@ -52,6 +56,12 @@ RUNNERS: dict[str, Runner] = {
     "codex": agent_clis.run_codex,
     "opencode": agent_clis.run_opencode,
 }
+#: The header carrying each agent's session id (what cache-aware upstreams key on).
+SESSION_HEADERS = {
+    "claude": "x-claude-code-session-id",
+    "codex": "session-id",
+    "opencode": "x-session-id",
+}
 #: The edge endpoint (metric label) each agent calls.
 ENDPOINTS = {"claude": "messages", "codex": "responses", "opencode": "chat_completions"}
 
@@ -73,6 +83,10 @@ CODEX_NORMALIZED = (
 CODEX_CHAT_ONLY = (
     "a passthrough provider gets /v1/responses relayed as sent; one that speaks only "
     "Chat Completions answers 404"
+)
+NO_SESSION_HEADER = (
+    "the agent's session header does not reach a passthrough provider "
+    "(only the forward_headers allow-list is relayed)"
 )
 EARLY_CLOSE = (
     "a stream the agent closed as soon as its terminal event arrived is metered "
@@ -181,6 +195,7 @@ async def test_agent_writes_the_file_through_the_edge(
                     **dict(case.options),
                 )
                 turns = list(upstream.turns)
+                posts = [r for r in upstream.requests if r.method == "POST"]
                 with trio.move_on_after(5):  # the last turn's accounting may trail the exit
                     await wait_until(lambda: sum(_statuses(gw, endpoint).values()) >= len(turns))
                 statuses = _statuses(gw, endpoint)
@@ -196,6 +211,12 @@ async def test_agent_writes_the_file_through_the_edge(
         )
     assert statuses == {"ok": len(turns)}
     assert usage == {"input": INPUT_TOKENS * len(turns), "output": OUTPUT_TOKENS * len(turns)}
+    if PROVIDERS[case.provider][1] == "openai":  # passthrough: the session header arrives
+        header = SESSION_HEADERS[case.agent]
+        missing = [r.path for r in posts if not r.header(header)]
+        if missing:
+            request.node.add_marker(pytest.mark.xfail(reason=f"{NO_SESSION_HEADER}: {header}"))
+        assert not missing
 
 
 def _statuses(gw: Any, endpoint: str) -> dict[str, float]:
