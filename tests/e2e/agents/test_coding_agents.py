@@ -62,8 +62,9 @@ SESSION_HEADERS = {
     "codex": "session-id",
     "opencode": "x-session-id",
 }
-#: The edge endpoint (metric label) each agent calls.
+#: The edge endpoint (metric label) each agent calls, and the API it speaks.
 ENDPOINTS = {"claude": "messages", "codex": "responses", "opencode": "chat_completions"}
+APIS = {"claude": "messages", "codex": "responses", "opencode": "chat"}
 
 #: Providers behind the edge: what the upstream serves, the provider type, extra fields.
 #: ``chat``: a passthrough provider speaking only Chat Completions; ``responses``: one
@@ -211,7 +212,8 @@ async def test_agent_writes_the_file_through_the_edge(
         )
     assert statuses == {"ok": len(turns)}
     assert usage == {"input": INPUT_TOKENS * len(turns), "output": OUTPUT_TOKENS * len(turns)}
-    if PROVIDERS[case.provider][1] == "openai":  # passthrough: the session header arrives
+    speaks, ptype, _ = PROVIDERS[case.provider]
+    if ptype == "openai" and APIS[case.agent] in speaks:  # relayed: the session header arrives
         header = SESSION_HEADERS[case.agent]
         missing = [r.path for r in posts if not r.header(header)]
         if missing:
