@@ -33,6 +33,7 @@ from iopd.edge.openai import limits
 from iopd.edge.openai.incoming import cors
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
+from iopd.edge.openai.messages_api import MESSAGES_PATHS, serve_messages
 from iopd.edge.openai.normalized import (
     chat_once,
     chat_stream,
@@ -63,6 +64,8 @@ class Route(NamedTuple):
     endpoint: Endpoint | None
     #: An Ollama route: errors in Ollama's shape.
     ollama: bool = False
+    #: An Anthropic Messages route: errors in Anthropic's shape.
+    anthropic: bool = False
 
 
 #: Every route of the listener by path: one dict lookup per request.
@@ -73,6 +76,8 @@ _ROUTES: dict[str, Route] = {
     "/v1/responses": Route(_POST, "responses"),
     "/v1/embeddings": Route(_POST, "embeddings"),
     "/v1/completions": Route(_POST, "completions"),
+    "/v1/messages": Route(_POST, "messages", anthropic=True),
+    "/v1/messages/count_tokens": Route(_POST, "messages", anthropic=True),
     "/api/chat": Route(_POST, "api", ollama=True),
     "/api/generate": Route(_POST, "api", ollama=True),
     "/api/embed": Route(_POST, "api", ollama=True),
@@ -86,6 +91,8 @@ MODEL_PREFIX = "/v1/models/"
 _MODEL_ROUTE = Route(_GET, None)
 #: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
 _UNKNOWN_OLLAMA = Route(frozenset(), "api", ollama=True)
+#: An unknown ``/v1/messages/*`` path: an Anthropic client (its 404 in Anthropic's shape).
+_UNKNOWN_MESSAGES = Route(frozenset(), "messages", anthropic=True)
 
 
 def _model_id_path(path: str) -> bool:
@@ -102,6 +109,8 @@ def route_for(path: str) -> Route | None:
             return _MODEL_ROUTE if _model_id_path(path) else None
         if path.startswith("/api/"):
             return _UNKNOWN_OLLAMA
+        if path.startswith("/v1/messages/"):
+            return _UNKNOWN_MESSAGES
     return route
 
 
@@ -115,7 +124,7 @@ class Admission(HeadContext):
     and the headers every response to it carries (CORS, ``response_headers``).
     """
 
-    __slots__ = ("snap", "out", "ollama_errors")
+    __slots__ = ("snap", "out", "ollama_errors", "anthropic_errors")
 
     def __init__(
         self,
@@ -123,6 +132,7 @@ class Admission(HeadContext):
         out: Outcome,
         *,
         ollama_errors: bool = False,
+        anthropic_errors: bool = False,
         response_headers: list[tuple[str, str]] | None = None,
     ) -> None:
         # (HeadContext's field set here: no super() call on the per-request path)
@@ -130,6 +140,7 @@ class Admission(HeadContext):
         self.snap = snap
         self.out = out
         self.ollama_errors = ollama_errors
+        self.anthropic_errors = anthropic_errors
 
 
 class OpenAIApp:
@@ -171,6 +182,7 @@ class OpenAIApp:
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
         route = _ROUTES.get(path) or route_for(path)
         ollama = route is not None and route.ollama
+        anthropic = route is not None and route.anthropic
         cors_headers: list[tuple[str, str]] | None = None
         if snap.cors_origins:  # CORS on: only then is the Origin looked at
             origin = cors.allowed_origin(snap.cors_origins, headers)
@@ -191,10 +203,16 @@ class OpenAIApp:
             if cors_headers:
                 exc.headers += cors_headers
             finish(self.rt.metrics, out, self.rt.activity)
-            if ollama:
-                raise ShapedRefusal(exc) from None
+            if ollama or anthropic:
+                raise ShapedRefusal(exc, anthropic_shape=anthropic) from None
             raise
-        return Admission(snap, out, ollama_errors=ollama, response_headers=cors_headers)
+        return Admission(
+            snap,
+            out,
+            ollama_errors=ollama,
+            anthropic_errors=anthropic,
+            response_headers=cors_headers,
+        )
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -282,6 +300,8 @@ class OpenAIApp:
                     await responses_stream(leased_r, responder, call, self._ids)
                 else:
                     await responses_once(leased_r, responder, out, self._ids)
+        elif path in MESSAGES_PATHS:  # Anthropic's Messages API (messages_api.py)
+            await serve_messages(self.rt, call, request, responder, self._ids)
         elif path in _RELAYED_OLLAMA:  # only an ollama provider serves these
             async with prepare(self.rt, call, request, rq.OllamaRequest) as leased_o:
                 await relay(leased_o, responder, out)
@@ -397,4 +417,7 @@ def _admit(
         out.quiet = True  # load balancers poll it: no request line per probe
         return
     authorization = next((v for k, v in headers if k == "authorization"), None)
-    out.principal = snap.auth.authenticate(authorization)
+    api_key = (  # Anthropic's clients send the token as x-api-key
+        next((v for k, v in headers if k == "x-api-key"), None) if authorization is None else None
+    )
+    out.principal = snap.auth.authenticate(authorization, api_key)

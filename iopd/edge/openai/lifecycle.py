@@ -224,7 +224,7 @@ async def fail(
         # after a timeout or a drain cut the caller may be one that stopped
         # reading, and this write must not outlive the request's deadline.
         with trio.move_on_after(ERROR_EVENT_GRACE):
-            await responder.write(error_sse_event(exc))
+            await responder.write(error_sse_event(exc, context))
             await responder.end()
             return
         raise AbortConnection(exc.message)

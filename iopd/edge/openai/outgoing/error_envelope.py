@@ -6,6 +6,10 @@ whole JSON response before a response started, or as one SSE ``data:`` event
 when a stream is already under way.  Messages come from the exception and are
 written by us, never from a traceback.
 
+Anthropic's Messages routes (``/v1/messages``, its ``count_tokens``) answer in
+Anthropic's envelope, ``{"type": "error", "error": {"type", "message"}}``
+(``outgoing/messages_reply.py``), the same way (the context's ``anthropic_errors``).
+
 Ollama's routes (``/api/*``) answer in Ollama's shape, ``{"error": "..."}``
 (what the ``ollama`` client and Ollama-speaking tools parse), with the same
 status: the shape is decided by the route (``openai/app.py``'s route table) and
@@ -27,6 +31,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from iopd import errors
+from iopd.edge.openai.outgoing import messages_reply as anthropic
 from iopd.errors import GatewayError
 from iopd.http.errors import Refusal, Rendered
 
@@ -93,9 +98,12 @@ class ShapedRefusal(Exception):
     """
 
     ollama_errors = True
+    anthropic_errors = False
 
-    def __init__(self, error: GatewayError) -> None:
+    def __init__(self, error: GatewayError, *, anthropic_shape: bool = False) -> None:
         super().__init__(error.message)
+        if anthropic_shape:  # a Messages route: Anthropic's shape instead
+            self.ollama_errors, self.anthropic_errors = False, True
         self.error = error
         self.status = error.status
         self.code = error.code
@@ -116,11 +124,16 @@ def render_error(exc: Refusal, context: object = None) -> Rendered:
     error = gateway_error(exc)
     if isinstance(context, Shaped) and context.ollama_errors:
         body = _encode({"error": error.message})
+    elif getattr(context, "anthropic_errors", False):
+        body = _encode(anthropic.error_envelope(error.status, error.message))
     else:
         body = _encode(error_body(error))
     return error.status, [JSON_CONTENT_TYPE, *error.headers], body
 
 
-def error_sse_event(exc: GatewayError) -> bytes:
-    """The envelope as one SSE event, for errors after a stream has started."""
+def error_sse_event(exc: GatewayError, context: object = None) -> bytes:
+    """The envelope as one SSE event, for errors after a stream has started
+    (Anthropic's ``error`` event on a Messages route's stream)."""
+    if getattr(context, "anthropic_errors", False):
+        return anthropic.error_event(exc.status, exc.message)
     return b"data: " + _encode(error_body(exc)) + b"\n\n"
