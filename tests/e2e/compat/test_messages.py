@@ -25,10 +25,18 @@ from typing import Any
 import anthropic
 import pytest
 import trio
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.configs import echo_provider, edge_yaml, model, node, principal_token
-from tests.support.gateway import Gateway, http_request, in_thread, running_gateway
-from tests.support.mock_providers import MockMessagesServer, MockOllamaServer, MockOpenAIServer
+from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
+from tests.support.mock_providers import (
+    MockMessagesServer,
+    MockOllamaServer,
+    MockOpenAIServer,
+    MockReply,
+    RecordedRequest,
+)
 
 TOKEN = "sk-messages-test-token"
 PATHS = ["native", "chat", "llama", "echo"]
@@ -59,7 +67,7 @@ class Setup:
         return anthropic.Anthropic(base_url=root, api_key=api_key, max_retries=0, timeout=30)
 
 
-def _config(native: str, chat: str, ollama: str) -> str:
+def _config(native: str, chat: str, ollama: str, **sections: Any) -> str:
     providers = [
         {
             "id": "msg-1",
@@ -75,8 +83,9 @@ def _config(native: str, chat: str, ollama: str) -> str:
     ]
     for p in providers[:3]:
         p.update(capacity=4, health_interval=30)
+    openai = {"principal_tokens": [principal_token(TOKEN)], **sections.pop("openai", {})}
     return edge_yaml(
-        openai={"principal_tokens": [principal_token(TOKEN)]},
+        openai=openai,
         models=[
             model("native", {"msg-1": "served-native"}),
             model("chat", {"chat-1": "served-chat"}),
@@ -84,16 +93,17 @@ def _config(native: str, chat: str, ollama: str) -> str:
             model("echo", {"echo-1": "echo"}),
         ],
         nodes=[node(providers=providers)],
+        **sections,
     )
 
 
 @asynccontextmanager
-async def messages_gateway() -> AsyncIterator[Setup]:
+async def messages_gateway(**sections: Any) -> AsyncIterator[Setup]:
     async with trio.open_nursery() as nursery:
         native = await nursery.start(MockMessagesServer().serve)
         chat = await nursery.start(MockOpenAIServer().serve)
         ollama = await nursery.start(MockOllamaServer().serve)
-        yaml_text = _config(native.base_url, chat.base_url, ollama.base_url)
+        yaml_text = _config(native.base_url, chat.base_url, ollama.base_url, **sections)
         async with running_gateway(yaml_text) as gw:
             yield Setup(gw, native, chat, ollama)
         nursery.cancel_scope.cancel()
@@ -150,7 +160,9 @@ async def test_create_and_stream(path: str) -> None:
 def _arm_tool(setup: Setup, path: str) -> str:
     """Make the path's upstream answer one get_weather call; the user text to send."""
     if path == "native":
-        setup.native.tool_uses = [{"id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}]
+        setup.native.tool_uses = [
+            {"id": "toolu_1", "name": "get_weather", "input": {"city": "Oslo"}}
+        ]
     elif path == "chat":
         setup.chat.tool_calls = [{"name": "get_weather", "arguments": '{"city": "Oslo"}'}]
     elif path == "llama":
@@ -273,7 +285,10 @@ async def test_native_gets_anthropic_headers_and_sampling_fields() -> None:
             )
             req = setup.native.requests[-1]
             assert req.path == "/v1/messages"
-            assert req.header("anthropic-version") == anthropic.Anthropic(api_key="k").default_headers["anthropic-version"]
+            assert (
+                req.header("anthropic-version")
+                == anthropic.Anthropic(api_key="k").default_headers["anthropic-version"]
+            )
             assert req.header("anthropic-beta") == "tools-2024-04-04"
             assert req.header("x-api-key") is None  # the edge's token stays at the edge
             assert req.json()["top_k"] == 7
@@ -373,3 +388,108 @@ async def test_head_refusals_in_anthropic_shape() -> None:
             assert resp.status == 200 and resp.json()["content"][0]["text"] == "b"
             resp = await http_request(hp, "POST", "/v1/messages", headers=auth, body=b"{")
             assert resp.status == 400 and resp.json()["error"]["type"] == "invalid_request_error"
+
+
+def _samples(gw: Gateway) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = generate_latest(gw.runtime.metrics.registry).decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def _total(samples: dict[Any, float], name: str, **labels: str) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
+
+
+@pytest.mark.parametrize(
+    ("path", "tokens_in", "tokens_out"), [("native", 17 + 4, 9), ("chat", 11, 7), ("llama", 13, 5)]
+)
+async def test_streams_metered_as_messages_with_usage(
+    path: str, tokens_in: int, tokens_out: int
+) -> None:
+    with trio.fail_after(60):
+        async with messages_gateway() as setup:
+            client = setup.client()
+
+            def streamed() -> Any:
+                with client.messages.stream(
+                    model=path, max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+                ) as s:
+                    return s.get_final_message()
+
+            final = await in_thread(streamed)
+            gw = setup.gw
+            metric = "iop_openai_requests_total"
+            await wait_until(
+                lambda: _total(_samples(gw), metric, endpoint="messages", status="ok") == 1
+            )
+            samples = _samples(gw)
+            usage = "iop_openai_usage_tokens_total"
+            got_in = _total(samples, usage, endpoint="messages", token_type="input")
+            got_out = _total(samples, usage, endpoint="messages", token_type="output")
+            assert (got_in, got_out) == (tokens_in, tokens_out)
+            if path != "native":  # translated: the reply says what was metered
+                assert final.usage.output_tokens == tokens_out
+                assert final.usage.input_tokens == tokens_in
+
+
+async def test_limits_refusals_are_anthropic_errors() -> None:
+    with trio.fail_after(60):
+        async with messages_gateway(
+            openai={"max_body_bytes": 4096},
+            limits={"default": {"requests_per_minute": 1}},
+        ) as setup:
+            client = setup.client()
+            hello: Any = [{"role": "user", "content": "hi"}]
+            await in_thread(
+                lambda: client.messages.create(model="echo", max_tokens=8, messages=hello)
+            )
+            with pytest.raises(anthropic.RateLimitError) as limited:
+                await in_thread(
+                    lambda: client.messages.create(model="echo", max_tokens=8, messages=hello)
+                )
+            assert limited.value.body["error"]["type"] == "rate_limit_error"  # type: ignore[index]
+            assert limited.value.response.headers.get("retry-after")
+            big: Any = [{"role": "user", "content": "x" * 8000}]
+            with pytest.raises(anthropic.RequestTooLargeError) as large:
+                await in_thread(
+                    lambda: client.messages.create(model="echo", max_tokens=8, messages=big)
+                )
+            assert large.value.body["error"]["type"] == "request_too_large"  # type: ignore[index]
+
+
+async def test_error_after_the_stream_started_is_an_error_event() -> None:
+    with trio.fail_after(60):
+        async with messages_gateway() as setup:
+
+            def cut_after_two(req: RecordedRequest) -> MockReply | None:
+                if req.path != "/api/chat":
+                    return None
+                lines = [
+                    json.dumps({"model": "m", "message": {"role": "assistant", "content": w}})
+                    for w in ("one ", "two ")
+                ]
+                return MockReply(
+                    headers=[("content-type", "application/x-ndjson")],
+                    chunks=[line.encode() + b"\n" for line in lines],
+                    reset_after_chunks=True,
+                )
+
+            setup.ollama.handler = cut_after_two
+            client = setup.client()
+            seen: list[str] = []
+
+            def streamed() -> None:
+                with client.messages.stream(
+                    model="llama", max_tokens=64, messages=[{"role": "user", "content": "hi"}]
+                ) as s:
+                    for event in s:
+                        seen.append(event.type)
+
+            with pytest.raises(anthropic.APIStatusError) as cut:
+                await in_thread(streamed)
+            assert cut.value.body["type"] == "error"  # type: ignore[index]
+            assert seen[0] == "message_start" and "message_stop" not in seen
