@@ -493,3 +493,63 @@ async def test_error_after_the_stream_started_is_an_error_event() -> None:
                 await in_thread(streamed)
             assert cut.value.body["type"] == "error"  # type: ignore[index]
             assert seen[0] == "message_start" and "message_stop" not in seen
+
+
+async def test_beta_client_and_its_query_string() -> None:
+    """Claude Code posts to ``/v1/messages?beta=true`` (the SDK's beta namespace)."""
+    with trio.fail_after(60):
+        async with messages_gateway() as setup:
+            client = setup.client()
+            for path in ("native", "chat"):
+                msg = await in_thread(
+                    lambda path=path: client.beta.messages.create(  # type: ignore[misc]
+                        model=path,
+                        max_tokens=16,
+                        messages=[{"role": "user", "content": "hi"}],
+                        betas=["interleaved-thinking-2025-05-14"],
+                    )
+                )
+                assert msg.content[0].type == "text"
+            assert setup.native.requests[-1].header("anthropic-beta") == (
+                "interleaved-thinking-2025-05-14"
+            )
+
+
+@pytest.mark.parametrize("path", ["chat", "llama"])
+async def test_caller_gone_cancels_the_provider_and_frees_the_slot(path: str) -> None:
+    with trio.fail_after(60):
+        async with messages_gateway() as setup:
+            mock = setup.chat if path == "chat" else setup.ollama
+            mock.reply_text = " ".join(["word"] * 40)
+            mock.chunk_delay = 0.2
+            body = json.dumps(
+                {
+                    "model": path,
+                    "max_tokens": 64,
+                    "stream": True,
+                    "messages": [{"role": "user", "content": "talk"}],
+                }
+            ).encode()
+            stream = await trio.open_tcp_stream(*setup.gw.host_port)
+            head = (
+                "POST /v1/messages HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                f"x-api-key: {TOKEN}\r\ncontent-length: {len(body)}\r\n\r\n"
+            ).encode()
+            await stream.send_all(head + body)
+            got = b""
+            while b"content_block_delta" not in got:
+                got += await stream.receive_some(65536)
+            await stream.aclose()  # the caller goes away mid-stream
+            await mock.wait_client_close()  # the node let go of the provider
+            pool = setup.gw.runtime.pool
+            await wait_until(lambda: pool.provider_loads()[mock_pid(path)].in_flight == 0)
+            metric = "iop_openai_requests_total"
+            await wait_until(
+                lambda: (
+                    _total(_samples(setup.gw), metric, endpoint="messages", status="cancelled") == 1
+                )
+            )
+
+
+def mock_pid(path: str) -> str:
+    return {"chat": "chat-1", "llama": "ol-1"}[path]
