@@ -553,3 +553,33 @@ async def test_caller_gone_cancels_the_provider_and_frees_the_slot(path: str) ->
 
 def mock_pid(path: str) -> str:
     return {"chat": "chat-1", "llama": "ol-1"}[path]
+
+
+@pytest.mark.parametrize("path", ["chat", "llama"])
+async def test_provider_reasoning_is_a_thinking_block(path: str) -> None:
+    with trio.fail_after(60):
+        async with messages_gateway() as setup:
+            mock = setup.chat if path == "chat" else setup.ollama
+            mock.reasoning_text = "first this, then that"
+            client = setup.client()
+            ask: Any = {
+                "model": path,
+                "max_tokens": 2048,
+                "thinking": {"type": "enabled", "budget_tokens": 1024},
+                "messages": [{"role": "user", "content": "think"}],
+            }
+            whole = await in_thread(lambda: client.messages.create(**ask))
+
+            def streamed() -> tuple[list[str], Any]:
+                with client.messages.stream(**ask) as s:
+                    deltas = [e.delta.type for e in s if e.type == "content_block_delta"]
+                    return deltas, s.get_final_message()
+
+            deltas, final = await in_thread(streamed)
+            for msg in (whole, final):
+                assert [b.type for b in msg.content] == ["thinking", "text"]
+                assert msg.content[0].thinking == "first this, then that"
+                assert msg.content[1].text == mock.reply_text
+            assert "thinking_delta" in deltas and "text_delta" in deltas
+            if path == "chat":
+                assert setup.chat.requests[-1].json()["reasoning_effort"] == "low"

@@ -101,7 +101,8 @@ def test_text_stream_event_sequence() -> None:
     ]
     start = events[0][1]["message"]
     assert start["id"] == "msg-1" and start["model"] == "coder"
-    assert start["usage"] == {"input_tokens": 4, "output_tokens": 0}  # the estimate, until the end
+    assert start["usage"]["input_tokens"] == 4  # the estimate, until the end
+    assert start["usage"]["cache_read_input_tokens"] == 0
     delta = events[-2][1]
     assert delta["delta"] == {"stop_reason": "end_turn", "stop_sequence": None}
     assert delta["usage"]["input_tokens"] == 5 and delta["usage"]["output_tokens"] == 2

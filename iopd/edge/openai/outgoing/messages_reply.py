@@ -239,7 +239,12 @@ class MessageEvents:
             "content": [],
             "stop_reason": None,
             "stop_sequence": None,
-            "usage": {"input_tokens": self._estimate, "output_tokens": 0},
+            "usage": {
+                "input_tokens": self._estimate,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
         }
         return _event("message_start", {"type": "message_start", "message": message}) + _event(
             "ping", {"type": "ping"}
