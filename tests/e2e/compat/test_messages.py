@@ -583,3 +583,64 @@ async def test_provider_reasoning_is_a_thinking_block(path: str) -> None:
             assert "thinking_delta" in deltas and "text_delta" in deltas
             if path == "chat":
                 assert setup.chat.requests[-1].json()["reasoning_effort"] == "low"
+
+
+async def test_retry_goes_to_the_next_provider_and_picks_its_path() -> None:
+    """A 503 before any byte is retried on the group's other provider; each
+    attempt takes that provider's path (native relay or the chat translation)."""
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            native = await nursery.start(MockMessagesServer().serve)
+            chat = await nursery.start(MockOpenAIServer().serve)
+            providers = [
+                {
+                    "id": "n-1",
+                    "type": "openai",
+                    "base_url": native.base_url,
+                    "models": ["s"],
+                    "anthropic_messages": True,
+                    "health_interval": 30,
+                    "priority": 0,
+                },
+                {
+                    "id": "c-1",
+                    "type": "openai",
+                    "base_url": chat.base_url,
+                    "models": ["s"],
+                    "health_interval": 30,
+                    "priority": 1,
+                },
+            ]
+            yaml_text = edge_yaml(
+                models=[model("pair", {"n-1": "s", "c-1": "s"})],
+                nodes=[node(providers=providers)],
+            )
+            async with running_gateway(yaml_text) as gw:
+                client = anthropic.Anthropic(
+                    base_url=gw.base_url.removesuffix("/v1"), api_key="k", max_retries=0
+                )
+                ask: Any = {
+                    "model": "pair",
+                    "max_tokens": 16,
+                    "messages": [{"role": "user", "content": "hi"}],
+                }
+                native.mode = "status503"  # the native one fails: translated on the other
+                msg = await in_thread(lambda: client.messages.create(**ask))
+                assert msg.content[0].text == chat.reply_text  # type: ignore[union-attr]
+                assert [r.path for r in native.requests if r.method == "POST"] == ["/v1/messages"]
+                assert [r.path for r in chat.requests if r.method == "POST"] == [
+                    "/v1/chat/completions"
+                ]
+
+                def streamed() -> Any:
+                    with client.messages.stream(**ask) as s:
+                        return s.get_final_message()
+
+                final = await in_thread(streamed)
+                assert final.content[0].text == chat.reply_text
+                native.mode, chat.mode = "ok", "status503"  # and the other way round
+                msg = await in_thread(lambda: client.messages.create(**ask))
+                assert msg.content[0].text == native.reply_text  # type: ignore[union-attr]
+                final = await in_thread(streamed)
+                assert final.content[0].text == native.reply_text
+            nursery.cancel_scope.cancel()
