@@ -624,6 +624,7 @@ async def test_retry_goes_to_the_next_provider_and_picks_its_path() -> None:
                     "max_tokens": 16,
                     "messages": [{"role": "user", "content": "hi"}],
                 }
+                await _all_healthy(gw)  # so the first attempt goes by priority: n-1
                 native.mode = "status503"  # the native one fails: translated on the other
                 msg = await in_thread(lambda: client.messages.create(**ask))
                 assert msg.content[0].text == chat.reply_text  # type: ignore[union-attr]
@@ -644,3 +645,11 @@ async def test_retry_goes_to_the_next_provider_and_picks_its_path() -> None:
                 final = await in_thread(streamed)
                 assert final.content[0].text == native.reply_text
             nursery.cancel_scope.cancel()
+
+
+async def _all_healthy(gw: Gateway) -> None:
+    while True:
+        doc = (await http_request(gw.handle.admin, "GET", "/status")).json()
+        if all(p["health"] == "healthy" for p in doc["providers"]):
+            return
+        await trio.sleep(0.02)
