@@ -254,6 +254,11 @@ def test_bad_fields_name_the_callers_param(fields: dict[str, Any], param: str) -
     assert exc.value.param == param
 
 
+def test_a_long_user_id_is_cut_not_refused() -> None:
+    chat, _ = to_chat(_body(metadata={"user_id": "u" * 1000}))
+    assert chat["user"] == "u" * 256
+
+
 def test_count_tokens_needs_no_max_tokens() -> None:
     raw = {"model": "coder", "system": "s", "messages": [{"role": "user", "content": "abc"}]}
     body = CountTokensBody.parse(raw)

@@ -62,6 +62,9 @@ _TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 _EFFORTS = ((4096, "low"), (16384, "medium"))
 #: ``output_config.effort`` → ``reasoning_effort`` (chat's three levels).
 _OUTPUT_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+#: The most of ``metadata.user_id`` kept as chat's ``user`` (an agent's id
+#: may be long; the rest names nothing a provider uses).
+MAX_USER_CHARS = 256
 #: Anthropic's stop sequences are as many as a caller sends; chat's are four.
 MAX_STOP_SEQUENCES = f.MAX_STOP_SEQUENCES
 
@@ -429,9 +432,9 @@ def _metadata(value: JSONValue, chat: JSONObject) -> None:
     user = value.get("user_id")
     if user is None:
         return
-    if not isinstance(user, str) or len(user) > 256:
-        raise f.wrong_type("metadata.user_id", "a string of at most 256 characters", user)
-    chat["user"] = user
+    if not isinstance(user, str):
+        raise f.wrong_type("metadata.user_id", "a string", user)
+    chat["user"] = user[:MAX_USER_CHARS]
 
 
 def _thinking(value: JSONValue, chat: JSONObject) -> None:
