@@ -202,7 +202,8 @@ def test_a_pdf_document_is_left_to_a_native_provider() -> None:
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
         ({"messages": "hi"}, "messages"),
-        ({"messages": [{"role": "system", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "system", "content": [{"type": "image"}]}]}, "messages[0].content[0]"),
         (
             {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
             "messages[0].content[0].text",
@@ -252,6 +253,27 @@ def test_bad_fields_name_the_callers_param(fields: dict[str, Any], param: str) -
     with pytest.raises(InvalidRequest) as exc:
         MessagesBody.parse(_body(**fields))
     assert exc.value.param == param
+
+
+def test_system_turns_among_the_messages_join_the_leading_system_message() -> None:
+    chat, _ = to_chat(
+        _body(
+            system="base",
+            messages=[
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "text", "text": "agents: a, b"}]},
+                {"role": "system", "content": "more"},
+                {"role": "user", "content": "go"},
+            ],
+        )
+    )
+    assert chat["messages"] == [
+        {"role": "system", "content": "base\n\nagents: a, b\n\nmore"},
+        {"role": "user", "content": "hi"},
+        {"role": "user", "content": "go"},
+    ]
+    chat, _ = to_chat(_body(messages=[{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]))
+    assert chat["messages"][0] == {"role": "system", "content": "s"}
 
 
 def test_a_long_user_id_is_cut_not_refused() -> None:

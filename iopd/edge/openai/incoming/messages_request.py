@@ -10,7 +10,8 @@ provider speaking Messages itself gets as sent.
 What is translated, field by field (what is ignored is listed in
 docs/compatibility.md):
 
-* ``system`` (a string or text blocks) → the first ``system`` message;
+* ``system`` (a string or text blocks) → the first ``system`` message, with
+  the text of any ``system`` turn among the messages appended to it;
 * ``messages[]``: ``text`` and ``image`` blocks (base64 → a ``data:`` URL, or
   a ``url``) → content parts; an assistant's ``tool_use`` blocks → its
   ``tool_calls`` (``input`` as the JSON ``arguments``); a user's
@@ -127,16 +128,23 @@ def to_chat(raw: JSONObject, *, count_only: bool = False) -> tuple[JSONObject, s
     notes: list[str] = []
     chat: JSONObject = {"model": f.model(raw)}
     messages: list[JSONValue] = []
-    system = _system(raw.get("system"))
-    if system:
-        messages.append({"role": "system", "content": system})
+    system = _system(raw.get("system"), "system")
     given = raw.get("messages")
     if not isinstance(given, list):
         raise f.wrong_type("messages", "an array", given)
     if not given and not count_only:
         raise InvalidRequest("'messages' must not be empty", param="messages")
     for i, msg in enumerate(given):
-        messages.extend(_message(msg, f"messages[{i}]", notes))
+        here = f"messages[{i}]"
+        if isinstance(msg, dict) and msg.get("role") == "system":
+            # A system turn among the messages (Claude Code sends them): into
+            # the leading system message, where every chat template takes one.
+            more = _system(msg.get("content"), f"{here}.content")
+            system = f"{system}\n\n{more}" if system and more else system or more
+            continue
+        messages.extend(_message(msg, here, notes))
+    if system:
+        messages.insert(0, {"role": "system", "content": system})
     if not messages:  # count_tokens of nothing: one empty turn keeps chat's shape
         messages.append({"role": "user", "content": ""})
     chat["messages"] = messages
@@ -160,16 +168,16 @@ def to_chat(raw: JSONObject, *, count_only: bool = False) -> tuple[JSONObject, s
     return chat, (notes[0] if notes else None)
 
 
-def _system(value: JSONValue) -> str:
+def _system(value: JSONValue, param: str) -> str:
     if value is None:
         return ""
     if isinstance(value, str):
         return value
     if not isinstance(value, list):
-        raise f.wrong_type("system", "a string or an array of text blocks", value)
+        raise f.wrong_type(param, "a string or an array of text blocks", value)
     texts = []
     for i, block in enumerate(value):
-        here = f"system[{i}]"
+        here = f"{param}[{i}]"
         if not isinstance(block, dict) or block.get("type") != "text":
             raise InvalidRequest(f"'{here}' must be a text block", param=here)
         texts.append(_text(block, here))
@@ -189,7 +197,9 @@ def _message(msg: JSONValue, here: str, notes: list[str]) -> list[JSONValue]:
         raise f.wrong_type(here, "an object", msg)
     role = msg.get("role")
     if role not in _ROLES:
-        raise InvalidRequest(f"'{here}.role' must be 'user' or 'assistant'", param=f"{here}.role")
+        raise InvalidRequest(
+            f"'{here}.role' must be 'user', 'assistant' or 'system'", param=f"{here}.role"
+        )
     content = msg.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
