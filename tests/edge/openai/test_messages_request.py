@@ -151,7 +151,8 @@ def test_tool_choice_modes(choice: str, expected: str) -> None:
         ({"type": "enabled", "budget_tokens": 1024}, "low"),
         ({"type": "enabled", "budget_tokens": 8000}, "medium"),
         ({"type": "enabled", "budget_tokens": 32000}, "high"),
-        ({"type": "adaptive"}, "medium"),
+        ({"type": "adaptive"}, None),
+        ({"type": "between_tools"}, None),
         ({"type": "disabled"}, None),
     ],
 )
@@ -165,15 +166,19 @@ def test_output_config_effort_and_format() -> None:
     chat, _ = to_chat(
         _body(output_config={"effort": "max", "format": {"type": "json_schema", "schema": schema}})
     )
-    assert chat["reasoning_effort"] == "high"
+    assert "reasoning_effort" not in chat  # an effort alone asks no thinking
     assert chat["response_format"] == {
         "type": "json_schema",
         "json_schema": {"name": "output", "schema": schema},
     }
+    chat, _ = to_chat(
+        _body(output_config={"effort": "low"}, thinking={"type": "enabled", "budget_tokens": 50000})
+    )
+    assert chat["reasoning_effort"] == "low"  # with thinking: the effort sent
 
 
 def test_messages_body_is_a_chat_request_keeping_the_callers_body() -> None:
-    raw = _body(top_k=5, thinking={"type": "adaptive"})
+    raw = _body(top_k=5, thinking={"type": "enabled", "budget_tokens": 9000})
     body = MessagesBody.parse(json.dumps(raw).encode())
     assert body.anthropic == raw
     assert body.messages == [{"role": "user", "content": "hi"}]

@@ -25,10 +25,10 @@ docs/compatibility.md):
   ``parallel_tool_calls: false``;
 * ``max_tokens``, ``stop_sequences`` → ``stop``, ``temperature``, ``top_p``,
   ``top_k``, ``metadata.user_id`` → ``user``, ``stream`` (with usage asked for);
-* ``thinking`` ``enabled`` (by ``budget_tokens``), ``adaptive`` or
-  ``between_tools``, and ``output_config.effort`` → ``reasoning_effort``,
-  which providers that think take; ``output_config.format`` (a JSON schema)
-  → ``response_format``.
+* ``thinking`` ``enabled`` → ``reasoning_effort`` (``output_config.effort``,
+  else by ``budget_tokens``), which providers that think take (``adaptive``
+  and ``between_tools`` leave thinking to the model: nothing is asked);
+  ``output_config.format`` (a JSON schema) → ``response_format``.
 
 A block the chat form cannot carry (a PDF ``document``) is not refused here:
 a Messages-native provider takes it as sent, so :attr:`MessagesBody.untranslatable`
@@ -163,8 +163,8 @@ def to_chat(raw: JSONObject, *, count_only: bool = False) -> tuple[JSONObject, s
         chat["tools"] = tools
     _tool_choice(raw.get("tool_choice"), chat, bool(tools))
     _metadata(raw.get("metadata"), chat)
-    _output_config(raw.get("output_config"), chat)
-    _thinking(raw.get("thinking"), chat)
+    effort = _output_config(raw.get("output_config"), chat)
+    _thinking(raw.get("thinking"), chat, effort)
     return chat, (notes[0] if notes else None)
 
 
@@ -447,16 +447,18 @@ def _metadata(value: JSONValue, chat: JSONObject) -> None:
     chat["user"] = user[:MAX_USER_CHARS]
 
 
-def _thinking(value: JSONValue, chat: JSONObject) -> None:
+def _thinking(value: JSONValue, chat: JSONObject, effort: str | None) -> None:
+    """Only ``enabled`` asks a provider to think (``reasoning_effort``: the
+    ``output_config.effort`` sent with it, else by ``budget_tokens``).
+    ``adaptive`` and ``between_tools`` leave it to the model, so they ask
+    nothing: Claude Code sends them on every request, and a provider whose
+    model does not think refuses a ``reasoning_effort`` (Ollama's ``think``)."""
     if value is None:
         return
     if not isinstance(value, dict):
         raise f.wrong_type("thinking", "an object", value)
     kind = value.get("type")
-    if kind == "disabled":
-        return
-    if kind in ("adaptive", "between_tools"):
-        chat.setdefault("reasoning_effort", "medium")
+    if kind in ("disabled", "adaptive", "between_tools"):
         return
     if kind != "enabled":
         raise InvalidRequest(
@@ -464,31 +466,34 @@ def _thinking(value: JSONValue, chat: JSONObject) -> None:
             param="thinking.type",
         )
     budget = f.opt_int(value, "budget_tokens", 1, "thinking.budget_tokens")
-    effort = "high"
-    for bound, name in _EFFORTS:
-        if budget is not None and budget < bound:
-            effort = name
-            break
-    chat.setdefault("reasoning_effort", effort)
+    if effort is None:
+        effort = "high"
+        for bound, name in _EFFORTS:
+            if budget is not None and budget < bound:
+                effort = name
+                break
+    chat["reasoning_effort"] = effort
 
 
-def _output_config(value: JSONValue, chat: JSONObject) -> None:
-    """``effort`` → ``reasoning_effort``; ``format`` (a JSON schema) → ``response_format``."""
+def _output_config(value: JSONValue, chat: JSONObject) -> str | None:
+    """``format`` (a JSON schema) → ``response_format``; the ``effort`` (as
+    chat's level) for :func:`_thinking`."""
     if value is None:
-        return
+        return None
     if not isinstance(value, dict):
         raise f.wrong_type("output_config", "an object", value)
-    effort = value.get("effort")
-    if effort is not None:
-        if effort not in _OUTPUT_EFFORTS:
+    given = value.get("effort")
+    effort: str | None = None
+    if given is not None:
+        if given not in _OUTPUT_EFFORTS:
             raise InvalidRequest(
                 "'output_config.effort' must be one of low, medium, high, xhigh, max",
                 param="output_config.effort",
             )
-        chat["reasoning_effort"] = _OUTPUT_EFFORTS[str(effort)]
+        effort = _OUTPUT_EFFORTS[str(given)]
     fmt = value.get("format")
     if fmt is None:
-        return
+        return effort
     if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
         raise InvalidRequest(
             "'output_config.format.type' must be 'json_schema'", param="output_config.format.type"
@@ -500,3 +505,4 @@ def _output_config(value: JSONValue, chat: JSONObject) -> None:
         "type": "json_schema",
         "json_schema": {"name": "output", "schema": schema},
     }
+    return effort
