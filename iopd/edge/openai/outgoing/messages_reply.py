@@ -29,8 +29,11 @@ from typing import Any
 import msgspec
 
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.outgoing.error_envelope import ErrorShape
+from iopd.errors import GatewayError
 
 __all__ = [
+    "ANTHROPIC_ERRORS",
     "MAX_SSE_LINE",
     "MESSAGES_SSE_HEADERS",
     "MessageEvents",
@@ -98,6 +101,19 @@ def error_envelope(status: int, message: str) -> JSONObject:
 def error_event(status: int, message: str) -> bytes:
     """An error after the event stream started: Anthropic's ``error`` event."""
     return _event("error", error_envelope(status, message))
+
+
+def _error_body(exc: GatewayError) -> bytes:
+    return _encode(error_envelope(exc.status, exc.message))
+
+
+def _error_sse(exc: GatewayError) -> bytes:
+    return error_event(exc.status, exc.message)
+
+
+#: The Messages routes' errors: Anthropic's envelope, and its ``error`` event
+#: on a stream that already started.
+ANTHROPIC_ERRORS = ErrorShape("anthropic", _error_body, _error_sse)
 
 
 def messages_usage(usage: JSONValue, input_estimate: int = 0) -> JSONObject:

@@ -1,30 +1,14 @@
-"""Anthropic's Messages API: ``POST /v1/messages`` and ``/v1/messages/count_tokens``.
+"""The translating responder of the Messages route: chat bytes in, Anthropic
+Messages bytes out, in front of the caller's responder.
 
-The path is the leased provider's, never the caller's choice:
-
-* a provider declared ``anthropic_messages: true`` (an ``openai`` provider
-  whose server speaks Messages itself) gets the caller's body as sent, its
-  ``model`` rewritten to the served name and the caller's ``anthropic-*``
-  headers added to the relay's allow-list; its answer comes back byte for
-  byte, as every relay's;
-* any other ``openai`` provider gets the Chat Completions translation
-  (``incoming/messages_request.py``) on ``/v1/chat/completions``, and its answer
-  (a ``chat.completion``, the chunk stream or an error) is translated back
-  (``outgoing/messages_reply.py``) on the way to the caller;
-* a normalized provider (``ollama``, ``cli``, ``echo``) runs the translation
-  on the normalized chat path (``normalized.chat_once`` / ``chat_stream``),
-  whose chat output is translated back the same way.
-
-The last two share :class:`_Translating`, a responder in front of the
-caller's that turns chat bytes into Messages bytes; the relay decides per
-attempt (a retry may lease the other kind of provider) through its
-``upstream`` callable, which also sets whether the answer is translated.
-Everything else is the chat route's: ``prepare`` (limits, fair share, the
-lease), retries, metering (``endpoint="messages"``), cancel on disconnect.
-
-``count_tokens`` is relayed to a Messages-native provider of the group; a
-group without one is answered from the input-token estimate
-(``iopd.tokens``), without a lease.
+The relay (with its wire-reader writer) and the normalized chat paths write
+to it as to any ``Responder``: a ``chat.completion``, the chunk stream, or a
+provider's error; it writes their translation (``outgoing/messages_reply.py``)
+to the caller's.  Per relayed attempt, :meth:`Translating.upstream` picks
+what the leased provider is sent (the caller's body to a Messages-native
+provider, passed through untranslated; the chat translation to any other).
+Whole answers are held to translate them, bounded (``MAX_WHOLE_BYTES``);
+streams are translated line by line (``SseLines``).
 """
 
 from __future__ import annotations
@@ -34,24 +18,23 @@ from typing import cast
 import msgspec
 
 from iopd import errors
-from iopd.edge.openai.incoming.json_body import parse_json_object
-from iopd.edge.openai.incoming.messages_request import CountTokensBody, MessagesBody
+from iopd.edge.openai.incoming.messages_request import MessagesBody
 from iopd.edge.openai.incoming.request_fields import rewrite_model
 from iopd.edge.openai.incoming.requests import ChatRequest
-from iopd.edge.openai.lifecycle import Call, RequestIds
-from iopd.edge.openai.normalized import chat_once, chat_stream
 from iopd.edge.openai.outgoing import messages_reply as out_msgs
-from iopd.edge.openai.prepare import LeasedRequest, model_not_found, prepare
-from iopd.edge.openai.relay import relay
-from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
+from iopd.edge.openai.prepare import LeasedRequest
+from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import Request, Responder
-from iopd.tokens import estimate_input_tokens
 
-__all__ = ["COUNT_TOKENS_PATH", "MESSAGES_PATH", "MESSAGES_PATHS", "serve_messages"]
+__all__ = [
+    "Translating",
+    "anthropic_headers",
+    "messages_body",
+    "native",
+    "refuse_untranslatable",
+    "responder_of",
+]
 
-MESSAGES_PATH = "/v1/messages"
-COUNT_TOKENS_PATH = "/v1/messages/count_tokens"
-MESSAGES_PATHS = frozenset({MESSAGES_PATH, COUNT_TOKENS_PATH})
 #: Where an OpenAI-compatible provider gets the translation.
 CHAT_PATH = "/v1/chat/completions"
 JSON = "application/json"
@@ -66,38 +49,13 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
-async def serve_messages(
-    rt: EdgeRuntime, call: Call, request: Request, responder: Responder, ids: RequestIds
-) -> None:
-    """Serve one Messages route request (``check_head`` admitted it)."""
-    if request.path == COUNT_TOKENS_PATH:
-        await _count_tokens(rt, call, request, responder)
-        return
-    async with prepare(rt, call, request, MessagesBody) as leased:
-        body = _messages_body(leased)
-        translating = _Translating(
-            responder,
-            message_id=ids.new("msg"),
-            model=body.model,
-            input_estimate=leased.estimate,
-        )
-        if leased.relay:
-            await relay(leased, responder_of(translating), call.out, upstream=translating.upstream)
-        else:
-            _refuse_untranslatable(body)
-            if body.stream:
-                await chat_stream(leased, responder_of(translating), call, ids)
-            else:
-                await chat_once(leased, responder_of(translating), call.out, ids)
-
-
-def responder_of(translating: _Translating) -> Responder:
+def responder_of(translating: Translating) -> Responder:
     """The translating responder where the chat paths take a ``Responder``
     (it has every method they call)."""
     return cast(Responder, translating)
 
 
-def _messages_body(leased: LeasedRequest[ChatRequest]) -> MessagesBody:
+def messages_body(leased: LeasedRequest[ChatRequest]) -> MessagesBody:
     body = leased.body
     assert isinstance(body, MessagesBody)  # prepare parsed it with MessagesBody
     return body
@@ -115,47 +73,14 @@ def anthropic_headers(request: Request) -> list[tuple[str, str]]:
     return [(k, v) for k, v in request.headers if k.startswith("anthropic-")]
 
 
-def _refuse_untranslatable(body: MessagesBody) -> None:
+def refuse_untranslatable(body: MessagesBody) -> None:
     if body.untranslatable is not None:
         raise errors.InvalidRequest(
             f"{body.untranslatable}; this model's provider speaks chat, not Messages"
         )
 
 
-# ------------------------------------------------------------- count_tokens
-
-
-async def _count_tokens(
-    rt: EdgeRuntime, call: Call, request: Request, responder: Responder
-) -> None:
-    snap, out = call.snap, call.out
-    body = CountTokensBody.parse(parse_json_object(request.body))
-    group = snap.catalog.resolve(body.model)
-    if group is None:
-        raise model_not_found(snap, body.model)
-    out.group = group.id
-    if any(native(snap, pid) for pid, _ in group.providers):
-        async with prepare(rt, call, request, CountTokensBody) as leased:
-            if leased.relay and native(snap, leased.lease.provider_id):
-
-                def upstream(attempt: LeasedRequest[ChatRequest]) -> UpstreamRequest:
-                    if not native(snap, attempt.lease.provider_id):
-                        raise errors.ProviderError("the retried provider does not count tokens")
-                    served = rewrite_model(body.anthropic, attempt.lease.target)
-                    return request.path, served, anthropic_headers(request)
-
-                await relay(leased, responder, out, upstream=upstream)
-                return
-    out.mode = "normalized"  # the edge answers it, no provider relayed
-    answer = {"input_tokens": estimate_input_tokens(body.messages)}
-    out.answered(200)
-    await responder.send(200, [("content-type", JSON)], _encode(answer))
-
-
-# --------------------------------------------------------- the translation
-
-
-class _Translating:
+class Translating:
     """A responder in front of the caller's: chat bytes in, Messages bytes out.
 
     It has the methods the relay (with its wire-reader writer) and the
@@ -195,13 +120,13 @@ class _Translating:
 
     def upstream(self, leased: LeasedRequest[ChatRequest]) -> UpstreamRequest:
         """This attempt's path, body and added headers (the relay's ``upstream``)."""
-        body = _messages_body(leased)
+        body = messages_body(leased)
         target = leased.lease.target
         if native(leased.snap, leased.lease.provider_id):
             self.translate = False
             served = rewrite_model(body.anthropic, target)
             return leased.request.path, served, anthropic_headers(leased.request)
-        _refuse_untranslatable(body)
+        refuse_untranslatable(body)
         self.translate = True
         return CHAT_PATH, rewrite_model(body.raw, target), []
 
