@@ -28,6 +28,7 @@ from iopd.http.server import Request, Responder
 
 __all__ = [
     "Translating",
+    "UpstreamRequest",
     "anthropic_headers",
     "messages_body",
     "native",
