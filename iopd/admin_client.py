@@ -159,7 +159,12 @@ def _url(admin: AdminTarget | str) -> str:
 
 
 def _call(
-    admin: AdminTarget | str, method: str, path: str, body: dict[str, Any] | None = None
+    admin: AdminTarget | str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    timeout: float = 30,
 ) -> Any:
     target = _target(admin)
     where = target.url
@@ -173,7 +178,7 @@ def _call(
         raise bad_url from None
     if url.scheme != "http" or not url.hostname:
         raise bad_url
-    conn = http.client.HTTPConnection(url.hostname, port, timeout=30)
+    conn = http.client.HTTPConnection(url.hostname, port, timeout=timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"content-type": "application/json"} if data is not None else {}
@@ -452,6 +457,30 @@ def refresh_main(admin: AdminTarget | str, *, dry_run: bool = False) -> int:
     if dry_run:
         return 1 if refused else 0
     return 0 if doc.get("applied") and not doc.get("errors") else 1
+
+
+#: How long ``iopd restart`` waits: the edge answers once its successor took over
+#: or failed, which it gives 60 s (``iopd.edge.handover.SUCCESSOR_TIMEOUT``).
+RESTART_TIMEOUT = 90.0
+
+
+def restart_main(admin: AdminTarget | str) -> int:
+    """``iopd restart``: a new edge process takes over the sockets; exit 1 if it did not
+    (the running edge then goes on serving, and says why)."""
+    try:
+        doc = _call(admin, "POST", "/restart", {}, timeout=RESTART_TIMEOUT)
+        pid = _expect(doc, frozenset({"outcome", "successor_pid"}), admin)["successor_pid"]
+    except AdminError as exc:
+        text = str(exc)
+        if text.startswith("admin API answered 404"):  # an edge of a release before it
+            text += " (this edge cannot hand over: `sudo systemctl restart iopd-edge` restarts it)"
+        elif text.startswith("admin API answered 409"):
+            text += "; the running edge goes on serving"
+        return _failed("restart", admin, AdminError(text))
+    except _ANSWER_ERRORS as exc:
+        return _failed("restart", admin, exc)
+    print(f"handed over: the new edge process (pid {pid}) serves; the old one drains and exits")
+    return 0
 
 
 #: ``iopd provider ACTION``: the admin route (after ``/providers/{id}/``) and its body.

@@ -119,6 +119,15 @@ def _cmd_refresh(args: argparse.Namespace) -> int:
     return refresh_main(target, dry_run=args.dry_run)
 
 
+def _cmd_restart(args: argparse.Namespace) -> int:
+    from iopd.admin_client import restart_main
+
+    target = _admin_target(args, "restart")
+    if target is None:
+        return 1
+    return restart_main(target)
+
+
 def _override(text: str) -> int | None:
     """An argparse type: an override value, an integer >= 0, or ``none`` to clear it."""
     if text.strip().lower() in ("none", "null"):
@@ -244,6 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  iopd status          what the running edge serves\n"
             "on a running edge (found by --config EDGE_CONFIG, --admin URL or $IOP_ADMIN_URL):\n"
             "  iopd refresh [--dry-run]\n"
+            "  iopd restart         new code or a restart-only change, no request refused\n"
             "  iopd provider drain|disable|enable|set|reset ID\n"
             "  iopd node drain ID\n"
             "`iopd COMMAND -h` shows a command's options."
@@ -356,6 +366,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--dry-run", action="store_true", help="only classify and report; change nothing"
     )
     p.set_defaults(func=_cmd_refresh)
+
+    p = sub.add_parser(
+        "restart",
+        help="restart the running edge without refusing a request (new code or config)",
+        description=(
+            "A new `iopd edge` process takes over the running edge's listening sockets and "
+            "re-reads its config; the old one drains and exits (the admin API's POST /restart, "
+            "like SIGUSR2). Answers once the new process serves, with its pid; if it failed, "
+            "the running edge goes on serving and the error says why (exit 1). " + admin_token_note
+        ),
+    )
+    _add_admin_options(p, with_json=False)
+    p.set_defaults(func=_cmd_restart)
 
     _add_control_parsers(sub, node_parser, admin_token_note)
 
