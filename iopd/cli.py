@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  iopd status          what the running edge serves\n"
             "on a running edge (found by --config EDGE_CONFIG, --admin URL or $IOP_ADMIN_URL):\n"
             "  iopd refresh [--dry-run]\n"
-            "  iopd restart         new code or a restart-only change, no request refused\n"
+            "  iopd restart         a new edge process takes over the sockets; nothing refused\n"
             "  iopd provider drain|disable|enable|set|reset ID\n"
             "  iopd node drain ID\n"
             "`iopd COMMAND -h` shows a command's options."
@@ -369,15 +369,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "restart",
-        help="restart the running edge without refusing a request (new code or config)",
+        help="restart the running edge with nothing refused (a new process takes its sockets)",
         description=(
-            "A new `iopd edge` process takes over the running edge's listening sockets and "
-            "re-reads its config; the old one drains and exits (the admin API's POST /restart, "
-            "like SIGUSR2). Answers once the new process serves, with its pid; if it failed, "
-            "the running edge goes on serving and the error says why (exit 1). " + admin_token_note
+            "Restart the running edge without refusing a request: a new `iopd edge` process "
+            "(new code, the config file read again) takes over the listening sockets and the "
+            "nodes, then the old one drains and exits.  If the new process fails, the old one "
+            "goes on serving.  The same as SIGUSR2.  " + admin_token_note
         ),
     )
-    _add_admin_options(p, with_json=False)
+    _add_admin_options(p, json_help=None, with_json=False)
     p.set_defaults(func=_cmd_restart)
 
     _add_control_parsers(sub, node_parser, admin_token_note)
