@@ -200,6 +200,9 @@ class ProviderConfig(_Section):
     models: list[str] = msgspec.field(default_factory=list)
     base_url: str | None = None
     api_key: str | None = None  # sent as Bearer to the provider; use ${NAME}
+    #: ``openai``: the server speaks Anthropic's Messages API itself, so
+    #: ``/v1/messages`` is relayed to it raw (edge-only: not pushed to the node).
+    anthropic_messages: bool = False
     capacity: int = 1
     long_context_capacity: int = 0
     priority: int = 0

@@ -126,6 +126,11 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
             problem = base_url_problem(p.type, p.base_url)
             if problem is not None:
                 err.add(f"{path}.base_url", problem)
+    if p.anthropic_messages and p.type != "openai":
+        err.add(
+            f"{path}.anthropic_messages",
+            f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
+        )
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")

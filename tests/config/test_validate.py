@@ -161,6 +161,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         "nodes[1].providers[0].delay_ms: must be >= 0 (got -5)",
     ),
     (
+        "anthropic_messages only on an openai provider",
+        lambda d: prov(d, 1, 0).update(anthropic_messages=True),
+        "nodes[1].providers[0].anthropic_messages: only a type 'openai' provider relays "
+        "the Messages API (this one is 'echo')",
+    ),
+    (
         "drain_timeout > 0",
         set_in(["edge", "drain_timeout"], 0),
         "edge.drain_timeout: must be > 0 (got 0.0)",

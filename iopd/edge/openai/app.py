@@ -29,6 +29,7 @@ import trio
 from iopd import errors
 from iopd.edge.openai import answers, limits
 from iopd.edge.openai.answers import MODEL_PREFIX
+from iopd.edge.openai.anthropic_api import handler
 from iopd.edge.openai.incoming import cors
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
@@ -45,6 +46,7 @@ from iopd.edge.openai.outgoing.error_envelope import (
     ShapedRefusal,
     render_error,
 )
+from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
 from iopd.edge.openai.prepare import Body, LeasedRequest, prepare
 from iopd.edge.openai.relay import relay
 from iopd.edge.openai.routes import GET, POST, Host, Route, Serves
@@ -123,6 +125,16 @@ ROUTES: dict[str, Route] = {
     ),
     "/v1/embeddings": Route(POST, "embeddings", _RELAYED_OPENAI),
     "/v1/completions": Route(POST, "completions", _RELAYED_OPENAI),
+    "/v1/messages": Route(
+        POST, "messages", handler.serve, errors=ANTHROPIC_ERRORS, auth=handler.api_key
+    ),
+    "/v1/messages/count_tokens": Route(
+        POST,
+        "messages",
+        handler.count_tokens,
+        errors=ANTHROPIC_ERRORS,
+        auth=handler.api_key,
+    ),
     "/api/chat": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/generate": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/embed": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
@@ -135,6 +147,10 @@ ROUTES: dict[str, Route] = {
 _MODEL_ROUTE = Route(GET, None, answers.model)
 #: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
 _UNKNOWN_OLLAMA = Route(frozenset(), "api", answers.not_found, errors=OLLAMA_ERRORS)
+#: An unknown ``/v1/messages/*`` path: an Anthropic client (its 404 in Anthropic's shape).
+_UNKNOWN_MESSAGES = Route(
+    frozenset(), "messages", answers.not_found, errors=ANTHROPIC_ERRORS, auth=handler.api_key
+)
 
 
 def _model_id_path(path: str) -> bool:
@@ -151,6 +167,8 @@ def route_for(path: str) -> Route | None:
             return _MODEL_ROUTE if _model_id_path(path) else None
         if path.startswith("/api/"):
             return _UNKNOWN_OLLAMA
+        if path.startswith("/v1/messages/"):
+            return _UNKNOWN_MESSAGES
     return route
 
 

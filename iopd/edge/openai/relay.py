@@ -43,6 +43,7 @@ provider's status line, and a second answer cannot be spliced behind it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from iopd.edge.metering.usage import tunnel_usage
 from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession
@@ -59,7 +60,7 @@ from iopd.http.server import Request, Responder
 from iopd.tokens import RelayedOutput
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, Usage
 
-__all__ = ["UPSTREAM_STATUS_HEADER", "relay"]
+__all__ = ["UPSTREAM_STATUS_HEADER", "Upstream", "relay"]
 
 JSON = "application/json"
 _STREAMING_TYPES = ("text/event-stream", "application/x-ndjson")
@@ -70,20 +71,38 @@ _NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
 UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
 
 
-async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome) -> None:
+#: What one attempt sends instead of the caller's path and body: (path, body,
+#: headers added to the allow-listed ones), decided per leased provider.
+Upstream = Callable[[LeasedRequest[Body]], tuple[str, bytes, list[tuple[str, str]]]]
+
+
+async def relay(
+    leased: LeasedRequest[Body],
+    responder: Responder,
+    out: Outcome,
+    *,
+    upstream: Upstream[Body] | None = None,
+) -> None:
     """Relay the caller's request to the leased provider, ``model`` rewritten;
-    on a failure the attempt loop says is safe to retry, to the next one."""
+    on a failure the attempt loop says is safe to retry, to the next one.
+    ``upstream`` (the Messages route's): each attempt's path, body and extra headers."""
     request = leased.request
     headers = tunnel_headers(leased.snap, request, leased.provider_auth)
 
     async def attempt(leased: LeasedRequest[Body]) -> bool:
+        path, attempt_headers = request.path, headers
+        if upstream is None:
+            body = rq.rewrite_model(leased.body.raw, leased.lease.target)
+        else:
+            path, body, extra = upstream(leased)
+            attempt_headers = headers + extra
         treq = ProviderTunnelRequest(
             stream_id=0,
             provider_id=leased.lease.provider_id,
             method="POST",
-            path=request.path,
-            headers=headers,
-            body=rq.rewrite_model(leased.body.raw, leased.lease.target),
+            path=path,
+            headers=attempt_headers,
+            body=body,
             long_context=leased.lease.long,
         )
         return await _relay(leased, treq, responder, out)

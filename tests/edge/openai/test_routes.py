@@ -21,6 +21,7 @@ from iopd.edge.openai.outgoing.error_envelope import (
     ShapedRefusal,
     render_error,
 )
+from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
 from iopd.edge.openai.routes import Serves
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from tests.support.configs import edge_yaml, principal_token
@@ -70,9 +71,27 @@ def test_the_routes_a_provider_serves_say_which_providers() -> None:
         "/api/embed": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/show": (Serves.OLLAMA, rq.OllamaRequest),
     }
-    # Every /api/* route answers in Ollama's shape, every other in OpenAI's.
+    # Every /api/* route answers in Ollama's shape, the Messages routes in
+    # Anthropic's, every other in OpenAI's.
     for path, route in ROUTES.items():
-        assert route.errors is (OLLAMA_ERRORS if path.startswith("/api/") else OPENAI_ERRORS)
+        if path.startswith("/api/"):
+            assert route.errors is OLLAMA_ERRORS, path
+        elif path.startswith("/v1/messages"):
+            assert route.errors is ANTHROPIC_ERRORS, path
+        else:
+            assert route.errors is OPENAI_ERRORS, path
+
+
+def test_an_unknown_messages_path_is_an_anthropic_route_without_methods() -> None:
+    route = route_for("/v1/messages/batches")
+    assert route is not None and not route.methods and route.errors is ANTHROPIC_ERRORS
+    with pytest.raises(ShapedRefusal) as refused:
+        app().check_head("POST", "/v1/messages/batches", AUTH)
+    _, _, body = render_error(refused.value)
+    assert json.loads(body) == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "no route for POST /v1/messages/batches"},
+    }
 
 
 def test_a_relay_only_route_names_no_normalized_answer() -> None:
