@@ -53,8 +53,15 @@ from iopd.edge.openai.generation import apply_generation
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.json_body import parse_json_object
 from iopd.edge.openai.incoming.jsonschema import JSONObject
+from iopd.edge.openai.incoming.session_key import session_key
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
-from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
+from iopd.edge.openai.needs import (
+    all_passthrough,
+    announce_dropped_tools,
+    ollama_needs,
+    openai_needs,
+    relayed_needs,
+)
 from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
 from iopd.edge.pool.pool import Lease
 from iopd.edge.pool.retry_rules import (
@@ -173,6 +180,8 @@ class Leasing(Generic[Body]):
             needs = relayed_needs(snap, request, group, body)
         else:
             needs = openai_needs(snap, request, group, body, relay_only)
+            if needs.dropped_tools:
+                announce_dropped_tools(rt, request, group.id, needs.dropped_tools)
         # Over a limit: 400 before queueing (kept for the lease, when its group is this one).
         relay_params = generation_params(body, group, relay=True) if relay_only else None
         principal = out.principal
@@ -472,6 +481,7 @@ def model_not_found(snap: Snapshot, model: str) -> errors.ModelNotFound:
 def _parse(snap: Snapshot, request: Request, kind: type[Body], out: Outcome) -> Body:
     """Decode and validate the body; a 400 is labelled with the group when one resolves."""
     raw = parse_json_object(request.body)
+    out.session = session_key(request.headers, raw, header=snap.config.openai.session_header)
     model = raw.get("model")
     if isinstance(model, str):
         group = snap.catalog.resolve(model)

@@ -6,7 +6,10 @@
   as a JSON string).  The final object (``done: true``) gives usage
   (``prompt_eval_count`` / ``eval_count``) and ``done_reason``.
   Generation params map into ``options``: temperature, top_p, seed, stop,
-  and ``max_tokens`` -> ``num_predict``.  ``response_format`` maps to
+  presence/frequency penalties, top_k, min_p, repeat_penalty, and
+  ``max_tokens`` -> ``num_predict``; ``reasoning_effort`` (or
+  ``chat_template_kwargs.enable_thinking``) -> ``think`` (:func:`ollama_think`);
+  the rest of ``chat_template_kwargs`` has no place in Ollama's API.  ``response_format`` maps to
   ``format`` (``json_object`` -> ``"json"``, ``json_schema`` -> the schema
   object).  Image parts (``image_url`` / ``input_image`` with a ``data:``
   URL, base64) go to the message's ``images``; a remote image URL is a
@@ -44,7 +47,33 @@ _OPTION_NAMES = {
     "max_completion_tokens": "num_predict",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repeat_penalty": "repeat_penalty",
 }
+#: ``reasoning_effort`` -> Ollama's ``think`` (a level where the model takes
+#: one, gpt-oss; any level turns thinking on for the others).
+_THINK_LEVELS: dict[str, bool | str] = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+}
+
+
+def ollama_think(params: dict[str, Any]) -> bool | str | None:
+    """Ollama's ``think`` from the run's params: ``reasoning_effort`` (chat's
+    field, Responses' ``reasoning.effort``), else ``chat_template_kwargs.enable_thinking``
+    (the Qwen-style switch); None: the model's default."""
+    effort = params.get("reasoning_effort")
+    if isinstance(effort, str) and effort in _THINK_LEVELS:
+        return _THINK_LEVELS[effort]
+    kwargs = params.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
+        return bool(kwargs["enable_thinking"])
+    return None
 
 
 #: Content part types whose image goes to Ollama's ``images`` (chat; responses).
@@ -200,6 +229,9 @@ class OllamaAdapter(HTTPAdapter):
         fmt = to_ollama_format(req.params.get("response_format"))
         if fmt is not None:
             body["format"] = fmt
+        think = ollama_think(req.params)
+        if think is not None:
+            body["think"] = think
         if req.tools:
             body["tools"] = req.tools
         return body

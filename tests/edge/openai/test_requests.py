@@ -361,7 +361,8 @@ def test_responses_request_keeps_unknown_fields() -> None:
     }
     req = ResponsesRequest.parse(body)
     assert req.raw is body and req.stream and req.instructions == "be nice"
-    assert req.params() == {"temperature": 0.2, "max_tokens": 256}
+    # reasoning.effort is mapped (ollama: think); the body keeps it for a relay.
+    assert req.params() == {"temperature": 0.2, "max_tokens": 256, "reasoning_effort": "high"}
     assert req.workspace == "/w"
     assert json.loads(rewrite_model(req.raw, "served"))["reasoning"] == {"effort": "high"}
 

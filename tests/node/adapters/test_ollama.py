@@ -168,3 +168,35 @@ async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
         assert ollama_mock.requests[-1].path == "/api/tags"
         ollama_mock.healthy = False
         assert (await adapter.probe())[0] == "unhealthy"
+
+
+@pytest.mark.parametrize(
+    ("params", "options", "think"),
+    [
+        (
+            {"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1},
+            {"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1},
+            None,
+        ),
+        ({"reasoning_effort": "high"}, None, "high"),
+        ({"reasoning_effort": "minimal"}, None, "low"),
+        ({"reasoning_effort": "none"}, None, False),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, None, False),
+        # reasoning_effort wins over the template switch; other kwargs have no place
+        (
+            {"reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": False, "x": 1}},
+            None,
+            "low",
+        ),
+        ({"chat_template_kwargs": {"x": 1}}, None, None),
+    ],
+)
+def test_chat_body_maps_sampling_extras_and_think(
+    params: dict[str, Any], options: dict[str, Any] | None, think: Any
+) -> None:
+    adapter = OllamaAdapter(ProviderSpec(id="ol", type="ollama", base_url="http://127.0.0.1:9"))
+    body = adapter.chat_body(run_req(params=params))
+    assert body.get("options") == options
+    assert body.get("think", None) == think
+    assert ("think" in body) is (think is not None)
+    assert "chat_template_kwargs" not in body
