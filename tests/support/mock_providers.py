@@ -121,6 +121,7 @@ class MockReply:
     drop_after: bool = False  # close the connection after the reply, without saying so
     reset: bool = False  # reset the connection instead of answering
     reset_after_chunks: bool = False  # stream ``chunks``, then reset the connection
+    end_delay: float = 0.0  # seconds between the last chunk and the body's end
 
 
 def _json_reply(obj: Any, status: int = 200) -> MockReply:
@@ -352,6 +353,8 @@ class MockHTTPServer:
             if reply.reset_after_chunks:
                 _reset(stream)
                 raise trio.BrokenResourceError("mock: reset")
+            if reply.end_delay:
+                await trio.sleep(reply.end_delay)
         await stream.send_all(conn.send(h11.EndOfMessage()))
 
 

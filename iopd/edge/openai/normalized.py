@@ -143,8 +143,8 @@ async def chat_stream(
             while not await stream.run(leased, index, asm, filt):
                 leased = await leased.leasing.next_attempt()
         await responder.write(stream.chunks.end(_total_usage(asms)))
+        call.out.status = "ok"  # the final chunk went out: a caller closing now had it all
         await responder.end()
-        call.out.status = "ok"
     finally:
         _account_run_usage(asms, call.out)
 
@@ -423,8 +423,8 @@ async def _responses_run(
                 asm.finish(ev)
                 leased.leasing.succeeded()
                 await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
+                call.out.status = "ok"  # response.completed went out (see chat_stream)
                 await responder.end()
-                call.out.status = "ok"
                 return True
             elif kind == "error":
                 _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
