@@ -1,8 +1,9 @@
 """The passthrough relay: the caller's body to an OpenAI-compatible (or Ollama)
 provider, the provider's response back byte for byte.
 
-The body is the caller's with ``model`` rewritten to the provider's served
-name; the caller's headers pass an allow-list (``upstream_headers``) and the
+The body is the caller's JSON as the edge parsed it, encoded again with
+``model`` rewritten to the provider's served name (what that changes of its
+spelling: ``docs/compatibility.md``); the caller's headers pass an allow-list (``upstream_headers``) and the
 caller's provider credentials travel under ``provider_auth.target_header``.
 The response keeps its status, end-to-end headers and body bytes; only usage
 is read on the way (from the node's ``usage`` frames).  Once the head went
@@ -12,10 +13,10 @@ Two header rules make a relayed response read like one HTTP response, not
 two stacked: the provider's ``Date`` and ``Server`` are dropped (the edge's
 server writes its own on every response, so a caller used to see both,
 merged by its client into ``"Mon..., Mon..."``; the edge is the origin the
-caller talks to, and the backend's software stays private), and
-``X-Iopd-Upstream-Status`` carries the provider's status, so a provider's
-own error is told from the edge's (whose responses never carry it) while
-the body stays byte-exact.
+caller talks to, and the backend's software stays private), and a relayed
+error (status 400 or more) carries ``X-Iopd-Upstream-Status`` with the
+provider's status, so a provider's own error is told from the edge's (whose
+responses never carry it) while the body stays byte-exact.
 
 Most frames never reach the loop below: while it waits, the edge's wire
 reader writes them to the caller's socket itself (``_Reply``, the stream's
@@ -67,7 +68,8 @@ _STREAMING_TYPES = ("text/event-stream", "application/x-ndjson")
 #: Provider headers not relayed: hop-by-hop ones, and those the edge's server
 #: writes on every response itself (a second copy would be merged by clients).
 _NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
-#: On every relayed response: the provider's status (absent on the edge's own).
+#: On a relayed error response: the provider's status (absent on the edge's own
+#: answers and on relayed successes).
 UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
 #: Seconds the node's last frames (usage, end) are waited for once the caller
 #: closed after its whole answer.
@@ -285,7 +287,8 @@ class _Reply:
     def start(self, fr: ProviderTunnelFrame) -> None:
         """Hold the response's head: the provider's status and end-to-end headers."""
         headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
-        headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
+        if fr.status >= 400:  # a provider's own error, told from the edge's
+            headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
         ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
         if ctype.startswith(_STREAMING_TYPES):
             headers.append(("X-Accel-Buffering", "no"))

@@ -113,6 +113,7 @@ async def test_codex_first_turn_on_echo_drops_web_search_and_runs(stream: bool) 
                 p["text"] for i in doc["output"] if i["type"] == "message" for p in i["content"]
             ]
             assert text == ["say hi"]
+            assert doc["model"] == "m"  # the caller's model, not the served "echo"
             assert metric(gw, "iop_openai_dropped_tools_total", tool_type="web_search") == 1
 
 
@@ -233,5 +234,6 @@ async def test_codex_shapes_on_ollama_map_fields_and_tools(
             ]
             final = _events(resp.body)[-1]
             assert final["type"] == "response.completed"
+            assert final["response"]["model"] == "m"  # not the served mock:latest
             custom = [i for i in final["response"]["output"] if i["type"] == "custom_tool_call"]
             assert [(i["name"], i["input"]) for i in custom] == [("apply_patch", PATCH)]
