@@ -561,6 +561,9 @@ class MockOllamaServer(MockHTTPServer):
             return self._show(req.json() or {})
         if req.method == "POST" and req.path == "/api/embed":
             return self._embed(req.json() or {})
+        if req.method == "POST" and req.path == "/api/embeddings":  # the legacy route
+            prompt = (req.json() or {}).get("prompt")
+            return _json_reply({"embedding": [0.5, float(len(str(prompt)))]})
         return _json_reply({"error": f"no route {req.path}"}, 404)
 
     def _show(self, body: dict[str, Any]) -> MockReply:

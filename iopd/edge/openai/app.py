@@ -76,6 +76,7 @@ _ROUTES: dict[str, Route] = {
     "/api/chat": Route(_POST, "api", ollama=True),
     "/api/generate": Route(_POST, "api", ollama=True),
     "/api/embed": Route(_POST, "api", ollama=True),
+    "/api/embeddings": Route(_POST, "api", ollama=True),  # Ollama's legacy embeddings
     "/api/show": Route(_POST, "api", ollama=True),
     "/api/tags": Route(_GET, "api", ollama=True),
     "/api/ps": Route(_GET, "api", ollama=True),
@@ -301,7 +302,9 @@ class OpenAIApp:
 
 #: The routes relayed raw to a provider speaking the caller's API, whatever
 #: the group's other providers are.
-_RELAYED_OLLAMA = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/show"})
+_RELAYED_OLLAMA = frozenset(
+    {"/api/chat", "/api/generate", "/api/embed", "/api/embeddings", "/api/show"}
+)
 _RELAYED_OPENAI = frozenset({"/v1/embeddings", "/v1/completions"})
 
 

@@ -1,8 +1,8 @@
 """Ollama's routes through the official ``ollama`` client.
 
 A real edge + node in front of ``MockOllamaServer``: ``list`` (``/api/tags``,
-from the catalog), ``show`` and ``embed`` (relayed to the group's ollama
-provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
+from the catalog), ``show``, ``embed`` and the legacy ``embeddings``
+(relayed to the group's ollama provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
 ``/api/version`` (the edge's own), and errors in Ollama's shape
 ``{"error": "..."}`` that the client turns into a ``ResponseError`` with the
 message, whoever refused: the route, the authentication, the model lookup or
@@ -83,6 +83,13 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
                 ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": OLLAMA_SERVED}
             )
             assert r.status == 200 and r.body == direct.body
+
+            # The legacy route (the client's ``embeddings``), relayed the same way.
+            legacy = await in_thread(lambda: c.embeddings(model="llama", prompt="abcd"))
+            assert list(legacy.embedding) == [0.5, 4.0]
+            sent = [r.json() for r in mock.requests if r.path == "/api/embeddings"]
+            assert len(sent) == 1
+            assert sent[0]["model"] == OLLAMA_SERVED and sent[0]["prompt"] == "abcd"
 
 
 async def test_ps_shows_groups_with_a_request_in_flight_and_version_is_the_edges() -> None:
