@@ -115,18 +115,24 @@ def relayed_needs(
     snap: Snapshot, request: Request, group: GroupSpec, body: rq.RelayedRequest
 ) -> Needs:
     """``/v1/embeddings`` and ``/v1/completions`` need a passthrough provider
-    (a normalized provider has no such path); a 400 names the endpoint."""
+    (a normalized provider has no such path), but embeddings are served by an
+    ``ollama`` provider too (through its own ``/api/embed``: the node
+    translates) in a group without a passthrough one; a 400 names the endpoint."""
+    requires = _NEEDS_PASSTHROUGH
     if not snap.catalog.has_type(group.id, "openai"):
-        raise errors.InvalidRequest(
-            f"model '{body.model[:200]}' has no provider that serves {request.path}: "
-            "only type 'openai' (passthrough) providers do",
-            param="model",
-        )
+        if request.path != "/v1/embeddings" or not snap.catalog.has_type(group.id, "ollama"):
+            served_by = "type 'openai' (passthrough) providers" + (
+                " and 'ollama' ones" if request.path == "/v1/embeddings" else ""
+            )
+            raise errors.InvalidRequest(
+                f"model '{body.model[:200]}' has no provider that serves {request.path}: "
+                f"only {served_by} do",
+                param="model",
+            )
+        requires = _NEEDS_OLLAMA
     provider_auth = _provider_auth(snap, request, group.id)
     estimate = estimate_input_tokens(body.as_messages())
-    return Needs(
-        _NEEDS_PASSTHROUGH, provider_auth, [], estimate, _context_class(snap, estimate)
-    )
+    return Needs(requires, provider_auth, [], estimate, _context_class(snap, estimate))
 
 
 def ollama_needs(

@@ -21,7 +21,14 @@ import trio
 
 from iopd import __version__
 from tests.support.configs import OLLAMA_SERVED, ollama_yaml
-from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    in_thread,
+    metric,
+    running_gateway,
+    wait_until,
+)
 from tests.support.mock_providers import MockOllamaServer
 
 TOKEN = "sk-ollama-caller"
@@ -167,3 +174,36 @@ async def test_authentication_and_http_layer_refusals_take_ollamas_shape_too() -
                 headers=[("authorization", f"Bearer {TOKEN}")],
             )
             assert r.status == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+async def test_openai_embeddings_on_an_ollama_provider_go_through_api_embed() -> None:
+    """``/v1/embeddings`` in a group whose only embedding provider is ollama:
+    the node translates to ``/api/embed`` and back (the SDK asks for base64)."""
+    with trio.fail_after(30):
+        async with gateway() as (gw, mock):
+            sdk = gw.sdk()
+            got = await in_thread(lambda: sdk.embeddings.create(model="llama", input=["a", "bcd"]))
+            assert [d.embedding for d in got.data] == [[0.5, 1.0], [0.5, 3.0]]
+            assert [d.index for d in got.data] == [0, 1]
+            assert got.usage.prompt_tokens == mock.prompt_eval_count
+            sent = [r.json() for r in mock.requests if r.path == "/api/embed"]
+            assert sent[-1] == {"model": OLLAMA_SERVED, "input": ["a", "bcd"]}
+
+            body = {"model": "both", "input": "xy", "encoding_format": "float", "dimensions": 2}
+            r = await http_request(gw.host_port, "POST", "/v1/embeddings", body=body)
+            assert r.status == 200, r.body
+            doc = json.loads(r.body)
+            assert doc["object"] == "list" and doc["data"][0]["embedding"] == [0.5, 2.0]
+            assert mock.requests[-1].json()["dimensions"] == 2
+            tokens = metric(gw, "iop_openai_usage_tokens_total", endpoint="embeddings")
+            assert tokens == 2 * mock.prompt_eval_count
+
+            # What Ollama cannot embed is a clear 400, not a provider error.
+            bad = {"model": "llama", "input": [[1, 2, 3]]}
+            r = await http_request(gw.host_port, "POST", "/v1/embeddings", body=bad)
+            assert r.status == 400 and "token arrays" in json.loads(r.body)["error"]["message"]
+            # A group without ollama or passthrough providers still says who serves it.
+            r = await http_request(
+                gw.host_port, "POST", "/v1/embeddings", body={"model": "echo-only", "input": "x"}
+            )
+            assert r.status == 400 and "'ollama' ones" in json.loads(r.body)["error"]["message"]

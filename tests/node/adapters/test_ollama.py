@@ -200,3 +200,26 @@ def test_chat_body_maps_sampling_extras_and_think(
     assert body.get("think", None) == think
     assert ("think" in body) is (think is not None)
     assert "chat_template_kwargs" not in body
+
+
+def test_embeddings_translation_both_ways() -> None:
+    import base64
+    import struct
+
+    from iopd.node.adapters.ollama import ollama_embed_body, openai_embeddings
+
+    body = {"model": "nomic", "input": ["a", "b"], "dimensions": 3, "user": "u"}
+    assert ollama_embed_body(body) == {"model": "nomic", "input": ["a", "b"], "dimensions": 3}
+    for bad in ({"input": [[1, 2]]}, {"input": []}, {"input": "x", "dimensions": 0}, []):
+        with pytest.raises(AdapterError) as info:
+            ollama_embed_body(bad)
+        assert info.value.code == "bad_request"
+    answer = {"embeddings": [[0.5, -1.0], [2.0, 0.25]], "prompt_eval_count": 4}
+    doc, tokens = openai_embeddings(answer, "nomic", "float")
+    assert tokens == 4 and doc["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    assert [d["embedding"] for d in doc["data"]] == [[0.5, -1.0], [2.0, 0.25]]
+    packed, _ = openai_embeddings(answer, "nomic", "base64")
+    first = base64.b64decode(packed["data"][0]["embedding"])
+    assert struct.unpack("<2f", first) == (0.5, -1.0)
+    with pytest.raises(AdapterError):
+        openai_embeddings({"error": "x"}, "nomic", "float")
