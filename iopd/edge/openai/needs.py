@@ -90,11 +90,13 @@ def _unsupported_tools(
 ) -> tuple[frozenset[str], tuple[str, ...]]:
     """Tools no normalized provider runs (``web_search``...): a passthrough
     provider of the group takes the request; without one, ``drop`` runs it
-    without them (their types returned) and ``reject`` refuses it."""
+    without them (their types returned) and ``reject`` refuses it (as is a
+    malformed custom or namespace tool, under either policy)."""
     refusal = unsupported_refusal(body.tool_plan)
     if refusal is None:
         return _NO_REQUIREMENT, ()
-    if snap.catalog.has_type(group.id, "openai") or snap.config.openai.unsupported_tools == "reject":
+    plan, policy = body.tool_plan, snap.config.openai.unsupported_tools
+    if plan.problem is not None or policy == "reject" or snap.catalog.has_type(group.id, "openai"):
         return _passthrough_or_refuse(snap, group, refusal), ()
     return _NO_REQUIREMENT, tuple(body.tool_plan.dropped_types)
 

@@ -60,16 +60,32 @@ def test_function_custom_and_namespace_tools_flatten() -> None:
     ("tools", "param"),
     [
         ([{"type": "function", "name": "bad name"}], "tools[0].name"),
-        ([{"type": "custom"}], "tools[0].name"),
         ([{"type": "function", "name": "f", "parameters": []}], "tools[0].parameters"),
-        ([{"type": "namespace", "name": "n", "tools": {}}], "tools[0].tools"),
-        ([{"type": "namespace", "name": "n", "tools": ["x"]}], "tools[0].tools[0]"),
     ],
 )
-def test_malformed_tools_are_a_400_naming_the_field(tools: list[Any], param: str) -> None:
+def test_malformed_function_tools_are_a_400_naming_the_field(tools: list[Any], param: str) -> None:
     with pytest.raises(InvalidRequest) as info:
         plan_tools(tools)
     assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("tools", "param"),
+    [
+        ([{"type": "custom"}], "tools[0].name"),
+        ([FN, {"type": "namespace", "name": "n", "tools": {}}], "tools[1].tools"),
+        ([{"type": "namespace", "name": "n", "tools": ["x"]}], "tools[0].tools[0]"),
+        ([{"type": "namespace", "name": "n.x", "tools": []}], "tools[0].name"),
+        ([FN, {"type": "namespace", "name": "n", "tools": [FN, FN]}], "tools[1].tools[1].name"),
+    ],
+)
+def test_malformed_custom_or_namespace_tools_are_the_normalized_paths_400(
+    tools: list[Any], param: str
+) -> None:
+    """Left to a passthrough provider to judge; on the normalized path, the 400."""
+    plan = plan_tools(tools)
+    refusal = unsupported_refusal(plan)
+    assert plan.problem is refusal and refusal is not None and refusal.param == param
 
 
 def test_unsupported_tools_refusal_names_the_first() -> None:

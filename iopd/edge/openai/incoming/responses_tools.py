@@ -74,6 +74,8 @@ class ToolPlan:
     origins: dict[str, ToolOrigin] = field(default_factory=dict)
     #: ``(namespace, name)`` of a namespaced tool -> its flattened name.
     flat_names: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: The first malformed custom or namespace tool's 400 (see :func:`plan_tools`).
+    problem: InvalidRequest | None = None
 
     @property
     def dropped_types(self) -> list[str]:
@@ -161,9 +163,12 @@ def _custom(tool: JSONObject, here: str, name: str) -> JSONObject:
 def plan_tools(tools: list[JSONObject] | None) -> ToolPlan:
     """Plan a Responses body's ``tools`` (already an array of objects).
 
-    Raises :class:`~iopd.errors.InvalidRequest` for a malformed function,
-    custom or namespace tool; an unsupported type is not an error here (the
-    policy decides, see :func:`unsupported_refusal`).
+    Raises :class:`~iopd.errors.InvalidRequest` for a malformed function
+    tool (on every path, as before there were plans).  A malformed custom or
+    namespace tool is the normalized path's concern only (a passthrough
+    provider judges its own): it is left out and kept as ``problem``, the
+    400 :func:`unsupported_refusal` gives.  An unsupported type is not an
+    error here (the policy decides).
     """
     plan = ToolPlan()
     if tools is None:
@@ -179,20 +184,19 @@ def plan_tools(tools: list[JSONObject] | None) -> ToolPlan:
             taken.add(name)
             out.append(_function(tool, here, name))
         elif kind == "custom":
-            name = _name(tool, here)
+            try:
+                name = _name(tool, here)
+                out.append(_custom(tool, here, name))
+            except InvalidRequest as exc:
+                plan.problem = plan.problem or exc
+                continue
             taken.add(name)
             plan.origins[name] = ToolOrigin("custom", name)
-            out.append(_custom(tool, here, name))
         elif kind == "namespace":
-            namespace = _name(tool, here)
-            inner = tool.get("tools")
-            if not isinstance(inner, list):
-                raise InvalidRequest(f"'{here}.tools' must be an array", param=f"{here}.tools")
-            for j, sub in enumerate(inner):
-                where = f"{here}.tools[{j}]"
-                if not isinstance(sub, dict):
-                    raise InvalidRequest(f"'{where}' must be an object", param=where)
-                nested.append((i, namespace, sub, where))
+            try:
+                nested += _namespace_tools(i, tool, here)
+            except InvalidRequest as exc:
+                plan.problem = plan.problem or exc
         else:
             plan.unsupported.append((i, str(kind)[:_TYPE_CHARS]))
     # Namespaced tools after the top-level ones: a top-level name keeps its name.
@@ -201,23 +205,45 @@ def plan_tools(tools: list[JSONObject] | None) -> ToolPlan:
         if kind not in ("function", "custom"):
             plan.unsupported.append((index, f"{namespace}.{str(kind)[:_TYPE_CHARS]}"))
             continue
-        name = _name(sub, where)
-        flat = name if name not in taken else f"{namespace}__{name}"[:64]
-        if flat in taken:
-            raise InvalidRequest(
-                f"'{where}.name' {name!r} is given twice in namespace {namespace!r}",
-                param=f"{where}.name",
-            )
+        try:
+            name = _name(sub, where)
+            flat = name if name not in taken else f"{namespace}__{name}"[:64]
+            if flat in taken:
+                raise InvalidRequest(
+                    f"'{where}.name' {name!r} is given twice in namespace {namespace!r}",
+                    param=f"{where}.name",
+                )
+            made = _function(sub, where, flat) if kind == "function" else _custom(sub, where, flat)
+        except InvalidRequest as exc:
+            plan.problem = plan.problem or exc
+            continue
         taken.add(flat)
         plan.flat_names[(namespace, name)] = flat
         plan.origins[flat] = ToolOrigin(str(kind), name, namespace)
-        out.append(_function(sub, where, flat) if kind == "function" else _custom(sub, where, flat))
+        out.append(made)
     plan.function_tools = out
     return plan
 
 
+def _namespace_tools(i: int, tool: JSONObject, here: str) -> list[tuple[int, str, JSONObject, str]]:
+    """A namespace tool's tools: ``(tools index, namespace, tool, param)`` each."""
+    namespace = _name(tool, here)
+    inner = tool.get("tools")
+    if not isinstance(inner, list):
+        raise InvalidRequest(f"'{here}.tools' must be an array", param=f"{here}.tools")
+    nested = []
+    for j, sub in enumerate(inner):
+        where = f"{here}.tools[{j}]"
+        if not isinstance(sub, dict):
+            raise InvalidRequest(f"'{where}' must be an object", param=where)
+        nested.append((i, namespace, sub, where))
+    return nested
+
+
 def unsupported_refusal(plan: ToolPlan) -> InvalidRequest | None:
     """The 400 for a request whose tools a normalized provider cannot run, or None."""
+    if plan.problem is not None:
+        return plan.problem
     if not plan.unsupported:
         return None
     index, kind = plan.unsupported[0]
