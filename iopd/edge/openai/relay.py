@@ -3,8 +3,9 @@ provider, the provider's response back byte for byte.
 
 The body is the caller's JSON as the edge parsed it, encoded again with
 ``model`` rewritten to the provider's served name (what that changes of its
-spelling: ``docs/compatibility.md``); the caller's headers pass an allow-list (``upstream_headers``) and the
-caller's provider credentials travel under ``provider_auth.target_header``.
+spelling: ``docs/compatibility.md``); the caller's headers pass an
+allow-list (``upstream_headers``) and the caller's provider credentials
+travel under ``provider_auth.target_header``.
 The response keeps its status, end-to-end headers and body bytes; only usage
 is read on the way (from the node's ``usage`` frames).  Once the head went
 out, a failure can only cut the connection (``lifecycle.fail``).

@@ -19,8 +19,9 @@ The terminal events, as each API sends them:
 A marker is matched as JSON writes it (``"type":"message_stop"``, with or
 without a space after the colon): inside a JSON string its quotes would be
 escaped, so text a model writes never matches.  Each ``feed`` searches the
-new bytes plus the few before them (a marker split across two writes), so
-the cost is linear in what is relayed and the state is a few bytes.
+new bytes, and the seam with the few before them (a marker split across two
+writes), without copying them: the cost is linear in what is relayed and
+the state is a few bytes.
 """
 
 from __future__ import annotations
@@ -52,10 +53,10 @@ class StreamEnd:
         """Look at the next relayed bytes; True once the terminal event was among them."""
         if self.seen or not data:
             return self.seen
-        window = self._tail + data
+        seam = self._tail + data[:_KEEP]  # a marker split across two writes
         for marker in _MARKERS:
-            if marker in window:
+            if marker in data or marker in seam:
                 self.seen = True
                 return True
-        self._tail = window[-_KEEP:]
+        self._tail = data[-_KEEP:] if len(data) >= _KEEP else (self._tail + data)[-_KEEP:]
         return False
