@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
@@ -28,6 +29,14 @@ from iopd.config.load import ConfigError, ConfigUnreadable, load_edge_config
 from iopd.config.schema import EdgeConfig
 from iopd.edge.admin import AdminLimits, AdminServer, create_admin_app, is_loopback_peer
 from iopd.edge.embedded import EmbeddedNodes, embedded_node_ids, serve_embedded_nodes
+from iopd.edge.handover import (
+    NODE_WAIT,
+    HandoverFailed,
+    HandoverOutcome,
+    Successor,
+    hand_over,
+    successor_argv,
+)
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.outgoing.error_envelope import gateway_error, render_error
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
@@ -36,6 +45,7 @@ from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import LOG_SECRETS, setup_logging
 from iopd.startup import StartupError, listen_failed, run_daemon
 from iopd.transport.listen import serve_wire
+from iopd.transport.sockets import Inherited, open_listeners
 from iopd.transport.tls import server_ssl_context
 
 log = logging.getLogger("iopd.edge")
@@ -67,11 +77,32 @@ class EdgeHandle:
     openai_server: HttpServer | None = None
     _drain: trio.Event = field(default_factory=trio.Event)
     _stop_now: trio.Event = field(default_factory=trio.Event)
+    #: The listening sockets by name, what a successor is handed.
+    listeners: dict[str, list[trio.SocketListener]] = field(default_factory=dict)
+    #: The successor's command line (``iopd edge`` only; None: no hand-over here).
+    successor_argv: list[str] | None = None
+    #: Set: the wire listener accepts no more (its successor does).
+    _wire_stop: trio.Event = field(default_factory=trio.Event)
+    _nursery: trio.Nursery | None = None
+    _upgrading: bool = False
+    #: The drain under way is a hand-over: idle connections are left to close.
+    _handed_over: bool = False
 
     @property
     def base_url(self) -> str:
         assert self.openai is not None
         return f"http://{_fmt(self.openai)}/v1"
+
+    def hand_over(self) -> HandoverOutcome:
+        """Hand the sockets to a new ``iopd edge`` (like ``SIGUSR2``; see ``handover``).
+
+        Runs in the edge's own nursery (a caller that goes away cancels
+        nothing); the outcome is set when the successor took over or failed.
+        """
+        outcome = HandoverOutcome()
+        assert self._nursery is not None
+        self._nursery.start_soon(_upgrade, self, self.runtime, outcome)
+        return outcome
 
     def drain(self) -> None:
         """Begin a graceful drain (like SIGTERM); a second call stops at once."""
@@ -90,9 +121,18 @@ async def run_edge(
     config_path: str | None = None,
     *,
     handle_signals: bool = False,
+    successor_argv: list[str] | None = None,
     task_status: trio.TaskStatus[EdgeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run an edge until drained; reports an ``EdgeHandle`` once every listener is bound."""
+    """Run an edge until drained; reports an ``EdgeHandle`` once every listener is bound.
+
+    Listening sockets handed to this process (``iopd.transport.sockets``) are
+    used instead of binding; started by a predecessor (``iopd.edge.handover``)
+    it reports its progress to it.  ``successor_argv``: how to start the
+    process this one hands over to on ``SIGUSR2``.
+    """
+    inherited = Inherited.from_environ()
+    predecessor = Successor.from_environ()
     rt = EdgeRuntime.create(cfg, config_path)
     oa = cfg.openai
     app = OpenAIApp(rt)
@@ -112,8 +152,10 @@ async def run_edge(
         on_reject=functools.partial(_count_refusal, app),
         head_check=app.check_head,
     )
+    handles: list[EdgeHandle] = []  # the one this run reports, once it serves
+    restart = (lambda: handles[0].hand_over()) if successor_argv is not None else None
     admin_srv = AdminServer(
-        create_admin_app(rt),
+        create_admin_app(rt, restart=restart),
         limits=AdminLimits(keep_alive_timeout=oa.idle_timeout),
         allow_peer=is_loopback_peer,
     )
@@ -122,6 +164,8 @@ async def run_edge(
         await nursery.start(_scrub_secrets_from_logs, rt)
         await nursery.start(rt.pool.run_outlier_timer)  # ejections that run out wake waiters
         await nursery.start(rt.limits.run)  # the shared limits store's client, renewals, probes
+        listeners: dict[str, list[trio.SocketListener]] = {}
+        wire_stop = trio.Event()
         gate = rt.hub.listener_gate()  # unauthenticated connections, capped
         wire_addr = await _listen(
             nursery,
@@ -131,12 +175,34 @@ async def run_edge(
                 functools.partial(rt.hub.handle_connection, gate=gate),
                 ssl_context=ssl_ctx,
                 gate=gate,
+                stop_accepting=wire_stop,
             ),
+            name="wire",
+            inherited=inherited,
+            listeners=listeners,
         )
-        admin_addr = await _listen(nursery, cfg.edge.admin_listen, admin_srv.serve)
+        admin_addr = await _listen(
+            nursery,
+            cfg.edge.admin_listen,
+            admin_srv.serve,
+            name="admin",
+            inherited=inherited,
+            listeners=listeners,
+        )
+        if predecessor is not None:  # it stops taking nodes, which dial here now
+            predecessor.tell("wire")
+            await _wait_for_nodes(rt, cfg, NODE_WAIT)
         openai_addr = None
         if oa.enabled:
-            openai_addr = await _listen(nursery, oa.listen, openai_srv.serve)
+            openai_addr = await _listen(
+                nursery,
+                oa.listen,
+                openai_srv.serve,
+                name="openai",
+                inherited=inherited,
+                listeners=listeners,
+            )
+        inherited.close_rest()
         embedded: EmbeddedNodes | None = None
         if embedded_node_ids(cfg):  # nodes[].embedded: run them here, over loopback
             embedded = await nursery.start(serve_embedded_nodes, rt, cfg)
@@ -146,7 +212,12 @@ async def run_edge(
             admin=admin_addr,
             openai=openai_addr,
             openai_server=openai_srv if oa.enabled else None,
+            listeners=listeners,
+            successor_argv=successor_argv,
+            _wire_stop=wire_stop,
+            _nursery=nursery,
         )
+        handles.append(handle)
         log.info(
             "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
             cfg.edge.id,
@@ -160,12 +231,23 @@ async def run_edge(
             await nursery.start(_signals, handle, rt)
         sdnotify.notify(*sdnotify.ready(f"serving edge {cfg.edge.id}"))
         task_status.started(handle)
+        if predecessor is not None:  # it stops accepting and drains now
+            predecessor.tell("ready")
+            predecessor.close()
 
         await handle._drain.wait()
-        sdnotify.notify(*sdnotify.stopping())
+        if not handle._handed_over:  # (after a hand-over the successor is the service)
+            sdnotify.notify(*sdnotify.stopping())
         with trio.CancelScope() as hard:
             nursery.start_soon(_stop_at_second_signal, handle, hard)
-            await _drain(rt, app, openai_srv, admin_srv, cfg.edge.drain_timeout)
+            await _drain(
+                rt,
+                app,
+                openai_srv,
+                admin_srv,
+                cfg.edge.drain_timeout,
+                handed_over=handle._handed_over,
+            )
         if embedded is not None:
             embedded.stop()
         await rt.hub.aclose("edge shutting down")
@@ -174,14 +256,42 @@ async def run_edge(
 
 
 async def _listen(
-    nursery: trio.Nursery, address: str, serve: Callable[..., Awaitable[object]]
+    nursery: trio.Nursery,
+    address: str,
+    serve: Callable[..., Awaitable[object]],
+    *,
+    name: str,
+    inherited: Inherited,
+    listeners: dict[str, list[trio.SocketListener]],
 ) -> tuple[str, int]:
-    """Start ``serve(host, port)`` on ``address``; what it bound, or a one-line ``StartupError``."""
+    """Start ``serve(host, port)`` on ``address`` (or on the sockets inherited as
+    ``name``); what it bound, or a one-line ``StartupError``."""
+    host, port = split_hostport(address)
     try:
-        bound: tuple[str, int] = await nursery.start(serve, *split_hostport(address))
+        bound_listeners = await open_listeners(name, host, port, inherited)
+        listeners[name] = bound_listeners
+        bound: tuple[str, int] = await nursery.start(
+            functools.partial(serve, listeners=bound_listeners), host, port
+        )
     except OSError as exc:  # in use, not an address of this machine, unresolvable
         raise listen_failed(address, exc) from None
     return bound
+
+
+async def _wait_for_nodes(rt: EdgeRuntime, cfg: EdgeConfig, timeout: float) -> None:
+    """A successor: wait (at most ``timeout``) until every remote node is connected,
+    so that no request it accepts waits for one."""
+    remote = [n.id for n in cfg.nodes if not n.embedded]
+    with trio.move_on_after(timeout):
+        # A one-off wait at a hand-over: a look every 50 ms costs nothing.
+        while not all(rt.hub.session(node_id) is not None for node_id in remote):  # noqa: ASYNC110
+            await trio.sleep(0.05)
+    missing = [node_id for node_id in remote if rt.hub.session(node_id) is None]
+    log.info(
+        "event=handover_nodes connected=%d missing=%s",
+        len(remote) - len(missing),
+        ",".join(missing) or "-",
+    )
 
 
 async def _scrub_secrets_from_logs(rt: EdgeRuntime, *, task_status: trio.TaskStatus[None]) -> None:
@@ -202,15 +312,32 @@ async def _stop_at_second_signal(handle: EdgeHandle, hard: trio.CancelScope) -> 
 
 
 async def _drain(
-    rt: EdgeRuntime, app: OpenAIApp, openai_srv: HttpServer, admin_srv: AdminServer, timeout: float
+    rt: EdgeRuntime,
+    app: OpenAIApp,
+    openai_srv: HttpServer,
+    admin_srv: AdminServer,
+    timeout: float,
+    *,
+    handed_over: bool = False,
 ) -> None:
     rt.stopping.set()  # the console's event streams end
     in_flight = openai_srv.in_flight
-    log.info("event=drain_started in_flight=%d deadline_s=%s", in_flight, timeout)
-    app.begin_drain()  # /healthz answers 503 from now on: load balancers stop sending
-    openai_srv.shutdown()
+    log.info(
+        "event=drain_started in_flight=%d deadline_s=%s handover=%s",
+        in_flight,
+        timeout,
+        "yes" if handed_over else "no",
+    )
+    if not handed_over:  # (a successor answers /healthz on the same port now)
+        app.begin_drain()  # /healthz answers 503 from now on: load balancers stop sending
+    # After a hand-over an idle keep-alive connection is answered once more
+    # (with ``Connection: close``) rather than closed under a client that
+    # may be sending on it; the drain waits for the connections to close.
+    openai_srv.shutdown(close_idle=not handed_over)
     with trio.move_on_after(timeout):
         await openai_srv.wait_idle()
+        if handed_over:
+            await openai_srv.wait_closed()
     if openai_srv.in_flight:
         log.warning("event=drain_deadline cut=%d", openai_srv.in_flight)
         app.cut_all()
@@ -228,16 +355,89 @@ async def _signals(
 ) -> None:
     # A refresh runs in its own task: it may wait NODE_PUSH_TIMEOUT for a silent
     # node's ack, and a SIGTERM (or the second one) must not wait behind it.
-    with trio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+    with trio.open_signal_receiver(
+        signal.SIGHUP, signal.SIGTERM, signal.SIGINT, signal.SIGUSR2
+    ) as signals:
         async with trio.open_nursery() as refreshes:
             task_status.started()
             async for signum in signals:
-                if signum == signal.SIGHUP:
+                if signum == signal.SIGUSR2:
+                    log.info("event=sigusr2 action=hand_over")
+                    handle.hand_over()
+                elif signum == signal.SIGHUP:
                     log.info("event=sighup action=refresh")
                     refreshes.start_soon(_refresh_on_sighup, rt)
                 else:
                     log.info("event=signal signal=%s action=drain", signal.Signals(signum).name)
                     handle.drain()
+
+
+async def _upgrade(handle: EdgeHandle, rt: EdgeRuntime, outcome: HandoverOutcome) -> None:
+    """``SIGUSR2``: hand the sockets to a new ``iopd edge`` (``iopd.edge.handover``)."""
+    if handle.successor_argv is None or handle._upgrading or handle._drain.is_set():
+        why = "the edge is draining" if handle._drain.is_set() else "a hand-over is under way"
+        if handle.successor_argv is None:
+            why = "this edge was not started by 'iopd edge' (embedded in another program)"
+        log.warning("event=handover_refused reason=%r", why)
+        outcome.finish(error=why)
+        return
+    handle._upgrading = True
+    keep = frozenset(embedded_node_ids(rt.snapshot.config))
+    # The wire sockets must outlive the accept loop stopped at ``wire``: if the
+    # successor fails after it, this process listens on them again.
+    wire_dups = [os.dup(listener.socket.fileno()) for listener in handle.listeners.get("wire", [])]
+
+    def on_wire() -> None:
+        handle._wire_stop.set()
+        told = rt.hub.go_away("edge process handing over to its successor", keep=keep)
+        log.info("event=handover_wire nodes_told=%d", told)
+
+    try:
+        pid = await hand_over(handle.successor_argv, handle.listeners, on_wire=on_wire)
+    except HandoverFailed as exc:
+        log.error(
+            "event=handover_failed reason=%r action=%r", str(exc), "this edge goes on serving"
+        )
+        handle._upgrading = False
+        if handle._wire_stop.is_set():
+            await _listen_again(handle, rt, wire_dups)
+        else:
+            for fd in wire_dups:
+                os.close(fd)
+        return
+    for fd in wire_dups:
+        os.close(fd)
+    log.info("event=handover_done successor_pid=%d", pid)
+    sdnotify.notify(f"MAINPID={pid}")  # systemd follows the successor from now on
+    handle._handed_over = True
+    outcome.finish(pid=pid)
+    handle.drain()
+
+
+async def _listen_again(handle: EdgeHandle, rt: EdgeRuntime, fds: list[int]) -> None:
+    """After a failed hand-over: accept node connections on the kept wire sockets again."""
+    import socket as _socket
+
+    assert handle._nursery is not None
+    listeners = [
+        trio.SocketListener(trio.socket.from_stdlib_socket(_socket.socket(fileno=fd))) for fd in fds
+    ]
+    handle._wire_stop = trio.Event()
+    handle.listeners["wire"] = listeners
+    gate = rt.hub.listener_gate()
+    cfg = rt.snapshot.config
+    await handle._nursery.start(
+        functools.partial(
+            serve_wire,
+            functools.partial(rt.hub.handle_connection, gate=gate),
+            ssl_context=server_ssl_context(cfg.edge.tls),
+            gate=gate,
+            listeners=listeners,
+            stop_accepting=handle._wire_stop,
+        ),
+        *split_hostport(cfg.edge.node_listen),
+    )
+    log.info("event=wire_listening_again count=%d", len(listeners))
 
 
 async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
@@ -260,7 +460,8 @@ def edge_main(config_path: str, *, log_level: str | None = None) -> int:
         return 1
     setup_logging(cfg.edge.log_format, log_level or cfg.edge.log_level)
     try:
-        run_daemon(lambda: run_edge(cfg, config_path, handle_signals=True))
+        argv = successor_argv(config_path, log_level)
+        run_daemon(lambda: run_edge(cfg, config_path, handle_signals=True, successor_argv=argv))
     except StartupError as exc:  # a port in use, unreadable certificates
         log.error("event=edge_failed reason=%r", str(exc))
         raise

@@ -56,6 +56,7 @@ from wire.messages import (
     Cancel,
     ControlUpdate,
     Credit,
+    GoAway,
     HelloAck,
     LoadReport,
     Message,
@@ -194,6 +195,7 @@ class NodeLink:
         *,
         software_version: str,
         edge: str | None = None,
+        key: str | None = None,
         salted: SaltedPasswords | None = None,
         admission: AdmissionView | None = None,
         connect_timeout: float = 10.0,
@@ -210,7 +212,14 @@ class NodeLink:
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
         self.edge = edge or cfg.edge or cfg.edges[0]
+        #: What this link's streams and slots are kept under: the address, or for
+        #: the successor of a link told ``GoAway``, the address and a generation.
+        self.key = key or self.edge
         self.host, self.port = parse_host_port(self.edge)
+        #: Told ``GoAway``: serve what is in flight, then end without reconnecting.
+        self.retiring = False
+        #: Called once when the edge says ``GoAway`` (``EdgeSessions`` dials again).
+        self.on_go_away: Callable[[NodeLink], None] | None = None
         self._salted = salted if salted is not None else SaltedPasswords()
         self.admission = admission
         self._ssl_context = client_ssl_context(cfg.tls)
@@ -283,6 +292,9 @@ class NodeLink:
         task_status.started()
         while True:
             delay = await self._attempt()
+            if self.retiring:  # its successor serves this edge now
+                log.info("event=edge_link_retired edge=%s", self.edge)
+                return
             if self._stopping:
                 await trio.sleep_forever()  # shut down: no reconnect; the caller cancels
             log.info("event=edge_reconnect edge=%s:%d delay_s=%.2f", self.host, self.port, delay)
@@ -460,6 +472,12 @@ class NodeLink:
                 self.handler.on_controls(msg)
             except Exception:
                 log.exception("event=control_update_failed edge=%s", self.edge)
+        elif isinstance(msg, GoAway):
+            if not self.retiring:
+                self.retiring = True
+                log.info("event=edge_go_away edge=%s reason=%r", self.edge, msg.reason[:200])
+                if self.on_go_away is not None:
+                    self.on_go_away(self)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
