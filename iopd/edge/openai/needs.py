@@ -17,7 +17,7 @@ from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
-from iopd.edge.openai.incoming.responses_tools import DROPPED_TOOLS_HEADER, unsupported_refusal
+from iopd.edge.openai.incoming.responses_tools import dropped_header, unsupported_refusal
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES
 from iopd.edge.openai.outgoing.responses import responses_input_to_messages
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
@@ -108,7 +108,7 @@ def announce_dropped_tools(
     to it (``X-Iopd-Dropped-Tools``) and counted."""
     context = request.context
     if isinstance(context, HeadContext):
-        context.response_headers.append((DROPPED_TOOLS_HEADER, ", ".join(dropped)))
+        context.response_headers.append(dropped_header(dropped))
     for kind in dropped:
         rt.metrics.count_dropped_tool(group_id, kind)
 

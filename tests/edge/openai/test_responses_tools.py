@@ -10,6 +10,7 @@ import pytest
 
 from iopd.edge.openai.incoming.responses_tools import (
     ToolOrigin,
+    dropped_header,
     plan_tools,
     tool_choice_plan,
     unsupported_refusal,
@@ -86,6 +87,16 @@ def test_malformed_custom_or_namespace_tools_are_the_normalized_paths_400(
     plan = plan_tools(tools)
     refusal = unsupported_refusal(plan)
     assert plan.problem is refusal and refusal is not None and refusal.param == param
+
+
+def test_dropped_types_are_safe_labels_and_the_header_is_bounded() -> None:
+    odd = [{"type": "x\r\nSet-Cookie: a=b"}, {"type": 7}, {"type": "web_search"}]
+    plan = plan_tools(odd + [{"type": f"t{i}"} for i in range(20)])
+    assert plan.dropped_types[:2] == ["unknown", "web_search"]
+    name, value = dropped_header(plan.dropped_types)
+    assert name == "X-Iopd-Dropped-Tools"
+    assert value == "unknown, web_search, t0, t1, t2, t3, t4, t5, +14 more"
+    assert "\r" not in value and "\n" not in value
 
 
 def test_unsupported_tools_refusal_names_the_first() -> None:

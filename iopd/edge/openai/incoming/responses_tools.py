@@ -27,6 +27,7 @@ Everything is linear in the (size-bounded) body.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
@@ -38,6 +39,7 @@ __all__ = [
     "CUSTOM_INPUT",
     "ToolOrigin",
     "ToolPlan",
+    "dropped_header",
     "plan_tools",
     "tool_choice_plan",
     "unsupported_refusal",
@@ -50,6 +52,15 @@ CUSTOM_INPUT = "input"
 #: Longest grammar or description shown to the model for a custom tool.
 MAX_CUSTOM_TEXT_CHARS = 8192
 _TYPE_CHARS = 40
+#: A tool type as the edge names it (in a header, a message, a metric label):
+#: anything else a caller sends is named ``unknown``.
+_TYPE_LABEL = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+#: Most tool types ``X-Iopd-Dropped-Tools`` names (then ``+N more``).
+MAX_NAMED_DROPPED = 8
+
+
+def _type_label(kind: JSONValue) -> str:
+    return kind if isinstance(kind, str) and _TYPE_LABEL.fullmatch(kind) else "unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,12 +209,12 @@ def plan_tools(tools: list[JSONObject] | None) -> ToolPlan:
             except InvalidRequest as exc:
                 plan.problem = plan.problem or exc
         else:
-            plan.unsupported.append((i, str(kind)[:_TYPE_CHARS]))
+            plan.unsupported.append((i, _type_label(kind)))
     # Namespaced tools after the top-level ones: a top-level name keeps its name.
     for index, namespace, sub, where in nested:
         kind = sub.get("type")
         if kind not in ("function", "custom"):
-            plan.unsupported.append((index, f"{namespace}.{str(kind)[:_TYPE_CHARS]}"))
+            plan.unsupported.append((index, _type_label(kind)))
             continue
         try:
             name = _name(sub, where)
@@ -238,6 +249,14 @@ def _namespace_tools(i: int, tool: JSONObject, here: str) -> list[tuple[int, str
             raise InvalidRequest(f"'{where}' must be an object", param=where)
         nested.append((i, namespace, sub, where))
     return nested
+
+
+def dropped_header(kinds: tuple[str, ...] | list[str]) -> tuple[str, str]:
+    """``X-Iopd-Dropped-Tools``: the dropped types, at most ``MAX_NAMED_DROPPED``."""
+    shown = ", ".join(kinds[:MAX_NAMED_DROPPED])
+    if len(kinds) > MAX_NAMED_DROPPED:
+        shown += f", +{len(kinds) - MAX_NAMED_DROPPED} more"
+    return DROPPED_TOOLS_HEADER, shown
 
 
 def unsupported_refusal(plan: ToolPlan) -> InvalidRequest | None:
