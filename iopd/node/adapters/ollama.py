@@ -219,6 +219,8 @@ def to_openai_tool_call(call: Any) -> dict[str, Any] | None:
 OPENAI_EMBEDDINGS = "/v1/embeddings"
 #: Largest ``/api/embed`` answer read (a list of float vectors).
 MAX_EMBED_BYTES = 64 * 1024 * 1024
+#: The translated answer goes to the edge in pieces of this size, as a relayed body does.
+EMBED_CHUNK_BYTES = 64 * 1024
 
 
 def ollama_embed_body(body: Any) -> dict[str, Any]:
@@ -327,7 +329,9 @@ class OllamaAdapter(HTTPAdapter):
             raise AdapterError("provider_error", "provider sent invalid JSON") from None
         doc, tokens = openai_embeddings(answer, str(body.get("model")), body.get("encoding_format"))
         await out.head(200, [("content-type", "application/json")], body_follows=True)
-        await out.body(json.dumps(doc, separators=(",", ":")).encode())
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        for start in range(0, len(data), EMBED_CHUNK_BYTES):  # frames stay under the link's cap
+            await out.body(data[start : start + EMBED_CHUNK_BYTES])
         out.usage = Usage(input_tokens=tokens)
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:

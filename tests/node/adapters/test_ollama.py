@@ -223,3 +223,27 @@ def test_embeddings_translation_both_ways() -> None:
     assert struct.unpack("<2f", first) == (0.5, -1.0)
     with pytest.raises(AdapterError):
         openai_embeddings({"error": "x"}, "nomic", "float")
+
+
+async def test_a_large_embeddings_answer_goes_out_in_pieces(ollama_mock: MockOllamaServer) -> None:
+    from iopd.node.adapters.ollama import EMBED_CHUNK_BYTES
+
+    vector = [0.123456789] * 20000
+    ollama_mock.handler = lambda req: MockReply(
+        body=json.dumps({"embeddings": [vector, vector], "prompt_eval_count": 2}).encode()
+    )
+    adapter = adapter_for(ollama_mock)
+    out = CollectedTunnelOutput()
+    body = json.dumps({"model": "nomic", "input": ["a", "b"], "encoding_format": "float"})
+    req = ProviderTunnelRequest(
+        stream_id=1, provider_id="ol", method="POST", path="/v1/embeddings", body=body.encode()
+    )
+    with trio.fail_after(10):
+        await adapter.tunnel(req, out)
+    await adapter.aclose()
+    assert out.status == 200 and len(out.chunks) > 1
+    assert all(len(c) <= EMBED_CHUNK_BYTES for c in out.chunks)
+    doc = json.loads(out.data)
+    assert len(doc["data"]) == 2 and len(doc["data"][1]["embedding"]) == 20000
+    assert out.usage == Usage(input_tokens=2)
+    assert [r.path for r in ollama_mock.requests] == ["/api/embed"]
