@@ -14,6 +14,7 @@ stops at once.
 
 from __future__ import annotations
 
+import errno
 import functools
 import logging
 import os
@@ -40,6 +41,7 @@ from iopd.edge.handover import (
 from iopd.edge.openai.app import OpenAIApp
 from iopd.edge.openai.outgoing.error_envelope import gateway_error, render_error
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.edge.runtime.status_document import RefreshReport
 from iopd.http.errors import Refusal
 from iopd.http.server import HttpLimits, HttpServer
 from iopd.logs import LOG_SECRETS, setup_logging
@@ -169,6 +171,7 @@ async def run_edge(
         gate = rt.hub.listener_gate()  # unauthenticated connections, capped
         wire_addr = await _listen(
             nursery,
+            "edge.node_listen",
             cfg.edge.node_listen,
             functools.partial(
                 serve_wire,
@@ -183,6 +186,7 @@ async def run_edge(
         )
         admin_addr = await _listen(
             nursery,
+            "edge.admin_listen",
             cfg.edge.admin_listen,
             admin_srv.serve,
             name="admin",
@@ -196,6 +200,7 @@ async def run_edge(
         if oa.enabled:
             openai_addr = await _listen(
                 nursery,
+                "openai.listen",
                 oa.listen,
                 openai_srv.serve,
                 name="openai",
@@ -218,6 +223,8 @@ async def run_edge(
             _nursery=nursery,
         )
         handles.append(handle)
+        if handle_signals:  # before edge_started: a SIGHUP sent on that line is handled
+            await nursery.start(_signals, handle, rt)
         log.info(
             "event=edge_started edge=%s version=%s wire=%s admin=%s openai=%s tls=%s",
             cfg.edge.id,
@@ -227,8 +234,6 @@ async def run_edge(
             _fmt(openai_addr) if openai_addr else "disabled",
             "on" if ssl_ctx is not None else "off",
         )
-        if handle_signals:
-            await nursery.start(_signals, handle, rt)
         sdnotify.notify(*sdnotify.ready(f"serving edge {cfg.edge.id}"))
         task_status.started(handle)
         if predecessor is not None:  # it stops accepting and drains now
@@ -255,8 +260,27 @@ async def run_edge(
     log.info("event=edge_stopped edge=%s", cfg.edge.id)
 
 
+class ListenFailed(StartupError):
+    """A listener could not bind: the config ``key`` naming ``address``, the system's reason.
+
+    The line names the key and what to do; ``iopd demo`` rebuilds it with its own flags.
+    """
+
+    def __init__(self, key: str, address: str, exc: OSError) -> None:
+        self.key = key
+        self.address = address
+        self.in_use = exc.errno == errno.EADDRINUSE
+        self.os_reason = listen_failed(address, exc).reason
+        if self.in_use:
+            hint = f"another process holds that port: stop it, or set {key} to a free port"
+        else:
+            hint = f"check {key} (an address of this machine, host:port)"
+        super().__init__("cannot listen on", f"{address} ({key})", f"{self.os_reason}: {hint}")
+
+
 async def _listen(
     nursery: trio.Nursery,
+    key: str,
     address: str,
     serve: Callable[..., Awaitable[object]],
     *,
@@ -264,8 +288,8 @@ async def _listen(
     inherited: Inherited,
     listeners: dict[str, list[trio.SocketListener]],
 ) -> tuple[str, int]:
-    """Start ``serve(host, port)`` on ``address`` (or on the sockets inherited as
-    ``name``); what it bound, or a one-line ``StartupError``."""
+    """Start ``serve(host, port)`` on ``address`` (the config's ``key``, or the sockets
+    inherited as ``name``); what it bound, or a one-line ``StartupError`` naming the key."""
     host, port = split_hostport(address)
     try:
         bound_listeners = await open_listeners(name, host, port, inherited)
@@ -274,7 +298,7 @@ async def _listen(
             functools.partial(serve, listeners=bound_listeners), host, port
         )
     except OSError as exc:  # in use, not an address of this machine, unresolvable
-        raise listen_failed(address, exc) from None
+        raise ListenFailed(key, address, exc) from None
     return bound
 
 
@@ -442,10 +466,44 @@ async def _listen_again(handle: EdgeHandle, rt: EdgeRuntime, fds: list[int]) -> 
 
 async def _refresh_on_sighup(rt: EdgeRuntime) -> None:
     sdnotify.notify(*sdnotify.reloading())
+    status = "serving"
     try:
-        await rt.refresh("apply")
+        status = sighup_outcome(await rt.refresh("apply"), rt.config_path)
     finally:
-        sdnotify.notify(*sdnotify.ready("serving"))
+        sdnotify.notify(*sdnotify.ready(status))
+
+
+def sighup_outcome(report: RefreshReport, config_path: str | None) -> str:
+    """Log why a SIGHUP (``systemctl reload``) refresh did not apply, one line per
+    reason with what to do; the unit's status text (``systemctl status``)."""
+    if report["applied"] and not report["errors"]:
+        return "serving"
+    check = f"`iopd config check {config_path}`" if config_path else "`iopd config check`"
+    if report["applied"]:  # applied, but a changed node did not take its new config
+        for problem in report["errors"]:
+            log.warning(
+                "event=sighup_refresh outcome=incomplete problem=%r hint=%r",
+                problem,
+                "the node keeps its previous config: see its log, then reload again",
+            )
+        return f"serving; the last reload left {len(report['errors'])} node(s) behind (see log)"
+    if report["restart_required"]:
+        keys = ",".join(report["restart_required"])
+        log.error(
+            "event=sighup_refresh outcome=refused restart_required=%s hint=%r",
+            keys,
+            "nothing was applied: these keys change only at a restart; revert them and "
+            "reload to apply the rest, or restart the edge",
+        )
+        return f"serving the previous config; the last reload needs a restart for {keys}"
+    for problem in report["errors"]:
+        log.error(
+            "event=sighup_refresh outcome=failed problem=%r hint=%r",
+            problem,
+            f"nothing was applied: fix the config and reload again ({check} lists every problem)",
+        )
+    first = report["errors"][0] if report["errors"] else "unknown"
+    return f"serving the previous config; the last reload failed: {first}"
 
 
 def edge_main(config_path: str, *, log_level: str | None = None) -> int:

@@ -1,4 +1,4 @@
-"""A restart that refuses nothing: ``SIGUSR2`` (or ``POST /restart``) hands a real edge's sockets to a new
+"""A restart that refuses nothing: ``SIGUSR2`` (or ``iopd restart``) hands a real edge's sockets to a new
 ``iopd edge`` while a load loop and open streams run; the node follows it.
 
 Counted, not sampled: every request of the loop is answered 200 (none refused,
@@ -9,9 +9,9 @@ served by the new one (same ports, a new ``connected_since``).
 
 from __future__ import annotations
 
-import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,7 +72,7 @@ async def _stream(c: Cluster, text: str, results: list[Response], started: trio.
     )
 
 
-@pytest.mark.parametrize("how", ["signal", "admin"])
+@pytest.mark.parametrize("how", ["signal", "cli"])
 async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: str) -> None:
     successor_pid: int | None = None
     try:
@@ -97,9 +97,16 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
                     if how == "signal":
                         c.edge.proc.send_signal(signal.SIGUSR2)
                     else:  # iopd restart: answered once the successor took over
-                        answer = await http_request(c.admin, "POST", "/restart")
-                        assert answer.status == 200, answer.body
-                        assert json.loads(answer.body)["outcome"] == "handed_over"
+                        host, port = c.admin
+                        done_cli = await trio.run_process(
+                            [sys.executable, "-m", "iopd", "restart"],
+                            env=dict(os.environ, IOP_ADMIN_URL=f"http://{host}:{port}"),
+                            capture_stdout=True,
+                            capture_stderr=True,
+                            check=False,
+                        )
+                        assert done_cli.returncode == 0, done_cli.stderr
+                        assert b"restarted: the new edge process (pid " in done_cli.stdout
                     done = await c.edge.wait_event("handover_done")
                     successor_pid = int(done["successor_pid"])
                     assert await c.edge.wait_exit() == 0  # the old one drained and left
