@@ -416,6 +416,21 @@ def _check_openai_listener(err: Errors, cfg: EdgeConfig) -> None:
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
 
+    if o.session_header is not None:
+        reason = forbidden_reason(o.session_header)
+        if not _HEADER_NAME.match(o.session_header):
+            err.add("openai.session_header", "must be a valid HTTP header name")
+        elif reason is not None or o.session_header.lower() in (
+            o.provider_auth.header.lower(),
+            "x-api-key",
+            "api-key",
+        ):
+            err.add(
+                "openai.session_header",
+                f"{o.session_header!r} carries a credential or routing, never a session: "
+                + (reason or "it is a credential header"),
+            )
+
     for i, name in enumerate(o.forward_headers):
         hpath = f"openai.forward_headers[{i}]"
         reason = forbidden_reason(name)

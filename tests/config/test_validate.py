@@ -403,6 +403,22 @@ CASES: list[tuple[str, Mutation, str]] = [
         set_in(["openai", "provider_auth", "header"], "bad header"),
         "openai.provider_auth.header: must be a valid HTTP header name",
     ),
+    (
+        "session header name",
+        set_in(["openai", "session_header"], "bad header"),
+        "openai.session_header: must be a valid HTTP header name",
+    ),
+    (
+        "session header a credential",
+        set_in(["openai", "session_header"], "X-Api-Key"),
+        "openai.session_header: 'X-Api-Key' carries a credential or routing, never a session: "
+        "it is a credential header",
+    ),
+    (
+        "unsupported tools policy",
+        set_in(["openai", "unsupported_tools"], "ignore"),
+        "openai.unsupported_tools: must be one of 'drop', 'reject' (got 'ignore')",
+    ),
     # --- legacy routes
     (
         "route unknown node",

@@ -121,6 +121,7 @@ class MockReply:
     drop_after: bool = False  # close the connection after the reply, without saying so
     reset: bool = False  # reset the connection instead of answering
     reset_after_chunks: bool = False  # stream ``chunks``, then reset the connection
+    end_delay: float = 0.0  # seconds between the last chunk and the body's end
 
 
 def _json_reply(obj: Any, status: int = 200) -> MockReply:
@@ -352,6 +353,8 @@ class MockHTTPServer:
             if reply.reset_after_chunks:
                 _reset(stream)
                 raise trio.BrokenResourceError("mock: reset")
+            if reply.end_delay:
+                await trio.sleep(reply.end_delay)
         await stream.send_all(conn.send(h11.EndOfMessage()))
 
 
@@ -558,6 +561,9 @@ class MockOllamaServer(MockHTTPServer):
             return self._show(req.json() or {})
         if req.method == "POST" and req.path == "/api/embed":
             return self._embed(req.json() or {})
+        if req.method == "POST" and req.path == "/api/embeddings":  # the legacy route
+            prompt = (req.json() or {}).get("prompt")
+            return _json_reply({"embedding": [0.5, float(len(str(prompt)))]})
         return _json_reply({"error": f"no route {req.path}"}, 404)
 
     def _show(self, body: dict[str, Any]) -> MockReply:

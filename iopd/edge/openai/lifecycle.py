@@ -32,6 +32,7 @@ from iopd import errors
 from iopd.edge.metering.activity import ActivityRecorder
 from iopd.edge.metering.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.metering.usage import UsageItem, run_event_usage
+from iopd.edge.openai.incoming.session_key import session_digest
 from iopd.edge.openai.outgoing.chat import CompletionAssembler, add_usage
 from iopd.edge.openai.outgoing.error_envelope import OPENAI_ERRORS, Shaped, render_error
 from iopd.edge.principals.authenticator import Principal
@@ -100,6 +101,8 @@ class Outcome:
     #: The error the request ended with (``fail``), for the console's recent errors.
     error_code: str = ""
     error_message: str = ""
+    #: The request's session key (``incoming.session_key``), bounded; None when it names none.
+    session: str | None = None
 
     def failed(self, exc: errors.GatewayError) -> None:
         """The request ends with ``exc``: its metric status, error code and message."""
@@ -275,7 +278,8 @@ def finish(
             tokens[ttype] += n
     log.info(
         "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
-        "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
+        "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d "
+        "session=%s",
         out.request_id,
         (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
             p.source if p else "-"
@@ -289,6 +293,7 @@ def finish(
         duration * 1000,
         tokens["input"],
         tokens["output"],
+        session_digest(out.session),
     )
 
 

@@ -284,8 +284,8 @@ async def chat_stream(
                 leased, functools.partial(stream.run, index=index, asm=asm, strict=filt)
             )
         await responder.write(stream.chunks.end(total_usage(asms)))
+        call.out.status = "ok"  # the final chunk went out: a caller closing now had it all
         await responder.end()
-        call.out.status = "ok"
     finally:
         note_run_usage(asms, call.out)
 
@@ -531,8 +531,8 @@ class _ResponsesStream(_Answer):
         for tool_call in calls:
             tail += events.function_call(tool_call)
         await self.responder.write(tail + events.finish(asm.finish_reason, asm.usage))
+        self.call.out.status = "ok"  # response.completed went out (see chat_stream)
         await self.responder.end()
-        self.call.out.status = "ok"
 
 
 def _response_metadata(req: rq.ResponsesRequest) -> dict[str, str]:
