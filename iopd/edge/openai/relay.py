@@ -15,7 +15,9 @@ merged by its client into ``"Mon..., Mon..."``; the edge is the origin the
 caller talks to, and the backend's software stays private), and
 ``X-Iopd-Upstream-Status`` carries the provider's status, so a provider's
 own error is told from the edge's (whose responses never carry it) while
-the body stays byte-exact.
+the body stays byte-exact.  Like every response of the edge, a relayed one
+carries the edge's ``x-request-id`` (the id of its log line), in place of
+a provider's own.
 
 Most frames never reach the loop below: while it waits, the edge's wire
 reader writes them to the caller's socket itself (``_Reply``, the stream's
