@@ -126,6 +126,7 @@ ROUTES: dict[str, Route] = {
     "/api/chat": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/generate": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/embed": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    "/api/embeddings": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/show": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/tags": Route(GET, "api", answers.ollama_tags, errors=OLLAMA_ERRORS),
     "/api/ps": Route(GET, "api", answers.ollama_ps, errors=OLLAMA_ERRORS),

@@ -69,6 +69,7 @@ def test_the_routes_a_provider_serves_say_which_providers() -> None:
         "/api/chat": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/generate": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/embed": (Serves.OLLAMA, rq.OllamaRequest),
+        "/api/embeddings": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/show": (Serves.OLLAMA, rq.OllamaRequest),
     }
     # Every /api/* route answers in Ollama's shape, every other in OpenAI's.
