@@ -291,7 +291,13 @@ class OpenAIApp:
                 if self._cut:  # its body was still arriving at the drain deadline
                     scope.cancel()
                 try:
-                    await self._serve(admission, call, request, responder)
+                    route = admission.route
+                    if route is None or request.method == "OPTIONS":
+                        # Only a CORS preflight passes check_head without a handler.
+                        out.answered(204)
+                        await responder.send(204, [], b"")
+                    else:  # its route's handler (found once, by the head hook)
+                        await route.handler(self, call, request, responder)
                 finally:
                     self._active.discard(scope)
             if scope.cancelled_caught:
@@ -315,17 +321,6 @@ class OpenAIApp:
             if call is not None and call.admission is not None:
                 await limits.settle(self.rt, call)
             finish(self.rt.metrics, out, self.rt.activity)
-
-    async def _serve(
-        self, admission: Admission, call: Call, request: Request, responder: Responder
-    ) -> None:
-        """Serve a request :meth:`check_head` admitted: its route's handler."""
-        route = admission.route
-        if request.method == "OPTIONS" or route is None:  # only a CORS preflight passes check_head
-            call.out.answered(204)
-            await responder.send(204, [], b"")
-        else:
-            await route.handler(self, call, request, responder)
 
 
 def _admit(
