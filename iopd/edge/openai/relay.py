@@ -75,22 +75,8 @@ UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
 async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome) -> None:
     """Relay the caller's request to the leased provider, ``model`` rewritten;
     on a failure the attempt loop says is safe to retry, to the next one."""
-    request = leased.request
-    headers = tunnel_headers(leased.snap, request, leased.provider_auth)
-
-    async def attempt(leased: LeasedRequest[Body]) -> bool:
-        treq = ProviderTunnelRequest(
-            stream_id=0,
-            provider_id=leased.lease.provider_id,
-            method="POST",
-            path=request.path,
-            headers=headers,
-            body=rq.rewrite_model(leased.body.raw, leased.lease.target),
-            long_context=leased.lease.long,
-        )
-        return await _relay(leased, treq, responder, out)
-
-    await until_done(leased, attempt)
+    headers = tunnel_headers(leased.snap, leased.request, leased.provider_auth)
+    await until_done(leased, _relay, headers, responder, out)
 
 
 def tunnel_headers(
@@ -112,15 +98,26 @@ def tunnel_headers(
 
 async def _relay(
     leased: LeasedRequest[Body],
-    treq: ProviderTunnelRequest,
+    headers: list[tuple[str, str]],
     responder: Responder,
     out: Outcome,
 ) -> bool:
-    """Relay a provider's raw response: status, end-to-end headers, body bytes.
+    """One attempt: the caller's body to the leased provider (``model``
+    rewritten), its raw response back: status, end-to-end headers, body bytes.
 
     True: done.  False: the attempt failed before anything was written and
     the policy said retry (the stream is left; nothing reached the caller).
     """
+    lease = leased.lease
+    treq = ProviderTunnelRequest(
+        stream_id=0,
+        provider_id=lease.provider_id,
+        method="POST",
+        path=leased.request.path,
+        headers=headers,
+        body=rq.rewrite_model(leased.body.raw, lease.target),
+        long_context=lease.long,
+    )
     session: NodeSession = leased.session
     attempts = leased.attempts
     reply = _Reply(responder, out, count_output=leased.snap.rates_limited)
