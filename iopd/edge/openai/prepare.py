@@ -34,7 +34,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Generic, NamedTuple, TypeVar
+from typing import Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
 
 import trio
 
@@ -75,6 +75,8 @@ MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
 
 #: The validated body of an endpoint that reaches a provider.
 Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest, rq.RelayedRequest)
+
+P = ParamSpec("P")
 
 #: At most this many model ids are named in a ``model_not_found`` message.
 MAX_NAMED_MODELS = 20
@@ -345,14 +347,18 @@ class Leasing(Generic[Body]):
 
 
 async def until_done(
-    leased: LeasedRequest[Body], attempt: Callable[[LeasedRequest[Body]], Awaitable[bool]]
+    leased: LeasedRequest[Body],
+    attempt: Callable[Concatenate[LeasedRequest[Body], P], Awaitable[bool]],
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> LeasedRequest[Body]:
-    """Run ``attempt`` until it is done: False (its report got ``RETRY``, and
-    nothing was written) leases the next candidate and runs it again there.
+    """Run ``attempt(leased, *args, **kwargs)`` until it is done: False (its
+    report got ``RETRY``, and nothing was written) leases the next candidate
+    and runs it again there.
 
     The one retry loop of every path; gives the lease the request ended on.
     """
-    while not await attempt(leased):
+    while not await attempt(leased, *args, **kwargs):
         leased = await leased.leasing.next_attempt()
     return leased
 

@@ -17,7 +17,9 @@ merged by its client into ``"Mon..., Mon..."``; the edge is the origin the
 caller talks to, and the backend's software stays private), and a relayed
 error (status 400 or more) carries ``X-Iopd-Upstream-Status`` with the
 provider's status, so a provider's own error is told from the edge's (whose
-responses never carry it) while the body stays byte-exact.
+responses never carry it) while the body stays byte-exact.  Like every
+response of the edge, a relayed one carries the edge's ``x-request-id``
+(the id of its log line), in place of a provider's own.
 
 Most frames never reach the loop below: while it waits, the edge's wire
 reader writes them to the caller's socket itself (``_Reply``, the stream's
@@ -96,28 +98,8 @@ async def relay(
     """Relay the caller's request to the leased provider, ``model`` rewritten;
     on a failure the attempt loop says is safe to retry, to the next one.
     ``upstream`` (the Messages route's): each attempt's path, body and extra headers."""
-    request = leased.request
-    headers = tunnel_headers(leased.snap, request, leased.provider_auth)
-
-    async def attempt(leased: LeasedRequest[Body]) -> bool:
-        path, attempt_headers = request.path, headers
-        if upstream is None:
-            body = rq.rewrite_model(leased.body.raw, leased.lease.target)
-        else:
-            path, body, extra = upstream(leased)
-            attempt_headers = headers + extra
-        treq = ProviderTunnelRequest(
-            stream_id=0,
-            provider_id=leased.lease.provider_id,
-            method="POST",
-            path=path,
-            headers=attempt_headers,
-            body=body,
-            long_context=leased.lease.long,
-        )
-        return await _relay(leased, treq, responder, out)
-
-    await until_done(leased, attempt)
+    headers = tunnel_headers(leased.snap, leased.request, leased.provider_auth)
+    await until_done(leased, _relay, headers, responder, out, upstream)
 
 
 def tunnel_headers(
@@ -139,15 +121,33 @@ def tunnel_headers(
 
 async def _relay(
     leased: LeasedRequest[Body],
-    treq: ProviderTunnelRequest,
+    headers: list[tuple[str, str]],
     responder: Responder,
     out: Outcome,
+    upstream: Upstream[Body] | None = None,
 ) -> bool:
-    """Relay a provider's raw response: status, end-to-end headers, body bytes.
+    """One attempt: the caller's body to the leased provider (``model``
+    rewritten; or what ``upstream`` makes of the request for it), its raw
+    response back: status, end-to-end headers, body bytes.
 
     True: done.  False: the attempt failed before anything was written and
     the policy said retry (the stream is left; nothing reached the caller).
     """
+    lease = leased.lease
+    if upstream is None:
+        path, body = leased.request.path, rq.rewrite_model(leased.body.raw, lease.target)
+    else:
+        path, body, extra = upstream(leased)
+        headers = headers + extra
+    treq = ProviderTunnelRequest(
+        stream_id=0,
+        provider_id=lease.provider_id,
+        method="POST",
+        path=path,
+        headers=headers,
+        body=body,
+        long_context=lease.long,
+    )
     session: NodeSession = leased.session
     attempts = leased.attempts
     reply = _Reply(responder, out, count_output=leased.snap.rates_limited)
@@ -422,6 +422,10 @@ def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
     if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Attempts.failed)
         return AttemptFailure(FailureKind.NODE_BUSY)
     if head_sent:
-        kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND
+        kind = (
+            FailureKind.READ_TIMEOUT
+            if fr.code == "provider_timeout"
+            else FailureKind.RESET_AFTER_SEND
+        )
         return AttemptFailure(kind)
     return AttemptFailure(_CODE_FAILURES.get(fr.code, FailureKind.RESET_AFTER_SEND))
