@@ -210,6 +210,8 @@ async def test_agent_writes_the_file_through_the_edge(case: Case, tmp_path: Path
     if native:
         header = SESSION_HEADERS[case.agent]
         assert [r.path for r in posts if not r.header(header)] == [], header
+        names = [[k for k, _ in r.headers] for r in posts]
+        assert [sorted({k for k in n if n.count(k) > 1}) for n in names] == [[]] * len(posts)
 
 
 def _statuses(gw: Any, endpoint: str) -> dict[str, float]:
