@@ -117,12 +117,18 @@ def _params(cases: list[Case]) -> list[Any]:
     return [pytest.param(c, id=c.id, marks=marks(c)) for c in cases]
 
 
-def _need(agent: str) -> None:
+@pytest.fixture
+def cli(request: pytest.FixtureRequest) -> str:
+    """The case's agent; the test is skipped, saying how to install it, when its CLI
+    is missing (a sync fixture: a skip raised inside a trio test loses its reason)."""
+    params = request.node.callspec.params
+    agent: str = params["case"].agent if "case" in params else params["agent"]
     if agent_clis.installed(agent) is None:
         pytest.skip(
             f"{agent} is not installed under {agent_clis.cli_dir()} "
             f"(npm install --prefix <that dir> {agent_clis.PACKAGES[agent]})"
         )
+    return agent
 
 
 def _task(agent: str, workdir: Path) -> AgentTask:
@@ -164,8 +170,7 @@ def _agent_base_url(agent: str, root: str) -> str:
 
 
 @pytest.mark.parametrize("case", _params(CASES))
-async def test_agent_writes_the_file_through_the_edge(case: Case, tmp_path: Path) -> None:
-    _need(case.agent)
+async def test_agent_writes_the_file_through_the_edge(case: Case, cli: str, tmp_path: Path) -> None:
     workdir = tmp_path / "work"
     workdir.mkdir()
     task = _task(case.agent, workdir)
@@ -233,10 +238,9 @@ def _tokens(gw: Any, endpoint: str, status: str, token_type: str) -> float:
 
 @pytest.mark.parametrize("agent", sorted(DIRECT))
 async def test_agent_writes_the_file_against_the_upstream_directly(
-    agent: str, tmp_path: Path
+    agent: str, cli: str, tmp_path: Path
 ) -> None:
     """The harness alone: the agent against the scripted upstream, no edge."""
-    _need(agent)
     workdir = tmp_path / "work"
     workdir.mkdir()
     task = _task(agent, workdir)
