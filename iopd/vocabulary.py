@@ -9,7 +9,7 @@ word added in one place was missing in the next.  Here every closed set is a
 from it with ``typing.get_args`` (for the runtime check), never written twice.
 
 It imports nothing of ``iopd`` (so any module may import it without a cycle);
-``Health`` comes from ``wire/``, which never imports ``iopd``.
+``Health`` and ``ErrorCode`` come from ``wire/``, which never imports ``iopd``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final, Literal, get_args
 
-from wire.messages import Health
+from wire.messages import ErrorCode, Health
 
 __all__ = [
     "ADMIN_ACTIONS",
@@ -26,6 +26,7 @@ __all__ = [
     "ShownHealth",
     "DISPATCH_OUTCOMES",
     "ENDPOINTS",
+    "ERROR_CODES",
     "FRAMING_HEADERS",
     "FRAME_DIRECTIONS",
     "HEALTH_STATES",
@@ -48,6 +49,7 @@ __all__ = [
     "ContextClass",
     "DispatchOutcome",
     "Endpoint",
+    "ErrorCode",
     "FrameDirection",
     "Health",
     "LimitName",
@@ -192,6 +194,10 @@ WireErrorReason = Literal[
     "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout", "pending_limit"
 ]
 WIRE_ERROR_REASONS: Final = frozenset(get_args(WireErrorReason))
+
+#: The ``code`` of a run's or a tunnel's ``error`` (``wire.messages.ErrorCode``;
+#: what each means to the edge: ``iopd/edge/openai/run_errors.py``).
+ERROR_CODES: Final[frozenset[ErrorCode]] = frozenset(get_args(ErrorCode))
 
 # ------------------------------------------------------------ header sets
 

@@ -52,11 +52,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iopd.http.errors import (
+    BodyBudgetFull,
     ContentTooLarge,
     HttpError,
-    Overloaded,
     Refusal,
-    RequestTimeout,
+    RequestTooSlow,
     internal_error,
     protocol_error,
 )
@@ -365,7 +365,7 @@ class HttpConnection:
         what = TIMEOUT_ANSWERS.get(self.state)
         if what is None:
             return self._close()
-        return self._refuse(RequestTimeout(f"request {what} not received in time"))
+        return self._refuse(RequestTooSlow(f"request {what} not received in time"))
 
     def finish_response(self, reusable: bool) -> bool:
         """The handler is done.  ``reusable``: its response ended cleanly on a
@@ -420,7 +420,7 @@ class HttpConnection:
             if length > listener.limits.max_body_bytes:
                 return self._refuse(ContentTooLarge("request body too large"))
             if not listener.reserve_body(length):
-                return self._refuse(Overloaded(_OVERLOADED))
+                return self._refuse(BodyBudgetFull(_OVERLOADED))
             self._reserved = length
         self.keep_alive = head.keep_alive
         self._apply(ConnEvent.ADMIT)
@@ -438,7 +438,7 @@ class HttpConnection:
                 return self._refuse(ContentTooLarge("request body too large"))
             if incoming.count_pieces:
                 if not self._listener.reserve_body(len(part)):
-                    return self._refuse(Overloaded(_OVERLOADED))
+                    return self._refuse(BodyBudgetFull(_OVERLOADED))
                 self._reserved += len(part)
             incoming.parts.append(part)
         if not reader.complete:

@@ -45,6 +45,7 @@ from iopd.redact import Scrubber
 from wire.messages import (
     ControlState,
     ControlUpdate,
+    ErrorCode,
     NodeConfig,
     NodeConfigAck,
     NodeConfigState,
@@ -344,7 +345,7 @@ class NodeExecutor:
                 int((trio.current_time() - start) * 1000),
             )
 
-    def _unserved(self, provider_id: str) -> tuple[str, str]:
+    def _unserved(self, provider_id: str) -> tuple[ErrorCode, str]:
         """The error code and message of a stream this node does not run."""
         if self.draining:
             return "provider_error", "node is shutting down"
@@ -355,7 +356,7 @@ class NodeExecutor:
 
     @staticmethod
     def _error(
-        req: RunRequest | ProviderTunnelRequest, code: str, message: str
+        req: RunRequest | ProviderTunnelRequest, code: ErrorCode, message: str
     ) -> RunEvent | ProviderTunnelFrame:
         if isinstance(req, ProviderTunnelRequest):
             return ProviderTunnelFrame(
@@ -522,7 +523,7 @@ async def _end_stream(
     stream: WireStream,
     usage: Sequence[RunEvent | ProviderTunnelFrame],
     error: AdapterError | None,
-    error_msg: Callable[[str, str], RunEvent | ProviderTunnelFrame],
+    error_msg: Callable[[ErrorCode, str], RunEvent | ProviderTunnelFrame],
     done: RunEvent | ProviderTunnelFrame,
 ) -> None:
     """Send the usage gathered so far, then the one terminal message of the stream.

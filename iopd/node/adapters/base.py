@@ -12,38 +12,32 @@ connection, kill the process group) — the usage it recorded so far on
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from iopd.http.client import EarlyStart
-from wire.messages import Health, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
+from wire.messages import (
+    Health,
+    ProviderErrorCode,
+    ProviderSpec,
+    ProviderTunnelRequest,
+    RunRequest,
+    Usage,
+)
 
 __all__ = [
     "Adapter",
     "AdapterError",
-    "AdapterErrorCode",
     "CollectedRunOutput",
     "CollectedTunnelOutput",
     "RunOutput",
     "TunnelOutput",
 ]
 
-#: ``provider_unreachable``: the provider could not be reached or refused the
-#: connection (or a ``cli`` process could not start): it never got the request.
-#: ``provider_reset``: the connection broke while the request was being written,
-#: so the provider never read a whole request.  ``provider_timeout``: nothing for
-#: ``read_timeout`` after the request was sent.  ``provider_saturated``: the
-#: provider answered 429 to a normalized run (``AdapterError.retry_after`` carries
-#: its ``Retry-After``).  The edge retries the first two and the last on another
-#: provider (a 429 is no failure of the provider, it is saturated for
-#: a while); an older edge reads them as ``provider_error``.
-AdapterErrorCode = Literal[
-    "provider_error",
-    "provider_timeout",
-    "bad_request",
-    "provider_unreachable",
-    "provider_reset",
-    "provider_saturated",
-]
+#: The codes an adapter raises are the wire's ``ProviderErrorCode``: the edge
+#: retries ``provider_unreachable``, ``provider_reset`` and ``provider_saturated``
+#: (its ``Retry-After`` in ``AdapterError.retry_after``) on another provider
+#: (a 429 is no failure of the provider, it is saturated for a while); an
+#: older edge reads them as ``provider_error``.
 
 
 class AdapterError(Exception):
@@ -56,14 +50,14 @@ class AdapterError(Exception):
 
     def __init__(
         self,
-        code: AdapterErrorCode,
+        code: ProviderErrorCode,
         message: str,
         *,
         retry_after: str | None = None,
         detail: str = "",
     ) -> None:
         super().__init__(f"{code}: {message}")
-        self.code: AdapterErrorCode = code
+        self.code: ProviderErrorCode = code
         self.message = message
         self.detail = detail
         #: ``provider_saturated``: the provider's ``Retry-After`` as it sent it (the
