@@ -11,7 +11,6 @@ import hashlib
 import secrets
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from iopd import __version__
 
@@ -125,7 +124,9 @@ def _cmd_node_drain(args: argparse.Namespace) -> int:
 
 
 def _add_control_parsers(
-    sub: Any, node_parser: argparse.ArgumentParser, admin_token_note: str
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    node_parser: argparse.ArgumentParser,
+    admin_token_note: str,
 ) -> None:
     """``iopd provider drain|disable|enable|set|reset ID`` and ``iopd node drain ID``."""
     lost = (

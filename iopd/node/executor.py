@@ -28,8 +28,7 @@ own scope and ends it quietly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
@@ -365,7 +364,7 @@ class NodeExecutor:
         return RunEvent(stream_id=req.stream_id, kind="error", code=code, message=message)
 
     async def _execute(
-        self, stream: WireStream, work: Any, adapter: Adapter
+        self, stream: WireStream, work: Callable[[], Awaitable[None]], adapter: Adapter
     ) -> AdapterError | None:
         """Run ``work()`` in the stream's scope; the failure to report, if any.
 

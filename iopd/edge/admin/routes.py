@@ -27,7 +27,6 @@ Every error a caller sees is the OpenAI envelope from
 from __future__ import annotations
 
 import logging
-from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
@@ -92,7 +91,7 @@ class _RefreshBody(msgspec.Struct, forbid_unknown_fields=True):
 class _AdminQuart(QuartTrio):
     """QuartTrio whose last-resort error log is one line, never a traceback."""
 
-    def log_exception(self, exc_info: Any) -> None:
+    def log_exception(self, exc_info: object) -> None:
         exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
         log.error("event=admin_error error=%s", type(exc).__name__)
 

@@ -13,10 +13,11 @@ A provider's state is the runtime controls' (``active``, ``draining``,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, TypedDict
+from typing import Final, TypedDict
 
 from iopd.edge.metering.activity import ErrorRow, UsageRow
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.edge.runtime.status_document import ProviderRow
 
 __all__ = ["MAX_USAGE_ROWS", "ConsoleView", "console_view"]
 
@@ -43,7 +44,7 @@ class ProviderView(TypedDict):
     load_ratio: float
     queued: int
     last_error: str
-    override: dict[str, Any] | None  # the runtime overrides, when the controls set some
+    override: dict[str, int] | None  # the runtime overrides, when the controls set some
 
 
 class GroupQueueView(TypedDict):
@@ -96,7 +97,7 @@ def console_view(rt: EdgeRuntime) -> ConsoleView:
     }
 
 
-def _provider(row: Mapping[str, Any]) -> ProviderView:
+def _provider(row: ProviderRow) -> ProviderView:
     """One provider row of ``/status`` as the console shows it."""
     # ``enabled: false`` in the config outranks the runtime state (which is
     # ``active`` unless an operator changed it): such a provider takes nothing.
@@ -117,9 +118,9 @@ def _provider(row: Mapping[str, Any]) -> ProviderView:
     }
 
 
-def _set_overrides(override: object) -> dict[str, Any] | None:
+def _set_overrides(override: object) -> dict[str, int] | None:
     """The overrides actually set (``None`` values dropped), or None when there are none."""
     if not isinstance(override, Mapping):
         return None
-    set_ = {str(k): v for k, v in override.items() if v is not None}
+    set_ = {str(k): v for k, v in override.items() if isinstance(v, int)}
     return set_ or None

@@ -23,13 +23,13 @@ process had started.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
 from iopd.edge.metering.usage import run_event_usage
 from iopd.edge.openai.incoming import requests as rq
-from iopd.edge.openai.incoming.jsonschema import JSONObject
+from iopd.edge.openai.incoming.jsonschema import JSONArray, JSONObject
 from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
 from iopd.edge.openai.outgoing.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
 from iopd.edge.openai.outgoing.responses import ResponseEvents, build_response
@@ -79,7 +79,7 @@ async def chat_once(
         leased = await leased.leasing.next_attempt()
     result = choices[0][0]
     if len(choices) > 1:
-        result["choices"] = [doc["choices"][0] for doc, _ in choices]
+        result["choices"] = [cast(JSONArray, doc["choices"])[0] for doc, _ in choices]
         usage = usage_dict(_total_usage([asm for _, asm in choices]))
         if usage is not None:
             result["usage"] = usage

@@ -12,9 +12,8 @@ connection, kill the process group) — the usage it recorded so far on
 
 from __future__ import annotations
 
-from typing import Any
-
 from iopd.http.client import EarlyStart
+from iopd.json_types import JSONObject
 from wire.messages import (
     Health,
     ProviderErrorCode,
@@ -85,7 +84,7 @@ class RunOutput:
         """A piece of reasoning ("thinking") text."""
         raise NotImplementedError
 
-    async def tool_call(self, call: dict[str, Any]) -> None:
+    async def tool_call(self, call: JSONObject) -> None:
         """One complete tool call, OpenAI shape ``{id, type, function{name, arguments}}``."""
         raise NotImplementedError
 
@@ -95,7 +94,8 @@ class CollectedRunOutput(RunOutput):
 
     def __init__(self) -> None:
         super().__init__()
-        self.events: list[tuple[str, Any]] = []
+        #: ``("text"|"reasoning", str)`` or ``("tool_call", JSONObject)``, in order.
+        self.events: list[tuple[str, str | JSONObject]] = []
 
     async def text(self, delta: str) -> None:
         self.events.append(("text", delta))
@@ -103,20 +103,20 @@ class CollectedRunOutput(RunOutput):
     async def reasoning(self, delta: str) -> None:
         self.events.append(("reasoning", delta))
 
-    async def tool_call(self, call: dict[str, Any]) -> None:
+    async def tool_call(self, call: JSONObject) -> None:
         self.events.append(("tool_call", call))
 
     @property
     def joined_text(self) -> str:
-        return "".join(v for k, v in self.events if k == "text")
+        return "".join(v for k, v in self.events if k == "text" and isinstance(v, str))
 
     @property
     def joined_reasoning(self) -> str:
-        return "".join(v for k, v in self.events if k == "reasoning")
+        return "".join(v for k, v in self.events if k == "reasoning" and isinstance(v, str))
 
     @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return [v for k, v in self.events if k == "tool_call"]
+    def tool_calls(self) -> list[JSONObject]:
+        return [v for k, v in self.events if k == "tool_call" and isinstance(v, dict)]
 
 
 class TunnelOutput:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import binascii
 import json
 import secrets
-from typing import Any
 
 import msgspec
 
+from iopd.json_types import JSONArray, JSONObject, JSONValue, json_list
 from iopd.node.adapters.base import AdapterError, RunOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
@@ -51,13 +51,13 @@ _OPTION_NAMES = {
 _IMAGE_PARTS = frozenset({"image_url", "input_image"})
 
 
-def _image_url(part: dict[str, Any]) -> Any:
+def _image_url(part: JSONObject) -> JSONValue:
     """The URL of an image part: ``image_url.url`` (chat) or ``image_url`` (responses)."""
     ref = part.get("image_url")
     return ref.get("url") if isinstance(ref, dict) else ref
 
 
-def image_base64(part: dict[str, Any], where: str) -> str:
+def image_base64(part: JSONObject, where: str) -> str:
     """The base64 payload of an image part with a ``data:`` URL; ``bad_request`` otherwise."""
     url = _image_url(part)
     if not isinstance(url, str) or not url:
@@ -81,7 +81,7 @@ def image_base64(part: dict[str, Any], where: str) -> str:
     return payload
 
 
-def _content_and_images(content: Any, where: str) -> tuple[str, list[str]]:
+def _content_and_images(content: JSONValue, where: str) -> tuple[str, list[str]]:
     """A message's text and its images (base64); ``bad_request`` for a part Ollama cannot take."""
     if not isinstance(content, list):
         return content_text(content), []
@@ -101,7 +101,7 @@ def _content_and_images(content: Any, where: str) -> tuple[str, list[str]]:
     return content_text(content), images
 
 
-def to_ollama_format(response_format: Any) -> str | dict[str, Any] | None:
+def to_ollama_format(response_format: JSONValue) -> str | JSONObject | None:
     """OpenAI ``response_format`` -> Ollama ``format`` (None: free text)."""
     if response_format is None:
         return None
@@ -127,9 +127,9 @@ def to_ollama_format(response_format: Any) -> str | dict[str, Any] | None:
     )
 
 
-def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_ollama_messages(messages: list[JSONObject]) -> list[JSONObject]:
     """OpenAI chat messages -> Ollama ``/api/chat`` messages (images as base64 ``images``)."""
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             continue
@@ -137,14 +137,16 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role == "developer":
             role = "system"
         text, images = _content_and_images(msg.get("content"), f"messages[{i}]")
-        converted: dict[str, Any] = {"role": role, "content": text}
+        converted: JSONObject = {"role": role, "content": text}
         if images:
-            converted["images"] = images
+            converted["images"] = json_list(images)
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
-            converted_calls = []
+            converted_calls: JSONArray = []
             for call in calls:
-                function = call.get("function", {}) if isinstance(call, dict) else {}
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    function = {}
                 args = function.get("arguments", {})
                 if isinstance(args, str):
                     try:
@@ -161,7 +163,7 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def to_openai_tool_call(call: Any) -> dict[str, Any] | None:
+def to_openai_tool_call(call: JSONValue) -> JSONObject | None:
     """One Ollama tool call -> OpenAI ``{id, type, function{name, arguments(str)}}``."""
     if not isinstance(call, dict):
         return None
@@ -183,16 +185,16 @@ class OllamaAdapter(HTTPAdapter):
     usage_flavour = "ollama"
     probe_path = "/api/tags"
 
-    def chat_body(self, req: RunRequest) -> dict[str, Any]:
+    def chat_body(self, req: RunRequest) -> JSONObject:
         """The upstream ``/api/chat`` request for a normalized run."""
-        options: dict[str, Any] = {}
+        options: JSONObject = {}
         for name, value in req.params.items():
             option = _OPTION_NAMES.get(name)
             if option is not None and value is not None:
                 options[option] = value
-        body: dict[str, Any] = {
+        body: JSONObject = {
             "model": req.target,
-            "messages": to_ollama_messages(req.messages),
+            "messages": json_list(to_ollama_messages(req.messages)),
             "stream": True,
         }
         if options:
@@ -201,7 +203,7 @@ class OllamaAdapter(HTTPAdapter):
         if fmt is not None:
             body["format"] = fmt
         if req.tools:
-            body["tools"] = req.tools
+            body["tools"] = json_list(req.tools)
         return body
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
