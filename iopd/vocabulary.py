@@ -9,7 +9,7 @@ word added in one place was missing in the next.  Here every closed set is a
 from it with ``typing.get_args`` (for the runtime check), never written twice.
 
 It imports nothing of ``iopd`` (so any module may import it without a cycle);
-``Health`` and ``ErrorCode`` come from ``wire/``, which never imports ``iopd``.
+``Health``, ``ErrorCode`` and ``ProviderType`` come from ``wire/``, which never imports ``iopd``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final, Literal, get_args
 
-from wire.messages import ErrorCode, Health
+from wire.messages import ErrorCode, Health, ProviderType
 
 __all__ = [
     "ADMIN_ACTIONS",
@@ -69,7 +69,7 @@ __all__ = [
 
 # ------------------------------------------------------------ provider types
 
-ProviderType = Literal["openai", "ollama", "cli", "echo"]
+#: ``ProviderType`` (``wire.messages``): what each provider type can do.
 PROVIDER_TYPES: Final = frozenset(get_args(ProviderType))
 
 #: Speak the OpenAI HTTP API natively: requests to them are tunnelled raw.

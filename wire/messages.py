@@ -135,11 +135,16 @@ class ProviderStatus(_Msg, tag=True):
     )
 
 
+#: The kinds of provider a node runs, each an adapter (``iopd/node/adapters/``);
+#: ``iopd.vocabulary`` derives what each can do from this one list.
+ProviderType = Literal["openai", "ollama", "cli", "echo"]
+
+
 class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One provider as the node needs it: the adapter settings, no edge policy."""
 
     id: str
-    type: Literal["openai", "ollama", "cli", "echo"]
+    type: ProviderType
     category: str = "local_inference"
     models: list[str] = msgspec.field(default_factory=list)
     base_url: str | None = None
@@ -193,10 +198,12 @@ class RunRequest(_Msg, tag=True):
 
     stream_id: int
     provider_id: str
-    adapter: Literal["openai", "ollama", "cli", "echo"]
+    adapter: ProviderType
     target: str  # the provider's served model name (already rewritten)
-    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
+    # Any (here and in RunEvent.tool_call): the caller's JSON as the edge
+    # validated it; ``wire/`` imports nothing of iopd's JSONValue.
+    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)  # Any: see above
+    tools: list[dict[str, Any]] | None = None  # Any: see above
     params: dict[str, Any] = msgspec.field(default_factory=dict)  # temperature, max_tokens...
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     workspace: str | None = None
@@ -245,7 +252,7 @@ class RunEvent(_Msg, tag=True):
     stream_id: int
     kind: RunEventKind
     text: str = ""
-    tool_call: dict[str, Any] | None = None  # OpenAI shape {id, type, function{name, arguments}}
+    tool_call: dict[str, Any] | None = None  # OpenAI shape {id, type, function{...}}
     usage: Usage | None = None
     finish_reason: str | None = None
     code: str = ""

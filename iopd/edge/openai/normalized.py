@@ -23,7 +23,7 @@ process had started.
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import cast
 
 import msgspec
 
@@ -44,7 +44,7 @@ from iopd.edge.openai.outgoing.tools import (
     restore_native_tool_call,
     tool_instruction,
 )
-from iopd.edge.openai.prepare import LeasedRequest, Leasing
+from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
 from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.http.server import Responder
 from iopd.tokens import estimate_tokens_from_chars
@@ -494,7 +494,7 @@ def _run_request(
     return RunRequest(
         stream_id=0,
         provider_id=lease.provider_id,
-        adapter=lease.provider_type,  # type: ignore[arg-type]
+        adapter=lease.provider_type,
         target=lease.target,
         messages=messages,
         tools=tools,
@@ -548,7 +548,7 @@ def _retry_before_event(leased: _Normalized, ev: RunEvent, *, produced: bool = F
     return leased.leasing.failed(failure, False, retry_after=run_retry_after(ev))
 
 
-def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
+def _report_stream_error(leasing: Leasing[Body], ev: RunEvent, provider_type: str) -> None:
     """A streamed run failed: the stream had started, so it is reported, never retried."""
     failure = run_failure(ev, provider_type, produced=True)
     if failure is not None:

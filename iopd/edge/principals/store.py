@@ -456,9 +456,9 @@ class _Script:
         self.text = _PRELUDE + body
         self.sha = hashlib.sha1(self.text.encode()).hexdigest()
 
-    async def __call__(  # -> Any: a script's reply, which its caller parses
+    async def __call__(
         self, client: coredis.Redis[str], keys: list[str], args: list[ScriptArg]
-    ) -> Any:
+    ) -> Any:  # a script's reply: its caller reads it field by field
         from coredis.exceptions import NoScriptError
 
         try:
