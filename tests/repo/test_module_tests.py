@@ -30,8 +30,6 @@ _REQUEST_PATH = (
 #: Modules over ``MIN_LINES`` lines without a test of their own, and why.
 WITHOUT_DIRECT_TEST: dict[str, str] = {
     "iopd.edge.openai.needs": _REQUEST_PATH,
-    "iopd.edge.openai.normalized": _REQUEST_PATH,
-    "iopd.edge.openai.prepare": _REQUEST_PATH,
     "iopd.edge.openai.relay": _REQUEST_PATH,
 }
 
