@@ -32,6 +32,7 @@ __all__ = [
     "HEALTH_STATES",
     "HOP_BY_HOP",
     "LIMIT_NAMES",
+    "NEVER_REACHED",
     "OLLAMA_TYPES",
     "PASSTHROUGH_TYPES",
     "PROVIDER_TYPES",
@@ -198,6 +199,13 @@ WIRE_ERROR_REASONS: Final = frozenset(get_args(WireErrorReason))
 #: The ``code`` of a run's or a tunnel's ``error`` (``wire.messages.ErrorCode``;
 #: what each means to the edge: ``iopd/edge/openai/run_errors.py``).
 ERROR_CODES: Final[frozenset[ErrorCode]] = frozenset(get_args(ErrorCode))
+#: What the caller is told when the provider was never reached, whatever a
+#: node's own text says (it may name the provider's address): the node's
+#: adapters send these, and the edge keeps to them for a node that does not.
+NEVER_REACHED: Final[Mapping[ErrorCode, str]] = {
+    "provider_unreachable": "the provider could not be reached",
+    "provider_reset": "the connection to the provider broke while the request was sent",
+}
 
 # ------------------------------------------------------------ header sets
 

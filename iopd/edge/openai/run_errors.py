@@ -35,7 +35,7 @@ from typing import Final
 from iopd import errors
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
-from iopd.vocabulary import ERROR_CODES, ErrorCode
+from iopd.vocabulary import ERROR_CODES, NEVER_REACHED, ErrorCode
 from wire.messages import RunEvent
 
 __all__ = [
@@ -82,8 +82,9 @@ _TIMEOUT = _kind(FailureKind.READ_TIMEOUT)
 _BUSY = _kind(FailureKind.NODE_BUSY)
 
 #: One row per code.  The caller's message for a provider never reached is
-#: fixed: a node's own text for these may name the provider's address (an
-#: older node's did), which the caller must not learn; the node's log keeps it.
+#: fixed (``NEVER_REACHED``): a node's own text for these may name the
+#: provider's address (an older node's did), which the caller must not learn;
+#: the node's log keeps it.
 CODES: Final[dict[ErrorCode, CodeRow]] = {
     "provider_error": CodeRow(
         _kind(FailureKind.RUN_ERROR_BEFORE_EVENT),
@@ -103,7 +104,7 @@ CODES: Final[dict[ErrorCode, CodeRow]] = {
         _kind(FailureKind.CONNECT_FAILED),
         _RESET_AFTER,
         errors.ProviderError,
-        "the provider could not be reached",
+        NEVER_REACHED["provider_unreachable"],
     ),
     "provider_reset": CodeRow(
         _kind(FailureKind.RESET_BEFORE_SEND),
@@ -111,7 +112,7 @@ CODES: Final[dict[ErrorCode, CodeRow]] = {
         _kind(FailureKind.RESET_BEFORE_SEND),
         _RESET_AFTER,
         errors.ProviderError,
-        "the connection to the provider broke while the request was sent",
+        NEVER_REACHED["provider_reset"],
     ),
     # The provider's 429 to a run: it did not take it.  (A tunnel relays a 429 as its head.)
     "provider_saturated": CodeRow(
