@@ -324,6 +324,7 @@ class AdminServer:
                     self.config,
                     self._context,
                     self._lifespan_state,
+                    # hypercorn annotates an SSLStream; it serves a plain SocketStream alike.
                     stream,  # type: ignore[arg-type]
                 )
                 server.send_timeout = self.limits.send_timeout
