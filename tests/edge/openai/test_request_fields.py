@@ -125,20 +125,6 @@ def test_chat_tools_are_named_functions() -> None:
     assert _param(info) == "tools[0].type"
 
 
-def test_responses_function_tools_take_chats_shape() -> None:
-    tools: list[JSONObject] = [
-        {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True},
-        {"type": "web_search"},  # built in: only a passthrough provider runs it
-    ]
-    assert f.responses_function_tools(tools) == [
-        {
-            "type": "function",
-            "function": {"name": "f", "parameters": {"type": "object"}, "strict": True},
-        }
-    ]
-    assert f.responses_function_tools(None) is None
-
-
 def test_text_format_becomes_a_response_format() -> None:
     assert f.text_format({}) is None
     assert f.text_format({"text": {"format": {"type": "text"}}}) is None
