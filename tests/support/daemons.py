@@ -353,13 +353,16 @@ async def get_status(c: Cluster) -> dict[str, Any]:
 
 
 async def stream_until_first_chunk(
-    c: Cluster, text: str, results: dict[str, Response], first: trio.Event
+    c: Cluster, text: str, results: dict[str, Response], first: trio.Event, key: str = "stream"
 ) -> None:
+    """A streamed chat of ``text``: ``first`` set at its first chunk, the whole
+    response in ``results[key]`` at its end."""
+
     def seen(piece: bytes) -> None:
         if b"data: " in piece:
             first.set()
 
-    results["stream"] = await http_request(
+    results[key] = await http_request(
         c.openai,
         "POST",
         "/v1/chat/completions",
