@@ -353,7 +353,11 @@ async def get_status(c: Cluster) -> dict[str, Any]:
 
 
 async def stream_until_first_chunk(
-    c: Cluster, text: str, results: dict[str, Response], first: trio.Event, key: str = "stream"
+    openai: tuple[str, int],
+    text: str,
+    results: dict[str, Response],
+    first: trio.Event,
+    key: str = "stream",
 ) -> None:
     """A streamed chat of ``text``: ``first`` set at its first chunk, the whole
     response in ``results[key]`` at its end."""
@@ -363,7 +367,7 @@ async def stream_until_first_chunk(
             first.set()
 
     results[key] = await http_request(
-        c.openai,
+        openai,
         "POST",
         "/v1/chat/completions",
         chat_body(text, stream=True),

@@ -75,7 +75,7 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
                         event = trio.Event()
                         started.append(event)
                         nursery.start_soon(
-                            stream_until_first_chunk, c, text, streams, event, f"s{i}"
+                            stream_until_first_chunk, c.openai, text, streams, event, f"s{i}"
                         )
                     for event in started:
                         await event.wait()
