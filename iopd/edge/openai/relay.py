@@ -138,7 +138,8 @@ async def _relay(
         path, body = leased.request.path, rq.rewrite_model(leased.body.raw, lease.target)
     else:
         path, body, extra = upstream(leased)
-        headers = headers + extra
+        present = {k for k, _ in headers}  # a name the allow-list sent goes once
+        headers = headers + [(k, v) for k, v in extra if k not in present]
     treq = ProviderTunnelRequest(
         stream_id=0,
         provider_id=lease.provider_id,
