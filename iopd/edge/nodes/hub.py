@@ -23,6 +23,9 @@ Why it looks like this:
   contract with the owner: ``node_disconnected`` first (the pool stops
   admitting to the node), then the session's streams fail and free their
   leases, whose release re-examines the queue.
+* ``retire``: a node that left the config is out of routing at once
+  (``node_disconnected``); its session takes no new stream and ends once the
+  open ones are done, which finish normally.
 * Admission: a node's ``LoadReport`` goes to ``provider_load``;
   its ``Busy`` to ``provider_busy`` and then ends its stream with the error
   code ``node_busy``, which the request path answers by leasing again.
@@ -192,7 +195,7 @@ class NodeHub:
     def session(self, node_id: str) -> NodeSession | None:
         """The ready session of ``node_id`` (config acknowledged), or None."""
         session = self._sessions.get(node_id)
-        if session is None or not session.ready or not session.alive:
+        if session is None or not session.ready or not session.alive or session.retire_reason:
             return None
         return session
 
@@ -213,6 +216,17 @@ class NodeHub:
         return await session.push_config(msg, timeout=timeout)
 
     # ---------------------------------------------------------------- lifecycle
+
+    def retire(self, node_id: str, reason: str) -> None:
+        """``node_id`` left the config: out of routing now, ended when its streams are done."""
+        session = self._sessions.get(node_id)
+        if session is None:
+            return
+        session.retire(reason)
+        if session.ready:
+            self._forget(session)  # node_disconnected now; the streams go on
+        else:
+            self._end_session(session, reason)
 
     async def aclose(self, reason: str) -> None:
         """Shutdown: refuse new nodes, end every session, wait for the handlers to exit."""
@@ -286,7 +300,13 @@ class NodeHub:
     ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_session, session, channel, conn, nursery)
+            nursery.start_soon(self._end_when_retired, session)
             await self._announce(session)
+
+    async def _end_when_retired(self, session: NodeSession) -> None:
+        reason = await session.retired_and_idle()
+        log.info("event=node_retired node=%s peer=%s reason=%r", session.node_id, session.peer, reason)
+        self._end_session(session, reason)
 
     async def _serve_session(
         self,
@@ -374,7 +394,7 @@ class NodeHub:
             )
             self._end_session(session, f"node rejected its initial config: {reason}")
             return
-        if not session.alive:
+        if not session.alive or session.retire_reason is not None:
             return
         session.mark_ready()
         self._announced.add(session)
@@ -424,7 +444,7 @@ class NodeHub:
                 "event=node_disconnected node=%s peer=%s reason=%r",
                 session.node_id,
                 session.peer,
-                session.end_reason,
+                session.end_reason or session.retire_reason,
             )
             self._call("node_disconnected", self._owner.node_disconnected, session.node_id)
 
