@@ -38,6 +38,7 @@ def drop_first_request() -> tuple[Callable[[Any], MockReply | None], list[str]]:
 
 
 async def test_request_returns_status_headers_and_body(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.listed = ["mock-model"]
     with trio.fail_after(5):
         client = client_for(openai_mock)
         resp = await client.request("GET", "/v1/models")
@@ -290,6 +291,7 @@ async def test_https_with_custom_trust() -> None:
 
 
 async def test_start_early_needs_an_idle_connection(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.listed = ["mock-model"]
     with trio.fail_after(5):
         client = client_for(openai_mock)
         assert client.start_early("GET", "/v1/models") is None  # nothing pooled yet: dial later

@@ -202,7 +202,7 @@ async def test_iopd_edge_with_the_one_machine_config_serves_the_sdk(tmp_path: Pa
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = MockOpenAIServer()
-            mock.models = ["Qwen/Qwen3-8B"]
+            mock.listed = ["Qwen/Qwen3-8B"]
             await n.start(mock.serve)
             text = shipped
             for old, new in (
