@@ -175,6 +175,11 @@ RESTART: list[tuple[str, Mutation, list[str]]] = [
     ("category", lambda d: prov(d, 0, 0).update(category="api"), ["nodes[0].providers[0].category"]),
     ("api_key", lambda d: prov(d, 0, 0).update(api_key="k"), ["nodes[0].providers[0].api_key"]),
     ("read_timeout", lambda d: prov(d, 1, 0).update(read_timeout=1), ["nodes[1].providers[0].read_timeout"]),
+    (
+        "first_byte_timeout",
+        lambda d: prov(d, 1, 0).update(first_byte_timeout=5),
+        ["nodes[1].providers[0].first_byte_timeout"],
+    ),
     ("delay_ms", lambda d: prov(d, 1, 0).update(delay_ms=5), ["nodes[1].providers[0].delay_ms"]),
     (
         "lifecycle flags",

@@ -136,6 +136,7 @@ class HTTPAdapter(Adapter):
             spec.base_url,
             connect_timeout=spec.connect_timeout,
             read_timeout=spec.read_timeout,
+            first_byte_timeout=spec.first_byte_timeout,
             # Keep as many idle connections as the edge may run requests at
             # once (+1 for the health probe): a smaller pool closes and
             # re-dials a connection per request under full load.
