@@ -89,3 +89,56 @@ async def test_a_removed_node_finishes_its_requests_then_its_session_ends(
             assert "echo-2" not in edge.in_flight()
             assert (await edge.chat("x", model="slow")).status == 404
             assert (await edge.chat("x")).status == 200
+
+
+def team_tokens(*tokens: str) -> str:
+    """Principal tokens that all belong to the principal ``team``."""
+    rows = "".join(
+        f"    - {{token_ref: {t}, token_hash_sha256: {token_hash(t)}, principal_ref: team}}\n"
+        for t in tokens
+    )
+    return "  principal_tokens:\n" + rows
+
+
+TEAM_LIMITS = "limits:\n  principals:\n    - {principal_ref: team, requests_per_minute: 2}\n"
+
+
+async def test_a_rotated_token_keeps_its_principals_limit_counters(tmp_path: Path) -> None:
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, principal=team_tokens("tok-a")) as edge:
+            edge.path.write_text(edge_yaml(principal=team_tokens("tok-a")) + TEAM_LIMITS)
+            assert (await edge.refresh("apply"))["applied"] is True
+            assert [(await chat_as(edge, "tok-a")).status for _ in range(2)] == [200, 200]
+            edge.path.write_text(edge_yaml(principal=team_tokens("tok-b")) + TEAM_LIMITS)
+            doc = await edge.refresh("apply")
+            assert doc["applied"] is True and doc["restart_required"] == []
+            assert (await chat_as(edge, "tok-a")).status == 401
+            r = await chat_as(edge, "tok-b")  # the same principal: its minute is used up
+            assert r.status == 429 and r.json()["error"]["code"] == "rate_limit_exceeded"
+
+
+async def test_a_request_in_flight_when_its_token_is_removed_finishes(tmp_path: Path) -> None:
+    over: dict[str, Any] = dict(delay1=100, delay2=100)
+    results: list[RawResponse] = []
+    with trio.fail_after(30):
+        async with running_edge(tmp_path, principal=principals("tok-a", "tok-b"), **over) as edge:
+
+            async def slow() -> None:
+                body = {"model": "echo", "messages": [{"role": "user", "content": "a b c d e"}]}
+                results.append(
+                    await http_request(
+                        edge.gw.host_port,
+                        "POST",
+                        "/v1/chat/completions",
+                        body=body,
+                        headers=[("authorization", "Bearer tok-a")],
+                    )
+                )
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(slow)
+                await wait_until(lambda: any(edge.in_flight().values()))
+                await edge.apply(principal=principals("tok-b"), **over)
+                assert (await chat_as(edge, "tok-a")).status == 401
+            (done,) = results
+            assert done.status == 200, done.body
