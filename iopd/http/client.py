@@ -263,7 +263,7 @@ class ProviderHTTPClient:
     ``connect_timeout`` bounds the dial (and TLS handshake); ``read_timeout``
     bounds every single read or write, so a stream that keeps producing
     tokens never times out while a hung provider does.  ``first_byte_timeout``
-    (default: ``read_timeout``) bounds the wait for the first byte of a
+    (the lower of the two counts) bounds the wait for the first byte of a
     response once the request is sent: a provider that accepts and never
     answers is given up on well before a stream's ``read_timeout``.
     """
@@ -292,7 +292,9 @@ class ProviderHTTPClient:
         )
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self.first_byte_timeout = read_timeout if first_byte_timeout is None else first_byte_timeout
+        first = read_timeout if first_byte_timeout is None else min(read_timeout, first_byte_timeout)
+        self.first_byte_timeout = first
+        self._first_byte_key = "read_timeout" if first == read_timeout else "first_byte_timeout"
         self.max_idle_connections = max_idle_connections
         self._idle: deque[_Connection] = deque()
         self._ssl_context = ssl_context  # https; None = system trust store
@@ -424,7 +426,7 @@ class ProviderHTTPClient:
                     raise
                 raise ProviderTimeoutError(
                     f"the provider sent no response within {self.first_byte_timeout:g}s "
-                    "(first_byte_timeout)"
+                    f"({self._first_byte_key})"
                 ) from None
             except (trio.BrokenResourceError, OSError):
                 # Our request may meet the closed socket: a reset counts as an EOF.
