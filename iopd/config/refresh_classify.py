@@ -54,6 +54,8 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "cors_allow_origins",
         "principal_tokens",
         "bearer_token",
+        "unsupported_tools",
+        "session_header",
     }
 )
 #: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.
