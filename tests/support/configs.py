@@ -100,20 +100,23 @@ def edge_yaml(
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def served_edge_yaml(base_url: str, *, edge_id: str, **sections: Any) -> str:
+def served_edge_yaml(
+    base_url: str, *, edge_id: str, provider: Mapping[str, Any] | None = None, **sections: Any
+) -> str:
     """An edge whose model ``m`` is one OpenAI-compatible provider ``vllm-a`` serving ``served``
-    at ``base_url``, probed every 50 ms."""
-    provider = {
+    at ``base_url``, probed every 50 ms; ``provider`` overrides its fields."""
+    spec = {
         "id": "vllm-a",
         "type": "openai",
         "base_url": base_url,
         "models": ["served"],
         "health_interval": 0.05,
+        **(provider or {}),
     }
     return edge_yaml(
         edge_id=edge_id,
         models=[model("m", {"vllm-a": "served"})],
-        nodes=[node(providers=[provider])],
+        nodes=[node(providers=[spec])],
         **sections,
     )
 
