@@ -128,34 +128,83 @@ def echo_yaml(
     openai_extra: str = "",
     pool: str = "",
 ) -> str:
-    return f"""
-edge:
-  id: edge-test
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-{auth}{openai_extra}
-{pool}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-{extra_models}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-{extra_providers}
-"""
+    """One node ``node-a`` (alias ``box-a``) with echo provider ``echo-1``, heartbeats 1/3 s;
+    the other arguments are YAML lines put in their sections as they are."""
+    return gateway_yaml(
+        edge_id="edge-test",
+        edge_extra=HEARTBEAT,
+        openai_extra=auth + openai_extra,
+        pool=pool,
+        models="  - id: echo\n    providers: {echo-1: echo}\n" + extra_models,
+        nodes=node_entry(
+            "node-a",
+            echo_entry(capacity=capacity, delay_ms=delay_ms) + extra_providers,
+            alias="box-a",
+        ),
+    )
+
+
+#: The edge's heartbeat lines most tests use (1 s, 3 s).
+HEARTBEAT = "  heartbeat_interval: 1\n  heartbeat_timeout: 3"
+
+
+def _flow(value: object) -> str:
+    """``value`` as a YAML flow value: booleans as ``true``/``false``, a list as ``[a, b]``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def provider_entry(pid: str, ptype: str, **fields: object) -> str:
+    """One ``nodes[].providers`` entry as YAML text, its fields in the order given."""
+    lines = [f"      - id: {pid}", f"        type: {ptype}"]
+    lines += [f"        {key}: {_flow(value)}" for key, value in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def echo_entry(
+    pid: str = "echo-1", *, category: str = "api", capacity: int | None = 4, **fields: object
+) -> str:
+    """An echo provider entry serving ``echo`` (``capacity`` None leaves the schema's default)."""
+    if capacity is not None:
+        fields = {"capacity": capacity, **fields}
+    return provider_entry(pid, "echo", category=category, models=["echo"], **fields)
+
+
+#: The ``models`` section of ``two_node_yaml``: ``echo`` on ``echo-1`` and ``echo-2``.
+TWO_ECHOES = "  - id: echo\n    providers: {echo-1: echo, echo-2: echo}\n"
+
+
+def two_node_yaml(
+    *,
+    edge_id: str,
+    node_a: str,
+    node_b: str,
+    max_queue: int,
+    queue_timeout: float,
+    alias_b: str | None = None,
+    models: str = TWO_ECHOES,
+    admin_listen: str = ANY_PORT,
+    openai_listen: str = ANY_PORT,
+    openai_extra: str = "",
+    extra_nodes: str = "",
+) -> str:
+    """Two nodes: ``node-a`` (alias ``box-a``) with the provider entries ``node_a``, ``node-b``
+    with ``node_b``; heartbeats 1/3 s; ``extra_nodes`` (``nodes[]`` entries) after them."""
+    return gateway_yaml(
+        edge_id=edge_id,
+        admin_listen=admin_listen,
+        edge_extra=HEARTBEAT,
+        openai_listen=openai_listen,
+        openai_extra=openai_extra,
+        pool=f"provider_pool: {{max_queue: {max_queue}, queue_timeout: {queue_timeout}}}",
+        models=models,
+        nodes=node_entry("node-a", node_a, alias="box-a")
+        + node_entry("node-b", node_b, alias=alias_b)
+        + extra_nodes,
+    )
 
 
 def cli_provider(pid: str, script: str, *, models: str = "[cli]", extra: str = "") -> str:
@@ -182,24 +231,36 @@ def http_provider(
 {extra}"""
 
 
-def node_entry(node_id: str, providers: str) -> str:
+def node_entry(node_id: str, providers: str, *, alias: str | None = None) -> str:
+    """One ``nodes[]`` entry (its token is ``node_token(node_id)``) holding ``providers``."""
+    alias_line = f"    alias: {alias}\n" if alias else ""
     return f"""  - id: {node_id}
-    token_hash_sha256: {token_hash(node_token(node_id))}
+{alias_line}    token_hash_sha256: {token_hash(node_token(node_id))}
     providers:
 {providers}"""
 
 
 def gateway_yaml(
-    *, models: str, nodes: str, openai_extra: str = "", pool: str = "", edge_extra: str = ""
+    *,
+    models: str,
+    nodes: str,
+    openai_extra: str = "",
+    pool: str = "",
+    edge_extra: str = "",
+    edge_id: str = "edge-surface",
+    admin_listen: str = ANY_PORT,
+    openai_listen: str = ANY_PORT,
 ) -> str:
+    """An edge config from YAML text: every argument but the ids and listeners is lines put in
+    its section as they are."""
     return f"""
 edge:
-  id: edge-surface
+  id: {edge_id}
   node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
+  admin_listen: {admin_listen}
 {edge_extra}
 openai:
-  listen: 127.0.0.1:0
+  listen: {openai_listen}
 {openai_extra}
 {pool}
 models:
