@@ -21,7 +21,13 @@ from typing import Any
 import trio
 
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION
-from tests.support.configs import cli_provider, gateway_yaml, http_provider, node_entry
+from tests.support.configs import (
+    cli_provider,
+    gateway_yaml,
+    http_provider,
+    node_entry,
+    passthrough_yaml,
+)
 from tests.support.gateway import (
     Gateway,
     RawResponse,
@@ -246,6 +252,36 @@ async def test_generation_policy_passthrough_adds_nothing_and_refuses_over_limit
                 assert_error(r, 400, "invalid_request_error", param="max_output_tokens")
                 assert len(mock.requests) == before  # refused before reaching the provider
             n.cancel_scope.cancel()
+
+
+async def test_passthrough_limit_is_a_400_before_dispatch() -> None:
+    """On passthrough a request over a generation limit gets 400.  For a
+    group whose providers all relay raw, that answer does not depend on which
+    provider is picked, so it must not wait for (or be masked by) dispatch: it
+    used to be checked only after a lease, so with the node down (or the queue
+    full) the caller got a retryable 502/429/503 for a request that can never
+    succeed."""
+    with trio.fail_after(30):
+        async with running_gateway(passthrough_yaml(), nodes=[]) as gw:
+            cases = [
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                          "max_tokens": 1000}, "max_tokens"),
+                ("/v1/responses", {"input": "hi", "max_output_tokens": 1000}, "max_output_tokens"),
+            ]
+            for path, body, param in cases:
+                r = await http_request(gw.host_port, "POST", path, body={"model": "direct", **body})
+                assert r.status == 400, (path, r.status, r.body)
+                err = r.json()["error"]
+                assert err["code"] == "invalid_request_error" and err["param"] == param
+            # Within the limit the same request is dispatched (and fails: no node).
+            r = await http_request(
+                gw.host_port,
+                "POST",
+                "/v1/chat/completions",
+                body={"model": "direct", "messages": [{"role": "user", "content": "hi"}],
+                      "max_tokens": 10},
+            )
+            assert r.status == 502 and r.json()["error"]["code"] == "node_dispatch_error"
 
 
 # ------------------------------------------------------------------ metadata

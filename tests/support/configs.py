@@ -304,3 +304,31 @@ nodes:
         models: [echo]
         capacity: 4
 """
+
+
+def one_slot_yaml(request_timeout: float = 5) -> str:
+    """One echo provider with one slot (1 s a chunk); a request may wait (queue 8, 60 s) far
+    longer than it may run (``request_timeout``); drain_timeout 30 s."""
+    return edge_yaml(
+        edge_id="edge-open",
+        edge={"drain_timeout": 30},
+        openai={"request_timeout": request_timeout},
+        provider_pool={"max_queue": 8, "queue_timeout": 60},
+        nodes=[node(providers=[echo_provider(capacity=1, delay_ms=1000)])],
+    )
+
+
+def passthrough_yaml(base_url: str = "http://127.0.0.1:9", *, openai_extra: str = "") -> str:
+    """Model ``direct`` (``max_tokens`` at most 100) on one OpenAI-compatible provider
+    ``vllm-a`` serving ``served-a`` at ``base_url``; no queue (``max_queue: 0``)."""
+    provider = f'      - {{id: vllm-a, type: openai, base_url: "{base_url}", models: [served-a]}}\n'
+    return gateway_yaml(
+        edge_id="edge-pt",
+        openai_extra=openai_extra,
+        pool="provider_pool: {max_queue: 0}",
+        models=(
+            "  - id: direct\n    providers: {vllm-a: served-a}\n"
+            "    generation: {limits: {max_tokens: 100}}\n"
+        ),
+        nodes=node_entry("node-a", provider),
+    )
