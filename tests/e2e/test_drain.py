@@ -106,15 +106,7 @@ async def test_a_request_that_starts_after_the_drain_cut_is_cut_too() -> None:
                 await stream.send_all(
                     conn.send(h11.Data(data=body[10:])) + conn.send(h11.EndOfMessage())
                 )
-                status = 0
-                while True:
-                    ev = conn.next_event()
-                    if ev is h11.NEED_DATA:
-                        conn.receive_data(await stream.receive_some(65536))
-                    elif isinstance(ev, h11.Response):
-                        status = ev.status_code
-                        break
-                assert status == 503
+                assert (await read_response(stream, conn)).status == 503
 
 
 async def test_healthz_answers_503_and_closes_once_the_edge_drains(

@@ -17,9 +17,9 @@ import trio
 import trio.testing
 
 from iopd.cli import main as cli_main
-from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.node.run import NodeHandle, node_main, run_node
 from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.node_parts import echo_config, node_cfg
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
@@ -34,27 +34,6 @@ from wire.messages import (
 )
 
 CANARY = "sk-canary-93be7d10"
-
-
-def node_cfg(edge: FakeEdge, **kw: Any) -> NodeConfigFile:
-    fields: dict[str, Any] = dict(
-        id="node-a",
-        edge=edge.address,
-        token="node-token",
-        reconnect_initial_backoff=0.05,
-        reconnect_max_backoff=0.5,
-        drain_timeout=2.0,
-    )
-    fields.update(kw)
-    return NodeConfigFile(node=NodeSection(**fields))
-
-
-def echo_config(delay_ms: int = 0, *extra: ProviderSpec) -> NodeConfig:
-    return NodeConfig(
-        stream_id=1,
-        version=1,
-        providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms, capacity=8), *extra],
-    )
 
 
 def echo_req(session: FakeEdgeSession, text: str) -> RunRequest:

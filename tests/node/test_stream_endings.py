@@ -13,7 +13,6 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.http.client import ProviderHTTPClient
 from iopd.node.adapters.base import CollectedRunOutput
 from iopd.node.adapters.cli import CliAdapter
@@ -23,28 +22,10 @@ from iopd.node.usage_extract import SseUsageScanner
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
 from tests.support.hubs import node_with_session, run_req, running_hub
 from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.node_parts import echo_config, node_cfg
 from tests.support.streams import read_head
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession
-from wire.messages import Cancel, NodeConfig, ProviderSpec, RunEvent, RunRequest
-
-
-def _node_cfg(edge: FakeEdge) -> NodeConfigFile:
-    return NodeConfigFile(
-        node=NodeSection(
-            id="node-a",
-            edge=edge.address,
-            token="node-token",
-            reconnect_initial_backoff=0.05,
-            reconnect_max_backoff=0.5,
-            drain_timeout=2.0,
-        )
-    )
-
-
-def _echo_config(delay_ms: int) -> NodeConfig:
-    return NodeConfig(
-        stream_id=1, version=1, providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms)]
-    )
+from wire.messages import Cancel, ProviderSpec, RunEvent, RunRequest
 
 
 async def _collect(session: FakeEdgeSession, stream_id: int) -> list[Any]:
@@ -64,11 +45,11 @@ async def test_cancel_arriving_with_its_request_stops_the_run(
     # node in one read.  The link used to hand the Cancel to the executor
     # before the stream's task had registered it, so the Cancel was lost and
     # the run went on to the end (the provider kept working for nobody).
-    async with FakeEdge.in_memory(node_config=_echo_config(delay_ms=1000)) as edge:
+    async with FakeEdge.in_memory(node_config=echo_config(delay_ms=1000, capacity=1)) as edge:
         monkeypatch.setattr("iopd.node.link.dial", edge.dial)
         with trio.fail_after(300):
             async with trio.open_nursery() as nursery:
-                await nursery.start(functools.partial(run_node, _node_cfg(edge)))
+                await nursery.start(functools.partial(run_node, node_cfg(edge)))
                 session = await edge.accept()
                 req = RunRequest(
                     stream_id=session.next_stream_id(),
