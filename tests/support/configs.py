@@ -165,12 +165,15 @@ def provider_entry(pid: str, ptype: str, **fields: object) -> str:
 
 
 def echo_entry(
-    pid: str = "echo-1", *, category: str = "api", capacity: int | None = 4, **fields: object
+    pid: str = "echo-1", *, category: str | None = "api", capacity: int | None = 4, **fields: object
 ) -> str:
-    """An echo provider entry serving ``echo`` (``capacity`` None leaves the schema's default)."""
+    """An echo provider entry serving ``echo`` (``category`` or ``capacity`` None leaves the
+    schema's default)."""
+    head: dict[str, object] = {} if category is None else {"category": category}
+    head["models"] = ["echo"]
     if capacity is not None:
-        fields = {"capacity": capacity, **fields}
-    return provider_entry(pid, "echo", category=category, models=["echo"], **fields)
+        head["capacity"] = capacity
+    return provider_entry(pid, "echo", **head, **fields)
 
 
 #: The ``models`` section of ``two_node_yaml``: ``echo`` on ``echo-1`` and ``echo-2``.
@@ -231,11 +234,18 @@ def http_provider(
 {extra}"""
 
 
-def node_entry(node_id: str, providers: str, *, alias: str | None = None) -> str:
-    """One ``nodes[]`` entry (its token is ``node_token(node_id)``) holding ``providers``."""
+def node_entry(
+    node_id: str, providers: str, *, alias: str | None = None, verifier: str | None = None
+) -> str:
+    """One ``nodes[]`` entry holding ``providers``: its credential is ``verifier`` (a
+    ``token_verifier``) if given, else the hash of ``node_token(node_id)``."""
     alias_line = f"    alias: {alias}\n" if alias else ""
+    if verifier is None:
+        credential = f"token_hash_sha256: {token_hash(node_token(node_id))}"
+    else:
+        credential = f'token_verifier: "{verifier}"'
     return f"""  - id: {node_id}
-{alias_line}    token_hash_sha256: {token_hash(node_token(node_id))}
+{alias_line}    {credential}
     providers:
 {providers}"""
 
@@ -274,36 +284,21 @@ OLLAMA_SERVED = "mock:latest"
 
 
 def ollama_yaml(base_url: str, *, generation: str = "") -> str:
-    return f"""
-edge:
-  id: edge-ollama
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: llama
-    providers: {{ol-1: "{OLLAMA_SERVED}"}}
-{generation}
-  - id: echo-only
-    providers: {{echo-1: echo}}
-  - id: both
-    providers: {{ol-1: "{OLLAMA_SERVED}", echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: ol-1
-        type: ollama
-        base_url: {base_url}
-        models: ["{OLLAMA_SERVED}"]
-        capacity: 4
-        health_interval: 30
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-"""
+    """Models ``llama`` (Ollama provider ``ol-1`` at ``base_url``, then ``generation`` lines),
+    ``echo-only`` and ``both`` on one node."""
+    return gateway_yaml(
+        edge_id="edge-ollama",
+        models=(
+            f'  - id: llama\n    providers: {{ol-1: "{OLLAMA_SERVED}"}}\n{generation}\n'
+            "  - id: echo-only\n    providers: {echo-1: echo}\n"
+            f'  - id: both\n    providers: {{ol-1: "{OLLAMA_SERVED}", echo-1: echo}}'
+        ),
+        nodes=node_entry(
+            "node-a",
+            http_provider("ol-1", "ollama", base_url, models=f'["{OLLAMA_SERVED}"]')
+            + echo_entry(category=None),
+        ),
+    )
 
 
 def one_slot_yaml(request_timeout: float = 5) -> str:
