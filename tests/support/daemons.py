@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,3 +378,42 @@ async def wait_until_refused(addr: tuple[str, int]) -> None:
             return
         await stream.aclose()
         await trio.sleep(0.02)
+
+
+async def run_iopd(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m iopd ARGS`` to its end: exit status, stdout, stderr."""
+    with trio.fail_after(GUARD):
+        proc = await trio.run_process(
+            [sys.executable, "-m", "iopd", *args],
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def assert_one_line(result: tuple[int, str, str], expected: str) -> None:
+    """``run_iopd``'s result is exit 1 with ``expected`` as its one stderr line, no traceback."""
+    code, stdout, stderr = result
+    assert code == 1, (code, stdout, stderr)
+    assert stderr.splitlines() == [expected], stderr
+    assert "Traceback" not in stdout + stderr
+
+
+@asynccontextmanager
+async def notify_socket(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, Callable[[], Awaitable[list[str]]]]]:
+    """A systemd notify socket in ``tmp_path``: its path (``run_daemon(notify_socket=)``) and
+    a function that waits for the next notification's states."""
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
+    await sock.bind(path)
+
+    async def next_states() -> list[str]:
+        return (await sock.recv(4096)).decode().split("\n")
+
+    with sock:
+        yield path, next_states
