@@ -19,7 +19,8 @@ from iopd.node.adapters.cli import CliAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.run import NodeHandle, run_node
 from iopd.node.usage_extract import SseUsageScanner
-from tests.support.gateway import http_request, node_token, running_gateway, token_hash, wait_until
+from tests.support.configs import echo_entry, gateway_yaml, node_entry
+from tests.support.gateway import http_request, running_gateway, wait_until
 from tests.support.hubs import node_with_session, run_req, running_hub
 from tests.support.mock_providers import MockOpenAIServer, MockReply
 from tests.support.node_parts import echo_config, node_cfg
@@ -114,31 +115,14 @@ async def test_reused_connection_reset_before_any_response_is_retried() -> None:
 
 def _two_echo_nodes_yaml() -> str:
     def node(node_id: str, provider_id: str, priority: int) -> str:
-        return f"""
-  - id: {node_id}
-    token_hash_sha256: {token_hash(node_token(node_id))}
-    providers:
-      - id: {provider_id}
-        type: echo
-        category: api
-        models: [echo]
-        capacity: 4
-        priority: {priority}
-        delay_ms: 300
-        health_interval: 0.05"""
+        echo = echo_entry(provider_id, priority=priority, delay_ms=300, health_interval=0.05)
+        return node_entry(node_id, echo)
 
-    return f"""
-edge:
-  id: edge-test
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: echo
-    providers: {{echo-a: echo, echo-b: echo}}
-nodes:{node("node-a", "echo-a", 0)}{node("node-b", "echo-b", 1)}
-"""
+    return gateway_yaml(
+        edge_id="edge-test",
+        models="  - id: echo\n    providers: {echo-a: echo, echo-b: echo}",
+        nodes=node("node-a", "echo-a", 0) + node("node-b", "echo-b", 1),
+    )
 
 
 async def test_a_draining_node_takes_no_new_work_from_the_edge() -> None:
