@@ -21,7 +21,7 @@ from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_p
 from iopd.config.fallback_graph import fallback_cycles
 from iopd.config.placeholders import placeholder_hash_reason, placeholder_token_reason
 from iopd.config.problems import ConfigProblem, join_key
-from iopd.config.provider_url import base_url_problem
+from iopd.config.provider_url import HTTP_PROVIDER_TYPES, base_url_problem
 from iopd.config.schema import (
     LIFECYCLE_CAPABILITIES,
     EdgeConfig,
@@ -117,7 +117,7 @@ class Errors:
 
 
 def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
-    if p.type in ("openai", "ollama"):
+    if p.type in HTTP_PROVIDER_TYPES:
         if not p.base_url:
             err.add(
                 f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)"
@@ -126,6 +126,11 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
             problem = base_url_problem(p.type, p.base_url)
             if problem is not None:
                 err.add(f"{path}.base_url", problem)
+    if p.anthropic_messages and p.type != "openai":
+        err.add(
+            f"{path}.anthropic_messages",
+            f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
+        )
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
@@ -410,6 +415,21 @@ def _check_openai_listener(err: Errors, cfg: EdgeConfig) -> None:
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
+
+    if o.session_header is not None:
+        reason = forbidden_reason(o.session_header)
+        if not _HEADER_NAME.match(o.session_header):
+            err.add("openai.session_header", "must be a valid HTTP header name")
+        elif reason is not None or o.session_header.lower() in (
+            o.provider_auth.header.lower(),
+            "x-api-key",
+            "api-key",
+        ):
+            err.add(
+                "openai.session_header",
+                f"{o.session_header!r} carries a credential or routing, never a session: "
+                + (reason or "it is a credential header"),
+            )
 
     for i, name in enumerate(o.forward_headers):
         hpath = f"openai.forward_headers[{i}]"

@@ -18,6 +18,10 @@ Shapes understood:
 * Responses ``usage``: ``input_tokens``, ``output_tokens``,
   ``output_tokens_details.reasoning_tokens``, ``input_tokens_details.cached_tokens``;
   in streams it sits in the ``response.completed`` event's ``response.usage``;
+* Anthropic Messages ``usage``: ``input_tokens`` plus the cache's
+  ``cache_read_input_tokens`` (the cached input) and
+  ``cache_creation_input_tokens``, ``output_tokens``; in streams the input in
+  ``message_start``'s ``message.usage``, the output in ``message_delta``;
 * Ollama (NDJSON or single JSON): ``prompt_eval_count`` / ``eval_count`` of the
   object with ``done: true``.
 """
@@ -25,10 +29,10 @@ Shapes understood:
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import msgspec
 
+from iopd.json_types import JSONValue
 from wire.messages import Usage
 
 __all__ = [
@@ -51,13 +55,13 @@ _json_decode = msgspec.json.Decoder().decode
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 
 
-def _int(value: Any) -> int | None:
+def _int(value: JSONValue) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return int(value)
 
 
-def usage_from_openai(obj: Any) -> Usage | None:
+def usage_from_openai(obj: JSONValue) -> Usage | None:
     """A ``usage`` object of Chat Completions or Responses shape -> Usage (None if neither)."""
     if not isinstance(obj, dict):
         return None
@@ -78,10 +82,18 @@ def usage_from_openai(obj: Any) -> Usage | None:
         usage.reasoning_tokens = _int(out_details.get("reasoning_tokens"))
     if isinstance(in_details, dict):
         usage.cached_input_tokens = _int(in_details.get("cached_tokens"))
+    cache_read = _int(obj.get("cache_read_input_tokens"))
+    if cache_read is not None or "cache_creation_input_tokens" in obj:
+        # Anthropic's: input_tokens leaves out the cache's reads and writes;
+        # the input counted here holds them (as chat's prompt_tokens does).
+        written = _int(obj.get("cache_creation_input_tokens")) or 0
+        if usage.input_tokens is not None:
+            usage.input_tokens += (cache_read or 0) + written
+        usage.cached_input_tokens = cache_read
     return usage
 
 
-def usage_from_ollama(obj: Any) -> Usage | None:
+def usage_from_ollama(obj: JSONValue) -> Usage | None:
     """Usage of an Ollama object with ``done: true`` (None otherwise)."""
     if not isinstance(obj, dict) or obj.get("done") is not True:
         return None
@@ -93,7 +105,7 @@ def usage_from_ollama(obj: Any) -> Usage | None:
     )
 
 
-def _usage_in_openai_document(doc: Any) -> Usage | None:
+def _usage_in_openai_document(doc: JSONValue) -> Usage | None:
     """Usage carried by a JSON body or an SSE event of either OpenAI API."""
     if not isinstance(doc, dict):
         return None
@@ -103,10 +115,13 @@ def _usage_in_openai_document(doc: Any) -> Usage | None:
     response = doc.get("response")  # responses stream: response.completed etc.
     if isinstance(response, dict):
         return usage_from_openai(response.get("usage"))
+    message = doc.get("message")  # Anthropic's message_start
+    if isinstance(message, dict):
+        return usage_from_openai(message.get("usage"))
     return None
 
 
-def _reasoning_chars_openai(doc: Any) -> int:
+def _reasoning_chars_openai(doc: JSONValue) -> int:
     """Reasoning text in one chat chunk / message or one responses event."""
     if not isinstance(doc, dict):
         return 0
@@ -133,7 +148,7 @@ def _reasoning_chars_openai(doc: Any) -> int:
     return total
 
 
-def _reasoning_chars_ollama(doc: Any) -> int:
+def _reasoning_chars_ollama(doc: JSONValue) -> int:
     if not isinstance(doc, dict):
         return 0
     total = 0
@@ -141,8 +156,10 @@ def _reasoning_chars_ollama(doc: Any) -> int:
     if isinstance(thinking, str):
         total += len(thinking)
     message = doc.get("message")
-    if isinstance(message, dict) and isinstance(message.get("thinking"), str):
-        total += len(message["thinking"])
+    if isinstance(message, dict):
+        message_thinking = message.get("thinking")
+        if isinstance(message_thinking, str):
+            total += len(message_thinking)
     return total
 
 
@@ -183,7 +200,7 @@ class BodyUsageScanner:
     def finish(self) -> None:
         """The body ended; process what is still buffered."""
 
-    def _document(self, doc: Any) -> None:
+    def _document(self, doc: JSONValue) -> None:
         if self.flavour == "ollama":
             usage = usage_from_ollama(doc)
             self.reasoning_chars += _reasoning_chars_ollama(doc)
@@ -191,6 +208,12 @@ class BodyUsageScanner:
             usage = _usage_in_openai_document(doc)
             self.reasoning_chars += _reasoning_chars_openai(doc)
         if usage is not None:
+            previous = self.usage
+            if usage.input_tokens is None and previous is not None:
+                # Anthropic's message_delta counts the output only: the input
+                # stays the one message_start gave.
+                usage.input_tokens = previous.input_tokens
+                usage.cached_input_tokens = previous.cached_input_tokens
             self.usage = usage
 
 

@@ -30,14 +30,14 @@ run whose process had started.
 
 from __future__ import annotations
 
-import functools
 import time
+from typing import cast
 
 import msgspec
 
 from iopd.edge.openai.attempts import AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
-from iopd.edge.openai.incoming.jsonschema import JSONObject
+from iopd.edge.openai.incoming.jsonschema import JSONArray, JSONObject
 from iopd.edge.openai.lifecycle import (
     TEXT_TOOL_TYPES,
     Call,
@@ -219,7 +219,7 @@ async def chat_once(
     await until_done(leased, attempt)
     result = choices[0][0]
     if len(choices) > 1:
-        result["choices"] = [doc["choices"][0] for doc, _ in choices]
+        result["choices"] = [cast(JSONArray, doc["choices"])[0] for doc, _ in choices]
         usage = usage_dict(total_usage([asm for _, asm in choices]))
         if usage is not None:
             result["usage"] = usage
@@ -280,12 +280,10 @@ async def chat_stream(
             asms.append(asm)
             filt = StrictStreamFilter() if strict else None
             # A run that is retried produced nothing: asm and filt stay empty.
-            leased = await until_done(
-                leased, functools.partial(stream.run, index=index, asm=asm, strict=filt)
-            )
+            leased = await until_done(leased, stream.run, index, asm, filt)
         await responder.write(stream.chunks.end(total_usage(asms)))
+        call.out.status = "ok"  # the final chunk went out: a caller closing now had it all
         await responder.end()
-        call.out.status = "ok"
     finally:
         note_run_usage(asms, call.out)
 
@@ -476,7 +474,7 @@ async def responses_stream(
     strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
     stream = _ResponsesStream(call, responder, events, strict)
     try:
-        await until_done(leased, functools.partial(stream.run, asm=asm))
+        await until_done(leased, stream.run, asm)
     finally:
         note_run_usage([asm], call.out)
 
@@ -531,8 +529,8 @@ class _ResponsesStream(_Answer):
         for tool_call in calls:
             tail += events.function_call(tool_call)
         await self.responder.write(tail + events.finish(asm.finish_reason, asm.usage))
+        self.call.out.status = "ok"  # response.completed went out (see chat_stream)
         await self.responder.end()
-        self.call.out.status = "ok"
 
 
 def _response_metadata(req: rq.ResponsesRequest) -> dict[str, str]:
@@ -570,7 +568,7 @@ def _run_request(
     return RunRequest(
         stream_id=0,
         provider_id=lease.provider_id,
-        adapter=lease.provider_type,  # type: ignore[arg-type]
+        adapter=lease.provider_type,
         target=lease.target,
         messages=messages,
         tools=tools,

@@ -11,6 +11,7 @@ boolean is never a number.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard, cast
 
 import msgspec
 
@@ -47,11 +48,11 @@ def rewrite_model(raw: JSONObject, served: str) -> bytes:
     return _encode(out)
 
 
-def is_number(value: JSONValue) -> bool:
+def is_number(value: JSONValue) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_int(value: JSONValue) -> bool:
+def is_int(value: JSONValue) -> TypeGuard[int | float]:
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
@@ -112,7 +113,7 @@ def opt_number(
         raise wrong_type(name, "a number", value)
     if not low <= value <= high:
         raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def opt_int(
@@ -130,7 +131,8 @@ def opt_int(
     return value
 
 
-def stop(raw: JSONObject) -> str | list[str] | None:
+def stop(raw: JSONObject) -> str | JSONArray | None:
+    """``stop``: a string or an array of strings (as sent)."""
     value = raw.get("stop")
     if value is None or isinstance(value, str):
         return value
@@ -255,7 +257,7 @@ def messages(raw: JSONObject) -> list[JSONObject]:
         name = msg.get("name")
         if name is not None and not isinstance(name, str):
             raise wrong_type(f"{here}.name", "a string", name)
-    return messages
+    return cast("list[JSONObject]", messages)  # each message checked above
 
 
 def tool_call(call: JSONValue, here: str) -> None:
@@ -299,7 +301,7 @@ def chat_tools(raw: JSONObject) -> list[JSONObject] | None:
         opt_str(function, "description", f"{here}.function.description")
         opt_object(function, "parameters", f"{here}.function.parameters")
         opt_bool(function, "strict", False, f"{here}.function.strict")
-    return tools
+    return cast("list[JSONObject]", tools)  # each tool checked above
 
 
 def opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
@@ -312,34 +314,64 @@ def opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise wrong_type(f"{key}[{i}]", "an object", item)
+    return cast("list[JSONObject]", value)  # each item checked above
+
+
+#: ``reasoning.effort`` / ``reasoning_effort`` values (OpenAI's, ``xhigh`` included).
+REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
+#: Sampling fields beyond OpenAI's that open servers take (vLLM, llama.cpp,
+#: Ollama): name -> (the parameter it becomes, low, high).
+_SAMPLING_EXTRAS: tuple[tuple[str, str, float, float], ...] = (
+    ("top_k", "top_k", -1, 1_000_000),
+    ("min_p", "min_p", 0, 1),
+    ("repeat_penalty", "repeat_penalty", 0, 10),
+    ("repetition_penalty", "repeat_penalty", 0, 10),
+)
+MAX_TEMPLATE_KWARGS = 32
+
+
+def sampling_extras(raw: JSONObject, params: JSONObject) -> None:
+    """``top_k``, ``min_p``, ``repeat_penalty`` (or vLLM's ``repetition_penalty``)
+    and ``chat_template_kwargs`` into ``params``: checked here, mapped by each
+    adapter where its provider has a place for them (ollama: ``options``)."""
+    for key, name, low, high in _SAMPLING_EXTRAS:
+        value = opt_number(raw, key, low, high)
+        if value is None or (name == "top_k" and value < 0):  # top_k -1: off (vLLM)
+            continue
+        if name == "top_k" and not is_int(value):
+            raise wrong_type(key, "an integer", value)
+        params[name] = int(value) if name == "top_k" else value
+    kwargs = opt_object(raw, "chat_template_kwargs")
+    if kwargs is not None:
+        if len(kwargs) > MAX_TEMPLATE_KWARGS:
+            raise InvalidRequest(
+                f"'chat_template_kwargs' may hold at most {MAX_TEMPLATE_KWARGS} entries",
+                param="chat_template_kwargs",
+            )
+        params["chat_template_kwargs"] = kwargs
+
+
+def reasoning_effort(value: JSONValue, param: str) -> str | None:
+    """A reasoning effort (``none`` ... ``xhigh``), or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in REASONING_EFFORTS:
+        raise InvalidRequest(
+            f"'{param}' must be one of {', '.join(sorted(REASONING_EFFORTS))}", param=param
+        )
     return value
 
 
-def responses_function_tools(tools: list[JSONObject] | None) -> list[JSONObject] | None:
-    """Responses' flat function tools (``{"type": "function", "name", "parameters"}``)
-    validated like chat's and reshaped to chat's ``{"type", "function": {...}}``."""
-    if tools is None:
+def opt_str_array(raw: JSONObject, key: str, max_items: int = 64) -> list[str] | None:
+    """An optional, bounded array of strings (``include``)."""
+    value = raw.get(key)
+    if value is None:
         return None
-    out: list[JSONObject] = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            continue  # a built-in tool: only a passthrough provider runs it
-        here = f"tools[{i}]"
-        name = tool.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            raise InvalidRequest(
-                f"'{here}.name' must be 1-64 characters of a-z, A-Z, 0-9, _ or -",
-                param=f"{here}.name",
-            )
-        function: JSONObject = {"name": name}
-        for key, check in (("description", opt_str), ("parameters", opt_object)):
-            value = check(tool, key, f"{here}.{key}")
-            if value is not None:
-                function[key] = value
-        if opt_bool(tool, "strict", False, f"{here}.strict"):
-            function["strict"] = True
-        out.append({"type": "function", "function": function})
-    return out
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise wrong_type(key, "an array of strings", value)
+    if len(value) > max_items:
+        raise InvalidRequest(f"'{key}' may hold at most {max_items} entries", param=key)
+    return cast("list[str]", value)  # each item checked above
 
 
 def text_format(raw: JSONObject) -> JSONObject | None:
@@ -354,7 +386,7 @@ def text_format(raw: JSONObject) -> JSONObject | None:
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
-        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        schema: JSONObject = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     return fmt
 
