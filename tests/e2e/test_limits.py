@@ -17,7 +17,7 @@ import trio
 
 from iopd.admin_client import format_principals
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
-from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, remote_yaml
 from tests.support.gateway import (
     Gateway,
     admin_host_port,
@@ -396,11 +396,8 @@ async def test_passthrough_edge_values_replace_the_providers_headers(stream: boo
                 return reply
 
             mock.handler = handler
-            yaml = gateway_yaml(
-                models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-                nodes=node_entry(
-                    "node-a", http_provider("oa-1", "openai", mock.base_url, models="[mock-model]")
-                ),
+            yaml = remote_yaml(
+                mock.base_url,
                 openai_extra=principals_block(),
                 pool=limits_block("requests_per_minute: 4"),
             )
@@ -451,12 +448,7 @@ def _no_usage_stream(delay: float = 0.0) -> MockReply:
 
 
 def _remote_yaml(url: str, limits: str) -> str:
-    return gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry("node-a", http_provider("oa-1", "openai", url, models="[mock-model]")),
-        openai_extra=principals_block(),
-        pool=limits_block(limits),
-    )
+    return remote_yaml(url, openai_extra=principals_block(), pool=limits_block(limits))
 
 
 async def test_a_stream_without_usage_settles_the_output_it_relayed() -> None:

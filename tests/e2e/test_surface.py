@@ -27,6 +27,7 @@ from tests.support.configs import (
     http_provider,
     node_entry,
     passthrough_yaml,
+    remote_yaml,
 )
 from tests.support.gateway import (
     Gateway,
@@ -780,12 +781,7 @@ async def test_passthrough_provider_error_relayed_as_is() -> None:
                 return None
 
             mock.handler = handler
-            yaml_text = gateway_yaml(
-                models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-                nodes=node_entry(
-                    "node-a", http_provider("oa-1", "openai", mock.base_url, models="[mock-model]")
-                ),
-            )
+            yaml_text = remote_yaml(mock.base_url)
             async with running_gateway(yaml_text) as gw:
                 for path, body in (
                     (CHAT, chat_body("remote", "hi")),
@@ -898,12 +894,7 @@ async def test_passthrough_cancel_closes_the_provider_connection() -> None:
             mock = await n.start(MockOpenAIServer().serve)
             mock.reply_text = " ".join(f"w{i}" for i in range(100))
             mock.chunk_delay = 0.05  # 100 chunks x 50 ms: only a cancel ends it early
-            yaml_text = gateway_yaml(
-                models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-                nodes=node_entry(
-                    "node-a", http_provider("oa-1", "openai", mock.base_url, models="[mock-model]")
-                ),
-            )
+            yaml_text = remote_yaml(mock.base_url)
             async with running_gateway(yaml_text) as gw:
                 pool = gw.runtime.pool
                 delays: list[float] = []

@@ -327,3 +327,15 @@ def passthrough_yaml(base_url: str = "http://127.0.0.1:9", *, openai_extra: str 
         ),
         nodes=node_entry("node-a", provider),
     )
+
+
+def remote_yaml(base_url: str, **sections: str) -> str:
+    """Model ``remote`` on one OpenAI-compatible provider ``oa-1`` serving ``mock-model`` at
+    ``base_url`` (a passthrough group); ``sections`` go to ``gateway_yaml`` as they are."""
+    return gateway_yaml(
+        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
+        nodes=node_entry(
+            "node-a", http_provider("oa-1", "openai", base_url, models="[mock-model]")
+        ),
+        **sections,
+    )
