@@ -62,15 +62,16 @@ nodes:
         delay_ms: {delay_ms}
 """
 
-NODE_YAML = """\
-node:
-  id: ops-node
-  edge: 127.0.0.1:{wire_port}
-  token: ${{IOP_NODE_TOKEN}}
-  reconnect_initial_backoff: 0.1
-  reconnect_max_backoff: 1
-  log_format: {log_format}
-"""
+
+
+def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | None = None) -> str:
+    """A node daemon's config: ``node_id`` dialling the edge's wire port on loopback with the
+    token from ``IOP_NODE_TOKEN``, reconnecting after 0.1 s up to 1 s."""
+    text = (
+        f"node:\n  id: {node_id}\n  edge: 127.0.0.1:{wire_port}\n  token: ${{IOP_NODE_TOKEN}}\n"
+        "  reconnect_initial_backoff: 0.1\n  reconnect_max_backoff: 1\n"
+    )
+    return text + (f"  log_format: {log_format}\n" if log_format is not None else "")
 
 
 def _sha256(text: str) -> str:
@@ -244,7 +245,7 @@ async def cluster(tmp_path: Path, **edge_opts: Any) -> AsyncIterator[Cluster]:
             started = await edge.wait_event("edge_started")
             wire = host_port(started["wire"])
             node_cfg = tmp_path / "node.yaml"
-            node_cfg.write_text(NODE_YAML.format(wire_port=wire[1], log_format=log_format))
+            node_cfg.write_text(node_yaml(wire[1], log_format=log_format))
             async with run_daemon(nursery, "node", "node", node_cfg) as node:
                 c = Cluster(
                     edge=edge,

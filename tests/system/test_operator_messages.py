@@ -20,11 +20,11 @@ import trio
 
 from tests.support.daemons import (
     NODE_TOKEN,
-    NODE_YAML,
     Daemon,
     assert_one_line,
     edge_yaml,
     host_port,
+    node_yaml,
     notify_socket,
     parse_log_line,
     run_daemon,
@@ -37,7 +37,7 @@ GUARD = 30.0
 
 def _node_config(tmp_path: Path, port: int) -> Path:
     path = tmp_path / "node.yaml"
-    path.write_text(NODE_YAML.format(wire_port=port, log_format="keyvalue"))
+    path.write_text(node_yaml(port, log_format="keyvalue"))
     return path
 
 
