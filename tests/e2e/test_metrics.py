@@ -27,7 +27,7 @@ import trio
 import trio.testing
 from prometheus_client.parser import text_string_to_metric_families
 
-from iopd.edge.nodes.hub import HubSettings, NodeHub
+from iopd.edge.nodes.hub import NodeHub
 from iopd.tokens import estimate_input_tokens
 from tests.support.gateway import (
     Gateway,
@@ -38,6 +38,7 @@ from tests.support.gateway import (
     token_hash,
     wait_until,
 )
+from tests.support.hubs import make_hub
 from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.support.wire_peers import FakeNode, HubRecorder
 from wire import scram
@@ -1024,14 +1025,7 @@ async def test_failure_statuses_are_counted_once_with_their_labels() -> None:
 
 
 def _metered_hub(rec: HubRecorder) -> NodeHub:
-    settings = HubSettings(
-        edge_id=EDGE_ID,
-        heartbeat_interval=5.0,
-        heartbeat_timeout=15.0,
-        handshake_timeout=3.0,
-        max_frame_bytes=1 << 20,
-    )
-    return NodeHub(settings, owner=rec)
+    return make_hub(rec, edge_id=EDGE_ID, handshake_timeout=3.0)
 
 
 async def _raw_handshake(stream: trio.abc.Stream) -> Connection:

@@ -13,7 +13,6 @@ import trio.testing
 import trustme
 
 from iopd.config.schema import EdgeTLS, NodeSection, NodeTLS
-from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.node.link import NodeLink
 from iopd.transport import (
     ChannelClosed,
@@ -24,6 +23,7 @@ from iopd.transport import (
     serve_wire,
     server_ssl_context,
 )
+from tests.support.hubs import make_hub
 from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import FakeEdge, FakeNode, HubRecorder, wait_until
 from wire import scram
@@ -83,16 +83,7 @@ async def test_mutual_tls_hub_and_link(pki: dict[str, str]) -> None:
         verifiers={"node-a": scram.Verifier.create(TOKEN, iterations=scram.MIN_ITERATIONS).encode()},
     )
     events = rec.events
-    hub = NodeHub(
-        HubSettings(
-            edge_id="edge-tls",
-            heartbeat_interval=5,
-            heartbeat_timeout=15,
-            handshake_timeout=5,
-            max_frame_bytes=1 << 20,
-        ),
-        owner=rec,
-    )
+    hub = make_hub(rec, edge_id="edge-tls", handshake_timeout=5)
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
             host, port = await nursery.start(_serve_tls, hub.handle_connection, srv)
@@ -165,17 +156,8 @@ async def test_tls_connections_count_as_pending_until_authenticated(pki: dict[st
     assert srv is not None
     client = client_ssl_context(NodeTLS(ca=pki["ca"]))
     rec = HubRecorder({"node-a": TOKEN}, config_version=1)
-    hub = NodeHub(
-        HubSettings(
-            edge_id="edge-tls",
-            heartbeat_interval=5,
-            heartbeat_timeout=15,
-            handshake_timeout=5,
-            max_frame_bytes=1 << 20,
-            max_pending=1,
-            max_pending_per_address=1,
-        ),
-        owner=rec,
+    hub = make_hub(
+        rec, edge_id="edge-tls", handshake_timeout=5, max_pending=1, max_pending_per_address=1
     )
     gate = hub.listener_gate()
 
