@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.repo.test_import_graph import import_graph, module_files, third_party_imports
+from tests.support.import_graph import import_graph, module_files, third_party_imports
 from tests.support.paths import ROOT
 
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
