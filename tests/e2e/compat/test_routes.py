@@ -22,7 +22,6 @@ import pytest
 import trio
 
 from iopd.admin_client import format_status
-from tests.e2e.test_metrics import changes, scrape
 from tests.support.configs import echo_entry, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import (
     Gateway,
@@ -30,6 +29,7 @@ from tests.support.gateway import (
     in_thread,
     running_gateway,
 )
+from tests.support.metrics import changes, scrape
 from tests.support.mock_providers import MockOpenAIServer
 
 SERVED = "mock-model"
