@@ -1,6 +1,6 @@
 """End to end: the rest of the OpenAI-compatible surface.
 
-Complements ``test_e2e_openai.py``: strict output, generation policy,
+Complements ``test_openai.py``: strict output, generation policy,
 metadata and run metadata, long context, provider-auth forwarding, the
 legacy route forms, the queue, provider errors, the raw ``/v1/responses``
 relay and cancel on the passthrough path.  Every test starts a real edge on
