@@ -23,6 +23,7 @@ import trio
 from iopd.config.schema import DEFAULT_STRICT_OUTPUT_INSTRUCTION
 from tests.support.configs import (
     cli_provider,
+    echo_entry,
     gateway_yaml,
     http_provider,
     node_entry,
@@ -53,16 +54,6 @@ PRINCIPAL_TOKEN = "sk-canary-surface-0001"
 
 
 # ------------------------------------------------------------------ helpers
-
-
-def echo_provider(pid: str, *, capacity: int = 4, delay_ms: int = 0, models: str = "[echo]") -> str:
-    return f"""      - id: {pid}
-        type: echo
-        category: api
-        models: {models}
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-"""
 
 
 def chat_body(model: str, text: str, **extra: Any) -> dict[str, Any]:
@@ -131,7 +122,7 @@ async def test_strict_output_instruction_reaches_cli_and_only_inside_returns() -
 async def test_strict_output_with_echo_streaming_and_not() -> None:
     yaml_text = gateway_yaml(
         models="  - id: echo\n    providers: {echo-1: echo}\n",
-        nodes=node_entry("node-a", echo_provider("echo-1")),
+        nodes=node_entry("node-a", echo_entry(delay_ms=0)),
         openai_extra="  strict_output: true",
     )
     said = "chatter <completion>inside words</completion> trailing"
@@ -298,7 +289,7 @@ async def test_workspace_becomes_cli_cwd_and_relative_is_refused(tmp_path: Any) 
         ),
         nodes=node_entry(
             "node-a",
-            cli_provider("cli-1", "import os; print(os.getcwd())") + echo_provider("echo-1"),
+            cli_provider("cli-1", "import os; print(os.getcwd())") + echo_entry(delay_ms=0),
         ),
     )
     with trio.fail_after(30):
@@ -333,7 +324,7 @@ async def test_workspace_becomes_cli_cwd_and_relative_is_refused(tmp_path: Any) 
 async def test_metadata_over_16_entries_is_refused() -> None:
     yaml_text = gateway_yaml(
         models="  - id: echo\n    providers: {echo-1: echo}\n",
-        nodes=node_entry("node-a", echo_provider("echo-1")),
+        nodes=node_entry("node-a", echo_entry(delay_ms=0)),
     )
     with trio.fail_after(30):
         async with running_gateway(yaml_text) as gw:
@@ -399,7 +390,7 @@ async def test_run_metadata_seen_by_the_node() -> None:
   long_context_threshold_tokens: 50"""
     yaml_text = gateway_yaml(
         models="  - id: echo\n    providers: {echo-1: echo}\n",
-        nodes=node_entry("node-a", echo_provider("echo-1")),
+        nodes=node_entry("node-a", echo_entry(delay_ms=0)),
         openai_extra=auth,
     )
     headers = [("authorization", f"Bearer {PRINCIPAL_TOKEN}")]
@@ -491,7 +482,7 @@ def mixed_auth_yaml(base_url: str, *, required: bool, capacity: int = 4, pool: s
         nodes=node_entry(
             "node-a",
             http_provider("oa-1", "openai", base_url, models="[mock-model]", capacity=capacity)
-            + echo_provider("echo-1"),
+            + echo_entry(delay_ms=0),
         ),
         openai_extra=(
             "  provider_auth: {header: X-Provider-Authorization, target_header: Authorization,"
@@ -628,7 +619,7 @@ async def test_legacy_routes_and_single_target_fallback() -> None:
 async def test_legacy_route_queue_timeout_overrides_the_root_one() -> None:
     yaml_text = gateway_yaml(
         models="  - id: echo\n    providers: {echo-1: echo}\n",
-        nodes=node_entry("node-a", echo_provider("echo-1", capacity=1, delay_ms=60)),
+        nodes=node_entry("node-a", echo_entry(capacity=1, delay_ms=60)),
         openai_extra=(
             "  model_routes:\n"
             "    - {model: quick, node: node-a, adapter: echo-1, target: echo, queue_timeout: 0.05}"
@@ -650,7 +641,7 @@ async def test_legacy_route_queue_timeout_overrides_the_root_one() -> None:
 def queue_yaml(*, pool: str, delay_ms: int = 30) -> str:
     return gateway_yaml(
         models="  - id: echo\n    providers: {echo-1: echo}\n",
-        nodes=node_entry("node-a", echo_provider("echo-1", capacity=1, delay_ms=delay_ms)),
+        nodes=node_entry("node-a", echo_entry(capacity=1, delay_ms=delay_ms)),
         pool=pool,
     )
 

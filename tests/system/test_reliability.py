@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support.configs import echo_entry
 from tests.support.daemons import (
     CALLER_TOKEN,
     NODE_TOKEN,
@@ -111,14 +112,7 @@ nodes:
 
 
 def echo_provider(pid: str = "echo-1", *, capacity: int = 2, delay_ms: int = 100) -> str:
-    return f"""\
-      - id: {pid}
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-"""
+    return echo_entry(pid, capacity=capacity, delay_ms=delay_ms)
 
 
 ECHO_MODEL = "  - id: echo\n    providers: {echo-1: echo}\n"
