@@ -31,6 +31,9 @@ def py_command(script: str) -> str:
     return json.dumps([sys.executable, "-c", script])
 
 
+#: A ``cli`` provider script (``.format(pid=...)``) that answers with the provider's id.
+WHOAMI = "print('served-by-{pid}')"
+
 #: A loopback listener on a free port.
 ANY_PORT = "127.0.0.1:0"
 
