@@ -437,7 +437,7 @@ async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
     """A node that refuses a pushed NodeConfig does not undo the edge's apply.
 
     It accepted its first config (a node that rejects that one is never
-    connected: tests/e2e/test_queue_timeout_drain_and_rejected_pushes.py), then rejects the refresh's push.
+    connected: tests/e2e/test_node_config_pushes.py), then rejects the refresh's push.
     """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:

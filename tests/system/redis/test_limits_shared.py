@@ -35,6 +35,7 @@ from tests.support.gateway import (
 )
 from tests.support.mock_providers import MockOpenAIServer, closed_port_url
 from tests.support.redis_server import RedisServer, running_redis
+from tests.support.streams import NO_USAGE_PIECES, no_usage_stream
 
 TEAM_A = "sk-shared-limits-team-a-0001"
 CHAT = "/v1/chat/completions"
@@ -507,12 +508,10 @@ async def test_a_stream_without_usage_settles_what_it_relayed_in_the_store(
 ) -> None:
     """TPM 2000, no max_tokens, ~3,000 tokens streamed without usage: the shared
     window records them all (the reservation was cut to 2000), as debt."""
-    from tests.e2e.test_limits import _PIECES, _no_usage_stream
-
     with trio.fail_after(60):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOpenAIServer().serve)
-            mock.handler = lambda req: _no_usage_stream() if req.method == "POST" else None
+            mock.handler = lambda req: no_usage_stream() if req.method == "POST" else None
             yaml = edge_head("edge-0") + f"""models:
   - id: echo
     providers: {{oa-1: mock-model}}
@@ -530,9 +529,9 @@ limits:
             async with running_gateway(yaml, nodes=[]) as gw:
                 await wait_until(lambda: gw.runtime.hub.connected_since("here") is not None)
                 resp = await post(gw, stream=True)
-                assert resp.status == 200 and resp.body.count(b'"content"') == _PIECES
+                assert resp.status == 200 and resp.body.count(b'"content"') == NO_USAGE_PIECES
                 requests, tokens, slots = await store_view(redis)
                 # The input estimate of "one two" (2) plus the output relayed.
-                assert (requests, tokens, slots) == (1, 2 + _PIECES * 10, 0)
+                assert (requests, tokens, slots) == (1, 2 + NO_USAGE_PIECES * 10, 0)
                 assert (await post(gw, stream=True)).status == 429  # in debt
             n.cancel_scope.cancel()
