@@ -63,7 +63,6 @@ nodes:
 """
 
 
-
 def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | None = None) -> str:
     """A node daemon's config: ``node_id`` dialling the edge's wire port on loopback with the
     token from ``IOP_NODE_TOKEN``, reconnecting after 0.1 s up to 1 s."""
@@ -72,6 +71,60 @@ def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | No
         "  reconnect_initial_backoff: 0.1\n  reconnect_max_backoff: 1\n"
     )
     return text + (f"  log_format: {log_format}\n" if log_format is not None else "")
+
+
+def principal_token_line(token: str, ref: str) -> str:
+    """One ``openai.principal_tokens`` entry (YAML flow, list-item indented)."""
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f"    - {{token_ref: {ref}, token_hash_sha256: {digest}, principal_ref: p-{ref}}}\n"
+
+
+def fleet_yaml(
+    *,
+    tokens: list[tuple[str, str]],
+    second_node: bool,
+    edge_id: str = "live-edge",
+    admin_listen: str = "127.0.0.1:0",
+    capacity: int = 4,
+    delay_ms: int = 20,
+    queue_timeout: float = 10,
+    drain_timeout: float = 30,
+) -> str:
+    """An edge whose callers hold ``tokens`` ((token, ref) pairs) and whose model
+    ``echo`` is served by ``ops-node`` (echo-1) and, with ``second_node``, by
+    ``node-2`` (echo-2): the config a refresh test writes again and again."""
+    verifier = node_verifier(NODE_TOKEN)
+    group = "{echo-1: echo, echo-2: echo}" if second_node else "{echo-1: echo}"
+    provider = "type: echo, category: api, models: [echo], "
+    provider += f"capacity: {capacity}, delay_ms: {delay_ms}"
+    text = f"""\
+edge:
+  id: {edge_id}
+  node_listen: 127.0.0.1:0
+  admin_listen: {admin_listen}
+  drain_timeout: {drain_timeout}
+openai:
+  listen: 127.0.0.1:0
+  principal_tokens:
+{"".join(principal_token_line(t, ref) for t, ref in tokens)}\
+provider_pool: {{max_queue: 64, queue_timeout: {queue_timeout}}}
+models:
+  - id: echo
+    providers: {group}
+nodes:
+  - id: ops-node
+    token_verifier: "{verifier}"
+    providers:
+      - {{id: echo-1, {provider}}}
+"""
+    if second_node:
+        text += f"""\
+  - id: node-2
+    token_verifier: "{verifier}"
+    providers:
+      - {{id: echo-2, {provider}}}
+"""
+    return text
 
 
 def _sha256(text: str) -> str:
@@ -343,6 +396,12 @@ def streamed_text(payloads: list[str]) -> str:
         for choice in doc.get("choices", []):
             text += choice.get("delta", {}).get("content") or ""
     return text
+
+
+async def chat_as(openai: tuple[str, int], token: str) -> int:
+    """The status of one small chat request with ``token``."""
+    resp = await http_request(openai, "POST", "/v1/chat/completions", chat_body("hi"), token=token)
+    return resp.status
 
 
 async def get_status(c: Cluster) -> dict[str, Any]:

@@ -12,7 +12,6 @@ both nodes are served by the new edge process.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -23,13 +22,13 @@ import trio
 
 from tests.support.daemons import (
     CALLER_TOKEN,
-    NODE_TOKEN,
-    NODE_YAML,
     Response,
+    chat_as,
     chat_body,
+    fleet_yaml,
     host_port,
     http_request,
-    node_verifier,
+    node_yaml,
     parse_log_line,
     run_daemon,
     sse_payloads,
@@ -47,41 +46,18 @@ STREAM_WORDS = 120  # at 100 ms a word: 12 s, across every step below
 MAX_REQUESTS = 4000  # the loop's bound, whatever the timing
 
 
-def _token(token: str, ref: str) -> str:
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    return f"    - {{token_ref: {ref}, token_hash_sha256: {digest}, principal_ref: p-{ref}}}\n"
-
-
 def day_two_yaml(admin_port: int, *, tokens: list[tuple[str, str]], second_node: bool) -> str:
-    verifier = node_verifier(NODE_TOKEN)
-    group = "{echo-1: echo, echo-2: echo}" if second_node else "{echo-1: echo}"
-    text = f"""\
-edge:
-  id: day-two
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:{admin_port}
-  drain_timeout: 30
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-{"".join(_token(t, ref) for t, ref in tokens)}provider_pool: {{max_queue: 64, queue_timeout: 20}}
-models:
-  - id: echo
-    providers: {group}
-nodes:
-  - id: ops-node
-    token_verifier: "{verifier}"
-    providers:
-      - {{id: echo-1, type: echo, category: api, models: [echo], capacity: 32, delay_ms: 100}}
-"""
-    if second_node:
-        text += f"""\
-  - id: node-2
-    token_verifier: "{verifier}"
-    providers:
-      - {{id: echo-2, type: echo, category: api, models: [echo], capacity: 32, delay_ms: 100}}
-"""
-    return text
+    """The edge config at each step: the admin listener on a fixed port (the
+    CLI finds it in the file), providers slow enough to keep streams open."""
+    return fleet_yaml(
+        tokens=tokens,
+        second_node=second_node,
+        edge_id="day-two",
+        admin_listen=f"127.0.0.1:{admin_port}",
+        capacity=32,
+        delay_ms=100,
+        queue_timeout=20,
+    )
 
 
 STAYING = (CALLER_TOKEN, "stays")
@@ -151,12 +127,6 @@ async def iopd(*args: str) -> str:
     return done.stdout.decode()
 
 
-async def chat_as(openai: tuple[str, int], token: str) -> int:
-    return (
-        await http_request(openai, "POST", "/v1/chat/completions", chat_body("hi"), token=token)
-    ).status
-
-
 async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(
     tmp_path: Path,
 ) -> None:
@@ -171,9 +141,9 @@ async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(
                 async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
                     started = await edge.wait_event("edge_started")
                     wire, openai = host_port(started["wire"]), host_port(started["openai"])
-                    node_yaml = NODE_YAML.format(wire_port=wire[1], log_format="keyvalue")
-                    (tmp_path / "node.yaml").write_text(node_yaml)
-                    (tmp_path / "node2.yaml").write_text(node_yaml.replace("ops-node", "node-2"))
+                    (tmp_path / "node.yaml").write_text(node_yaml(wire[1], log_format="keyvalue"))
+                    second = node_yaml(wire[1], node_id="node-2", log_format="keyvalue")
+                    (tmp_path / "node2.yaml").write_text(second)
                     async with run_daemon(nursery, "node", "node", tmp_path / "node.yaml"):
                         await edge.wait_event("node_connected")
                         load = PacedLoad(openai)

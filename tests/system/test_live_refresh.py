@@ -10,7 +10,6 @@ the removed node's requests in flight finish before its session ends.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections import Counter
 from pathlib import Path
@@ -20,12 +19,12 @@ import trio
 from tests.support.daemons import (
     CALLER_TOKEN,
     GUARD,
-    NODE_TOKEN,
-    NODE_YAML,
+    chat_as,
     chat_body,
+    fleet_yaml,
     host_port,
     http_request,
-    node_verifier,
+    node_yaml,
     parse_log_line,
     run_daemon,
     sse_payloads,
@@ -38,41 +37,9 @@ MAX_REQUESTS = 5000  # the loop's bound, whatever the timing
 TEXT = "one two three four five six seven eight"  # 8 chunks, 20 ms apart
 
 
-def _token(token: str, ref: str) -> str:
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    return f"    - {{token_ref: {ref}, token_hash_sha256: {digest}, principal_ref: p-{ref}}}\n"
-
-
 def live_yaml(*, tokens: list[tuple[str, str]], second_node: bool) -> str:
     """The edge config: ``ops-node`` (echo-1) and, with ``second_node``, ``node-2`` (echo-2)."""
-    verifier = node_verifier(NODE_TOKEN)
-    group = "{echo-1: echo, echo-2: echo}" if second_node else "{echo-1: echo}"
-    text = f"""\
-edge:
-  id: live-edge
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-{"".join(_token(t, ref) for t, ref in tokens)}provider_pool: {{max_queue: 64, queue_timeout: 10}}
-models:
-  - id: echo
-    providers: {group}
-nodes:
-  - id: ops-node
-    token_verifier: "{verifier}"
-    providers:
-      - {{id: echo-1, type: echo, category: api, models: [echo], capacity: 4, delay_ms: 20}}
-"""
-    if second_node:
-        text += f"""\
-  - id: node-2
-    token_verifier: "{verifier}"
-    providers:
-      - {{id: echo-2, type: echo, category: api, models: [echo], capacity: 4, delay_ms: 20}}
-"""
-    return text
+    return fleet_yaml(tokens=tokens, second_node=second_node)
 
 
 STAYING = (CALLER_TOKEN, "stays")
@@ -103,9 +70,7 @@ class Load:
             )
             self.statuses[resp.status] += 1
             complete = (
-                sse_payloads(resp.body)[-1:] == ["[DONE]"]
-                if stream
-                else TEXT.encode() in resp.body
+                sse_payloads(resp.body)[-1:] == ["[DONE]"] if stream else TEXT.encode() in resp.body
             )
             if resp.status != 200 or resp.truncated or not complete:
                 self.failures.append(f"{resp.status} {resp.body[:200]!r}")
@@ -140,11 +105,6 @@ async def busy(admin: tuple[str, int], provider: str) -> None:
         await trio.sleep(0.005)
 
 
-async def chat_as(openai: tuple[str, int], token: str) -> int:
-    resp = await http_request(openai, "POST", "/v1/chat/completions", chat_body("hi"), token=token)
-    return resp.status
-
-
 async def test_tokens_and_a_node_added_and_removed_under_load_fail_no_request(
     tmp_path: Path,
 ) -> None:
@@ -156,9 +116,8 @@ async def test_tokens_and_a_node_added_and_removed_under_load_fail_no_request(
                 started = await edge.wait_event("edge_started")
                 wire, openai = host_port(started["wire"]), host_port(started["openai"])
                 admin = host_port(started["admin"])
-                node_yaml = NODE_YAML.format(wire_port=wire[1], log_format="keyvalue")
-                (tmp_path / "node.yaml").write_text(node_yaml)
-                second = node_yaml.replace("id: ops-node", "id: node-2")
+                (tmp_path / "node.yaml").write_text(node_yaml(wire[1], log_format="keyvalue"))
+                second = node_yaml(wire[1], node_id="node-2", log_format="keyvalue")
                 (tmp_path / "node2.yaml").write_text(second)
                 async with run_daemon(nursery, "node", "node", tmp_path / "node.yaml"):
                     await edge.wait_event("node_connected")
@@ -182,12 +141,16 @@ async def test_tokens_and_a_node_added_and_removed_under_load_fail_no_request(
                         assert doc["changed_nodes"] == ["node-2"]
                         async with run_daemon(nursery, "node-2", "node", tmp_path / "node2.yaml"):
                             await edge.wait_for(
-                                lambda ln: parse_log_line(ln).get("event") == "node_connected"
-                                and parse_log_line(ln).get("node") == "node-2"
+                                lambda ln: (
+                                    parse_log_line(ln).get("event") == "node_connected"
+                                    and parse_log_line(ln).get("node") == "node-2"
+                                )
                             )
                             await edge.wait_for(
-                                lambda ln: parse_log_line(ln).get("event") == "request"
-                                and parse_log_line(ln).get("provider") == "echo-2"
+                                lambda ln: (
+                                    parse_log_line(ln).get("event") == "request"
+                                    and parse_log_line(ln).get("provider") == "echo-2"
+                                )
                             )
                             await load.served(20)
 

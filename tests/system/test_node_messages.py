@@ -87,6 +87,7 @@ nodes:
       - {{id: rogue-2, type: echo, models: [rogue]}}
 """
 
+
 class Probes:
     """Chat requests to the healthy provider, one after the other, each timed."""
 

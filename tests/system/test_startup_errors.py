@@ -175,9 +175,7 @@ async def test_node_tls_ca_missing(tmp_path: Path) -> None:
 async def test_config_missing(tmp_path: Path, command: str) -> None:
     path = tmp_path / "absent.yaml"
     result = await run_iopd(command, "--config", str(path))
-    assert_one_line(
-        result, f"iopd {command}: cannot read config {path}: no such file or directory"
-    )
+    assert_one_line(result, f"iopd {command}: cannot read config {path}: no such file or directory")
 
 
 async def test_config_is_a_directory(tmp_path: Path) -> None:

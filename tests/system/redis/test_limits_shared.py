@@ -84,7 +84,9 @@ def edge_yaml(
             " priority: 1}\n"
         )
         group = "{dead-1: echo, good-1: echo}"
-    return edge_head(edge_id) + f"""models:
+    return (
+        edge_head(edge_id)
+        + f"""models:
   - id: echo
     providers: {group}
 nodes:
@@ -101,6 +103,7 @@ limits:
   principals:
     - {{principal_ref: team-a, {limits}}}
 """
+    )
 
 
 @contextlib.asynccontextmanager
@@ -261,7 +264,9 @@ TEAM_B = "sk-shared-limits-team-b-0002"
 def two_providers_yaml(edge_id: str, url: str) -> str:
     """Model ``slow`` on ``x-1`` (one slot, 2 s a reply), ``echo`` on ``y-1``;
     team-a may run one request at once on every edge together, team-b has no limits."""
-    return edge_head(edge_id) + f"""    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
+    return (
+        edge_head(edge_id)
+        + f"""    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
 models:
   - id: slow
     providers: {{x-1: slow}}
@@ -281,6 +286,7 @@ limits:
   principals:
     - {{principal_ref: team-a, max_concurrent: 1}}
 """
+    )
 
 
 async def test_a_request_waiting_for_a_provider_holds_no_shared_slot(
@@ -512,7 +518,9 @@ async def test_a_stream_without_usage_settles_what_it_relayed_in_the_store(
         async with trio.open_nursery() as n:
             mock = await n.start(MockOpenAIServer().serve)
             mock.handler = lambda req: no_usage_stream() if req.method == "POST" else None
-            yaml = edge_head("edge-0") + f"""models:
+            yaml = (
+                edge_head("edge-0")
+                + f"""models:
   - id: echo
     providers: {{oa-1: mock-model}}
 nodes:
@@ -526,6 +534,7 @@ limits:
   principals:
     - {{principal_ref: team-a, tokens_per_minute: 2000}}
 """
+            )
             async with running_gateway(yaml, nodes=[]) as gw:
                 await wait_until(lambda: gw.runtime.hub.connected_since("here") is not None)
                 resp = await post(gw, stream=True)
