@@ -36,6 +36,7 @@ from iopd.errors import NodeDispatchError
 from iopd.vocabulary import Health, ProviderType, types_meeting
 
 from .outliers import Attempt, EjectionPolicy, OutlierTracker
+from .routing import Pick, RouteAsk, Router, RoutingMode, RoutingPolicy, RoutingReason
 
 __all__ = [
     "Candidates",
@@ -71,6 +72,7 @@ class GroupPolicy:
     id: str
     providers: tuple[tuple[str, str], ...]  # (provider_id, served target)
     queue_timeout: float | None = None  # per-group override (legacy routes)
+    routing: RoutingMode = "prefix"  # ``models[].routing`` (``routing.py``)
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ class PoolSnapshot:
     principals: Mapping[str, PrincipalPolicy] = field(default_factory=dict)
     default_principal: PrincipalPolicy = PrincipalPolicy()
     ejection: EjectionPolicy = EjectionPolicy()
+    routing: RoutingPolicy = RoutingPolicy()
 
     def queue_timeout_of(self, group_id: str, override: float | None = None) -> float:
         """The waiting bound of a request: explicit override, else group's, else default."""
@@ -130,6 +133,8 @@ class Grant:
     principal: str = ""
     #: The outlier tracker's ticket for this attempt (its verdict goes back with it).
     attempt: Attempt | None = None
+    route: str = "load"  # why this provider (``routing.RoutingReason``)
+    matched: float = 0.0  # the prompt's fraction the provider was found to hold
 
 
 class WaitKey(NamedTuple):
@@ -206,6 +211,7 @@ class CandidateIndex:
     def __init__(self, snapshot: PoolSnapshot) -> None:
         self.snapshot = snapshot
         self.outliers = OutlierTracker(snapshot.ejection)
+        self.router = Router(snapshot.routing)
         #: Providers the tracker may exclude (ejected or saturated); others are choosable.
         self.flagged: set[str] = set()
         self._connected: set[str] = set()
@@ -278,7 +284,10 @@ class CandidateIndex:
             self._connected.add(node_id)
         else:
             self._connected.discard(node_id)
-        return [pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id]
+        changed = [pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id]
+        for pid in changed:  # a new session: the provider may have restarted meanwhile
+            self.router.index.drop(pid)
+        return changed
 
     def set_health(self, provider_id: str, health: Health) -> bool:
         """Record a probe result; True when it changed."""
@@ -287,6 +296,7 @@ class CandidateIndex:
         self._health[provider_id] = health
         if health == "unhealthy":
             self._unhealthy.add(provider_id)
+            self.router.index.drop(provider_id)  # down, or restarting: its cache is gone
         else:
             self._unhealthy.discard(provider_id)
         return True
@@ -312,7 +322,10 @@ class CandidateIndex:
 
     def apply_snapshot(self, snapshot: PoolSnapshot, now: float) -> list[str]:
         """Swap the static config; the providers whose ejection the new policy ended."""
-        self.snapshot = snapshot
+        old, self.snapshot = self.snapshot, snapshot
+        self.router.set_policy(snapshot.routing)
+        for pid in _routing_changed(old, snapshot):  # drained, disabled, config changed
+            self.router.index.drop(pid)
         for pid in [
             p
             for p, c in self._counters.items()
@@ -488,9 +501,23 @@ class CandidateIndex:
                 best, best_ratio, best_priority = e, ratio, slot.priority
         return best
 
-    def take(self, key: WaitKey, cands: Candidates, principal: str, now: float) -> Grant | None:
-        """Choose a provider and take its slot, or None when every eligible one is full."""
-        entry = self.select(key.group_id, cands, now)
+    def take(
+        self,
+        key: WaitKey,
+        cands: Candidates,
+        principal: str,
+        now: float,
+        ask: RouteAsk | None = None,
+    ) -> Grant | None:
+        """Choose a provider and take its slot, or None when every eligible one is full
+        (or, for a prefix-routed ``ask``, when it waits for its busy target)."""
+        group = self.snapshot.groups.get(key.group_id)
+        route: RoutingReason = "load"
+        matched = 0.0
+        if ask is None or group is None or group.routing != "prefix":
+            entry = self.select(key.group_id, cands, now)
+        else:
+            entry, route, matched = self._route(key.group_id, cands, now, ask)
         if entry is None:
             return None
         self._cursor[key.group_id] = entry.index + 1
@@ -501,6 +528,8 @@ class CandidateIndex:
         attempt = self.outliers.attempt_started(slot.provider_id, now)
         if attempt.probe:
             self.flagged.add(slot.provider_id)  # not choosable while its probe runs
+        if ask is not None:
+            self.router.granted(key.group_id, slot.provider_id, ask, route, matched)
         return Grant(
             group_id=key.group_id,
             provider_id=slot.provider_id,
@@ -510,7 +539,34 @@ class CandidateIndex:
             long=cands.use_long_slots,
             principal=principal,
             attempt=attempt,
+            route=route,
+            matched=matched,
         )
+
+    def _route(
+        self, group_id: str, cands: Candidates, now: float, ask: RouteAsk
+    ) -> tuple[Entry | None, RoutingReason, float]:
+        """The router's choice among the eligible candidates (``routing.choose``)."""
+        use_long = cands.use_long_slots
+        picks: list[Pick] = []
+        by_id: dict[str, Entry] = {}
+        for e in self.eligible(cands, now):
+            c, slot = e.counters, e.slot
+            used = c.in_flight + c.others
+            free = not (
+                used >= slot.capacity
+                or c.blocked
+                or (use_long and c.long_in_flight + c.others_long >= slot.long_context_capacity)
+            )
+            picks.append(Pick(slot.provider_id, used, slot.capacity, free))
+            by_id[slot.provider_id] = e
+
+        def least_load() -> str | None:
+            entry = self.select(group_id, cands, now)
+            return entry.slot.provider_id if entry is not None else None
+
+        pid, reason, matched = self.router.choose(group_id, picks, ask, now, least_load)
+        return (by_id[pid] if pid is not None else None), reason, matched
 
     def give_back(self, grant: Grant) -> _Counters:
         counters = self._counters[grant.provider_id]
@@ -518,3 +574,24 @@ class CandidateIndex:
         if grant.long:
             counters.long_in_flight -= 1
         return counters
+
+
+def _routing_changed(old: PoolSnapshot, new: PoolSnapshot) -> list[str]:
+    """Providers the prefix index forgets at a swap: gone, changed (a drain or
+    a disable turns ``enabled`` false) or serving another target."""
+
+    def targets(snap: PoolSnapshot) -> dict[str, set[tuple[str, str]]]:
+        out: dict[str, set[tuple[str, str]]] = {}
+        for gid, group in snap.groups.items():
+            for pid, target in group.providers:
+                out.setdefault(pid, set()).add((gid, target))
+        return out
+
+    if old is new:
+        return []
+    before, after = targets(old), targets(new)
+    return [
+        pid
+        for pid, slot in old.providers.items()
+        if new.providers.get(pid) != slot or before.get(pid) != after.get(pid)
+    ]

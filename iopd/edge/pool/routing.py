@@ -1,0 +1,339 @@
+"""Cache-aware choice among a request's eligible providers (``models[].routing: prefix``).
+
+Why: where a coding agent's turn lands decides its cost -- a provider that
+still caches the turn's prefix prefills only the new tokens.  Eligibility,
+ejection, saturation, fair share and limits are decided before this module
+is asked (``candidates``, ``scheduler``); it only picks among the eligible
+providers, and says when a request should rather wait for one that is busy.
+
+The rule, for a request of a ``prefix`` group (``choose``):
+
+1. **Load guard.**  A provider's pressure is ``(slots in use + waiters that
+   wait for it) / capacity``.  A provider is *within bound* when its
+   pressure exceeds the least pressure among the eligible ones by at most
+   ``max(max_load_gap, max_load_gap_ratio × least)``: a hot session or a
+   popular system prompt cannot pile onto one replica.
+2. **Prefix.**  A request of a session this edge has placed before, or
+   without a session key, goes to the provider holding the longest head of
+   its block chain (``prefix_index``) when that head is at least
+   ``min_match`` of the chain and the provider is within bound.
+3. **Session.**  Otherwise a request with a session key goes to the first
+   provider within bound in the session's rendezvous ranking (below):
+   every edge places a session's first turn on the same provider.
+4. **Load.**  Otherwise (no target, or ``least_load`` groups) today's rule:
+   the lowest load ratio, then priority, then round-robin.
+
+**A busy target.**  When the target has no free slot but another provider
+has, the request waits for the target only while that is cheaper than
+prefilling elsewhere: the tokens it would prefill there in excess
+(estimated: prompt bytes / 4 × the difference of the matched fractions; a
+session's first turn: × the fraction the other one lacks, since its later
+turns would repeat it) must be at least ``wait_min_tokens``, and it waits at
+most those tokens / ``prefill_tokens_per_second`` (the prefill time saved),
+counted from its arrival.  Past that it goes to the least-loaded provider
+(``fallback``).  When every provider is full it waits as any request does,
+for its target first: a waiter that waits for one provider lets a later
+waiter of its own line take a slot that frees elsewhere (``scheduler``).
+
+**Session placement** (rendezvous hashing, the same on every edge).  Edges
+behind a load balancer share no routing state, yet a session's turns should
+meet the cache its first turn filled.  Rendezvous (highest random weight)
+hashing ranks a group's providers for a session by a hash of (key, provider
+id): every edge computes the same ranking from the key alone, a provider
+joining takes only the sessions it now ranks first for, and one leaving
+moves only its own.  The hash is BLAKE2b (stable across processes and
+machines, unlike Python's ``hash``); the load guard walks the ranking past a
+provider too far above the least-loaded one (bounded load).  ``SessionTable``
+holds the sessions this edge placed (a bounded LRU of hashed keys, never a
+key itself): a session it has seen follows the prefix index.
+
+Every grant is counted by reason (``prefix``, ``session``, ``load``,
+``fallback``: a target existed but was over the bound or busy too long) and
+its matched fraction, for ``iop_routing_decisions_total`` and its histogram.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Final, Literal, get_args
+
+from .prefix_index import PrefixIndex, block_chain
+
+__all__ = [
+    "MATCH_BUCKETS",
+    "ROUTING_MODES",
+    "ROUTING_REASONS",
+    "RouteAsk",
+    "Router",
+    "RoutingMode",
+    "RoutingPolicy",
+    "RoutingReason",
+    "SessionTable",
+    "rendezvous_order",
+    "session_digest",
+]
+
+RoutingMode = Literal["prefix", "least_load"]
+ROUTING_MODES: Final = frozenset(get_args(RoutingMode))
+RoutingReason = Literal["prefix", "session", "load", "fallback"]
+ROUTING_REASONS: Final = get_args(RoutingReason)
+#: Upper bounds of the matched-fraction histogram's buckets.
+MATCH_BUCKETS: Final = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0)
+#: The prompt bytes one token is estimated at (as ``iopd.tokens``: 4 code points).
+BYTES_PER_TOKEN: Final = 4
+
+
+@dataclass(frozen=True)
+class RoutingPolicy:
+    """``provider_pool.routing``: the index's bounds and the choice's thresholds."""
+
+    block_bytes: int = 512
+    max_prompt_bytes: int = 256 * 1024
+    index_blocks: int = 16384  # per provider
+    max_sessions: int = 65536
+    min_match: float = 0.5
+    max_load_gap: float = 1.0
+    max_load_gap_ratio: float = 0.5
+    wait_min_tokens: int = 512
+    prefill_tokens_per_second: float = 2000.0
+
+
+def session_digest(group_id: str, session_key: str) -> bytes:
+    """A session's stable identity in a group (16 bytes; the key itself is not kept)."""
+    h = hashlib.blake2b(digest_size=16, person=b"iopd-session")
+    h.update(group_id.encode("utf-8", "surrogatepass"))
+    h.update(b"\x00")
+    h.update(session_key.encode("utf-8", "surrogatepass"))
+    return h.digest()
+
+
+def _weight(digest: bytes, provider_id: str) -> int:
+    h = hashlib.blake2b(digest, digest_size=8)
+    h.update(provider_id.encode("utf-8", "surrogatepass"))
+    return int.from_bytes(h.digest(), "big")
+
+
+def rendezvous_order(digest: bytes, provider_ids: Iterable[str]) -> list[str]:
+    """``provider_ids`` ranked for a session, first choice first (ties: by id)."""
+    return sorted(provider_ids, key=lambda pid: (-_weight(digest, pid), pid))
+
+
+class SessionTable:
+    """The sessions placed recently (at most ``max_sessions``, least recent out)."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self._seen: OrderedDict[bytes, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._seen
+
+    def note(self, digest: bytes) -> None:
+        """The session was placed now."""
+        seen = self._seen
+        if digest in seen:
+            seen.move_to_end(digest)
+            return
+        seen[digest] = None
+        while len(seen) > self.max_sessions:
+            seen.popitem(last=False)
+
+    def resize(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        while len(self._seen) > max_sessions:
+            self._seen.popitem(last=False)
+
+
+class RouteAsk:
+    """What a request brings to the choice: its prompt bytes and session key.
+
+    Also its state while it waits: since when, and the provider it waits
+    for (``home``, counted in that provider's pressure while it is queued).
+    """
+
+    __slots__ = ("prompt", "session", "since", "home", "deadline", "watched", "counted", "_chains")
+
+    def __init__(self, prompt: bytes = b"", session: str | None = None) -> None:
+        self.prompt = prompt
+        self.session = session or None
+        self.since: float | None = None
+        self.home: str | None = None
+        #: When it stops declining a free provider for its busy home (None: it does not).
+        self.deadline: float | None = None
+        self.watched: float | None = None  # the deadline the scheduler's timer knows
+        self.counted = False
+        self._chains: dict[str, tuple[int, ...]] = {}
+
+    def chain(self, group_id: str, policy: RoutingPolicy) -> tuple[int, ...]:
+        """The prompt's block chain in ``group_id`` (computed once per group)."""
+        chain = self._chains.get(group_id)
+        if chain is None:
+            cap = max(0, policy.max_prompt_bytes) // policy.block_bytes
+            chain = self._chains[group_id] = block_chain(
+                self.prompt, group_id, policy.block_bytes, cap
+            )
+        return chain
+
+
+class Pick:
+    """One candidate as the choice sees it (built by the candidate index)."""
+
+    __slots__ = ("provider_id", "used", "capacity", "free")
+
+    def __init__(self, provider_id: str, used: int, capacity: int, free: bool) -> None:
+        self.provider_id = provider_id
+        self.used = used
+        self.capacity = capacity
+        self.free = free
+
+
+class Router:
+    """The prefix index, the sessions placed, the waiters' homes and the decision counts."""
+
+    def __init__(self, policy: RoutingPolicy) -> None:
+        self.policy = policy
+        self.index = PrefixIndex(policy.index_blocks)
+        self.sessions = SessionTable(policy.max_sessions)
+        self.homed: dict[str, int] = {}  # provider -> queued waiters waiting for it
+        self.decisions: dict[tuple[str, str], int] = {}  # (group, reason) -> grants
+        #: Per group: counts per ``MATCH_BUCKETS`` bucket, then the sum of fractions.
+        self.matched: dict[str, list[float]] = {}
+
+    def set_policy(self, policy: RoutingPolicy) -> None:
+        if policy.block_bytes != self.policy.block_bytes:
+            self.index = PrefixIndex(policy.index_blocks)  # old hashes mean nothing now
+        elif policy.index_blocks != self.policy.index_blocks:
+            self.index.set_max_blocks(policy.index_blocks)
+        self.sessions.resize(policy.max_sessions)
+        self.policy = policy
+
+    # ------------------------------------------------------------------ choice
+
+    def choose(
+        self,
+        group_id: str,
+        picks: Sequence[Pick],
+        ask: RouteAsk,
+        now: float,
+        least_load: Callable[[], str | None],
+    ) -> tuple[str | None, RoutingReason, float]:
+        """The provider to take now (None: wait) with the reason and matched fraction."""
+        policy = self.policy
+        if ask.since is None:
+            ask.since = now
+        chain = ask.chain(group_id, policy)
+        total = len(chain)
+        homed = self.homed
+        pressure = {
+            p.provider_id: (p.used + homed.get(p.provider_id, 0)) / p.capacity
+            if p.capacity > 0
+            else math.inf
+            for p in picks
+        }
+        least = min(pressure.values(), default=0.0)
+        bound = least + max(policy.max_load_gap, policy.max_load_gap_ratio * least)
+        matches = self.index.match(chain, pressure) if total else {}
+        digest = session_digest(group_id, ask.session) if ask.session else None
+        target: str | None = None
+        reason: RoutingReason = "load"
+        wanted = False
+        if matches and (digest is None or digest in self.sessions):
+            best = max(matches, key=lambda pid: (matches[pid], -pressure[pid]))
+            if matches[best] >= policy.min_match * total:
+                wanted = True
+                if pressure[best] <= bound:
+                    target, reason = best, "prefix"
+        if target is None and digest is not None:
+            wanted = True
+            for pid in rendezvous_order(digest, pressure):
+                if pressure[pid] <= bound:
+                    target, reason = pid, "session"
+                    break
+        fraction = matches.get(target, 0) / total if target is not None and total else 0.0
+        if target is None:
+            return least_load(), "fallback" if wanted else "load", 0.0
+        if any(p.free for p in picks if p.provider_id == target):
+            return target, reason, fraction
+        alt = least_load()
+        if alt is None:
+            self._rehome(ask, target)  # every provider full: wait, for the target first
+            return None, reason, fraction
+        alt_fraction = matches.get(alt, 0) / total if total else 0.0
+        lacking = fraction - alt_fraction if reason == "prefix" else 1.0 - alt_fraction
+        saved_tokens = lacking * total * policy.block_bytes / BYTES_PER_TOKEN
+        patience = saved_tokens / max(policy.prefill_tokens_per_second, 1e-9)
+        if saved_tokens >= policy.wait_min_tokens and now - ask.since < patience:
+            self._rehome(ask, target)
+            ask.deadline = ask.since + patience
+            return None, reason, fraction
+        return alt, "fallback", alt_fraction
+
+    # ------------------------------------------------------------------ bookkeeping
+
+    def granted(
+        self,
+        group_id: str,
+        provider_id: str,
+        ask: RouteAsk,
+        reason: RoutingReason,
+        fraction: float,
+    ) -> None:
+        """A grant was taken: the provider holds the prompt now; count the decision."""
+        chain = ask.chain(group_id, self.policy)
+        if chain:
+            self.index.record(provider_id, chain)
+        if ask.session:
+            self.sessions.note(session_digest(group_id, ask.session))
+        self.count(group_id, reason, fraction if chain else None)
+
+    def count(self, group_id: str, reason: str, fraction: float | None) -> None:
+        key = (group_id, reason)
+        self.decisions[key] = self.decisions.get(key, 0) + 1
+        if fraction is None:
+            return
+        hist = self.matched.get(group_id)
+        if hist is None:
+            hist = self.matched[group_id] = [0.0] * (len(MATCH_BUCKETS) + 1)
+        for i, upper in enumerate(MATCH_BUCKETS):
+            if fraction <= upper:
+                hist[i] += 1
+                break
+        hist[-1] += fraction
+
+    def enqueued(self, ask: RouteAsk) -> None:
+        """The request now waits: its home (if any) counts in that provider's pressure."""
+        if not ask.counted:
+            ask.counted = True
+            if ask.home is not None:
+                self.homed[ask.home] = self.homed.get(ask.home, 0) + 1
+
+    def left(self, ask: RouteAsk) -> None:
+        """The request no longer waits (admitted, failed, cancelled)."""
+        if ask.counted:
+            ask.counted = False
+            self._unhome(ask.home)
+        ask.home = ask.deadline = None
+
+    def _rehome(self, ask: RouteAsk, provider_id: str) -> None:
+        if ask.home == provider_id:
+            return
+        if ask.counted:
+            self._unhome(ask.home)
+            self.homed[provider_id] = self.homed.get(provider_id, 0) + 1
+        ask.home = provider_id
+
+    def _unhome(self, provider_id: str | None) -> None:
+        if provider_id is None:
+            return
+        left = self.homed[provider_id] - 1
+        if left:
+            self.homed[provider_id] = left
+        else:
+            del self.homed[provider_id]
