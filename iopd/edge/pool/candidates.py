@@ -514,7 +514,8 @@ class CandidateIndex:
         group = self.snapshot.groups.get(key.group_id)
         route: RoutingReason = "load"
         matched = 0.0
-        if ask is None or group is None or group.routing != "prefix":
+        routed = ask is not None and group is not None and group.routing == "prefix"
+        if ask is None or not routed:
             entry = self.select(key.group_id, cands, now)
         else:
             entry, route, matched = self._route(key.group_id, cands, now, ask)
@@ -528,8 +529,10 @@ class CandidateIndex:
         attempt = self.outliers.attempt_started(slot.provider_id, now)
         if attempt.probe:
             self.flagged.add(slot.provider_id)  # not choosable while its probe runs
-        if ask is not None:
+        if ask is not None and routed:
             self.router.granted(key.group_id, slot.provider_id, ask, route, matched)
+        elif ask is not None:
+            self.router.count(key.group_id, "load", None)
         return Grant(
             group_id=key.group_id,
             provider_id=slot.provider_id,

@@ -160,7 +160,10 @@ def test_prompt_bytes_follow_prompt_order_not_key_order() -> None:
 
 def test_prompt_bytes_grow_at_the_end_as_a_conversation_goes_on() -> None:
     turn1 = {"instructions": "be brief", "input": [{"role": "user", "content": "a"}]}
-    turn2 = {"instructions": "be brief", "input": turn1["input"] + [{"role": "user", "content": "b"}]}
+    turn2 = {
+        "instructions": "be brief",
+        "input": turn1["input"] + [{"role": "user", "content": "b"}],
+    }
     one = prompt_bytes("/v1/responses", turn1, 10_000)
     assert prompt_bytes("/v1/responses", turn2, 10_000).startswith(one)
 
