@@ -67,7 +67,7 @@ from .candidates import (
 from .fair_queue import FairQueue, Lane, Waiter, WaiterState
 from .load_view import ProviderLoad, provider_loads, waiting_providers
 from .outliers import Attempt, EjectionStatus, OutlierTracker, Transition
-from .routing import RouteAsk
+from .routing import RouteAsk, Router
 from .verdicts import NOTHING, AttemptOutcome, AttemptVerdicts
 
 #: How far behind a lane's head a re-examination looks for a waiter that can
@@ -115,6 +115,11 @@ class Scheduler(AttemptVerdicts):
     @property
     def snapshot(self) -> PoolSnapshot:
         return self._index.snapshot
+
+    @property
+    def router(self) -> Router:
+        """The cache-aware routing: its prefix index, sessions and counts (read-only use)."""
+        return self._index.router
 
     @property
     def outliers(self) -> OutlierTracker:
@@ -558,10 +563,8 @@ class Scheduler(AttemptVerdicts):
     def _look_behind(
         self, q: dict[int, Waiter], cands: Candidates, principal: str, now: float
     ) -> tuple[Waiter, Grant | None]:
-        """The lane's head waits for its busy provider (``routing``): the first of
-        the next ``LOOK_BEHIND`` waiters of its lane that takes a slot now goes
-        first (within one principal's line, a prompt cached where a slot freed
-        may pass one that waits for its own provider)."""
+        """The lane's head waits for its busy provider (``routing``): the first of the
+        next ``LOOK_BEHIND`` waiters of its lane that takes a slot now goes first."""
         waiters = iter(q.values())
         head = next(waiters)
         for waiter, _ in zip(waiters, range(LOOK_BEHIND), strict=False):
@@ -579,7 +582,7 @@ class Scheduler(AttemptVerdicts):
             ask.watched = ask.deadline
             heapq.heappush(self._patience, (ask.deadline, waiter.seq, waiter))
 
-    def _unroute(self, waiter: Waiter) -> None:
+    def _unroute(self, waiter: Waiter) -> None:  # it waits no more
         if waiter.route is not None:
             self._index.router.left(waiter.route)
 
