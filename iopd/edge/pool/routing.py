@@ -24,14 +24,14 @@ The rule, for a request of a ``prefix`` group (``choose``):
    the lowest load ratio, then priority, then round-robin.
 
 **A busy target.**  When the target has no free slot but another provider
-has, the request waits for the target only while that is cheaper than
+has one and no waiter waits for it, the request waits for the target only while that is cheaper than
 prefilling elsewhere: the tokens it would prefill there in excess
 (estimated: prompt bytes / 4 × the difference of the matched fractions; a
 session's first turn: × the fraction the other one lacks, since its later
 turns would repeat it) must be at least ``wait_min_tokens``, and it waits at
 most those tokens / ``prefill_tokens_per_second`` (the prefill time saved),
-counted from its arrival.  Past that it goes to the least-loaded provider
-(``fallback``).  When every provider is full it waits as any request does,
+counted from its arrival.  Past that it goes to the least-loaded such
+provider (``fallback``): never to one another waiter waits for.  When every provider is full it waits as any request does,
 for its target first: a waiter that waits for one provider lets a later
 waiter of its own line take a slot that frees elsewhere (``scheduler``).
 
@@ -261,9 +261,12 @@ class Router:
             return least_load(), "fallback" if wanted else "load", 0.0
         if any(p.free for p in picks if p.provider_id == target):
             return target, reason, fraction
-        alt = least_load()
+        # Prefill elsewhere only on a provider nobody waits for: another waiter's
+        # home that frees is that waiter's to take.
+        idle = [p for p in picks if p.free and not homed.get(p.provider_id)]
+        alt = min(idle, key=lambda p: p.used / p.capacity).provider_id if idle else None
         if alt is None:
-            self._rehome(ask, target)  # every provider full: wait, for the target first
+            self._rehome(ask, target)  # every provider full or awaited: wait, for the target
             return None, reason, fraction
         alt_fraction = matches.get(alt, 0) / total if total else 0.0
         lacking = fraction - alt_fraction if reason == "prefix" else 1.0 - alt_fraction
