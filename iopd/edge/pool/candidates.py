@@ -514,7 +514,7 @@ class CandidateIndex:
         group = self.snapshot.groups.get(key.group_id)
         route: RoutingReason = "load"
         matched = 0.0
-        routed = ask is not None and group is not None and group.routing == "prefix"
+        routed = ask is not None and ask.wanted and group is not None and group.routing == "prefix"
         if ask is None or not routed:
             entry = self.select(key.group_id, cands, now)
         else:

@@ -159,7 +159,7 @@ class ProviderPool:
                 requires,
                 exclude,
                 principal,
-                RouteAsk(prompt, session_key) if prompt or session_key else None,
+                RouteAsk(prompt, session_key),
             ),
             queue_timeout=queue_timeout,
             body_bytes=body_bytes,

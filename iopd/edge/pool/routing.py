@@ -171,6 +171,11 @@ class RouteAsk:
         self.counted = False
         self._chains: dict[str, tuple[int, ...]] = {}
 
+    @property
+    def wanted(self) -> bool:
+        """Whether there is anything to route by (else least load, at no cost)."""
+        return bool(self.prompt or self.session)
+
     def chain(self, group_id: str, policy: RoutingPolicy) -> tuple[int, ...]:
         """The prompt's block chain in ``group_id`` (computed once per group)."""
         chain = self._chains.get(group_id)

@@ -542,7 +542,7 @@ class Scheduler(AttemptVerdicts):
                 continue
             waiter = q[seq]
             grant = self._take(lane[0], cands, principal, now, waiter.route)
-            if grant is None and waiter.route is not None:
+            if grant is None and waiter.route is not None and waiter.route.home is not None:
                 waiter, grant = self._look_behind(q, cands, principal, now)
             if grant is None:
                 continue  # admissions only take slots: this lane cannot fit again this pass
