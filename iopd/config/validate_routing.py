@@ -33,7 +33,8 @@ def check_routing(r: PoolRouting) -> list[ConfigProblem]:
         value = getattr(r, name)
         if not low <= value <= high:
             out.append(ConfigProblem(path + name, f"must be in {low}..{high} (got {value})"))
-    if r.block_bytes > 0 and r.max_prompt_bytes // max(r.block_bytes, 1) > MAX_PROMPT_BLOCKS:
+    low, high = _INT_RANGES["block_bytes"]
+    if low <= r.block_bytes <= high and r.max_prompt_bytes // r.block_bytes > MAX_PROMPT_BLOCKS:
         out.append(
             ConfigProblem(
                 path + "max_prompt_bytes",
