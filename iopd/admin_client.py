@@ -4,6 +4,13 @@ small clients of the edge's admin API.
 Plain ``http.client`` (stdlib, blocking) — a CLI talking to loopback needs no
 event loop.  When ``IOP_ADMIN_TOKEN`` is set, its value is sent as the bearer
 token (an edge with ``edge.admin_token_hash_sha256`` asks for it).
+
+Where the admin API is (``find_admin``), first match wins: ``--admin URL``,
+then ``$IOP_ADMIN_URL``, then ``edge.admin_listen`` of the edge config given
+with ``--config`` (or of ``/etc/iopd/edge.yaml``, the shipped units' file, when
+it can be read), then ``http://127.0.0.1:7071``.  The config is read as plain
+YAML for that one key: the rest of it (and its ``${NAME}`` references, which
+the operator's shell may not have) is not validated here.
 """
 
 from __future__ import annotations
@@ -13,8 +20,13 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit
+
+import yaml
 
 
 class AdminError(Exception):
@@ -23,6 +35,106 @@ class AdminError(Exception):
 
 #: The environment variable holding the admin API's bearer token.
 TOKEN_ENV = "IOP_ADMIN_TOKEN"
+#: The environment variable naming the admin API (``http://127.0.0.1:7071`` or ``host:port``).
+URL_ENV = "IOP_ADMIN_URL"
+#: Where nothing else names the admin API: a default edge's (and ``iopd demo``'s).
+DEFAULT_ADMIN = "http://127.0.0.1:7071"
+#: The edge config the shipped systemd unit runs; read when no ``--config`` is given.
+SYSTEM_CONFIG = "/etc/iopd/edge.yaml"
+#: What the operator can do when the admin API is not where it was looked for.
+WHERE_HINT = f"--config EDGE_CONFIG, --admin URL or {URL_ENV}"
+
+
+@dataclass(frozen=True)
+class AdminTarget:
+    """The admin API's URL and what named it (for the messages)."""
+
+    url: str
+    source: str  # "--admin", "$IOP_ADMIN_URL", "edge.admin_listen in PATH", "the default"
+    #: What to try when nothing answers there.
+    hint: str
+
+
+def _admin_listen(path: str) -> str:
+    """``edge.admin_listen`` of the edge config at ``path``, as a URL; ``AdminError`` if none."""
+    from iopd.config.addresses import parse_host_port
+
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise AdminError(f"cannot read config {path}: {why[:1].lower()}{why[1:]}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError):
+        raise AdminError(
+            f"config {path} is not valid YAML (`iopd config check {path}` says where)"
+        ) from None
+    edge = doc.get("edge") if isinstance(doc, dict) else None
+    if isinstance(doc, dict) and edge is None and "node" in doc:
+        raise AdminError(
+            f"{path} is a node config: give the edge's config (its edge.admin_listen "
+            "names the admin API)"
+        )
+    listen = edge.get("admin_listen") if isinstance(edge, dict) else None
+    if not isinstance(listen, str) or not listen:
+        raise AdminError(f"{path} has no edge.admin_listen: give the edge's config or --admin URL")
+    if "${" in listen:
+        raise AdminError(
+            f"edge.admin_listen in {path} is an environment reference ({listen}): "
+            f"give --admin URL or set {URL_ENV}"
+        )
+    try:
+        host, port = parse_host_port(listen)
+    except ValueError as exc:
+        raise AdminError(f"edge.admin_listen in {path}: {exc}") from None
+    if port == 0:
+        raise AdminError(
+            f"edge.admin_listen in {path} is port 0 (any free port): give --admin URL or set "
+            f"{URL_ENV} to the port the edge logged (event=edge_started admin=...)"
+        )
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def find_admin(
+    flag: str | None,
+    config: str | None,
+    env: Mapping[str, str] | None = None,
+    *,
+    system_config: str = SYSTEM_CONFIG,
+) -> AdminTarget:
+    """Where the admin API is: ``--admin``, ``$IOP_ADMIN_URL``, the config's
+    ``edge.admin_listen``, the default (see the module docstring)."""
+    environ = os.environ if env is None else env
+    if flag:
+        return AdminTarget(
+            flag,
+            "--admin",
+            "is the edge running, and is that its edge.admin_listen? "
+            "(--config EDGE_CONFIG reads it from the edge's config)",
+        )
+    from_env = environ.get(URL_ENV, "").strip()
+    if from_env:
+        return AdminTarget(
+            from_env,
+            f"${URL_ENV}",
+            f"is the edge running, and is that its edge.admin_listen? (--admin URL wins over "
+            f"${URL_ENV}; unset it to use --config EDGE_CONFIG)",
+        )
+    if config is None and os.access(system_config, os.R_OK):
+        config = system_config
+    if config is not None:
+        return AdminTarget(
+            _admin_listen(config),
+            f"edge.admin_listen in {config}",
+            "is the edge running with that config? (`systemctl status iopd-edge`, or its log)",
+        )
+    return AdminTarget(
+        DEFAULT_ADMIN,
+        "the default",
+        f"is the edge running? If its edge.admin_listen is another address, give {WHERE_HINT}",
+    )
+
 
 #: What to do about an answer that is not the admin API's fault.
 _HINTS = {
@@ -37,16 +149,36 @@ _HINTS = {
 }
 
 
-def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    bad_url = AdminError(f"admin URL must look like http://127.0.0.1:7071, got {admin!r}")
+def _target(admin: AdminTarget | str) -> AdminTarget:
+    """``admin`` as a target: a bare URL is one the caller named (as ``--admin``)."""
+    return admin if isinstance(admin, AdminTarget) else find_admin(admin, None)
+
+
+def _url(admin: AdminTarget | str) -> str:
+    return admin.url if isinstance(admin, AdminTarget) else admin
+
+
+def _call(
+    admin: AdminTarget | str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    *,
+    timeout: float = 30,
+) -> Any:
+    target = _target(admin)
+    where = target.url
+    bad_url = AdminError(
+        f"admin URL must look like http://127.0.0.1:7071, got {where!r} (from {target.source})"
+    )
     try:
-        url = urlsplit(admin if "://" in admin else f"http://{admin}")
+        url = urlsplit(where if "://" in where else f"http://{where}")
         port = url.port or 80
     except ValueError:  # a port that is not a number or out of range
         raise bad_url from None
     if url.scheme != "http" or not url.hostname:
         raise bad_url
-    conn = http.client.HTTPConnection(url.hostname, port, timeout=30)
+    conn = http.client.HTTPConnection(url.hostname, port, timeout=timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
         headers = {"content-type": "application/json"} if data is not None else {}
@@ -57,10 +189,14 @@ def _call(admin: str, method: str, path: str, body: dict[str, Any] | None = None
         resp = conn.getresponse()
         raw = resp.read()
     except OSError as exc:
-        raise AdminError(f"cannot reach the admin API at {admin}: {exc}") from None
+        why = exc.strerror or str(exc) or type(exc).__name__
+        why = why[:1].lower() + why[1:]
+        raise AdminError(
+            f"cannot reach the admin API at {where} ({target.source}): {why}; {target.hint}"
+        ) from None
     except http.client.HTTPException as exc:  # something answered, but not HTTP
         raise AdminError(
-            f"{admin} did not answer like the admin API: {type(exc).__name__}"
+            f"{where} did not answer like the admin API: {type(exc).__name__}"
         ) from None
     finally:
         conn.close()
@@ -260,10 +396,10 @@ STATUS_KEYS = frozenset({"edge_id", "nodes", "providers", "queue"})
 REPORT_KEYS = frozenset({"mode", "applied", "restart_required", "errors"})
 
 
-def _expect(doc: Any, keys: frozenset[str], admin: str) -> dict[str, Any]:
+def _expect(doc: Any, keys: frozenset[str], admin: AdminTarget | str) -> dict[str, Any]:
     """``doc`` if it is an object with ``keys``; else the admin URL points elsewhere."""
     if not isinstance(doc, dict) or not keys <= doc.keys():
-        raise AdminError(f"{admin} did not answer like the admin API")
+        raise AdminError(f"{_url(admin)} did not answer like the admin API")
     return doc
 
 
@@ -272,21 +408,27 @@ def _expect(doc: Any, keys: frozenset[str], admin: str) -> dict[str, Any]:
 _ANSWER_ERRORS = (AdminError, KeyError, TypeError, ValueError, AttributeError)
 
 
-def _failed(command: str, admin: str, exc: Exception) -> int:
+def _failed(command: str, admin: AdminTarget | str, exc: Exception) -> int:
     """Print on stderr why ``iopd COMMAND`` has no answer; its exit status (1)."""
-    why = str(exc) if isinstance(exc, AdminError) else f"{admin} did not answer like the admin API"
+    why = (
+        str(exc)
+        if isinstance(exc, AdminError)
+        else f"{_url(admin)} did not answer like the admin API"
+    )
     print(f"iopd {command}: {why}", file=sys.stderr)
     return 1
 
 
-def status_main(admin: str, *, as_json: bool = False, principals: bool = False) -> int:
+def status_main(
+    admin: AdminTarget | str, *, as_json: bool = False, principals: bool = False
+) -> int:
     """``iopd status``: print the catalog (``principals``: the per-principal
     limits instead); exit 1 when the admin API cannot say."""
     try:
         doc = _expect(_call(admin, "GET", "/status"), STATUS_KEYS, admin)
         if principals:
             if "principals" not in doc:
-                raise AdminError(f"{admin} is an edge without per-principal limits (older)")
+                raise AdminError(f"{_url(admin)} is an edge without per-principal limits (older)")
             shown: Any = doc["principals"]
             text = json.dumps(shown, indent=2) if as_json else format_principals(doc)
         else:
@@ -297,7 +439,7 @@ def status_main(admin: str, *, as_json: bool = False, principals: bool = False) 
     return 0
 
 
-def refresh_main(admin: str, *, dry_run: bool = False) -> int:
+def refresh_main(admin: AdminTarget | str, *, dry_run: bool = False) -> int:
     """``iopd refresh``: print the report; exit 0 only when it is clean.
 
     Exit 1 when the apply is (or, dry run, would be) refused, and also when it
@@ -315,6 +457,29 @@ def refresh_main(admin: str, *, dry_run: bool = False) -> int:
     if dry_run:
         return 1 if refused else 0
     return 0 if doc.get("applied") and not doc.get("errors") else 1
+
+
+#: How long ``iopd restart`` waits for the new process (it is given 60 s to be ready).
+RESTART_TIMEOUT = 90.0
+
+
+def restart_main(admin: AdminTarget | str) -> int:
+    """``iopd restart``: the edge hands its sockets to a new process and drains.
+
+    Exit 0 once the new process took over (its pid printed); 1 when it did
+    not, with the reason (the old edge goes on serving).
+    """
+    try:
+        doc = _call(admin, "POST", "/restart", timeout=RESTART_TIMEOUT)
+        if not isinstance(doc, dict) or doc.get("outcome") != "handed_over":
+            raise AdminError(f"{_url(admin)} did not answer like the admin API")
+    except _ANSWER_ERRORS as exc:
+        return _failed("restart", admin, exc)
+    print(
+        f"restarted: the new edge process (pid {doc.get('successor_pid')}) serves; "
+        "the old one drains its open connections and exits"
+    )
+    return 0
 
 
 #: ``iopd provider ACTION``: the admin route (after ``/providers/{id}/``) and its body.
@@ -343,7 +508,9 @@ def format_control(view: dict[str, Any]) -> str:
     )
 
 
-def _control(admin: str, command: str, path: str, body: dict[str, Any], as_json: bool) -> int:
+def _control(
+    admin: AdminTarget | str, command: str, path: str, body: dict[str, Any], as_json: bool
+) -> int:
     """POST one runtime control; print the provider(s) it left; exit 1 on any error."""
     try:
         doc = _call(admin, "POST", path, body)
@@ -359,7 +526,9 @@ def _control(admin: str, command: str, path: str, body: dict[str, Any], as_json:
     return 0
 
 
-def provider_main(admin: str, action: str, provider_id: str, *, as_json: bool = False) -> int:
+def provider_main(
+    admin: AdminTarget | str, action: str, provider_id: str, *, as_json: bool = False
+) -> int:
     """``iopd provider drain|disable|enable|reset ID``."""
     route, body = PROVIDER_ACTIONS[action]
     path = f"/providers/{quote(provider_id, safe='')}/{route}"
@@ -367,7 +536,11 @@ def provider_main(admin: str, action: str, provider_id: str, *, as_json: bool = 
 
 
 def provider_set_main(
-    admin: str, provider_id: str, overrides: dict[str, int | None], *, as_json: bool = False
+    admin: AdminTarget | str,
+    provider_id: str,
+    overrides: dict[str, int | None],
+    *,
+    as_json: bool = False,
 ) -> int:
     """``iopd provider set ID [--capacity N|none] [--priority N|none]``: only the
     options given change (``none`` clears that override)."""
@@ -375,7 +548,7 @@ def provider_set_main(
     return _control(admin, "provider set", path, overrides, as_json)
 
 
-def node_drain_main(admin: str, node_id: str, *, as_json: bool = False) -> int:
+def node_drain_main(admin: AdminTarget | str, node_id: str, *, as_json: bool = False) -> int:
     """``iopd node drain ID``: every provider of the node drains."""
     path = f"/nodes/{quote(node_id, safe='')}/drain"
     return _control(admin, "node drain", path, {}, as_json)

@@ -7,6 +7,7 @@ Sub-commands import their modules lazily so ``iopd token`` or
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import secrets
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 from iopd import __version__
 
 DEFAULT_ADMIN = "http://127.0.0.1:7071"
+ADMIN_URL_ENV = "IOP_ADMIN_URL"
 
 
 def _port(text: str) -> int:
@@ -27,6 +29,12 @@ def _port(text: str) -> int:
     if not 0 <= port <= 65535:
         raise argparse.ArgumentTypeError(f"must be 0-65535 (got {port})")
     return port
+
+
+def _print_help(parser: argparse.ArgumentParser, _args: argparse.Namespace) -> int:
+    """A command without its sub-command (bare ``iopd``): the commands, on stdout."""
+    parser.print_help()
+    return 0
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
@@ -81,16 +89,43 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(port=args.port, admin_port=args.admin_port)
 
 
+def _admin_target(args: argparse.Namespace, command: str) -> Any:
+    """Where the admin API is (``--admin`` > ``$IOP_ADMIN_URL`` > ``--config`` > the
+    default), or None after printing why it cannot be told."""
+    from iopd.admin_client import AdminError, find_admin
+
+    try:
+        return find_admin(args.admin, args.config)
+    except AdminError as exc:
+        print(f"iopd {command}: {exc}", file=sys.stderr)
+        return None
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     from iopd.admin_client import status_main
 
-    return status_main(args.admin, as_json=args.json, principals=args.principals)
+    target = _admin_target(args, "status")
+    if target is None:
+        return 1
+    return status_main(target, as_json=args.json, principals=args.principals)
 
 
 def _cmd_refresh(args: argparse.Namespace) -> int:
     from iopd.admin_client import refresh_main
 
-    return refresh_main(args.admin, dry_run=args.dry_run)
+    target = _admin_target(args, "refresh")
+    if target is None:
+        return 1
+    return refresh_main(target, dry_run=args.dry_run)
+
+
+def _cmd_restart(args: argparse.Namespace) -> int:
+    from iopd.admin_client import restart_main
+
+    target = _admin_target(args, "restart")
+    if target is None:
+        return 1
+    return restart_main(target)
 
 
 def _override(text: str) -> int | None:
@@ -109,19 +144,26 @@ def _override(text: str) -> int | None:
 def _cmd_provider(args: argparse.Namespace) -> int:
     from iopd.admin_client import provider_main, provider_set_main
 
-    if args.action != "set":
-        return provider_main(args.admin, args.action, args.id, as_json=args.json)
-    overrides = {k: getattr(args, k) for k in ("capacity", "priority") if k in args}
-    if not overrides:
-        print("iopd provider set: give --capacity and/or --priority", file=sys.stderr)
+    if args.action == "set":
+        overrides = {k: getattr(args, k) for k in ("capacity", "priority") if k in args}
+        if not overrides:
+            print("iopd provider set: give --capacity and/or --priority", file=sys.stderr)
+            return 1
+    target = _admin_target(args, f"provider {args.action}")
+    if target is None:
         return 1
-    return provider_set_main(args.admin, args.id, overrides, as_json=args.json)
+    if args.action != "set":
+        return provider_main(target, args.action, args.id, as_json=args.json)
+    return provider_set_main(target, args.id, overrides, as_json=args.json)
 
 
 def _cmd_node_drain(args: argparse.Namespace) -> int:
     from iopd.admin_client import node_drain_main
 
-    return node_drain_main(args.admin, args.id, as_json=args.json)
+    target = _admin_target(args, "node drain")
+    if target is None:
+        return 1
+    return node_drain_main(target, args.id, as_json=args.json)
 
 
 def _add_control_parsers(
@@ -139,7 +181,8 @@ def _add_control_parsers(
         + lost
         + admin_token_note,
     )
-    psub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    psub = p.add_subparsers(dest="action", metavar="ACTION", required=False)
+    p.set_defaults(func=functools.partial(_print_help, p))
     helps = {
         "drain": "take no new requests; 'drained' once the last one in flight is done",
         "disable": "take no new requests at once (requests in flight finish)",
@@ -175,20 +218,50 @@ def _add_control_parsers(
     a.set_defaults(func=_cmd_node_drain)
 
 
-def _add_admin_options(p: argparse.ArgumentParser) -> None:
+def _add_admin_options(
+    p: argparse.ArgumentParser, *, json_help: str | None = None, with_json: bool = True
+) -> None:
+    """``--admin``, ``--config`` (where the admin API is) and ``--json``."""
     p.add_argument(
-        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
+        "--admin",
+        default=None,
+        metavar="URL",
+        help=f"admin API URL (first of: this, ${ADMIN_URL_ENV}, --config's edge.admin_listen, "
+        f"{DEFAULT_ADMIN})",
     )
-    p.add_argument("--json", action="store_true", help="print the admin API's JSON answer")
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="EDGE_CONFIG",
+        help="the edge's config file: its edge.admin_listen names the admin API "
+        "(default /etc/iopd/edge.yaml when it can be read)",
+    )
+    if with_json:
+        p.add_argument(
+            "--json", action="store_true", help=json_help or "print the admin API's JSON answer"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="iopd",
         description="iopd: a self-hosted OpenAI-compatible LLM gateway (edge + node daemons).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=(
+            "first steps:\n"
+            "  iopd demo            a whole gateway on loopback (model 'echo')\n"
+            "  iopd status          what the running edge serves\n"
+            "on a running edge (found by --config EDGE_CONFIG, --admin URL or $IOP_ADMIN_URL):\n"
+            "  iopd refresh [--dry-run]\n"
+            "  iopd restart         a new edge process takes over the sockets; nothing refused\n"
+            "  iopd provider drain|disable|enable|set|reset ID\n"
+            "  iopd node drain ID\n"
+            "`iopd COMMAND -h` shows a command's options."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"iopd {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=False)
+    parser.set_defaults(func=functools.partial(_print_help, parser))
 
     p = sub.add_parser(
         "edge",
@@ -255,7 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_demo)
 
     p = sub.add_parser("config", help="configuration tools")
-    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=True)
+    csub = p.add_subparsers(dest="config_command", metavar="SUBCOMMAND", required=False)
+    p.set_defaults(func=functools.partial(_print_help, p))
     c = csub.add_parser(
         "check", help="validate an edge or node config; exit 1 listing every problem"
     )
@@ -263,18 +337,18 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_config_check)
 
     admin_token_note = (
-        "When the environment variable IOP_ADMIN_TOKEN is set, its value is sent as the "
-        "admin API's bearer token (needed when the edge sets edge.admin_token_hash_sha256)."
+        "The admin API is the first of --admin URL, $IOP_ADMIN_URL, edge.admin_listen of the "
+        "edge config given with --config (or /etc/iopd/edge.yaml when it can be read) and "
+        f"{DEFAULT_ADMIN}. When the environment variable IOP_ADMIN_TOKEN is set, its value is "
+        "sent as the admin API's bearer token (needed when the edge sets "
+        "edge.admin_token_hash_sha256); it is never printed."
     )
     p = sub.add_parser(
         "status",
         help="show the provider catalog of a running edge",
         description="Show the provider catalog of a running edge. " + admin_token_note,
     )
-    p.add_argument(
-        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
-    )
-    p.add_argument("--json", action="store_true", help="print the raw /status JSON")
+    _add_admin_options(p, json_help="print the raw /status JSON")
     p.add_argument(
         "--principals",
         action="store_true",
@@ -287,13 +361,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="dry-run or apply the running edge's config file",
         description="Dry-run or apply the running edge's config file. " + admin_token_note,
     )
-    p.add_argument(
-        "--admin", default=DEFAULT_ADMIN, metavar="URL", help=f"admin API (default {DEFAULT_ADMIN})"
-    )
+    _add_admin_options(p, json_help=None, with_json=False)
     p.add_argument(
         "--dry-run", action="store_true", help="only classify and report; change nothing"
     )
     p.set_defaults(func=_cmd_refresh)
+
+    p = sub.add_parser(
+        "restart",
+        help="restart the running edge with nothing refused (a new process takes its sockets)",
+        description=(
+            "Restart the running edge without refusing a request: a new `iopd edge` process "
+            "(new code, the config file read again) takes over the listening sockets and the "
+            "nodes, then the old one drains and exits.  If the new process fails, the old one "
+            "goes on serving.  The same as SIGUSR2.  " + admin_token_note
+        ),
+    )
+    _add_admin_options(p, json_help=None, with_json=False)
+    p.set_defaults(func=_cmd_restart)
 
     _add_control_parsers(sub, node_parser, admin_token_note)
 

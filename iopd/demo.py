@@ -41,6 +41,32 @@ def demo_config(port: int, admin_port: int = DEFAULT_ADMIN_PORT) -> EdgeConfig:
     return msgspec.structs.replace(cfg, edge=edge, openai=openai)
 
 
+def banner(base: str, admin: str, admin_port: int) -> str:
+    """What the demo prints once it serves: where everything is and the exact commands."""
+    # On the default port `iopd status` finds the demo with no flag; elsewhere the
+    # command names the port the demo really bound (``--admin-port 0``).
+    flag = "" if admin_port == DEFAULT_ADMIN_PORT else f" --admin {admin}"
+    return f"""
+iopd demo is serving (edge + node '{DEMO_NODE_ID}' + echo provider).
+
+  OpenAI base URL:  {base}
+  model:            echo
+  console:          {admin}/  (open it in a browser: nodes, providers, model groups)
+  admin API:        {admin}  (/status, /metrics)
+
+Try:
+  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "echo", "messages": [{{"role": "user", "content": "hello from iopd"}}]}}'
+
+Operate it from another terminal:
+  iopd status{flag}
+  iopd provider drain echo-1{flag}
+  iopd provider enable echo-1{flag}
+
+Press Ctrl-C to stop.
+"""
+
+
 async def run_demo(  # type: ignore[no-untyped-def]
     port: int, admin_port: int = DEFAULT_ADMIN_PORT, *, task_status=trio.TASK_STATUS_IGNORED
 ) -> None:
@@ -51,32 +77,14 @@ async def run_demo(  # type: ignore[no-untyped-def]
         handle = await nursery.start(functools.partial(run_edge, cfg, None, handle_signals=True))
         base = handle.base_url
         admin = f"http://127.0.0.1:{handle.admin[1]}"
-        status = (
-            "iopd status"
-            if handle.admin[1] == DEFAULT_ADMIN_PORT
-            else f"iopd status --admin {admin}"
-        )
-        print(
-            f"""
-iopd demo is serving (edge + node '{DEMO_NODE_ID}' + echo provider).
-
-  OpenAI base URL:  {base}
-  model:            echo
-  admin API:        {admin}  (/status, /metrics; `{status}`)
-
-Try:
-  curl -s {base}/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "echo", "messages": [{{"role": "user", "content": "hello from iopd"}}]}}'
-
-Press Ctrl-C to stop.
-""",
-            flush=True,
-        )
+        print(banner(base, admin, handle.admin[1]), flush=True)
         task_status.started(handle)
 
 
 def demo_main(port: int = DEFAULT_PORT, admin_port: int = DEFAULT_ADMIN_PORT) -> int:
     """``iopd demo``; a port in use raises ``StartupError`` (one line, exit 1)."""
+    from iopd.edge.daemon import ListenFailed
+
     try:
         demo_config(port, admin_port)
     except ConfigError as exc:  # pragma: no cover - the embedded file is tested
@@ -86,11 +94,17 @@ def demo_main(port: int = DEFAULT_PORT, admin_port: int = DEFAULT_ADMIN_PORT) ->
     setup_logging("keyvalue", "info")
     try:
         run_daemon(functools.partial(run_demo, port, admin_port))
-    except StartupError as exc:
+    except ListenFailed as exc:
         # Name the flag that picks the port in use: 7071 is taken by a first demo.
-        flags = {f"127.0.0.1:{port}": "--port", f"127.0.0.1:{admin_port}": "--admin-port"}
-        flag = flags.get(exc.where)
+        flag = {"openai.listen": "--port", "edge.admin_listen": "--admin-port"}.get(exc.key)
         if flag is None:
             raise
-        raise StartupError(exc.what, f"{exc.where} ({flag})", exc.reason) from None
+        hint = (
+            f"another process holds that port (a first demo?): run with {flag} 0 for any free port"
+            if exc.in_use
+            else f"pick another port with {flag}"
+        )
+        raise StartupError(
+            exc.what, f"{exc.address} ({flag})", f"{exc.os_reason}: {hint}"
+        ) from None
     return 0

@@ -49,6 +49,7 @@ from wire.messages import (
     ControlState,
     ControlUpdate,
     Credit,
+    GoAway,
     Heartbeat,
     Hello,
     HelloAck,
@@ -137,6 +138,7 @@ _EDGE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Credit,
     Waiting,
     ControlUpdate,
+    GoAway,
 )
 _NODE_SESSION_MESSAGES: tuple[type[Message], ...] = (
     Heartbeat,

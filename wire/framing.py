@@ -37,6 +37,15 @@ HANDSHAKE_MAX_FRAME_BYTES = 8 * 1024
 #: holds ids to it).
 MAX_HANDSHAKE_ID_CHARS = 1024
 
+#: A length prefix that reads ``HTTP``: the peer is an HTTP server answering (a
+#: node pointed at an HTTP port, such as the edge's OpenAI listener).
+HTTP_SERVER_REASON = "the peer answered in HTTP: this is an HTTP server, not an iopd wire listener"
+#: A length prefix that reads as an HTTP method: an HTTP client dialled a wire listener.
+HTTP_CLIENT_REASON = "the peer sent an HTTP request: this is an HTTP client, not an iopd wire peer"
+_HTTP_METHODS = frozenset(
+    (b"GET ", b"POST", b"PUT ", b"HEAD", b"DELE", b"OPTI", b"PATC", b"CONN", b"TRAC", b"PRI ")
+)
+
 _encoder = msgspec.msgpack.Encoder()
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 
@@ -107,7 +116,7 @@ class FrameDecoder:
                     raise MalformedFrame("zero-length frame")
                 if size > self.max_frame_bytes:
                     raise FrameTooLarge(
-                        f"frame length {size} exceeds the {self.max_frame_bytes}-byte limit"
+                        _too_large(bytes(buf[pos : pos + PREFIX_BYTES]), size, self.max_frame_bytes)
                     )
                 start = pos + PREFIX_BYTES
                 stop = start + size
@@ -140,6 +149,16 @@ class FrameDecoder:
             self._buf.clear()
             self._broken = MalformedFrame(f"connection closed inside a frame ({n} bytes pending)")
             raise self._broken
+
+
+def _too_large(prefix: bytes, size: int, limit: int) -> str:
+    """Why a length prefix is refused: HTTP bytes are named as such (every HTTP
+    response and request line starts with a prefix far over any frame limit)."""
+    if prefix == b"HTTP":
+        return HTTP_SERVER_REASON
+    if prefix in _HTTP_METHODS:
+        return HTTP_CLIENT_REASON
+    return f"frame length {size} exceeds the {limit}-byte limit"
 
 
 def _describe(exc: ValueError) -> str:

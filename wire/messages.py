@@ -46,6 +46,12 @@ class Hello(_Msg, tag=True):
     token: str
     software_version: str = ""
     nonce: str = ""
+    #: What this node understands beyond its protocol version (``"go_away"``).
+    #: An edge that predates a feature ignores the field; a node that predates
+    #: it sends none, and is sent nothing it would not decode.
+    features: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=32)]], msgspec.Meta(max_length=16)
+    ] = msgspec.field(default_factory=list)
 
 
 class Challenge(_Msg, tag=True):
@@ -324,8 +330,8 @@ class SlotLoad(msgspec.Struct, omit_defaults=True, kw_only=True):
 class LoadReport(_Msg, tag=True):
     """Node -> edge: the load of some of its providers, for this edge (coalesced)."""
 
-    providers: Annotated[list[SlotLoad], msgspec.Meta(max_length=MAX_LOAD_ENTRIES)] = (
-        msgspec.field(default_factory=list)
+    providers: Annotated[list[SlotLoad], msgspec.Meta(max_length=MAX_LOAD_ENTRIES)] = msgspec.field(
+        default_factory=list
     )
 
 
@@ -419,6 +425,22 @@ class ControlState(_Msg, tag=True):
     )
 
 
+class GoAway(_Msg, tag=True):
+    """Edge -> node (only to a node whose ``Hello.features`` has ``"go_away"``):
+    this edge process is handing over to a successor on the same address.
+
+    The node dials the address again (reaching the successor) and keeps this
+    session for the streams in flight until the edge closes it; no reconnect
+    follows that close.
+    """
+
+    reason: str = ""
+
+
+#: ``Hello.features``: the node understands ``GoAway``.
+FEATURE_GO_AWAY = "go_away"
+
+
 Message = (
     Hello
     | Challenge
@@ -442,6 +464,7 @@ Message = (
     | NodeConfigState
     | ControlUpdate
     | ControlState
+    | GoAway
 )
 
 TERMINAL_RUN_KINDS = frozenset({"complete", "error"})

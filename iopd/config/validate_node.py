@@ -7,6 +7,8 @@ are ``node_consent.py``'s.
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from iopd.config.node_consent import consent_problems
 from iopd.config.problems import ConfigProblem
 from iopd.config.schema import NodeConfigFile, NodeSection, NodeTLS
@@ -19,6 +21,25 @@ def _check_node_tls(err: Errors, tls: NodeTLS) -> None:
     err.tls_pair("node.tls", tls.cert, tls.key)
 
 
+def _edge_address(err: Errors, path: str, address: str) -> str | None:
+    """One edge address: ``host:port``; a URL gets a line of its own (its scheme
+    would otherwise read as an IPv6 address without brackets)."""
+    scheme, sep, rest = address.partition("://")
+    if sep and scheme.isalpha():
+        try:
+            host = urlsplit(address).hostname or "edge.example.com"
+        except ValueError:  # an unclosed bracket
+            host = "edge.example.com"
+        host = f"[{host}]" if ":" in host else host
+        err.add(
+            path,
+            f"must be host:port, not a URL (got {address[:80]!r}): write the address of the "
+            f"edge's edge.node_listen (the wire port, not the OpenAI port), e.g. {host[:80]}:7070",
+        )
+        return None
+    return err.address(path, address)
+
+
 def _check_node_edges(err: Errors, n: NodeSection) -> None:
     """``node.edge`` (one edge) or ``node.edges`` (several, each once): exactly one."""
     if n.edge and n.edges:
@@ -27,11 +48,11 @@ def _check_node_edges(err: Errors, n: NodeSection) -> None:
         seen: dict[str, str] = {}
         for i, address in enumerate(n.edges):
             path = f"node.edges[{i}]"
-            host = err.address(path, address)
+            host = _edge_address(err, path, address)
             if host is not None and (first := first_at(seen, address.lower(), path)):
                 err.add(path, f"duplicate edge address (same as {first})")
     elif n.edge:
-        err.address("node.edge", n.edge)
+        _edge_address(err, "node.edge", n.edge)
     else:
         err.add("node.edge", "required: the edge's host:port (or node.edges: a list, for several)")
 

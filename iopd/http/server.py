@@ -112,6 +112,7 @@ class HttpServer:
         self._idle.set()
         self._accept_scope: trio.CancelScope | None = None
         self._connections: set[ServedConnection] = set()
+        self._all_closed = trio.Event()
         self._watches: set[ClientWatch] = set()  # one per listening ``serve``
 
     @property
@@ -157,23 +158,42 @@ class HttpServer:
         if self._in_flight == 0:
             self._idle.set()
 
-    def shutdown(self) -> None:
-        """Stop accepting, close idle connections, close the rest after their response."""
+    def shutdown(self, *, close_idle: bool = True) -> None:
+        """Stop accepting, close idle connections, close the rest after their response.
+
+        ``close_idle=False`` (a hand-over to a successor): an idle keep-alive
+        connection is not closed now but after its next response (or at its
+        idle timeout).  Closing it while the client may be sending on it is
+        the one way a server can fail a request it never saw; answering the
+        next request with ``Connection: close`` is not.
+        """
         self.listener.closing = True
         if self._accept_scope is not None:
             self._accept_scope.cancel()
-        for conn in list(self._connections):
-            conn.close_if_idle()
+        if close_idle:
+            for conn in list(self._connections):
+                conn.close_if_idle()
+
+    async def wait_closed(self) -> None:
+        """Return once no connection is open (each closed after its last response)."""
+        while self._connections:
+            self._all_closed = trio.Event()
+            await self._all_closed.wait()
 
     async def serve(
         self,
         host: str,
         port: int,
         *,
+        listeners: list[trio.SocketListener] | None = None,
         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on ``host:port`` (0 picks a port) until shut down or cancelled."""
-        listeners = await trio.open_tcp_listeners(port, host=host)
+        """Listen on ``host:port`` (0 picks a port) until shut down or cancelled.
+
+        ``listeners``: sockets already listening (inherited at a restart) instead.
+        """
+        if listeners is None:
+            listeners = await trio.open_tcp_listeners(port, host=host)
         bound_port = int(listeners[0].socket.getsockname()[1])
         watch = ClientWatch()  # the clients of this listener whose handler runs
         self._watches.add(watch)
@@ -243,6 +263,8 @@ class HttpServer:
         finally:
             if conn is not None:
                 self._connections.discard(conn)
+                if not self._connections:
+                    self._all_closed.set()
             self._connection_slots.release()
             await trio.aclose_forcefully(stream)
 

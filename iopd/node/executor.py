@@ -226,9 +226,14 @@ class NodeExecutor:
     def active_streams(self) -> int:
         return len(self._streams)
 
-    def for_edge(self, edge: str) -> EdgeStreams:
-        """The ``NodeHandler`` for the session with ``edge`` (its streams apart)."""
-        return EdgeStreams(self, edge)
+    def for_edge(self, edge: str, *, source: str | None = None) -> EdgeStreams:
+        """The ``NodeHandler`` for the session with ``edge`` (its streams apart).
+
+        ``source``: the edge as the shared state knows it, when ``edge`` is a
+        successor session's key (the same edge after a hand-over, whose config
+        push at the same revision is its own).
+        """
+        return EdgeStreams(self, edge, source=source)
 
     def cancel(self, stream_id: int, reason: str, *, edge: str = "") -> None:
         """Stop ``edge``'s stream ``stream_id`` at once; it still sends its terminal
@@ -475,17 +480,18 @@ class EdgeStreams:
     another edge's.
     """
 
-    def __init__(self, executor: NodeExecutor, edge: str) -> None:
+    def __init__(self, executor: NodeExecutor, edge: str, *, source: str | None = None) -> None:
         self.executor = executor
         self.edge = edge
+        self.source = source or edge
 
     async def on_config(self, msg: NodeConfig) -> NodeConfigAck:
-        return await self.executor.on_config(msg, edge=self.edge)
+        return await self.executor.on_config(msg, edge=self.source)
 
     def on_controls(self, msg: ControlUpdate) -> None:
         registry = self.executor.registry
         providers = registry.adapters if registry is not None else {}
-        self.executor.shared.set_controls(msg, providers, self.edge)
+        self.executor.shared.set_controls(msg, providers, self.source)
 
     def config_state(self) -> NodeConfigState:
         return self.executor.shared.config.state()

@@ -29,7 +29,16 @@ import trio
 
 from iopd.transport.channel import WireChannel
 from wire import scram
-from wire.messages import PROTOCOL_VERSION, Challenge, Hello, HelloAck, Message, Proof, Refused
+from wire.messages import (
+    FEATURE_GO_AWAY,
+    PROTOCOL_VERSION,
+    Challenge,
+    Hello,
+    HelloAck,
+    Message,
+    Proof,
+    Refused,
+)
 
 #: The log line's reason for a refused legacy proof: how to get off it.
 LEGACY_PROOF_REFUSED = (
@@ -131,6 +140,7 @@ async def client_handshake(
             token="",
             software_version=software_version,
             nonce=client_nonce,
+            features=[FEATURE_GO_AWAY],
         )
     )
     reply = await _receive(channel, timeout, "Hello")

@@ -22,7 +22,7 @@ Why it looks like this:
   the node's config state (``NodeConfigState``), and the session's first ack
   is preceded by its control state (``ControlState``).  Losing the link cancels
   the nursery, so every run of that session stops.
-* ``_StreamSender.send`` enforces the credit window: it waits while the
+* ``LinkSender.send`` enforces the credit window: it waits while the
   stream has no credit left (the terminal message never waits).
 * Admission (``iopd.node.admission``, given as ``admission``): the reader
   admits every run and tunnel against the node's slots before spawning it,
@@ -46,16 +46,19 @@ from iopd.http.client import EarlyStart
 from iopd.node.admission import AdmissionView, Slot
 from iopd.node.handler import NodeHandler
 from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
+from iopd.node.stream_out import LinkSender
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import Backoff, DialError, dial
 from iopd.transport.tls import client_ssl_context
 from wire.connection import Connection, Role, StreamState
 from wire.errors import LocalProtocolError, RemoteProtocolError
+from wire.framing import HTTP_SERVER_REASON
 from wire.messages import (
     Busy,
     Cancel,
     ControlUpdate,
     Credit,
+    GoAway,
     HelloAck,
     LoadReport,
     Message,
@@ -69,7 +72,6 @@ from wire.messages import (
     RunRequest,
     SlotLoad,
     Waiting,
-    is_terminal,
 )
 
 log = logging.getLogger("iopd.node.link")
@@ -93,92 +95,6 @@ def parse_host_port(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-class _StreamSender:
-    """``iopd.node.handler.StreamSender`` for one stream: credit-aware sends."""
-
-    def __init__(
-        self,
-        channel: WireChannel,
-        stream_id: int,
-        release: Callable[[], None] | None = None,
-    ) -> None:
-        self._channel = channel
-        self.stream_id = stream_id
-        self._credit_changed = trio.Event()
-        self._release = release  # gives the stream's node slot back (once)
-
-    @property
-    def max_frame_bytes(self) -> int:
-        """The largest frame the link sends (a whole reply must fit in one)."""
-        return self._channel.conn.max_frame_bytes
-
-    def release_slot(self) -> None:
-        """Give the stream's slot back now (idempotent)."""
-        release, self._release = self._release, None
-        if release is not None:
-            release()
-
-    def credit_arrived(self) -> None:
-        self._credit_changed.set()
-        self._credit_changed = trio.Event()
-
-    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
-        """Send one reply; waits while the window is exhausted (the terminal never waits).
-
-        Raises ``trio.BrokenResourceError`` (``ChannelClosed``) when the link is
-        gone and ``trio.ClosedResourceError`` when the stream already ended.
-        """
-        if msg.stream_id != self.stream_id:
-            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
-        conn = self._channel.conn
-        terminal = is_terminal(msg)
-        while not terminal and conn.stream_credit(self.stream_id) <= 0:
-            if self._channel.closed:
-                raise ChannelClosed(self._channel.close_reason or "link closed", "closed")
-            if conn.stream_state(self.stream_id) not in (StreamState.OPEN, StreamState.CANCELLED):
-                raise trio.ClosedResourceError(f"stream {self.stream_id} already ended")
-            # Held frames must reach the edge before it can return their credit.
-            await self._channel.flush()
-            await self._credit_changed.wait()
-        if terminal and self._release is not None:
-            self.release_slot()  # before the edge can read the terminal and open anew
-        try:
-            await self._channel.send(msg)
-        except LocalProtocolError as exc:
-            raise trio.ClosedResourceError(exc.reason) from None
-
-    def _may_wait(self, msg: RunEvent | ProviderTunnelFrame) -> bool:
-        """Whether ``msg`` may leave later than now: not a terminal, and credit left."""
-        return not is_terminal(msg) and self._channel.conn.stream_credit(self.stream_id) > 0
-
-    async def send_soon(self, msg: RunEvent | ProviderTunnelFrame) -> None:
-        """Like ``send``, but the frame may leave at the end of the scheduler
-        round, in one write with what the other streams sent in that round
-        (``WireChannel.send_soon``).  The terminal is sent at once."""
-        if msg.stream_id != self.stream_id or not self._may_wait(msg):
-            await self.send(msg)
-            return
-        try:
-            await self._channel.send_soon(msg)
-        except LocalProtocolError as exc:
-            raise trio.ClosedResourceError(exc.reason) from None
-
-    async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
-        """Like ``send``, but the frame may wait for the stream's next send to
-        leave in the same write.  Only for a frame that another follows at once."""
-        if msg.stream_id != self.stream_id or not self._may_wait(msg):
-            await self.send(msg)
-            return
-        try:
-            self._channel.queue(msg)
-        except LocalProtocolError as exc:
-            raise trio.ClosedResourceError(exc.reason) from None
-        # A cancel point but no trip through the scheduler: the send that
-        # follows at once yields anyway (a full checkpoint here cost one
-        # scheduler round per held frame, three per non-streamed reply).
-        await trio.lowlevel.checkpoint_if_cancelled()
-
-
 class NodeLink:
     """The node's connection to one edge; implements ``iopd.node.handler.StatusSink``.
 
@@ -194,6 +110,7 @@ class NodeLink:
         *,
         software_version: str,
         edge: str | None = None,
+        key: str | None = None,
         salted: SaltedPasswords | None = None,
         admission: AdmissionView | None = None,
         connect_timeout: float = 10.0,
@@ -210,13 +127,20 @@ class NodeLink:
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
         self.edge = edge or cfg.edge or cfg.edges[0]
+        #: What this link's streams and slots are kept under: the address, or for
+        #: the successor of a link told ``GoAway``, the address and a generation.
+        self.key = key or self.edge
         self.host, self.port = parse_host_port(self.edge)
+        #: Told ``GoAway``: serve what is in flight, then end without reconnecting.
+        self.retiring = False
+        #: Called once when the edge says ``GoAway`` (``EdgeSessions`` dials again).
+        self.on_go_away: Callable[[NodeLink], None] | None = None
         self._salted = salted if salted is not None else SaltedPasswords()
         self.admission = admission
         self._ssl_context = client_ssl_context(cfg.tls)
         self.backoff = Backoff(cfg.reconnect_initial_backoff, cfg.reconnect_max_backoff, rng=rng)
         self._channel: WireChannel | None = None
-        self._senders: dict[int, _StreamSender] = {}
+        self._senders: dict[int, LinkSender] = {}
         self._nursery: trio.Nursery | None = None
         self._configs: trio.MemorySendChannel[NodeConfig] | None = None
         self.connected = False
@@ -283,6 +207,9 @@ class NodeLink:
         task_status.started()
         while True:
             delay = await self._attempt()
+            if self.retiring:  # its successor serves this edge now
+                log.info("event=edge_link_retired edge=%s", self.edge)
+                return
             if self._stopping:
                 await trio.sleep_forever()  # shut down: no reconnect; the caller cancels
             log.info("event=edge_reconnect edge=%s:%d delay_s=%.2f", self.host, self.port, delay)
@@ -302,10 +229,10 @@ class NodeLink:
             )
         except DialError as exc:
             self.last_error = exc.reason
-            log.warning(
-                "event=edge_unreachable edge=%s:%d reason=%r", self.host, self.port, exc.reason
-            )
-            return self.backoff.next()
+            delay = self.backoff.next()
+            msg = "event=edge_unreachable edge=%s reason=%r retry_in_s=%.2f"
+            log.warning(msg, self.edge, exc.reason, delay)
+            return delay
         channel = WireChannel(
             stream,
             Connection(Role.NODE, max_frame_bytes=self.cfg.max_frame_bytes),
@@ -315,6 +242,8 @@ class NodeLink:
             return await self._session(channel)
         except ChannelClosed as exc:
             self.last_error = exc.reason
+            if not self._stopping and HTTP_SERVER_REASON in exc.reason:
+                return self._http_server()
             if self._stopping:
                 log.info("event=edge_link_closed edge=%s reason=%r", self.edge, exc.reason)
             elif exc.kind == "protocol":
@@ -351,9 +280,28 @@ class NodeLink:
         await self._serve(channel, ack)
         raise AssertionError("unreachable")  # _serve only ends by raising
 
+    def _http_server(self) -> float:
+        """The edge address answered in HTTP (the OpenAI port?): say which key to fix;
+        retried slowly (a retry cannot fix it)."""
+        key = "node.edges" if self.cfg.edges else "node.edge"
+        self.last_error = (
+            f"{self.host}:{self.port} answered in HTTP: this is an HTTP server, not an iopd "
+            f"wire listener: point {key} at edge.node_listen"
+        )
+        delay = self.backoff.max_delay()
+        log.error(
+            "event=edge_link_lost edge=%s kind=protocol reason=%r retry_in_s=%.2f",
+            self.edge,
+            self.last_error,
+            delay,
+        )
+        return delay
+
     def _handshake_failed(self, exc: HandshakeFailed) -> float:
         """Log why the handshake failed (one line, never the token); the delay to wait."""
         refused = exc.refused
+        if refused is None and HTTP_SERVER_REASON in exc.reason:
+            return self._http_server()
         if refused is None:
             self.last_error = exc.reason
             log.log(
@@ -432,7 +380,7 @@ class NodeLink:
                     return
                 if verdict is not None:
                     release = _releaser(admission, verdict)
-            sender = _StreamSender(channel, msg.stream_id, release)
+            sender = LinkSender(channel, msg.stream_id, release)
             self._senders[msg.stream_id] = sender
             early = self.handler.start_early(msg)  # may write it to the provider now
             try:
@@ -460,6 +408,12 @@ class NodeLink:
                 self.handler.on_controls(msg)
             except Exception:
                 log.exception("event=control_update_failed edge=%s", self.edge)
+        elif isinstance(msg, GoAway):
+            if not self.retiring:
+                self.retiring = True
+                log.info("event=edge_go_away edge=%s reason=%r", self.edge, msg.reason[:200])
+                if self.on_go_away is not None:
+                    self.on_go_away(self)
         elif isinstance(msg, NodeConfig):
             assert self._configs is not None
             try:
@@ -473,7 +427,7 @@ class NodeLink:
         self,
         channel: WireChannel,
         req: RunRequest | ProviderTunnelRequest,
-        sender: _StreamSender,
+        sender: LinkSender,
         early: EarlyStart | None,
     ) -> None:
         stream_id = req.stream_id

@@ -47,31 +47,63 @@ class EdgeSessions:
         software_version: str,
         link_factory: Callable[..., NodeLink] = NodeLink,
     ) -> None:
-        salted = SaltedPasswords()  # one derivation per edge verifier, node-wide
+        self._salted = SaltedPasswords()  # one derivation per edge verifier, node-wide
         self.slots = SlotTable(_limits_of(executor))
         self._loads_changed = trio.Event()
+        self._cfg, self._executor = cfg, executor
+        self._software_version, self._link_factory = software_version, link_factory
+        self._generation = 0
+        self._nursery: trio.Nursery | None = None
         self.links: list[NodeLink] = [
-            link_factory(
-                cfg,
-                executor.for_edge(address),
-                software_version=software_version,
-                edge=address,
-                salted=salted,
-                admission=AdmissionView(
-                    self.slots, address, clock=trio.current_time, changed=self._wake_push
-                ),
-            )
-            for address in node_edge_addresses(cfg)
+            self._new_link(address) for address in node_edge_addresses(cfg)
         ]
         # The config in force and the runtime controls are the node's, for
         # every edge: their changes go to all (iopd.node.shared_state).
         executor.shared.broadcast = self.broadcast
         executor.shared.controls_changed = self._controls_changed
 
+    def _new_link(self, address: str, key: str | None = None) -> NodeLink:
+        key = key or address
+        link = self._link_factory(
+            self._cfg,
+            self._executor.for_edge(key, source=address),
+            software_version=self._software_version,
+            edge=address,
+            key=key,
+            salted=self._salted,
+            admission=AdmissionView(
+                self.slots, key, clock=trio.current_time, changed=self._wake_push
+            ),
+        )
+        link.on_go_away = self._go_away
+        return link
+
+    def _go_away(self, retiring: NodeLink) -> None:
+        """``retiring``'s edge hands over: dial its address again with a new session.
+
+        The old session keeps its streams (under its own key: the new session's
+        stream ids start over) until the old edge process closes it; the new
+        one, accepted by the successor process, serves everything new.
+        """
+        if self._nursery is None:
+            return
+        self._generation += 1
+        successor = self._new_link(retiring.edge, f"{retiring.edge}#{self._generation}")
+        self.links.append(successor)
+        self._nursery.start_soon(self._run_link, successor)
+
+    async def _run_link(self, link: NodeLink) -> None:
+        """Run ``link`` until it retires (a successor took over), then forget it."""
+        try:
+            await link.run()
+        finally:
+            if link in self.links:
+                self.links.remove(link)
+
     def link(self, edge: str) -> NodeLink:
         """The session with ``edge`` (an address of the config); ``KeyError`` if none."""
         for link in self.links:
-            if link.edge == edge:
+            if link.edge == edge and not link.retiring:
                 return link
         raise KeyError(edge)
 
@@ -92,9 +124,10 @@ class EdgeSessions:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Run every session until cancelled; reported started at once (no edge needed)."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self._push_loads)
-            for link in self.links:
-                await nursery.start(link.run)
+            for link in list(self.links):
+                nursery.start_soon(self._run_link, link)
             task_status.started()
 
     def _controls_changed(self) -> None:
@@ -117,14 +150,14 @@ class EdgeSessions:
             self._loads_changed = trio.Event()
             slots.expire(trio.current_time())
             for link in self.links:
-                due = slots.take_reports(link.edge)
+                due = slots.take_reports(link.key)
                 if due:
                     link.send_status(LoadReport(providers=due))
 
     async def shutdown(self, timeout: float = 2.0) -> None:
         """End every session cleanly, together (see ``NodeLink.shutdown``)."""
         async with trio.open_nursery() as nursery:
-            for link in self.links:
+            for link in list(self.links):
                 nursery.start_soon(link.shutdown, timeout)
 
 

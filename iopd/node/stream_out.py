@@ -1,5 +1,6 @@
 """What a node stream sends: its output frames, from the adapter to the edge.
 
+``LinkSender`` sends one stream's frames on its link, as credit allows.
 ``WireStream`` is one stream in flight (its cancel scope, how it was told
 to stop, and the sender of its link).  ``WireRunOutput`` turns a normalized
 run's output into ``RunEvent``s; ``WireTunnelOutput`` turns a passthrough's
@@ -14,11 +15,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import trio
 
 from iopd.node.adapters.base import RunOutput, TunnelOutput
 from iopd.node.handler import StreamSender
-from wire.messages import ProviderTunnelFrame, RunEvent, Usage
+from iopd.transport.channel import ChannelClosed, WireChannel
+from wire.connection import StreamState
+from wire.errors import LocalProtocolError
+from wire.messages import ProviderTunnelFrame, RunEvent, Usage, is_terminal
 
 #: A non-streamed body is held back (to leave with the terminal in one write)
 #: up to this many bytes; beyond, it is written as it arrives.
@@ -196,3 +201,94 @@ class WireTunnelOutput(TunnelOutput):
             body_usage=usage,
             reasoning_chars=self.reasoning_chars,
         )
+
+
+class LinkSender:
+    """``iopd.node.handler.StreamSender`` for one stream of a link: credit-aware sends.
+
+    The node's link makes one per stream it admits; the frames go out on the
+    link's ``WireChannel``, each waiting while the stream's credit is spent
+    (the terminal never waits, so a stream can always end).
+    """
+
+    def __init__(
+        self,
+        channel: WireChannel,
+        stream_id: int,
+        release: Callable[[], None] | None = None,
+    ) -> None:
+        self._channel = channel
+        self.stream_id = stream_id
+        self._credit_changed = trio.Event()
+        self._release = release  # gives the stream's node slot back (once)
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame the link sends (a whole reply must fit in one)."""
+        return self._channel.conn.max_frame_bytes
+
+    def release_slot(self) -> None:
+        """Give the stream's slot back now (idempotent)."""
+        release, self._release = self._release, None
+        if release is not None:
+            release()
+
+    def credit_arrived(self) -> None:
+        self._credit_changed.set()
+        self._credit_changed = trio.Event()
+
+    async def send(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Send one reply; waits while the window is exhausted (the terminal never waits).
+
+        Raises ``trio.BrokenResourceError`` (``ChannelClosed``) when the link is
+        gone and ``trio.ClosedResourceError`` when the stream already ended.
+        """
+        if msg.stream_id != self.stream_id:
+            msg = msgspec.structs.replace(msg, stream_id=self.stream_id)
+        conn = self._channel.conn
+        terminal = is_terminal(msg)
+        while not terminal and conn.stream_credit(self.stream_id) <= 0:
+            if self._channel.closed:
+                raise ChannelClosed(self._channel.close_reason or "link closed", "closed")
+            if conn.stream_state(self.stream_id) not in (StreamState.OPEN, StreamState.CANCELLED):
+                raise trio.ClosedResourceError(f"stream {self.stream_id} already ended")
+            # Held frames must reach the edge before it can return their credit.
+            await self._channel.flush()
+            await self._credit_changed.wait()
+        if terminal and self._release is not None:
+            self.release_slot()  # before the edge can read the terminal and open anew
+        try:
+            await self._channel.send(msg)
+        except LocalProtocolError as exc:
+            raise trio.ClosedResourceError(exc.reason) from None
+
+    def _may_wait(self, msg: RunEvent | ProviderTunnelFrame) -> bool:
+        """Whether ``msg`` may leave later than now: not a terminal, and credit left."""
+        return not is_terminal(msg) and self._channel.conn.stream_credit(self.stream_id) > 0
+
+    async def send_soon(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Like ``send``, but the frame may leave at the end of the scheduler
+        round, in one write with what the other streams sent in that round
+        (``WireChannel.send_soon``).  The terminal is sent at once."""
+        if msg.stream_id != self.stream_id or not self._may_wait(msg):
+            await self.send(msg)
+            return
+        try:
+            await self._channel.send_soon(msg)
+        except LocalProtocolError as exc:
+            raise trio.ClosedResourceError(exc.reason) from None
+
+    async def send_held(self, msg: RunEvent | ProviderTunnelFrame) -> None:
+        """Like ``send``, but the frame may wait for the stream's next send to
+        leave in the same write.  Only for a frame that another follows at once."""
+        if msg.stream_id != self.stream_id or not self._may_wait(msg):
+            await self.send(msg)
+            return
+        try:
+            self._channel.queue(msg)
+        except LocalProtocolError as exc:
+            raise trio.ClosedResourceError(exc.reason) from None
+        # A cancel point but no trip through the scheduler: the send that
+        # follows at once yields anyway (a full checkpoint here cost one
+        # scheduler round per held frame, three per non-streamed reply).
+        await trio.lowlevel.checkpoint_if_cancelled()

@@ -9,6 +9,7 @@ through the handshake starts over at the initial delay.
 from __future__ import annotations
 
 import random
+import socket
 import ssl
 from collections.abc import Callable
 
@@ -57,10 +58,36 @@ async def dial(
         detail = getattr(cause, "reason", None) or type(cause).__name__
         reason = f"TLS handshake with {host}:{port} failed: {detail}"
     except OSError as exc:
-        reason = f"connect to {host}:{port} failed: {exc.strerror or type(exc).__name__}"
+        reason = _connect_failed(host, port, exc)
     if tcp is not None:
         await trio.aclose_forcefully(tcp)
     raise DialError(reason, "broken")
+
+
+def _leaf(exc: OSError) -> OSError:
+    """The error of the one attempt that says why: trio wraps the attempts of
+    ``open_tcp_stream`` (one per address) in a group behind a plain ``OSError``."""
+    cause = exc.__cause__
+    if isinstance(cause, BaseExceptionGroup):
+        leaves = [e for e in cause.exceptions if isinstance(e, OSError)]
+        refused = [e for e in leaves if isinstance(e, ConnectionRefusedError)]
+        if refused or leaves:
+            return (refused or leaves)[0]
+    return exc
+
+
+def _connect_failed(host: str, port: int, exc: OSError) -> str:
+    """One line: the address, what happened and what it likely means."""
+    leaf = _leaf(exc)
+    if isinstance(leaf, ConnectionRefusedError):
+        return (
+            f"connection refused by {host}:{port}: the edge may not be running yet, "
+            "or this is not its edge.node_listen"
+        )
+    if isinstance(exc, socket.gaierror):
+        return f"cannot resolve {host!r}: {exc.strerror or type(exc).__name__} (check the edge's address)"
+    why = leaf.strerror or type(leaf).__name__
+    return f"connect to {host}:{port} failed: {why[:1].lower()}{why[1:]}"
 
 
 class Backoff:

@@ -220,6 +220,8 @@ async def serve_wire(
     *,
     ssl_context: ssl.SSLContext | None = None,
     gate: PendingGate | None = None,
+    listeners: list[trio.SocketListener] | None = None,
+    stop_accepting: trio.Event | None = None,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Accept wire connections on ``host:port`` forever, one task per connection.
@@ -230,17 +232,30 @@ async def serve_wire(
     With ``gate`` the unauthenticated connections are capped (see the module
     doc); the handler calls ``gate.release(stream)`` once its peer has
     authenticated, and the slot is freed in any case when the handler returns.
+    ``listeners``: sockets already listening (inherited at a restart) instead.
+    ``stop_accepting``: once set, no connection is accepted any more (they
+    wait in the kernel's queue for the successor that shares the socket);
+    those accepted go on.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    if listeners is None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
     bound: tuple[str, int] = listeners[0].socket.getsockname()[:2]
     log.info(
         "event=wire_listening address=%s:%d tls=%s", bound[0], bound[1], ssl_context is not None
     )
     try:
-        async with trio.open_nursery() as nursery:
-            for listener in listeners:
-                nursery.start_soon(_accept_loop, listener, handler, nursery, ssl_context, gate)
-            task_status.started(bound)
+        async with trio.open_nursery() as nursery:  # the connections
+            async with trio.open_nursery() as accepting:
+                for listener in listeners:
+                    accepting.start_soon(
+                        _accept_loop, listener, handler, nursery, ssl_context, gate
+                    )
+                task_status.started(bound)
+                if stop_accepting is not None:
+                    await stop_accepting.wait()
+                    accepting.cancel_scope.cancel()
+            for listener in listeners:  # the connections accepted so far go on
+                await trio.aclose_forcefully(listener)
     finally:
         for listener in listeners:
             await trio.aclose_forcefully(listener)

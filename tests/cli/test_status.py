@@ -131,7 +131,7 @@ async def test_status_json_is_the_admin_document(tmp_path: Path) -> None:
             assert [n["connected"] for n in doc["nodes"]] == [True, False]
 
 
-@pytest.mark.parametrize("command", ["status", "refresh"])
+@pytest.mark.parametrize("command", ["status", "refresh", "restart"])
 async def test_unreachable_admin_exits_1_with_a_clear_message(command: str) -> None:
     url = f"http://127.0.0.1:{free_port()}"
     with trio.fail_after(60):
@@ -458,3 +458,15 @@ def test_format_principals_shows_in_flight_queued_and_what_is_left() -> None:
     assert cells[:7] == ["team-a", "2/2", "3", "3", "6", "-", "1"]
     assert "4/10 (12.5s)" in lines[1] and "50/-" in lines[1]
     assert format_principals({"principals": []}) == "no principal is configured or active"
+
+
+async def test_restart_of_an_edge_that_cannot_hand_over_says_why(tmp_path: Path) -> None:
+    """An edge run inside another program (here: the tests) has no ``iopd edge`` to start."""
+    with trio.fail_after(60):
+        async with edge_from_file(tmp_path) as (gw, _path):
+            code, out, err = await iopd("restart", admin_url=gw.admin_url)
+    assert code == 1 and out == ""
+    assert err.strip() == (
+        "iopd restart: admin API answered 409: "
+        "'no restart: this edge cannot start a successor'"
+    )

@@ -483,6 +483,7 @@ def test_rule(mutate: Mutation, expected: str) -> None:
 
 NODE_CASES: list[tuple[str, Mutation, str]] = [
     ("node edge address", set_in(["node", "edge"], "edge.local"), "node.edge: must be host:port, e.g. 127.0.0.1:7070 (the port is missing) (got 'edge.local')"),
+    ("node edge a URL", set_in(["node", "edge"], "http://127.0.0.1:8080"), "node.edge: must be host:port, not a URL (got 'http://127.0.0.1:8080'): write the address of the edge's edge.node_listen (the wire port, not the OpenAI port), e.g. 127.0.0.1:7070"),
     ("node token empty", set_in(["node", "token"], ""), "node.token: must not be empty"),
     ("node id empty", set_in(["node", "id"], " "), "node.id: must not be empty"),
     ("node id too long", set_in(["node", "id"], "n" * 1025), "node.id: must be at most 1024 characters (got 1025)"),
@@ -648,6 +649,12 @@ NODE_EDGES_CASES: list[tuple[str, Mutation, str]] = [
         "bad address in edges",
         both(_no_edge, set_in(["node", "edges"], ["a:1", "nope"])),
         "node.edges[1]: must be host:port",
+    ),
+    (
+        "a URL in edges",
+        both(_no_edge, set_in(["node", "edges"], ["https://[::1]/v1"])),
+        "node.edges[0]: must be host:port, not a URL (got 'https://[::1]/v1'): write the address "
+        "of the edge's edge.node_listen (the wire port, not the OpenAI port), e.g. [::1]:7070",
     ),
 ]
 

@@ -71,12 +71,17 @@ async def edge_from_file(tmp_path: Path, **kw: Any) -> AsyncIterator[tuple[Gatew
         yield gw, path
 
 
-async def iopd(*args: str, admin_token: str | None = None) -> tuple[int, str, str]:
-    """Run ``python -m iopd ARGS`` (``IOP_ADMIN_TOKEN`` = ``admin_token``, unset if None);
-    return (exit code, stdout, stderr)."""
-    env = {k: v for k, v in os.environ.items() if k != "IOP_ADMIN_TOKEN"}
+async def iopd(
+    *args: str, admin_token: str | None = None, admin_url: str | None = None
+) -> tuple[int, str, str]:
+    """Run ``python -m iopd ARGS`` (``IOP_ADMIN_TOKEN`` = ``admin_token`` and
+    ``IOP_ADMIN_URL`` = ``admin_url``, each unset if None); return (exit code,
+    stdout, stderr)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("IOP_ADMIN_TOKEN", "IOP_ADMIN_URL")}
     if admin_token is not None:
         env["IOP_ADMIN_TOKEN"] = admin_token
+    if admin_url is not None:
+        env["IOP_ADMIN_URL"] = admin_url
     proc = await trio.run_process(
         [sys.executable, "-m", "iopd", *args],
         capture_stdout=True,

@@ -164,6 +164,12 @@ def open_live_page(browser: Any, url: str, expect: Any, console: list[str] | Non
     return page
 
 
+def expect_buttons(expect: Any, page: Any, provider: str, labels: list[str]) -> None:
+    """The provider's row offers exactly these buttons, in this order."""
+    buttons = page.locator(f'tr[data-provider="{provider}"] button[data-action]')
+    expect(buttons).to_have_text(labels, timeout=UI_TIMEOUT_MS)
+
+
 def in_flight_cell(page: Any, provider: str) -> Any:
     return page.locator(f'tr[data-provider="{provider}"] [data-field="in-flight"]')
 
@@ -230,6 +236,13 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
 
                 page = open_live_page(browser, console.url, expect, logged)
                 expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
+                # The model groups, as `iopd status` lists them.
+                slow = page.locator('#groups tr[data-group="slow"]')
+                expect(slow.locator('[data-field="providers"]')).to_contain_text(
+                    "slow-1 → mock-model"
+                )
+                expect(slow.locator('[data-field="routing"]')).to_have_text("no fallback")
+                expect(page.locator('#groups tr[data-group="echo"] .gp')).to_have_count(2)
                 # The stylesheet applied under the admin CSP (no inline style to block).
                 header = page.locator("header.top")
                 assert header.evaluate("e => getComputedStyle(e).display") == "flex"
@@ -263,14 +276,32 @@ async def test_a_drain_clicked_in_the_browser_lets_the_request_finish(tmp_path: 
                 console.start_slow_call()
                 expect(in_flight_cell(page, "slow-1")).to_have_text("1 / 2", timeout=UI_TIMEOUT_MS)
                 state = page.locator('tr[data-provider="slow-1"] [data-field="state"]')
+                dialog = page.locator("dialog#confirm")
+                # Active: Drain and Disable, no Enable.
+                expect_buttons(expect, page, "slow-1", ["Drain", "Disable"])
+                # A drain asks first; Cancel changes nothing.
                 page.click('button[data-action="drain"][data-provider-id="slow-1"]')
+                expect(dialog).to_be_visible()
+                expect(page.locator("#confirm-title")).to_have_text("Drain provider slow-1?")
+                take_screenshot(page, tmp_path / "console-confirm.png", full_page=False)
+                page.click("#confirm-cancel")
+                expect(dialog).to_be_hidden()
+                expect(state).to_have_text("active")
+                page.click('button[data-action="drain"][data-provider-id="slow-1"]')
+                page.click("#confirm-ok")
                 expect(state).to_have_text("draining", timeout=UI_TIMEOUT_MS)
+                expect_buttons(expect, page, "slow-1", ["Enable", "Disable"])
                 take_screenshot(page, tmp_path / "console-draining.png")
 
                 console.release_slow_calls()
                 expect(state).to_have_text("drained", timeout=UI_TIMEOUT_MS)
                 expect(in_flight_cell(page, "slow-1")).to_have_text("0 / 2")
+                expect_buttons(expect, page, "slow-1", ["Enable", "Disable"])  # no Drain
                 expect(page.locator("#notice.notice-error")).to_have_count(0)
+                # Enable needs no confirmation: back to active, and Drain again.
+                page.click('button[data-action="enable"][data-provider-id="slow-1"]')
+                expect(state).to_have_text("active", timeout=UI_TIMEOUT_MS)
+                expect_buttons(expect, page, "slow-1", ["Drain", "Disable"])
 
             await in_browser(sync_api, drive)
     assert console.results == [200]  # the caller saw no error
@@ -312,8 +343,14 @@ async def test_a_refused_control_shows_the_error_envelope(tmp_path: Path) -> Non
                     page.goto(url + "/")
                     page.click('button[data-action="disable"][data-provider-id="echo-2"]')
                     notice = page.locator("#notice.notice-error")
-                    expect(notice).to_contain_text("HTTP 409 state_refused: provider echo-2 refuses")
+                    expect(notice).to_contain_text(
+                        "HTTP 409 state_refused: provider echo-2 refuses"
+                    )
                     page.click('button[data-action="node-drain"][data-node-id="node-b"]')
+                    expect(page.locator("#confirm-title")).to_have_text(
+                        "Drain every provider of node node-b?"
+                    )
+                    page.click("#confirm-ok")
                     expect(page.locator("#notice.notice-ok")).to_contain_text("node node-b: done")
                     take_screenshot(page, tmp_path / "console-error.png", full_page=False)
 

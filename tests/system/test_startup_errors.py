@@ -104,13 +104,24 @@ def assert_one_line(result: tuple[int, str, str], expected: str) -> None:
 # ------------------------------------------------------------------ a port in use
 
 
-@pytest.mark.parametrize("listener", ["openai_listen", "node_listen", "admin_listen"])
-async def test_edge_port_in_use(tmp_path: Path, listener: str) -> None:
+@pytest.mark.parametrize(
+    ("listener", "key"),
+    [
+        ("openai_listen", "openai.listen"),
+        ("node_listen", "edge.node_listen"),
+        ("admin_listen", "edge.admin_listen"),
+    ],
+)
+async def test_edge_port_in_use(tmp_path: Path, listener: str, key: str) -> None:
     with taken_port() as port:
         config = tmp_path / "edge.yaml"
         config.write_text(edge_yaml(**{listener: f"127.0.0.1:{port}"}))
         result = await run_iopd("edge", "--config", str(config))
-    assert_one_line(result, f"iopd edge: cannot listen on 127.0.0.1:{port}: address already in use")
+    assert_one_line(
+        result,
+        f"iopd edge: cannot listen on 127.0.0.1:{port} ({key}): address already in use: "
+        f"another process holds that port: stop it, or set {key} to a free port",
+    )
     # The log on stdout carries the same reason for log collectors.
     assert "event=edge_failed" in result[1]
 
@@ -119,7 +130,9 @@ async def test_demo_port_in_use() -> None:
     with taken_port() as port:
         result = await run_iopd("demo", "--port", str(port), "--admin-port", "0")
     assert_one_line(
-        result, f"iopd demo: cannot listen on 127.0.0.1:{port} (--port): address already in use"
+        result,
+        f"iopd demo: cannot listen on 127.0.0.1:{port} (--port): address already in use: "
+        "another process holds that port (a first demo?): run with --port 0 for any free port",
     )
 
 
@@ -128,7 +141,9 @@ async def test_demo_admin_port_in_use_names_the_flag() -> None:
         result = await run_iopd("demo", "--port", "0", "--admin-port", str(port))
     assert_one_line(
         result,
-        f"iopd demo: cannot listen on 127.0.0.1:{port} (--admin-port): address already in use",
+        f"iopd demo: cannot listen on 127.0.0.1:{port} (--admin-port): address already in use: "
+        "another process holds that port (a first demo?): run with --admin-port 0 for any "
+        "free port",
     )
 
 
@@ -223,7 +238,13 @@ async def test_demo_on_free_ports_prints_where_its_admin_api_is() -> None:
             admin = re.search(r"admin API: +http://127\.0\.0\.1:(\d+)", text)
             assert admin is not None, text
             port = int(admin.group(1))
-            assert port != 7071 and f"iopd status --admin http://127.0.0.1:{port}" in text
+            admin_url = f"http://127.0.0.1:{port}"
+            assert port != 7071 and f"  iopd status --admin {admin_url}\n" in text
+            assert f"  console:          {admin_url}/  (open it in a browser" in text
+            # The printed command, run as printed, reaches this demo.
+            code, out, err = await run_iopd("status", "--admin", admin_url)
+            assert (code, err) == (0, ""), err
+            assert out.startswith("edge demo-edge\n")
             status = await http_request(("127.0.0.1", port), "GET", "/status")
             assert status.status == 200
             proc.send_signal(signal.SIGINT)

@@ -18,7 +18,7 @@ import trio.testing
 
 from iopd.http.server import Request, Responder
 from iopd.node.executor import NodeExecutor
-from iopd.node.link import _StreamSender
+from iopd.node.stream_out import LinkSender
 from iopd.node.registry import AdapterRegistry
 from iopd.node.stream_out import MAX_HELD_BODY_BYTES
 from iopd.transport.channel import WireChannel
@@ -86,7 +86,7 @@ async def test_held_frames_are_flushed_before_waiting_for_credit() -> None:
     # them out before it waits, or the edge could never return the credit.
     with trio.fail_after(5):
         edge, node, _ = await _pair(window=2)
-        sender = _StreamSender(node, 1)
+        sender = LinkSender(node, 1)
         await sender.send_held(_text("1"))
         await sender.send_held(_text("2"))
         async with trio.open_nursery() as nursery:

@@ -22,7 +22,7 @@ import trio.testing
 
 import iopd.transport.channel as channel_mod
 from iopd.node.executor import NodeExecutor
-from iopd.node.link import _StreamSender
+from iopd.node.stream_out import LinkSender
 from iopd.node.registry import AdapterRegistry
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.round_end import call_at_round_end
@@ -376,7 +376,7 @@ async def test_the_link_sender_sends_the_terminal_and_creditless_frames_at_once(
 ) -> None:
     with trio.fail_after(5):
         async with _serving_pair(window=1) as (edge, node):
-            sender = _StreamSender(node, 1)
+            sender = LinkSender(node, 1)
             before = writes.count
             await sender.send_soon(_text("a"))  # uses the one credit, soon
             assert writes.count == before

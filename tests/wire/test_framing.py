@@ -159,3 +159,27 @@ def test_wire_never_imports_trio() -> None:
         "assert 'trio' not in sys.modules, 'trio imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize(
+    ("first_bytes", "reason"),
+    [
+        (
+            b"HTTP/1.1 408 Request Timeout\r\n",
+            "the peer answered in HTTP: this is an HTTP server, not an iopd wire listener",
+        ),
+        (
+            b"GET / HTTP/1.1\r\n",
+            "the peer sent an HTTP request: this is an HTTP client, not an iopd wire peer",
+        ),
+        (
+            b"POST /v1/chat/completions HTTP/1.1\r\n",
+            "the peer sent an HTTP request: this is an HTTP client, not an iopd wire peer",
+        ),
+        (b"\x7f\x00\x00\x00", "frame length 2130706432 exceeds the 16777216-byte limit"),
+    ],
+)
+def test_http_bytes_are_named_not_read_as_a_length(first_bytes: bytes, reason: str) -> None:
+    with pytest.raises(FrameTooLarge) as info:
+        FrameDecoder().feed(first_bytes)
+    assert info.value.reason == reason

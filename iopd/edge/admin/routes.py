@@ -27,10 +27,12 @@ Every error a caller sees is the OpenAI envelope from
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 import msgspec
+import trio
 from quart import Response, render_template, request
 from quart_trio import QuartTrio
 from werkzeug.datastructures import Headers
@@ -97,8 +99,25 @@ class _AdminQuart(QuartTrio):
         log.error("event=admin_error error=%s", type(exc).__name__)
 
 
-def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = None) -> QuartTrio:
-    """The admin application of ``runtime``'s edge (not yet served: see ``serve.py``)."""
+class RestartOutcome(Protocol):
+    """What ``POST /restart`` waits for (``iopd.edge.handover.HandoverOutcome``)."""
+
+    done: trio.Event
+    successor_pid: int | None
+    error: str | None
+
+
+def create_admin_app(
+    runtime: EdgeRuntime,
+    *,
+    sessions: SessionStore | None = None,
+    restart: Callable[[], RestartOutcome] | None = None,
+) -> QuartTrio:
+    """The admin application of ``runtime``'s edge (not yet served: see ``serve.py``).
+
+    ``restart``: starts a hand-over to a successor process (``POST /restart``;
+    None: this edge cannot, e.g. one embedded in a test or another program).
+    """
     app = _AdminQuart(__name__, static_url_path=STATIC_PATH)
     app.config.update(
         MAX_CONTENT_LENGTH=MAX_BODY_BYTES,
@@ -110,7 +129,7 @@ def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = No
         # OPTIONS is 405 like any method a route does not take (no CORS here).
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
-    routes = _AdminRoutes(runtime, sessions or SessionStore())
+    routes = _AdminRoutes(runtime, sessions or SessionStore(), restart)
     app.extensions["iopd_admin_sessions"] = routes.sessions
     app.before_request(routes.check_request)
     app.after_request(_with_security_headers)
@@ -121,6 +140,7 @@ def create_admin_app(runtime: EdgeRuntime, *, sessions: SessionStore | None = No
     app.add_url_rule("/status", view_func=routes.status, methods=["GET"])
     app.add_url_rule("/metrics", view_func=routes.metrics, methods=["GET"])
     app.add_url_rule("/refresh", view_func=routes.refresh, methods=["POST"])
+    app.add_url_rule("/restart", view_func=routes.restart, methods=["POST"])
     app.add_url_rule("/login", view_func=routes.login, methods=["POST"])
     app.add_url_rule("/logout", view_func=routes.logout, methods=["POST"])
     app.add_url_rule("/providers/<provider_id>/state", view_func=routes.state, methods=["POST"])
@@ -196,8 +216,14 @@ def _has_body(content_length: int | None, transfer_encoding: str | None) -> bool
 class _AdminRoutes:
     """The routes and the per-request check, around one runtime and its sessions."""
 
-    def __init__(self, runtime: EdgeRuntime, sessions: SessionStore) -> None:
+    def __init__(
+        self,
+        runtime: EdgeRuntime,
+        sessions: SessionStore,
+        restart: Callable[[], RestartOutcome] | None = None,
+    ) -> None:
         self.rt = runtime
+        self._restart = restart
         self.sessions = sessions
 
     def _token_hash(self) -> str | None:
@@ -258,6 +284,19 @@ class _AdminRoutes:
             )
         report = await self.rt.refresh(mode)
         return Response(_encode(report), content_type=JSON)
+
+    async def restart(self) -> Response:
+        """Hand over to a new ``iopd edge`` on the same sockets; answered once it took
+        over (200, its pid) or did not (409, why: this edge goes on serving)."""
+        outcome = self._restart() if self._restart is not None else None
+        if outcome is not None:
+            await outcome.done.wait()  # bounded: the successor is given SUCCESSOR_TIMEOUT
+        if outcome is None or outcome.error is not None:
+            why = outcome.error if outcome is not None else "this edge cannot start a successor"
+            error = errors.GatewayError(f"no restart: {why}")
+            error.status, error.code = 409, "restart_refused"
+            raise error
+        return _json({"outcome": "handed_over", "successor_pid": outcome.successor_pid})
 
     # The runtime controls (``iopd/edge/runtime/runtime_controls.py``): the body was checked to
     # be JSON (or absent) and same-origin by ``check_request``; the controls

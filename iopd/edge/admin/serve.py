@@ -246,11 +246,16 @@ class AdminServer:
         host: str,
         port: int,
         *,
+        listeners: list[trio.SocketListener] | None = None,
         task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Listen on ``host:port`` (0 picks a port) until ``shutdown()`` or cancelled."""
+        """Listen on ``host:port`` (0 picks a port) until ``shutdown()`` or cancelled.
+
+        ``listeners``: sockets already listening (inherited at a restart) instead.
+        """
         try:
-            listeners = await trio.open_tcp_listeners(port, host=host)
+            if listeners is None:
+                listeners = await trio.open_tcp_listeners(port, host=host)
             bound = (host, int(listeners[0].socket.getsockname()[1]))
             lifespan = _Lifespan(self._asgi, self.config, self._lifespan_state)
             try:

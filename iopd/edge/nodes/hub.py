@@ -53,9 +53,11 @@ from iopd.vocabulary import FrameDirection, WireErrorReason
 from wire.connection import Connection, Role
 from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
 from wire.messages import (
+    FEATURE_GO_AWAY,
     PROTOCOL_VERSION,
     Busy,
     ControlState,
+    GoAway,
     Hello,
     HelloAck,
     LoadReport,
@@ -223,6 +225,19 @@ class NodeHub:
             await channel.aclose(reason)
         await self._no_handlers.wait()
 
+    def go_away(self, reason: str, *, keep: frozenset[str] = frozenset()) -> int:
+        """Tell every node but ``keep`` that this process hands over (``GoAway``).
+
+        Only a node that said it understands it is told; the others keep their
+        session until :meth:`aclose`, then dial again.  How many were told.
+        """
+        told = 0
+        for session in list(self._sessions.values()):
+            if session.node_id not in keep and FEATURE_GO_AWAY in session.features:
+                session.post(GoAway(reason=reason))
+                told += 1
+        return told
+
     def listener_gate(self) -> PendingGate:
         """A new cap on one wire listener's unauthenticated connections (``serve_wire``'s
         ``gate``; pass the same to ``handle_connection``), refusals metered."""
@@ -260,7 +275,7 @@ class NodeHub:
                 return
             if gate is not None:
                 gate.release(stream)  # authenticated: no longer pending
-            session = NodeSession(hello.node_id, channel, peer)
+            session = NodeSession(hello.node_id, channel, peer, frozenset(hello.features))
             self._replace(session)
             await self._run_session(session, channel, conn)
         except ChannelClosed as exc:

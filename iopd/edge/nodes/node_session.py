@@ -263,9 +263,13 @@ TunnelStream = NodeStream[ProviderTunnelFrame]
 class NodeSession:
     """The edge's live session with one node.  Obtain it from ``NodeHub.session``."""
 
-    def __init__(self, node_id: str, channel: WireChannel, peer: str) -> None:
+    def __init__(
+        self, node_id: str, channel: WireChannel, peer: str, features: frozenset[str] = frozenset()
+    ) -> None:
         self.node_id = node_id
         self.peer = peer
+        #: What the node said it understands (``Hello.features``).
+        self.features = features
         self.session_id = secrets.token_hex(8)
         self._channel = channel
         self._streams: dict[int, NodeStream[Reply]] = {}

@@ -11,8 +11,8 @@ One request, start to end:
     node's session → write JSON or SSE → ``lifecycle.finish``: metrics + one
     log line.
 
-The route table (:data:`_KNOWN_ROUTES`) and the head check are here and
-nowhere else.  Errors are ``iopd.errors.GatewayError``s raised anywhere below
+The route table (:data:`ROUTES`: every endpoint declared once, see
+``routes.Route``) and the head check are here and nowhere else.  Errors are ``iopd.errors.GatewayError``s raised anywhere below
 and ended in one place (``lifecycle.fail``).  A caller disconnect cancels the
 handler (the HTTP server does that); leaving ``open_stream`` then sends
 ``Cancel`` to the node and leaving the lease frees the slot.
@@ -21,15 +21,14 @@ handler (the HTTP server does that); leaving ``open_stream`` then sends
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
-from urllib.parse import unquote
+from collections.abc import Awaitable, Callable
+from typing import Generic
 
-import msgspec
 import trio
 
-from iopd import __version__, errors
-from iopd.config.catalog import GroupSpec
-from iopd.edge.openai import limits
+from iopd import errors
+from iopd.edge.openai import answers, limits
+from iopd.edge.openai.answers import MODEL_PREFIX
 from iopd.edge.openai.incoming import cors
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
@@ -39,53 +38,103 @@ from iopd.edge.openai.normalized import (
     responses_once,
     responses_stream,
 )
-from iopd.edge.openai.outgoing.error_envelope import ShapedRefusal, render_error
-from iopd.edge.openai.prepare import model_not_found, prepare
+from iopd.edge.openai.outgoing.error_envelope import (
+    OLLAMA_ERRORS,
+    OPENAI_ERRORS,
+    ErrorShape,
+    ShapedRefusal,
+    render_error,
+)
+from iopd.edge.openai.prepare import Body, LeasedRequest, prepare
 from iopd.edge.openai.relay import relay
+from iopd.edge.openai.routes import GET, POST, Host, Route, Serves
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.server import HeadContext, Request, Responder
-from iopd.vocabulary import RELAY_ONLY_ENDPOINTS, Endpoint
+from iopd.vocabulary import RELAY_ONLY_ENDPOINTS
 
-__all__ = ["Admission", "OpenAIApp"]
-
-JSON = "application/json"
-_json_encode = msgspec.json.Encoder().encode
-
-_GET = frozenset({"GET"})
-_POST = frozenset({"POST"})
+__all__ = ["ROUTES", "Admission", "OpenAIApp", "Provided", "route_for"]
 
 
-class Route(NamedTuple):
-    """One route of the listener: its methods and how its requests are counted."""
-
-    methods: frozenset[str]
-    #: The metric ``endpoint`` (None: not an API request, e.g. the model list).
-    endpoint: Endpoint | None
-    #: An Ollama route: errors in Ollama's shape.
-    ollama: bool = False
+#: A normalized answer: the leased request's run(s), written to the caller.
+Answer = Callable[[LeasedRequest[Body], Responder, Call, RequestIds], Awaitable[None]]
 
 
-#: Every route of the listener by path: one dict lookup per request.
-_ROUTES: dict[str, Route] = {
-    "/healthz": Route(frozenset({"GET", "HEAD"}), None),
-    "/v1/models": Route(_GET, None),
-    "/v1/chat/completions": Route(_POST, "chat_completions"),
-    "/v1/responses": Route(_POST, "responses"),
-    "/v1/embeddings": Route(_POST, "embeddings"),
-    "/v1/completions": Route(_POST, "completions"),
-    "/api/chat": Route(_POST, "api", ollama=True),
-    "/api/generate": Route(_POST, "api", ollama=True),
-    "/api/embed": Route(_POST, "api", ollama=True),
-    "/api/show": Route(_POST, "api", ollama=True),
-    "/api/tags": Route(_GET, "api", ollama=True),
-    "/api/ps": Route(_GET, "api", ollama=True),
-    "/api/version": Route(_GET, "api", ollama=True),
+class Provided(Generic[Body]):
+    """The handler of every route a provider serves, one per route of the table.
+
+    It says which providers serve the route (``serves``), the body it parses
+    (``kind``) and, on a route that may run normalized, the two normalized
+    answers (whole and streamed).  Serving is then the same for every such
+    route: ``prepare`` (parse → resolve → needs → lease), then the path its
+    decision says: the raw relay, or the normalized answer the body asks for.
+
+    ``once``/``stream``: the normalized answers, on a route served
+    ``RELAY_OR_NORMALIZED``; a relay-only route has none.
+    """
+
+    __slots__ = ("serves", "kind", "once", "stream")
+
+    def __init__(
+        self,
+        serves: Serves,
+        kind: type[Body],
+        once: Answer[Body] | None = None,
+        stream: Answer[Body] | None = None,
+    ) -> None:
+        answers = (once is not None, stream is not None)
+        if answers != ((True, True) if serves is Serves.RELAY_OR_NORMALIZED else (False, False)):
+            raise ValueError(f"a {serves.value} route names its normalized answers exactly then")
+        self.serves = serves
+        self.kind: type[Body] = kind
+        self.once: Answer[Body] | None = once
+        self.stream: Answer[Body] | None = stream
+
+    async def __call__(
+        self, host: Host, call: Call, request: Request, responder: Responder
+    ) -> None:
+        async with prepare(host.rt, call, request, self.kind, self.serves) as leased:
+            if leased.decision.relay:
+                await relay(leased, responder, call.out)
+            elif leased.body.stream:
+                assert self.stream is not None  # (a normalized path exists: see __init__)
+                await self.stream(leased, responder, call, host.ids)
+            else:
+                assert self.once is not None
+                await self.once(leased, responder, call, host.ids)
+
+
+_RELAYED_OLLAMA = Provided(Serves.OLLAMA, rq.OllamaRequest)
+_RELAYED_OPENAI = Provided(Serves.PASSTHROUGH, rq.RelayedRequest)
+
+#: Every route of the listener by path, each declared once: one dict lookup
+#: per request.  Adding an endpoint: one entry here, one handler module.
+ROUTES: dict[str, Route] = {
+    "/healthz": Route(frozenset({"GET", "HEAD"}), None, answers.health, auth=None, quiet=True),
+    "/v1/models": Route(GET, None, answers.models),
+    "/v1/chat/completions": Route(
+        POST,
+        "chat_completions",
+        Provided(Serves.RELAY_OR_NORMALIZED, rq.ChatRequest, chat_once, chat_stream),
+    ),
+    "/v1/responses": Route(
+        POST,
+        "responses",
+        Provided(Serves.RELAY_OR_NORMALIZED, rq.ResponsesRequest, responses_once, responses_stream),
+    ),
+    "/v1/embeddings": Route(POST, "embeddings", _RELAYED_OPENAI),
+    "/v1/completions": Route(POST, "completions", _RELAYED_OPENAI),
+    "/api/chat": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    "/api/generate": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    "/api/embed": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    "/api/show": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    "/api/tags": Route(GET, "api", answers.ollama_tags, errors=OLLAMA_ERRORS),
+    "/api/ps": Route(GET, "api", answers.ollama_ps, errors=OLLAMA_ERRORS),
+    "/api/version": Route(GET, "api", answers.ollama_version, errors=OLLAMA_ERRORS),
 }
-#: ``GET /v1/models/{id}``: the one route with a parameter (the id may hold ``/``).
-MODEL_PREFIX = "/v1/models/"
-_MODEL_ROUTE = Route(_GET, None)
+#: ``GET /v1/models/{id}``: the one route with a parameter (see ``route_for``).
+_MODEL_ROUTE = Route(GET, None, answers.model)
 #: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
-_UNKNOWN_OLLAMA = Route(frozenset(), "api", ollama=True)
+_UNKNOWN_OLLAMA = Route(frozenset(), "api", answers.not_found, errors=OLLAMA_ERRORS)
 
 
 def _model_id_path(path: str) -> bool:
@@ -96,7 +145,7 @@ def _model_id_path(path: str) -> bool:
 
 def route_for(path: str) -> Route | None:
     """The route of ``path``: a dict lookup, then the model-retrieve prefix."""
-    route = _ROUTES.get(path)
+    route = ROUTES.get(path)
     if route is None:
         if path.startswith(MODEL_PREFIX):
             return _MODEL_ROUTE if _model_id_path(path) else None
@@ -109,46 +158,49 @@ class Admission(HeadContext):
     """What :meth:`OpenAIApp.check_head` decided from a request's head.
 
     The request carries it to the handler (``Request.context``): the snapshot
-    it was authenticated against and its outcome so far (id, endpoint,
-    principal), so the handler neither routes nor authenticates twice; the
-    error shape of its route (``ollama_errors``, see ``errors.render_error``)
-    and the headers every response to it carries (CORS, ``response_headers``).
+    it was authenticated against, its route and its outcome so far (id,
+    endpoint, principal), so the handler neither routes nor authenticates
+    twice; the error shape of its route (``error_shape``, see
+    ``render_error``) and the headers every response to it carries (CORS,
+    ``response_headers``).
     """
 
-    __slots__ = ("snap", "out", "ollama_errors")
+    __slots__ = ("snap", "out", "route", "error_shape")
 
     def __init__(
         self,
         snap: Snapshot,
         out: Outcome,
+        route: Route | None,
         *,
-        ollama_errors: bool = False,
         response_headers: list[tuple[str, str]] | None = None,
     ) -> None:
         # (HeadContext's field set here: no super() call on the per-request path)
         self.response_headers = response_headers or []
         self.snap = snap
         self.out = out
-        self.ollama_errors = ollama_errors
+        self.route = route
+        self.error_shape: ErrorShape = OPENAI_ERRORS if route is None else route.errors
 
 
 class OpenAIApp:
     """The request handler of the OpenAI listener (an ``iopd.http.server.Handler``).
 
     ``check_head`` is the server's head hook and ``layer_refused`` its
-    ``on_reject``: the three together account for every request once.
+    ``on_reject``: the three together account for every request once.  It is
+    the handlers' ``routes.Host``: ``rt``, ``ids``, ``draining``.
     """
 
     def __init__(self, runtime: EdgeRuntime) -> None:
         self.rt = runtime
-        self._ids = RequestIds()
+        self.ids = RequestIds()
         self._active: set[trio.CancelScope] = set()
         self._cut = False
-        self._draining = False
+        self.draining = False
 
     def begin_drain(self) -> None:
         """The edge is draining: ``/healthz`` answers 503 from now on."""
-        self._draining = True
+        self.draining = True
 
     def cut_all(self) -> None:
         """Drain deadline: end every request in flight with a terminal error."""
@@ -167,10 +219,9 @@ class OpenAIApp:
         with its endpoint in ``iop_openai_requests_total``, 404/405 by status),
         then raised for the server to answer from the head and close.
         """
-        out = Outcome(request_id=self._ids.new("req"))
+        out = Outcome(request_id=self.ids.new("req"))
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
-        route = _ROUTES.get(path) or route_for(path)
-        ollama = route is not None and route.ollama
+        route = ROUTES.get(path) or route_for(path)
         cors_headers: list[tuple[str, str]] | None = None
         if snap.cors_origins:  # CORS on: only then is the Origin looked at
             origin = cors.allowed_origin(snap.cors_origins, headers)
@@ -180,7 +231,7 @@ class OpenAIApp:
                     answer = cors.preflight_headers(origin, route.methods, headers)
                     if answer is not None:
                         # Answered 204 by the handler; the Responder adds ``answer``.
-                        return Admission(snap, out, response_headers=answer)
+                        return Admission(snap, out, route, response_headers=answer)
                 cors_headers = cors.response_headers(origin)
         try:
             _admit(snap, route, method, path, headers, out)
@@ -191,10 +242,10 @@ class OpenAIApp:
             if cors_headers:
                 exc.headers += cors_headers
             finish(self.rt.metrics, out, self.rt.activity)
-            if ollama:
-                raise ShapedRefusal(exc) from None
+            if route is not None and route.errors is not OPENAI_ERRORS:
+                raise ShapedRefusal(exc, route.errors) from None
             raise
-        return Admission(snap, out, ollama_errors=ollama, response_headers=cors_headers)
+        return Admission(snap, out, route, response_headers=cors_headers)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -233,7 +284,7 @@ class OpenAIApp:
                 if self._cut:  # its body was still arriving at the drain deadline
                     scope.cancel()
                 try:
-                    await self._route(call, request, responder)
+                    await self._serve(admission, call, request, responder)
                 finally:
                     self._active.discard(scope)
             if scope.cancelled_caught:
@@ -258,117 +309,16 @@ class OpenAIApp:
                 await limits.settle(self.rt, call)
             finish(self.rt.metrics, out, self.rt.activity)
 
-    # --------------------------------------------------------------- routing
-
-    async def _route(self, call: Call, request: Request, responder: Responder) -> None:
-        """Serve a request :meth:`check_head` admitted (route, method and caller known)."""
-        path, out = request.path, call.out
-        if request.method == "OPTIONS":  # only a CORS preflight passes check_head
-            out.status = "ok"
+    async def _serve(
+        self, admission: Admission, call: Call, request: Request, responder: Responder
+    ) -> None:
+        """Serve a request :meth:`check_head` admitted: its route's handler."""
+        route = admission.route
+        if request.method == "OPTIONS" or route is None:  # only a CORS preflight passes check_head
+            call.out.status = "ok"
             await responder.send(204, [], b"")
-        elif path == "/v1/chat/completions":
-            async with prepare(self.rt, call, request, rq.ChatRequest) as leased:
-                if leased.relay:
-                    await relay(leased, responder, out)
-                elif leased.body.stream:
-                    await chat_stream(leased, responder, call, self._ids)
-                else:
-                    await chat_once(leased, responder, out, self._ids)
-        elif path == "/v1/responses":
-            async with prepare(self.rt, call, request, rq.ResponsesRequest) as leased_r:
-                if leased_r.relay:
-                    await relay(leased_r, responder, out)
-                elif leased_r.body.stream:
-                    await responses_stream(leased_r, responder, call, self._ids)
-                else:
-                    await responses_once(leased_r, responder, out, self._ids)
-        elif path in _RELAYED_OLLAMA:  # only an ollama provider serves these
-            async with prepare(self.rt, call, request, rq.OllamaRequest) as leased_o:
-                await relay(leased_o, responder, out)
-        elif path in _RELAYED_OPENAI:  # only a passthrough provider serves these
-            async with prepare(self.rt, call, request, rq.RelayedRequest) as leased_x:
-                await relay(leased_x, responder, out)
-        elif path == "/healthz":
-            if self._draining:  # take this instance out of the load balancer
-                raise errors.ShuttingDown("the edge is shutting down")
-            out.status = "ok"
-            await responder.send(200, [("content-type", JSON)], b'{"status":"ok"}')
-        else:  # answered from the catalog, no provider involved
-            body = _catalog_answer(self.rt, path)
-            out.status = "ok"
-            await responder.send(200, [("content-type", JSON)], body)
-
-
-#: The routes relayed raw to a provider speaking the caller's API, whatever
-#: the group's other providers are.
-_RELAYED_OLLAMA = frozenset({"/api/chat", "/api/generate", "/api/embed", "/api/show"})
-_RELAYED_OPENAI = frozenset({"/v1/embeddings", "/v1/completions"})
-
-
-# ------------------------------------------------------------------ catalog answers
-
-
-def _catalog_answer(rt: EdgeRuntime, path: str) -> bytes:
-    """The body of a route the edge answers itself, from the snapshot and the pool."""
-    snap = rt.snapshot
-    if path == "/v1/models":
-        data = [_model_object(g.id) for g in snap.catalog.listed()]
-        return _json_encode({"object": "list", "data": data})
-    if path.startswith(MODEL_PREFIX):
-        return _json_encode(_retrieve_model(snap, path))
-    if path == "/api/tags":
-        return _json_encode({"models": [_ollama_model(g.id) for g in _ollama_groups(snap)]})
-    if path == "/api/ps":
-        return _json_encode({"models": [_ollama_model(g) for g in _running_ollama_groups(rt)]})
-    # /api/version: the edge's own (no single provider speaks for the gateway).
-    return _json_encode({"version": __version__})
-
-
-def _model_object(group_id: str) -> dict[str, str | int]:
-    return {"id": group_id, "object": "model", "created": 0, "owned_by": "iopd"}
-
-
-def _retrieve_model(snap: Snapshot, path: str) -> dict[str, str | int]:
-    """``GET /v1/models/{id}`` (the SDK's ``models.retrieve``): exactly a listed id.
-
-    The id is percent-decoded (an SDK quotes ``/`` in ``org/model``); the
-    fallback group answers for its own id only, not for every unknown name.
-    """
-    model = unquote(path[len(MODEL_PREFIX) :])
-    group = snap.catalog.group(model)
-    if group is None:
-        raise model_not_found(snap, model)
-    return _model_object(group.id)
-
-
-def _ollama_groups(snap: Snapshot) -> list[GroupSpec]:
-    """The groups ``/api/*`` serves: those with an ``ollama`` provider."""
-    return [g for g in snap.catalog.listed() if snap.catalog.has_type(g.id, "ollama")]
-
-
-def _running_ollama_groups(rt: EdgeRuntime) -> list[str]:
-    """``/api/ps``: the Ollama groups with a request in flight on one of their ollama providers."""
-    snap, loads = rt.snapshot, rt.pool.provider_loads()
-    running = []
-    for group in _ollama_groups(snap):
-        for pid, _served in group.providers:
-            load = loads.get(pid)
-            ref = snap.catalog.providers.get(pid)
-            if load is not None and load.in_flight and ref is not None and ref.config.type == "ollama":
-                running.append(group.id)
-                break
-    return running
-
-
-def _ollama_model(name: str) -> dict[str, object]:
-    return {
-        "name": name,
-        "model": name,
-        "modified_at": "1970-01-01T00:00:00Z",
-        "size": 0,
-        "digest": "",
-        "details": {},
-    }
+        else:
+            await route.handler(self, call, request, responder)
 
 
 def _admit(
@@ -379,7 +329,8 @@ def _admit(
     headers: list[tuple[str, str]],
     out: Outcome,
 ) -> None:
-    """Route, method, then the caller's token (not for ``/healthz``); raises to refuse.
+    """Route, method, then the caller by its route's ``auth`` (none on an open
+    route); raises to refuse.
 
     (A CORS preflight from an allowed origin never gets here: ``check_head``
     answers it before authentication.)
@@ -393,8 +344,7 @@ def _admit(
         if not route.methods:
             raise errors.RouteNotFound(f"no route for {method} {path}")
         raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
-    if path == "/healthz":
-        out.quiet = True  # load balancers poll it: no request line per probe
-        return
-    authorization = next((v for k, v in headers if k == "authorization"), None)
-    out.principal = snap.auth.authenticate(authorization)
+    if route.quiet:
+        out.quiet = True  # load balancers poll /healthz: no request line per probe
+    if route.auth is not None:
+        out.principal = route.auth(snap, headers)

@@ -31,12 +31,14 @@ import trio
 from iopd import errors
 from iopd.edge.metering.activity import ActivityRecorder
 from iopd.edge.metering.metrics import GatewayMetrics, RequestLabels
-from iopd.edge.metering.usage import UsageItem
-from iopd.edge.openai.outgoing.error_envelope import error_sse_event, render_error
+from iopd.edge.metering.usage import UsageItem, run_event_usage
+from iopd.edge.openai.outgoing.chat import CompletionAssembler, add_usage
+from iopd.edge.openai.outgoing.error_envelope import OPENAI_ERRORS, Shaped, render_error
 from iopd.edge.principals.authenticator import Principal
 from iopd.edge.principals.backend import AnyAdmission
 from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import AbortResponse, Responder
+from iopd.tokens import estimate_tokens_from_chars
 from iopd.vocabulary import (
     HOP_BY_HOP,
     PASSTHROUGH_TYPES,
@@ -46,6 +48,7 @@ from iopd.vocabulary import (
     ResponseMode,
     Status,
 )
+from wire.messages import Usage
 
 __all__ = [
     "ERROR_EVENT_GRACE",
@@ -58,6 +61,8 @@ __all__ = [
     "RequestIds",
     "fail",
     "finish",
+    "note_run_usage",
+    "total_usage",
 ]
 
 log = logging.getLogger("iopd.edge.request")
@@ -210,8 +215,8 @@ async def fail(
 ) -> None:
     """End a request with ``exc``: an error response, an SSE error event, or a cut.
 
-    ``context`` is the request's head-hook context: it decides the error's
-    shape (Ollama's on ``/api/*``, see ``errors.render_error``).
+    ``context`` is the request's head-hook context: its route decides the
+    error's shape (Ollama's on ``/api/*``, see ``render_error``).
     """
     out.failed(exc)
     if not responder.started:
@@ -224,7 +229,8 @@ async def fail(
         # after a timeout or a drain cut the caller may be one that stopped
         # reading, and this write must not outlive the request's deadline.
         with trio.move_on_after(ERROR_EVENT_GRACE):
-            await responder.write(error_sse_event(exc))
+            shape = context.error_shape if isinstance(context, Shaped) else OPENAI_ERRORS
+            await responder.write(shape.sse_event(exc))
             await responder.end()
             return
         raise AbortConnection(exc.message)
@@ -299,3 +305,26 @@ def _note_activity(activity: ActivityRecorder, out: Outcome, principal: str, sta
         code=out.error_code or status,
         message=out.error_message,
     )
+
+
+# ------------------------------------------------------------- usage record
+
+
+def total_usage(asms: list[CompletionAssembler]) -> Usage | None:
+    """The usage of the runs of one request (``n > 1``: their sum)."""
+    if len(asms) == 1:
+        return asms[0].usage
+    total: Usage | None = None
+    for asm in asms:
+        total = add_usage(total, asm.usage)
+    return total
+
+
+def note_run_usage(asms: list[CompletionAssembler], out: Outcome) -> None:
+    """The request's usage record: all its runs (the cancelled one's so far)."""
+    usage = total_usage(asms)
+    out.usage = run_event_usage(usage)
+    out.reasoning_reported = bool(usage and usage.reasoning_tokens)
+    out.reasoning_chars = sum(len(asm.reasoning_text) for asm in asms)
+    text = sum(len(asm.text) for asm in asms)
+    out.output_estimate = estimate_tokens_from_chars(text + out.reasoning_chars)

@@ -9,29 +9,44 @@ choice (``n``), one after the other under the one lease — and a whole
 ``responses.py``; here are the run, the edge's system messages (strict
 output, the text tool protocol), text tool parsing, and the usage record.
 
-Retries: a run that fails before any event reports it to the
-request's attempt loop (``leased.leasing.failed``) and, when that says
-retry, runs again on the next leased provider; nothing was sent.  That holds
-for the streamed answers too: their response head waits for the run's first
-event (it leaves, held, with the stream's first chunk, so the first chunk
-comes no later), and a run that fails before it can still go elsewhere or
-end with a plain HTTP error.  Once a byte went out, or the first choice of
-``n`` produced one, nothing is retried; neither is a ``cli`` run whose
-process had started.
+Every run goes through one event loop, :func:`_run_events`: it feeds each
+event to the run's ``CompletionAssembler``, reports the run's end to the
+retry policy, and hands what the caller may see to the answer's
+:class:`_Answer` (the strategy: nothing for a whole answer, chat chunks
+for :class:`_ChatStream`, Responses events for :class:`_ResponsesStream`).
+A streamed run's end is :func:`_held_back`: the text held back for strict
+output or the text tool protocol, and the tool calls found in it.
+
+Retries: a run that fails before anything reached the caller reports it to
+the request's retry policy (``leased.attempts.failed``) and, on ``RETRY``,
+returns; ``prepare.until_done`` runs it again on the next leased provider.
+That holds for the streamed answers too: their response head waits for the
+run's first event (it leaves, held, with the stream's first chunk, so the
+first chunk comes no later), and a run that fails before it can still go
+elsewhere or end with a plain HTTP error.  Once a byte went out, or the
+first choice of ``n`` produced one, nothing is retried; neither is a ``cli``
+run whose process had started.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from typing import Any
 
 import msgspec
 
-from iopd.edge.metering.usage import run_event_usage
+from iopd.edge.openai.attempts import AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.jsonschema import JSONObject
-from iopd.edge.openai.lifecycle import TEXT_TOOL_TYPES, Call, Outcome, RequestIds
-from iopd.edge.openai.outgoing.chat import ChunkStream, CompletionAssembler, add_usage, usage_dict
+from iopd.edge.openai.lifecycle import (
+    TEXT_TOOL_TYPES,
+    Call,
+    Outcome,
+    RequestIds,
+    note_run_usage,
+    total_usage,
+)
+from iopd.edge.openai.outgoing.chat import ChunkStream, CompletionAssembler, usage_dict
 from iopd.edge.openai.outgoing.responses import ResponseEvents, build_response
 from iopd.edge.openai.outgoing.sse import SSE_HEADERS
 from iopd.edge.openai.outgoing.strict import (
@@ -44,11 +59,10 @@ from iopd.edge.openai.outgoing.tools import (
     restore_native_tool_call,
     tool_instruction,
 )
-from iopd.edge.openai.prepare import LeasedRequest, Leasing
+from iopd.edge.openai.prepare import LeasedRequest, until_done
 from iopd.edge.openai.run_errors import run_error, run_failure, run_retry_after
 from iopd.http.server import Responder
-from iopd.tokens import estimate_tokens_from_chars
-from wire.messages import RunEvent, RunRequest, Usage
+from wire.messages import RunEvent, RunRequest
 
 __all__ = ["chat_once", "chat_stream", "responses_once", "responses_stream"]
 
@@ -59,28 +73,154 @@ JSON = "application/json"
 _json_encode = msgspec.json.Encoder().encode
 
 
+# ------------------------------------------------------------ the event loop
+
+
+class _Answer:
+    """How a run's events reach the caller: a whole answer's strategy (nothing
+    until the run is over); the streamed answers override it.  The per-event
+    methods give the bytes to write (b"": none), so an event costs no coroutine.
+    """
+
+    __slots__ = ()
+
+    #: The streaming filter of ``openai.strict_output`` (None: text goes as it comes).
+    strict: StrictStreamFilter | None = None
+    #: The text tool protocol is on: the text is held back, the whole decides.
+    text_tools: bool = False
+
+    @property
+    def visible(self) -> bool:
+        """A byte of the answer reached the caller (the head included)."""
+        return False
+
+    async def begin(self) -> None:
+        """The run's first event that is not an error arrived."""
+
+    def text(self, delta: str) -> bytes:
+        return b""
+
+    def reasoning(self, text: str) -> bytes:
+        return b""
+
+    def tool_call(self, call: JSONObject) -> bytes:
+        return b""
+
+    async def complete(self, asm: CompletionAssembler) -> None:
+        """The run completed (its ``complete`` event is in ``asm``)."""
+
+
+#: The strategy of every whole answer (stateless: one for all).
+_WHOLE = _Answer()
+
+
+async def _run_events(
+    leased: _Normalized,
+    run: RunRequest,
+    asm: CompletionAssembler,
+    answer: _Answer,
+    responder: Responder | None = None,
+    *,
+    produced: bool = False,
+) -> bool:
+    """Run ``run`` on the leased provider to its end: every event into
+    ``asm``, what the caller sees through ``answer`` to ``responder``.
+
+    True: the run completed.  False: it failed while nothing had reached the
+    caller and the retry policy said ``RETRY`` (the run is left: the node
+    cancels it).  ``produced``: an earlier run of this request (a choice of
+    ``n``) already produced an event.
+    """
+    attempts, began = leased.attempts, False
+    async with leased.session.open_stream(run) as events:
+        async for ev in events:
+            kind = ev.kind
+            if kind == "error":
+                # Safe to run again elsewhere only while the caller saw nothing
+                # of it: a second run's text cannot be spliced behind the first's.
+                # A stream's head waits, held, for the first event for that
+                # reason; a whole answer is sent only once complete.
+                failure = run_failure(ev, leased.lease.provider_type, produced or began)
+                if failure is not None:
+                    visible = answer.visible
+                    verdict = attempts.failed(
+                        failure, caller_saw_bytes=visible, retry_after=run_retry_after(ev)
+                    )
+                    if verdict is AttemptVerdict.RETRY and not visible:
+                        return False
+                raise run_error(ev)  # (before any byte: a plain HTTP error)
+            if not began:
+                began = True
+                await answer.begin()
+            data = b""
+            if kind == "text":
+                asm.feed(ev)
+                if not answer.text_tools:  # (with them the whole text decides: calls or text)
+                    strict = answer.strict
+                    delta = strict.feed(ev.text) if strict else ev.text
+                    if delta:
+                        data = answer.text(delta)
+            elif kind == "reasoning":
+                asm.feed(ev)
+                data = answer.reasoning(ev.text)
+            elif kind == "tool_call":
+                ev = _restore_tool_event(ev, asm)
+                asm.feed(ev)
+                if ev.tool_call is not None:  # (an empty one is dropped, as asm does)
+                    data = answer.tool_call(ev.tool_call)
+            elif kind == "usage":
+                asm.feed(ev)
+            elif kind == "complete":
+                asm.finish(ev)
+                attempts.succeeded()
+                await answer.complete(asm)
+                return True
+            if data and responder is not None:
+                await responder.write(data)
+    return True  # (the node ends every stream with complete or error)
+
+
+def _held_back(
+    asm: CompletionAssembler, strict: StrictStreamFilter | None, tools: list[JSONObject] | None
+) -> tuple[str, list[JSONObject]]:
+    """The end of a streamed run: (text still to send, tool calls found in it):
+    with ``tools`` (the text tool protocol) the held-back text's ``<tool_call>``
+    blocks become calls; with strict output, the filter's last piece."""
+    if tools is not None:
+        text = extract_completion(asm.text) if strict else asm.text
+        res = parse_text_tool_calls(text, tools)
+        return (res.content or "", res.calls) if res.calls else (text, [])
+    return (strict.flush() if strict else ""), []
+
+
 # ------------------------------------------------------------------ chat
 
 
 async def chat_once(
-    leased: LeasedRequest[rq.ChatRequest], responder: Responder, out: Outcome, ids: RequestIds
+    leased: LeasedRequest[rq.ChatRequest], responder: Responder, call: Call, ids: RequestIds
 ) -> None:
     """A whole ``chat.completion``, sent once the run (one per choice) completed.
 
     ``n > 1`` runs the request ``n`` times, one after the other under the one
     lease (it holds one provider slot); the choices are indexed 0..n-1 and the
-    usage is the runs' sum.
+    usage is the runs' sum.  Nothing is sent before the last one completed,
+    so a failed choice retries them all on the next provider.
     """
+    out = call.out
     completion_id, created = ids.new("chatcmpl"), int(time.time())
-    while True:
-        choices = await _chat_choices(leased, out, completion_id, created)
-        if choices is not None:
-            break
-        leased = await leased.leasing.next_attempt()
+    choices: list[tuple[JSONObject, CompletionAssembler]] = []
+
+    async def attempt(leased: LeasedRequest[rq.ChatRequest]) -> bool:
+        nonlocal choices
+        got = await _chat_choices(leased, out, completion_id, created)
+        choices = got or []
+        return got is not None
+
+    await until_done(leased, attempt)
     result = choices[0][0]
     if len(choices) > 1:
         result["choices"] = [doc["choices"][0] for doc, _ in choices]
-        usage = usage_dict(_total_usage([asm for _, asm in choices]))
+        usage = usage_dict(total_usage([asm for _, asm in choices]))
         if usage is not None:
             result["usage"] = usage
     out.answered(200)
@@ -99,14 +239,14 @@ async def _chat_choices(
         for index in range(req.n):
             asm = CompletionAssembler(completion_id=completion_id, model=req.model, created=created)
             asms.append(asm)
-            run = _chat_run(leased, text_tools)
-            if not await _collect(leased, run, asm, produced=index > 0):
+            run = _tools_run(leased, req.tools, text_tools, stream=False)
+            if not await _run_events(leased, run, asm, _WHOLE, produced=index > 0):
                 return None
             text, calls = _settle(leased, asm, run, req.tools if text_tools else None)
             doc = asm.result(text_override=text, tool_calls_override=calls, index=index)
             choices.append((doc, asm))
     finally:
-        _account_run_usage(asms, out)
+        note_run_usage(asms, out)
     return choices
 
 
@@ -118,7 +258,7 @@ async def chat_stream(
     With ``n > 1`` the choices' runs stream one after the other, each chunk
     with its choice's index; the usage chunk (when asked for) is their sum.
     A first run that fails before any event goes to the next leased provider
-    when the attempt loop says so (the stream has not started).
+    when the retry policy says so (the stream has not started).
     """
     req = leased.body
     strict = leased.snap.config.openai.strict_output
@@ -140,38 +280,31 @@ async def chat_stream(
             asms.append(asm)
             filt = StrictStreamFilter() if strict else None
             # A run that is retried produced nothing: asm and filt stay empty.
-            while not await stream.run(leased, index, asm, filt):
-                leased = await leased.leasing.next_attempt()
-        await responder.write(stream.chunks.end(_total_usage(asms)))
+            leased = await until_done(
+                leased, functools.partial(stream.run, index=index, asm=asm, strict=filt)
+            )
+        await responder.write(stream.chunks.end(total_usage(asms)))
         await responder.end()
         call.out.status = "ok"
     finally:
-        _account_run_usage(asms, call.out)
+        note_run_usage(asms, call.out)
 
 
-class _ChatStream:
+class _ChatStream(_Answer):
     """One streamed completion: run events in, SSE chunks out (one run per choice)."""
 
-    __slots__ = (
-        "call",
-        "responder",
-        "chunks",
-        "asm",
-        "strict",
-        "text_tools",
-        "tool_index",
-    )
+    __slots__ = ("call", "responder", "chunks", "index", "strict", "text_tools", "tools", "tool_index")
 
     def __init__(self, call: Call, responder: Responder, chunks: ChunkStream) -> None:
         self.call = call
         self.responder = responder
         self.chunks = chunks
-        self.asm = CompletionAssembler(completion_id="", model="", created=0)
+        self.index = 0
         self.strict: StrictStreamFilter | None = None
-        #: The caller's tools when they go through the text protocol (set per
-        #: run: the leased provider decides): the whole text then decides
-        #: between tool calls and text.
-        self.text_tools: list[JSONObject] | None = None
+        self.text_tools = False
+        #: The caller's tools when they go through the text protocol (per run:
+        #: the leased provider decides): the whole text decides calls or text.
+        self.tools: list[JSONObject] | None = None
         self.tool_index = 0
 
     async def run(
@@ -184,73 +317,44 @@ class _ChatStream:
         """Stream choice ``index``: its opening chunk, its deltas, its finish chunk.
 
         False: the run failed before any event, nothing was written, and the
-        attempt loop says retry.  The head (and the opening chunk) wait for
+        retry policy says retry.  The head (and the opening chunk) wait for
         the run's first event.
         """
         tools = leased.body.tools
         text_tools = _text_tools(leased, tools)
-        self.text_tools = tools if text_tools else None
-        self.asm, self.strict, self.tool_index = asm, strict, 0
-        responder, chunks, leasing = self.responder, self.chunks, leased.leasing
-        async with leased.session.open_stream(_chat_run(leased, text_tools)) as events:
-            next_event = events.__anext__
-            ev = await next_event()
-            if not responder.started:
-                if ev.kind == "error":
-                    if _retry_before_event(leased, ev):
-                        return False
-                    raise run_error(ev)  # an HTTP error: no byte went out
-                await _start_sse(self.call, responder)
-            await responder.write(chunks.first(index))  # (the held head leaves with it)
-            while True:
-                kind = ev.kind
-                if kind == "text":
-                    asm.feed(ev)
-                    if not text_tools:  # (with them the whole text decides: calls or text)
-                        delta = strict.feed(ev.text) if strict else ev.text
-                        if delta:
-                            await responder.write(chunks.text(delta))
-                elif kind == "reasoning":
-                    asm.feed(ev)
-                    await responder.write(chunks.reasoning(ev.text))
-                elif kind == "tool_call":
-                    ev = _restore_tool_event(ev, asm)
-                    asm.feed(ev)
-                    if ev.tool_call is not None:  # (an empty one is dropped, as asm does)
-                        await responder.write(chunks.tool_call(self.tool_index, ev.tool_call))
-                        self.tool_index += 1
-                elif kind == "usage":
-                    asm.feed(ev)
-                elif kind == "complete":
-                    asm.finish(ev)
-                    leasing.succeeded()
-                    await self._complete()
-                    return True
-                elif kind == "error":
-                    _report_stream_error(leasing, ev, leased.lease.provider_type)
-                    raise run_error(ev)
-                ev = await next_event()
+        self.text_tools, self.tools = text_tools, tools if text_tools else None
+        self.index, self.strict, self.tool_index = index, strict, 0
+        run = _tools_run(leased, tools, text_tools, stream=True)
+        return await _run_events(leased, run, asm, self, self.responder, produced=index > 0)
 
-    async def _complete(self) -> None:
-        """The run completed: the held-back text (or its tool calls), then the finish."""
-        responder, chunks, asm, strict = self.responder, self.chunks, self.asm, self.strict
-        finish = asm.finish_reason or "stop"
-        if self.text_tools is not None:
-            text = extract_completion(asm.text) if strict else asm.text
-            res = parse_text_tool_calls(text, self.text_tools)
-            if res.calls:
-                if res.content:
-                    await responder.write(chunks.text(res.content))
-                for call in res.calls:
-                    await responder.write(chunks.tool_call(self.tool_index, call))
-                    self.tool_index += 1
-                finish = "tool_calls"
-            elif text:
-                await responder.write(chunks.text(text))
-        elif strict:
-            rest = strict.flush()
-            if rest:
-                await responder.write(chunks.text(rest))
+    @property
+    def visible(self) -> bool:
+        return self.responder.started
+
+    async def begin(self) -> None:
+        if not self.responder.started:
+            await _start_sse(self.call, self.responder)
+        await self.responder.write(self.chunks.first(self.index))  # (the held head leaves with it)
+
+    def text(self, delta: str) -> bytes:
+        return self.chunks.text(delta)
+
+    def reasoning(self, text: str) -> bytes:
+        return self.chunks.reasoning(text)
+
+    def tool_call(self, call: JSONObject) -> bytes:
+        self.tool_index += 1
+        return self.chunks.tool_call(self.tool_index - 1, call)
+
+    async def complete(self, asm: CompletionAssembler) -> None:
+        """The held-back text (or its tool calls), then the choice's finish."""
+        responder, chunks = self.responder, self.chunks
+        text, calls = _held_back(asm, self.strict, self.tools)
+        if text:
+            await responder.write(chunks.text(text))
+        for call in calls:
+            await responder.write(self.tool_call(call))
+        finish = "tool_calls" if calls else asm.finish_reason or "stop"
         if self.tool_index and finish == "stop":
             finish = "tool_calls"
         await responder.write(chunks.finish_choice(finish))
@@ -259,11 +363,6 @@ class _ChatStream:
 def _text_tools(leased: _Normalized, tools: list[JSONObject] | None) -> bool:
     """The caller sent tools and the provider is text-only: the <tool_call> protocol."""
     return bool(tools) and leased.lease.provider_type in TEXT_TOOL_TYPES
-
-
-def _chat_run(leased: LeasedRequest[rq.ChatRequest], text_tools: bool) -> RunRequest:
-    req = leased.body
-    return _tools_run(leased, req.tools, text_tools, stream=req.stream)
 
 
 def _tools_run(
@@ -314,23 +413,27 @@ def _settle(
 async def responses_once(
     leased: LeasedRequest[rq.ResponsesRequest],
     responder: Responder,
-    out: Outcome,
+    call: Call,
     ids: RequestIds,
 ) -> None:
     """A whole ``response`` object, sent once the run completed."""
-    req = leased.body
+    req, out = leased.body, call.out
     tools = req.function_tools
-    while True:
+    asm = CompletionAssembler(completion_id="", model=req.model, created=0)
+    text_tools, run = False, None
+
+    async def attempt(leased: LeasedRequest[rq.ResponsesRequest]) -> bool:
+        nonlocal asm, text_tools, run
         text_tools = _text_tools(leased, tools)
         run = _tools_run(leased, tools, text_tools, stream=False)
         asm = CompletionAssembler(completion_id="", model=req.model, created=0)
         try:
-            done = await _collect(leased, run, asm, produced=False)
+            return await _run_events(leased, run, asm, _WHOLE)
         finally:
-            _account_run_usage([asm], out)
-        if done:
-            break
-        leased = await leased.leasing.next_attempt()
+            note_run_usage([asm], out)
+
+    leased = await until_done(leased, attempt)
+    assert run is not None
     text, calls = _settle(leased, asm, run, tools if text_tools else None)
     if calls is not None:  # parsed tool calls: only the text outside the blocks
         text = text or ""
@@ -359,7 +462,7 @@ async def responses_stream(
     """The Responses event stream of one run (``ResponseEvents``), written as
     its events arrive; text tools hold the text back until the end, as chat's.
     A run that fails before any event goes to the next leased provider when
-    the attempt loop says so (the stream has not started)."""
+    the retry policy says so (the stream has not started)."""
     req = leased.body
     events = ResponseEvents(
         response_id=ids.new("resp"),
@@ -371,92 +474,65 @@ async def responses_stream(
     # A run that is retried produced nothing: asm and the filter stay empty.
     asm = CompletionAssembler(completion_id="", model=req.model, created=0)
     strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
+    stream = _ResponsesStream(call, responder, events, strict)
     try:
-        while not await _responses_run(leased, responder, call, events, asm, strict):
-            leased = await leased.leasing.next_attempt()
+        await until_done(leased, functools.partial(stream.run, asm=asm))
     finally:
-        _account_run_usage([asm], call.out)
+        note_run_usage([asm], call.out)
 
 
-async def _responses_run(
-    leased: LeasedRequest[rq.ResponsesRequest],
-    responder: Responder,
-    call: Call,
-    events: ResponseEvents,
-    asm: CompletionAssembler,
-    strict: StrictStreamFilter | None,
-) -> bool:
-    """One attempt of :func:`responses_stream`; False: it failed before any
-    event, nothing was written, and the attempt loop says retry."""
-    tools = leased.body.function_tools
-    text_tools = _text_tools(leased, tools)
-    run = _tools_run(leased, tools, text_tools, stream=True)
-    async with leased.session.open_stream(run) as stream:
-        next_event = stream.__anext__
-        ev = await next_event()
-        if ev.kind == "error":
-            if _retry_before_event(leased, ev):
-                return False
-            raise run_error(ev)  # an HTTP error: no byte went out
-        await _start_sse(call, responder)
-        await responder.write(events.start())  # (the held head leaves with it)
-        while True:
-            kind = ev.kind
-            if kind == "text":
-                asm.feed(ev)
-                if not text_tools:
-                    delta = strict.feed(ev.text) if strict else ev.text
-                    if delta:
-                        await responder.write(events.text(delta))
-            elif kind == "reasoning":
-                asm.feed(ev)
-                if ev.text:
-                    await responder.write(events.reasoning(ev.text))
-            elif kind == "tool_call":
-                ev = _restore_tool_event(ev, asm)
-                asm.feed(ev)
-                if ev.tool_call is not None:
-                    await responder.write(events.function_call(ev.tool_call))
-            elif kind == "usage":
-                asm.feed(ev)
-            elif kind == "complete":
-                asm.finish(ev)
-                leased.leasing.succeeded()
-                await responder.write(_responses_tail(events, asm, strict, tools, text_tools))
-                await responder.end()
-                call.out.status = "ok"
-                return True
-            elif kind == "error":
-                _report_stream_error(leased.leasing, ev, leased.lease.provider_type)
-                raise run_error(ev)
-            ev = await next_event()
+class _ResponsesStream(_Answer):
+    """One streamed response: run events in, Responses events out."""
 
+    __slots__ = ("call", "responder", "events", "strict", "text_tools", "tools")
 
-def _responses_tail(
-    events: ResponseEvents,
-    asm: CompletionAssembler,
-    strict: StrictStreamFilter | None,
-    tools: list[JSONObject] | None,
-    text_tools: bool,
-) -> bytes:
-    """The end of a Responses stream: held-back text or its tool calls, then
-    ``response.completed``."""
-    out = b""
-    if text_tools:
-        text = extract_completion(asm.text) if strict else asm.text
-        res = parse_text_tool_calls(text, tools or [])
-        if res.calls:
-            if res.content:
-                out += events.text(res.content)
-            for tool_call in res.calls:
-                out += events.function_call(tool_call)
-        elif text:
-            out += events.text(text)
-    elif strict:
-        rest = strict.flush()
-        if rest:
-            out += events.text(rest)
-    return out + events.finish(asm.finish_reason, asm.usage)
+    def __init__(
+        self, call: Call, responder: Responder, events: ResponseEvents, strict: StrictStreamFilter | None
+    ) -> None:
+        self.call = call
+        self.responder = responder
+        self.events = events
+        self.strict = strict
+        self.text_tools = False
+        self.tools: list[JSONObject] | None = None  # as _ChatStream's
+
+    async def run(self, leased: LeasedRequest[rq.ResponsesRequest], asm: CompletionAssembler) -> bool:
+        """One attempt of :func:`responses_stream`; False: it failed before any
+        event, nothing was written, and the retry policy says retry."""
+        tools = leased.body.function_tools
+        text_tools = _text_tools(leased, tools)
+        self.text_tools, self.tools = text_tools, (tools or []) if text_tools else None
+        run = _tools_run(leased, tools, text_tools, stream=True)
+        return await _run_events(leased, run, asm, self, self.responder)
+
+    @property
+    def visible(self) -> bool:
+        return self.responder.started
+
+    async def begin(self) -> None:
+        await _start_sse(self.call, self.responder)
+        await self.responder.write(self.events.start())  # (the held head leaves with it)
+
+    def text(self, delta: str) -> bytes:
+        return self.events.text(delta)
+
+    def reasoning(self, text: str) -> bytes:
+        return self.events.reasoning(text) if text else b""
+
+    def tool_call(self, call: JSONObject) -> bytes:
+        return self.events.function_call(call)
+
+    async def complete(self, asm: CompletionAssembler) -> None:
+        """The held-back text or its tool calls, then ``response.completed``:
+        one write, and the stream's end."""
+        events = self.events
+        text, calls = _held_back(asm, self.strict, self.tools)
+        tail = events.text(text) if text else b""
+        for tool_call in calls:
+            tail += events.function_call(tool_call)
+        await self.responder.write(tail + events.finish(asm.finish_reason, asm.usage))
+        await self.responder.end()
+        self.call.out.status = "ok"
 
 
 def _response_metadata(req: rq.ResponsesRequest) -> dict[str, str]:
@@ -498,7 +574,7 @@ def _run_request(
         target=lease.target,
         messages=messages,
         tools=tools,
-        params=leased.params,
+        params=leased.decision.params,
         metadata=md,
         workspace=req.workspace,
         stream=stream,
@@ -506,73 +582,11 @@ def _run_request(
     )
 
 
-async def _collect(
-    leased: _Normalized, run: RunRequest, asm: CompletionAssembler, *, produced: bool
-) -> bool:
-    """Run a normalized request to its end, feeding every event to ``asm``.
-
-    False: the run failed before any event (and ``produced``: no earlier run
-    of this request produced one) and the attempt loop says retry.
-    """
-    leasing = leased.leasing
-    async with leased.session.open_stream(run) as events:
-        async for ev in events:
-            if ev.kind == "complete":
-                asm.finish(ev)
-                leasing.succeeded()
-            elif ev.kind == "error":
-                if _retry_before_event(leased, ev, produced=produced):
-                    return False
-                raise run_error(ev)
-            else:
-                produced = True
-                asm.feed(_restore_tool_event(ev, asm))
-    return True
-
-
 async def _start_sse(call: Call, responder: Responder) -> None:
     """Start the SSE response, held: the head leaves with the first chunk written."""
     await responder.start(200, list(SSE_HEADERS), hold=True)
     call.sse_open = True
     call.out.http_status = 200
-
-
-def _retry_before_event(leased: _Normalized, ev: RunEvent, *, produced: bool = False) -> bool:
-    """A run's error before anything reached the caller: report it; True to retry.
-
-    ``produced``: an earlier run of the request (a choice of ``n``) produced an event.
-    """
-    failure = run_failure(ev, leased.lease.provider_type, produced)
-    if failure is None:
-        return False
-    return leased.leasing.failed(failure, False, retry_after=run_retry_after(ev))
-
-
-def _report_stream_error(leasing: Leasing[Any], ev: RunEvent, provider_type: str) -> None:
-    """A streamed run failed: the stream had started, so it is reported, never retried."""
-    failure = run_failure(ev, provider_type, produced=True)
-    if failure is not None:
-        leasing.failed(failure, True, retry_after=run_retry_after(ev))
-
-
-def _total_usage(asms: list[CompletionAssembler]) -> Usage | None:
-    """The usage of the runs of one request (``n > 1``: their sum)."""
-    if len(asms) == 1:
-        return asms[0].usage
-    total: Usage | None = None
-    for asm in asms:
-        total = add_usage(total, asm.usage)
-    return total
-
-
-def _account_run_usage(asms: list[CompletionAssembler], out: Outcome) -> None:
-    """The request's usage record: all its runs (the cancelled one's so far)."""
-    usage = _total_usage(asms)
-    out.usage = run_event_usage(usage)
-    out.reasoning_reported = bool(usage and usage.reasoning_tokens)
-    out.reasoning_chars = sum(len(asm.reasoning_text) for asm in asms)
-    text = sum(len(asm.text) for asm in asms)
-    out.output_estimate = estimate_tokens_from_chars(text + out.reasoning_chars)
 
 
 def _restore_tool_event(ev: RunEvent, asm: CompletionAssembler) -> RunEvent:

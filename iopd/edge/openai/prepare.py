@@ -18,27 +18,20 @@ gives a frozen :class:`LeasedRequest`: everything the relay and the
 normalized paths read, typed.  A class-based context manager (no generator
 frame) around the pool's lease keeps the hot path cheap.
 
-Attempts.  The ``Leasing`` is also the request's attempt loop:
-the paths report how each attempt ended (``leased.leasing.succeeded()`` or
-``failed(...)``), which tells the pool's outlier tracker and the metrics,
-and -- only when ``retry_rules.classify_failure`` says it is safe, an
-attempt is left (``provider_pool.retry_attempts``), a candidate that has
-not failed this request remains and the group's ``RetryBudget`` allows it
--- ``failed`` returns True and the path calls ``next_attempt()``: the
-failed lease is released and another candidate of the group (or of its
-fallback groups) is leased under the same queue rules, with the failed
-providers excluded (never to another ``base_url`` origin with the caller's
-credentials).  A provider whose node had no session is retried the same
-way.  An error status answered to the caller's own provider credential is
-reported as ``attempt_caller_credentialed``: it marks the provider for
-nobody else (see ``retry_rules.classify_failure``).  Nothing here writes to
-the caller before the paths' first byte.
+Attempts.  ``Leasing`` only leases: the first lease, and the next one when
+the request's retry policy (``attempts.Attempts``, on ``leased.attempts``)
+answered ``RETRY`` to a path's report.  The paths report and return;
+:func:`until_done` is the one loop that then leases another candidate of
+the group (or of its fallback groups) under the same queue rules, with the
+failed providers excluded (never to another ``base_url`` origin with the
+caller's credentials).  A provider whose node had no session is retried
+the same way, here.  Nothing here writes to the caller.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Generic, NamedTuple, TypeVar
@@ -49,6 +42,7 @@ from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.nodes.node_session import NodeSession
 from iopd.edge.openai import limits
+from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.generation import apply_generation
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.json_body import parse_json_object
@@ -56,28 +50,19 @@ from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.incoming.prompt_blocks import prompt_bytes
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
-from iopd.edge.pool.outliers import SATURATION_DEFAULT_SECONDS, Transition
+from iopd.edge.openai.routes import Serves
 from iopd.edge.pool.pool import Lease
-from iopd.edge.pool.retry_rules import (
-    AttemptFailure,
-    FailureKind,
-    RetryPolicy,
-    TrackerEffect,
-    classify_failure,
-    url_origin,
-)
+from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from iopd.edge.principals.authenticator import Principal
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.connection import HeadContext
 from iopd.http.server import Request
-from iopd.vocabulary import ContextClass
+from iopd.vocabulary import ContextClass, ResponseMode
 
 __all__ = [
-    "MODEL_GROUP_HEADER", "Body", "ContextClass", "LeasedRequest", "Leasing",
-    "model_not_found", "prepare",
+    "MODEL_GROUP_HEADER", "Body", "ContextClass", "Decision", "LeasedRequest", "Leasing",
+    "model_not_found", "prepare", "until_done",
 ]
-
-log = logging.getLogger("iopd.edge.request")
 
 #: On every response of a leased request: the model group that served it (or fallback).
 MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
@@ -88,6 +73,40 @@ Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest, rq
 #: At most this many model ids are named in a ``model_not_found`` message.
 MAX_NAMED_MODELS = 20
 
+
+
+class Decision(NamedTuple):
+    """What is decided about a request once and carried, frozen, to its end.
+
+    The model group that serves it (the one asked for, or a fallback group),
+    the path (True: the caller's body relayed raw; False: run normalized),
+    the response mode that follows, and the generation parameters of that
+    path and group (``models[].generation`` applied, :func:`generation_params`).
+
+    A request that can only be relayed is decided before it queues (its
+    limits are a 400 then); any other at its first lease, by the leased
+    provider's type.  A retry keeps the path (the path's own loop runs the
+    next attempt); only a retry served by a fallback group changes the
+    group, and so the parameters, with :meth:`for_group`.
+    """
+
+    group: GroupSpec
+    relay: bool
+    params: JSONObject
+
+    @property
+    def mode(self) -> ResponseMode:
+        """The metrics' ``response_mode``: the path's name."""
+        return "passthrough" if self.relay else "normalized"
+
+    @classmethod
+    def make(cls, body: Body, group: GroupSpec, *, relay: bool) -> Decision:
+        """Decide: ``group`` serves ``body`` on that path (a 400 over a relayed limit)."""
+        return cls(group, relay, generation_params(body, group, relay=relay))
+
+    def for_group(self, group: GroupSpec, body: Body) -> Decision:
+        """The same path served by another group (a fallback): its parameters."""
+        return self if group is self.group else Decision.make(body, group, relay=self.relay)
 
 
 class LeasedRequest(NamedTuple, Generic[Body]):
@@ -102,8 +121,8 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     request: Request
     body: Body
     principal: Principal
-    #: The group that serves it: the one asked for, or a fallback group.
-    group: GroupSpec
+    #: The group that serves it, its path and that path's parameters.
+    decision: Decision
     lease: Lease
     session: NodeSession
     #: The caller's credentials for a passthrough provider (``openai.provider_auth``).
@@ -112,29 +131,27 @@ class LeasedRequest(NamedTuple, Generic[Body]):
     messages: list[JSONObject]
     estimate: int
     context_class: ContextClass
-    #: The path: True relays the caller's body raw, False runs it normalized.
-    relay: bool
-    #: Generation parameters for that path (``models[].generation`` applied).
-    params: JSONObject
-    #: The request's attempt loop: report this attempt's end, lease the next.
+    #: The retry policy: the path reports this attempt's end to it.
+    attempts: Attempts
+    #: The lease's owner (:func:`until_done` leases the next attempt with it).
     leasing: Leasing[Body]
 
 
-def prepare(rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> Leasing[Body]:
+def prepare(
+    rt: EdgeRuntime, call: Call, request: Request, kind: type[Body], serves: Serves
+) -> Leasing[Body]:
     """Everything up to the lease, checked now; ``async with`` the result to lease.
 
     Raises ``GatewayError`` for a bad body, an unknown model, missing provider
     credentials, a request no provider of the group can serve, or (for a
     request that can only be relayed) a generation limit exceeded.
     """
-    return Leasing(rt, call, request, kind)
+    return Leasing(rt, call, request, kind, serves)
 
 
 class Leasing(Generic[Body]):
-    """A prepared request; entering it leases a provider (see :func:`prepare`).
-
-    Then it is the request's attempt loop (see the module docstring).
-    """
+    """A prepared request; entering it leases a provider (see :func:`prepare`),
+    :meth:`next_attempt` the next one (see the module docstring)."""
 
     __slots__ = (
         "_rt",
@@ -143,39 +160,33 @@ class Leasing(Generic[Body]):
         "_request",
         "_body",
         "_group",
-        "_relay_only",
+        "_decision",
         "_needs",
         "_lease_cm",
         "_lease",
         "_chain",
-        "_failed",
-        "_retries",
-        "_reported",
-        "_relay_params",
+        "attempts",
     )
 
-    def __init__(self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body]) -> None:
+    def __init__(
+        self, rt: EdgeRuntime, call: Call, request: Request, kind: type[Body], serves: Serves
+    ) -> None:
         snap, out = call.snap, call.out
-        body = _parse(snap, request, kind, out)
-        group = snap.catalog.resolve(body.model)
-        if group is None:
-            raise model_not_found(snap, body.model)
-        out.group = group.id
-        # /api/*, /v1/embeddings and /v1/completions are only ever relayed (to
-        # a provider speaking that API); otherwise the group's provider types
-        # say whether a normalized path exists.
-        relay_only = isinstance(body, rq.OllamaRequest | rq.RelayedRequest) or all_passthrough(
-            snap, group
-        )
-        out.mode = "passthrough" if relay_only else "normalized"
+        body, group = _parse(snap, request, kind, out)
+        # A relay-only route (/api/*, /v1/embeddings, /v1/completions) is
+        # only ever relayed (to a provider speaking that API); otherwise the
+        # group's provider types say whether a normalized path exists.
+        relay_only = serves is not Serves.RELAY_OR_NORMALIZED or all_passthrough(snap, group)
+        if relay_only:  # its path is known: a refusal from here on is labelled with it
+            out.mode = "passthrough"
         if isinstance(body, rq.OllamaRequest):
             needs = ollama_needs(snap, group, body, request.path)
         elif isinstance(body, rq.RelayedRequest):
             needs = relayed_needs(snap, request, group, body)
         else:
             needs = openai_needs(snap, request, group, body, relay_only)
-        # Over a limit: 400 before queueing (kept for the lease, when its group is this one).
-        relay_params = generation_params(body, group, relay=True) if relay_only else None
+        # Relayed only: decided now, and over a limit is a 400 before queueing.
+        decision = Decision.make(body, group, relay=True) if relay_only else None
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         principal_ref = principal.label_principal_ref
@@ -185,14 +196,12 @@ class Leasing(Generic[Body]):
         self._request = request
         self._body: Body = body
         self._group = group
-        self._relay_only = relay_only
+        self._decision = decision
         self._needs = needs
         self._chain = snap.catalog.fallback_chain(group.id)
-        self._failed: frozenset[str] = frozenset()  # providers that failed it (never again)
-        self._retries = 0
         self._lease: Lease | None = None  # the lease held now
-        self._reported = False  # this attempt's verdict went to the tracker
-        self._relay_params = relay_params
+        #: The retry policy the paths report to (this object only leases).
+        self.attempts = Attempts(rt, call, group.id, self._chain, bool(needs.provider_auth))
         self._lease_cm: AbstractAsyncContextManager[Lease] = self._open_lease(frozenset())
 
     def _open_lease(self, exclude: frozenset[str]) -> AbstractAsyncContextManager[Lease]:
@@ -243,19 +252,24 @@ class Leasing(Generic[Body]):
                 if not self._call.leased:  # no live candidate: it never counted
                     await limits.withdraw(self._rt, self._call)
                 raise
-            self._lease, self._reported = lease, False
+            self._lease = lease
+            decision = self._decision
+            relay = lease.provider_type in PASSTHROUGH_TYPES if decision is None else decision.relay
+            self.attempts.begin(lease, relay=relay)
             try:
                 session = self._rt.hub.session(lease.node_id)
                 if session is not None:
                     return self._leased(lease, session)
-                if not self.failed(AttemptFailure(FailureKind.NODE_LOST_BEFORE_RUN), False):
+                lost = AttemptFailure(FailureKind.NODE_LOST_BEFORE_RUN)
+                if self.attempts.failed(lost, caller_saw_bytes=False) is AttemptVerdict.FINAL:
                     raise errors.NodeDispatchError(f"node {lease.node_id} is not connected")
             except BaseException as exc:
                 self._lease = None
+                self.attempts.end()
                 await self._lease_cm.__aexit__(type(exc), exc, exc.__traceback__)
                 raise
             await self._release()
-            self._lease_cm = self._open_lease(self._exclude())
+            self._lease_cm = self._open_lease(self.attempts.exclude())
 
     async def __aexit__(
         self,
@@ -266,183 +280,83 @@ class Leasing(Generic[Body]):
         if self._lease is None:  # a retry's lease was refused: nothing is held
             return None
         self._lease = None
+        self.attempts.end()
         return await self._lease_cm.__aexit__(exc_type, exc, tb)
 
     # ------------------------------------------------------------ attempts
 
-    def succeeded(self) -> None:
-        """The attempt worked (a caller's 4xx relayed counts as working)."""
-        lease = self._lease
-        if lease is not None and not self._reported:
-            self._reported = True
-            self._rt.pool.attempt_succeeded(lease)
-
-    def failed(
-        self,
-        failure: AttemptFailure,
-        caller_saw_bytes: bool,
-        *,
-        retry_after: float = SATURATION_DEFAULT_SECONDS,
-    ) -> bool:
-        """Report a failed attempt; True when the path should call :meth:`next_attempt`.
-
-        Synchronous (the path decides while its stream is still open, before
-        writing anything).  ``retry_after``: a 429's bounded ``Retry-After``.
-        True spends one retry of the group's budget (a node's ``Busy``: none).
-        """
-        lease = self._lease
-        if lease is None or self._reported:
-            return False
-        self._reported = True
-        if failure.kind is FailureKind.NODE_BUSY:  # node full: lease again, not a failure
-            return True
-        rt, out = self._rt, self._call.out
-        pool_cfg = self._call.snap.config.provider_pool
-        verdict = classify_failure(
-            failure,
-            caller_saw_bytes=caller_saw_bytes,
-            retry_on_timeout=pool_cfg.retry_on_timeout,
-            caller_credentialed=self._carried_credential(lease),
-        )
-        transition: Transition | None = None
-        if verdict.effect is TrackerEffect.FAILURE and verdict.reason is not None:
-            transition = rt.pool.attempt_failed(lease, verdict.reason)
-        elif verdict.effect is TrackerEffect.SATURATED:
-            transition = rt.pool.attempt_saturated(lease, retry_after)
-        elif verdict.effect is TrackerEffect.SUCCESS:
-            rt.pool.attempt_succeeded(lease)
-        elif verdict.effect is TrackerEffect.CALLER_CREDENTIALED:
-            rt.pool.attempt_caller_credentialed(lease)
-        if verdict.reason is not None:
-            rt.metrics.count_attempt_failure(
-                lease.group_id or self._group.id, lease.provider_id, verdict.reason.value
-            )
-        if transition is Transition.EJECTED:
-            rt.metrics.count_ejection(lease.provider_id)
-            log.warning(
-                "event=provider_ejected provider=%s reason=%s",
-                lease.provider_id,
-                verdict.reason.value if verdict.reason else "-",
-            )
-        self._failed |= {lease.provider_id}
-        why = verdict.no_retry.value if verdict.no_retry is not None else None
-        if why is None:
-            why = self._retry_refusal(pool_cfg.retry_attempts)
-        log.info(
-            "event=attempt_failed request_id=%s group=%s provider=%s failure=%s status=%s "
-            "retry=%s tracker=%s",
-            out.request_id,
-            lease.group_id or self._group.id,
-            lease.provider_id,
-            failure.kind.value,
-            failure.status if failure.status is not None else "-",
-            "yes" if why is None else f"no({why})",
-            verdict.effect.value,
-        )
-        if why is not None:
-            return False
-        self._retries += 1
-        rt.metrics.count_retry(self._group.id)
-        return True
-
-    def _carried_credential(self, lease: Lease) -> bool:
-        """This attempt took the caller's own provider credential to the provider
-        (only a relayed request carries it, under ``provider_auth.target_header``)."""
-        return bool(self._needs.provider_auth) and (
-            self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
-        )
-
-    def _retry_refusal(self, attempts: int) -> str | None:
-        """Why a safe retry is not made (attempts, candidates, budget), or None (spent)."""
-        if not RetryPolicy(attempts=attempts).attempt_left(self._retries):
-            return "attempts"
-        if not self._candidates_left():
-            return "no_candidate"
-        if not self._rt.retry_budget.try_retry(self._group.id, trio.current_time()):
-            return "budget"
-        return None
-
-    def _candidates_left(self) -> bool:
-        """A provider of the group or its fallbacks this request may still go to."""
-        catalog = self._call.snap.catalog
-        exclude = self._exclude()
-        for gid in (self._group.id, *self._chain):
-            spec = catalog.group(gid)
-            if spec is not None and any(pid not in exclude for pid, _ in spec.providers):
-                return True
-        return False
-
-    def _exclude(self) -> frozenset[str]:
-        """Failed providers, and -- with the caller's provider credentials -- every
-        provider of another ``base_url`` origin than the first one leased."""
-        if not self._needs.provider_auth or not self._failed:
-            return self._failed
-        catalog = self._call.snap.catalog
-        first = catalog.providers.get(next(iter(self._failed)))
-        origin = _origin(first.config.base_url) if first is not None else None
-        other = {
-            pid for pid, ref in catalog.providers.items() if _origin(ref.config.base_url) != origin
-        }
-        return self._failed | other
-
     async def next_attempt(self) -> LeasedRequest[Body]:
-        """Release the failed lease and lease another candidate (after ``failed`` said True).
+        """Release the failed lease and lease another candidate (after a
+        ``RETRY`` verdict; only :func:`until_done` calls it).
 
         Raises what a first lease raises (no candidate left, queue timeout).
         """
         await self._release()
-        self._lease_cm = self._open_lease(self._exclude())
+        self._lease_cm = self._open_lease(self.attempts.exclude())
         return await self._enter()
 
     async def _release(self) -> None:
         self._lease = None
+        self.attempts.end()
         await self._lease_cm.__aexit__(None, None, None)
 
     def _leased(self, lease: Lease, session: NodeSession) -> LeasedRequest[Body]:
         call, out = self._call, self._call.out
         call.resume_deadline()
         out.provider = lease.provider_id
-        group = self._group
-        if lease.group_id and lease.group_id != group.id:  # served by a fallback group
-            fallback = call.snap.catalog.group(lease.group_id)
-            if fallback is not None:
-                self._rt.metrics.count_fallback(group.id, fallback.id)
-                group = fallback
-        out.group = group.id  # metering and the log line: the group that served it
-        _name_serving_group(self._request, group.id)
+        decision = self._decide(lease)
+        out.group, out.mode = decision.group.id, decision.mode  # metering and the log line
+        _name_serving_group(self._request, decision.group.id)
         call.leased = True  # from here a provider may spend tokens on it
-        relay = self._relay_only or lease.provider_type in PASSTHROUGH_TYPES
-        out.mode = "passthrough" if relay else "normalized"
-        body, needs, params = self._body, self._needs, self._relay_params
-        if params is None or not relay or group is not self._group:
-            params = generation_params(body, group, relay=relay)
+        needs = self._needs
         principal = out.principal
         assert principal is not None  # check_head authenticated every provider route
         return LeasedRequest(
             snap=call.snap,
             request=self._request,
-            body=body,
+            body=self._body,
             principal=principal,
-            group=group,
+            decision=decision,
             lease=lease,
             session=session,
             provider_auth=needs.provider_auth,
             messages=needs.messages,
             estimate=needs.estimate,
             context_class=needs.context_class,
-            relay=relay,
-            # In a mixed group only the lease decides the path, so a relayed
-            # request's limits are checked (again) here.
-            params=params,
+            attempts=self.attempts,
             leasing=self,
         )
 
+    def _decide(self, lease: Lease) -> Decision:
+        """The request's :class:`Decision`: made at its first lease unless it
+        was before it queued, then kept (a fallback group's lease re-groups it)."""
+        group = self._group
+        if lease.group_id and lease.group_id != group.id:  # served by a fallback group
+            fallback = self._call.snap.catalog.group(lease.group_id)
+            if fallback is not None:
+                self._rt.metrics.count_fallback(group.id, fallback.id)
+                group = fallback
+        decision = self._decision
+        if decision is None:  # the leased provider decides the path, once
+            relay = lease.provider_type in PASSTHROUGH_TYPES
+            decision = Decision.make(self._body, group, relay=relay)
+        else:
+            decision = decision.for_group(group, self._body)
+        self._decision = decision
+        return decision
 
-def _origin(base_url: str | None) -> str | None:
-    try:
-        return url_origin(base_url) if base_url else None
-    except ValueError:
-        return None
+
+async def until_done(
+    leased: LeasedRequest[Body], attempt: Callable[[LeasedRequest[Body]], Awaitable[bool]]
+) -> LeasedRequest[Body]:
+    """Run ``attempt`` until it is done: False (its report got ``RETRY``, and
+    nothing was written) leases the next candidate and runs it again there.
+
+    The one retry loop of every path; gives the lease the request ended on.
+    """
+    while not await attempt(leased):
+        leased = await leased.leasing.next_attempt()
+    return leased
 
 
 def _name_serving_group(request: Request, group_id: str) -> None:
@@ -480,12 +394,20 @@ def model_not_found(snap: Snapshot, model: str) -> errors.ModelNotFound:
     )
 
 
-def _parse(snap: Snapshot, request: Request, kind: type[Body], out: Outcome) -> Body:
-    """Decode and validate the body; a 400 is labelled with the group when one resolves."""
+def _parse(
+    snap: Snapshot, request: Request, kind: type[Body], out: Outcome
+) -> tuple[Body, GroupSpec]:
+    """Decode the body, resolve its model group (once), validate the body.
+
+    The group labels the request (``out.group``) as soon as it resolves, so
+    a 400 of the body is counted under it; an unknown model is a 404.
+    """
     raw = parse_json_object(request.body)
     model = raw.get("model")
-    if isinstance(model, str):
-        group = snap.catalog.resolve(model)
-        if group is not None:
-            out.group = group.id
-    return kind.parse(raw)
+    group = snap.catalog.resolve(model) if isinstance(model, str) else None
+    if group is not None:
+        out.group = group.id
+    body = kind.parse(raw)  # (its model is that string: a 400 otherwise)
+    if group is None:
+        raise model_not_found(snap, body.model)
+    return body, group

@@ -32,10 +32,12 @@ take at once, come to the loop as before.
 Retries: the head is looked at before anything is written.  A
 429, 502 or 503 head, or an error frame before any head that says the
 provider was never reached (``provider_unreachable``, ``provider_reset``),
-is reported to the request's attempt loop (``leased.leasing.failed``);
-when it says retry, the stream is left (the node cancels it) and the same
-body bytes go to the next candidate.  Otherwise the head is written and the
-response relayed as it is.  Once the head went out, nothing is retried.
+is reported to the request's retry policy (``leased.attempts.failed``);
+when it answers ``RETRY``, the stream is left (the node cancels it) and the
+same body bytes go to the next candidate (``prepare.until_done``).
+Otherwise the head is written and the response relayed as it is.  Once the
+head went out, nothing is retried: the caller already has the first
+provider's status line, and a second answer cannot be spliced behind it.
 """
 
 from __future__ import annotations
@@ -44,10 +46,11 @@ import time
 
 from iopd.edge.metering.usage import tunnel_usage
 from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession
+from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.upstream_headers import upstream_headers
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
-from iopd.edge.openai.prepare import Body, LeasedRequest, Leasing
+from iopd.edge.openai.prepare import Body, LeasedRequest, until_done
 from iopd.edge.openai.run_errors import provider_error
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
@@ -72,7 +75,8 @@ async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome)
     on a failure the attempt loop says is safe to retry, to the next one."""
     request = leased.request
     headers = tunnel_headers(leased.snap, request, leased.provider_auth)
-    while True:
+
+    async def attempt(leased: LeasedRequest[Body]) -> bool:
         treq = ProviderTunnelRequest(
             stream_id=0,
             provider_id=leased.lease.provider_id,
@@ -82,9 +86,9 @@ async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome)
             body=rq.rewrite_model(leased.body.raw, leased.lease.target),
             long_context=leased.lease.long,
         )
-        if not await _relay(leased, treq, responder, out):
-            return
-        leased = await leased.leasing.next_attempt()
+        return await _relay(leased, treq, responder, out)
+
+    await until_done(leased, attempt)
 
 
 def tunnel_headers(
@@ -112,11 +116,11 @@ async def _relay(
 ) -> bool:
     """Relay a provider's raw response: status, end-to-end headers, body bytes.
 
-    True: the attempt failed before anything was written and is to be
-    retried (the stream is left; nothing reached the caller).
+    True: done.  False: the attempt failed before anything was written and
+    the policy said retry (the stream is left; nothing reached the caller).
     """
     session: NodeSession = leased.session
-    leasing = leased.leasing
+    attempts = leased.attempts
     reply = _Reply(responder, out, count_output=leased.snap.rates_limited)
     try:
         async with session.open_stream(treq) as frames:
@@ -129,8 +133,8 @@ async def _relay(
                         reply.relayed(fr.data)
                         await responder.write(fr.data, hold=frames.buffered() > 0)
                 elif kind == "head":
-                    if _retry_on_head(leasing, fr):
-                        return True
+                    if _retry_on_head(attempts, fr):
+                        return False
                     reply.start(fr)
                     if not frames.buffered():
                         await responder.flush()
@@ -138,19 +142,23 @@ async def _relay(
                     reply.note_usage(fr)
                 elif kind == "end" or kind == "whole":
                     if kind == "whole" and not reply.took_whole:
-                        if _retry_on_head(leasing, fr):
-                            return True
+                        if _retry_on_head(attempts, fr):
+                            return False
                         reply.take_whole(fr)
                         await responder.flush()
-                    leasing.succeeded()
+                    attempts.succeeded()
                     await responder.end()  # (already written when the reader took the end)
                     out.answered(out.http_status)
-                    return False
+                    return True
                 else:  # error
-                    if leasing.failed(_failure_of(fr, responder.started), responder.started):
-                        return True
+                    # A retry only while nothing went out: after the head, the
+                    # caller holds this provider's status and a cut is all that is left.
+                    failure = _failure_of(fr, responder.started)
+                    verdict = attempts.failed(failure, caller_saw_bytes=responder.started)
+                    if verdict is AttemptVerdict.RETRY:
+                        return False
                     raise provider_error(fr.code, fr.message)
-        return False  # (the node ends every stream with end or error)
+        return True  # (the node ends every stream with end or error)
     finally:
         out.usage = tunnel_usage(reply.body_usage, reply.frame_usage)
         out.reasoning_reported = bool(
@@ -287,7 +295,7 @@ def _may_retry(status: int) -> bool:
     return status >= 500 or status == 429
 
 
-def _retry_on_head(leasing: Leasing[Body], fr: ProviderTunnelFrame) -> bool:
+def _retry_on_head(attempts: Attempts, fr: ProviderTunnelFrame) -> bool:
     """A provider error status, before the head is written: report it; True to retry."""
     status = fr.status
     if not _may_retry(status):
@@ -297,7 +305,8 @@ def _retry_on_head(leasing: Leasing[Body], fr: ProviderTunnelFrame) -> bool:
         value = next((v for k, v in fr.headers if k.lower() == "retry-after"), None)
         retry_after = saturation_seconds(value, wall_now=time.time())
     failure = AttemptFailure(FailureKind.PROVIDER_STATUS, status)
-    return leasing.failed(failure, False, retry_after=retry_after) and status in RETRYABLE_STATUSES
+    verdict = attempts.failed(failure, caller_saw_bytes=False, retry_after=retry_after)
+    return verdict is AttemptVerdict.RETRY and status in RETRYABLE_STATUSES
 
 
 #: The node's error codes that say how far a relayed request got (before any head).
@@ -313,7 +322,7 @@ def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
     (or anything after the head) is a failure after the provider had the request."""
     if fr.code == "bad_request":
         return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
-    if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Leasing.failed)
+    if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Attempts.failed)
         return AttemptFailure(FailureKind.NODE_BUSY)
     if head_sent:
         kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND

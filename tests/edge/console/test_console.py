@@ -56,19 +56,79 @@ async def test_the_page_names_every_provider_and_node_without_any_script() -> No
     page = await resp.get_data(as_text=True)
     for pid in PROVIDERS:
         assert f'<tr data-provider="{pid}">' in page
-        assert f'data-provider-id="{pid}"' in page  # its drain/disable/enable buttons
+    for pid in ("echo-1", "echo-2"):
+        assert f'data-provider-id="{pid}"' in page  # its buttons
+    # Disabled in the config: no runtime control can turn it on, so no button.
+    assert 'data-provider-id="echo-off"' not in page
+    assert "disabled in the config" in page
     for nid in NODES:
         assert f'<tr data-node="{nid}">' in page
     assert "edge-admin" in page
     # Nothing connected yet: what the server renders says so.
-    assert page.count(">disconnected</span>") == len(PROVIDERS) + len(NODES)
+    # Each provider, each node, and the echo group's two providers.
+    assert page.count(">disconnected</span>") == len(PROVIDERS) + len(NODES) + 2
     assert ">disabled</span>" in page  # echo-off, disabled in the config
     assert "0 / 3" in page  # echo-1: in flight / capacity
 
 
+def _buttons(page: str, pid: str) -> list[str]:
+    return re.findall(rf'data-action="(\w+)" data-provider-id="{pid}"', page)
+
+
+async def test_the_buttons_are_the_controls_that_change_the_state() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(two_node_yaml()) as gw:  # controls need the nodes
+            rt = gw.runtime
+            client = console_app(rt).test_client()
+            page = await (await client.get("/")).get_data(as_text=True)
+            assert _buttons(page, "echo-1") == ["drain", "disable"]  # active: no Enable
+            assert page.count('data-action="node-drain"') == 2
+            rt.controls.set_state("echo-1", b'{"state": "draining"}')  # nothing in flight
+            rt.controls.set_state("echo-2", b'{"state": "disabled"}')
+            page = await (await client.get("/")).get_data(as_text=True)
+            assert _buttons(page, "echo-1") == ["enable", "disable"]  # drained: no Drain
+            assert _buttons(page, "echo-2") == ["enable"]
+            # No node has an active provider left: "Drain node" would change nothing.
+            assert 'data-action="node-drain"' not in page
+            view = console_view(rt)
+            assert {p["id"]: (p["state"], p["actions"]) for p in view["providers"]} == {
+                "echo-1": ("drained", ["enable", "disable"]),
+                "echo-off": ("disabled", []),
+                "echo-2": ("disabled", ["enable"]),
+            }
+
+
+async def test_the_model_groups_table_lists_providers_routing_and_queue() -> None:
+    text = two_node_yaml().replace(
+        "    providers: {echo-1: echo, echo-2: echo}\n",
+        "    providers: {echo-1: echo, echo-2: echo}\n"
+        "    fallbacks: [spare]\n"
+        "    fallback_on_queue_timeout: true\n"
+        "  - id: spare\n"
+        "    providers: {echo-2: echo}\n",
+    )
+    rt = EdgeRuntime.create(parse_edge_config(text, env={}))
+    groups = {g["id"]: g for g in console_view(rt)["groups"]}
+    assert list(groups) == ["echo", "spare"]
+    echo = groups["echo"]
+    assert [(p["provider"], p["served"], p["health"]) for p in echo["providers"]] == [
+        ("echo-1", "echo", "disconnected"),
+        ("echo-2", "echo", "disconnected"),
+    ]
+    assert echo["routing"] == "fallback when full, unhealthy or queue timeout: spare"
+    assert (echo["source"], echo["queued"]) == ("models", 0)
+    assert groups["spare"]["routing"] == "no fallback"
+    page = await (await console_app(rt).test_client().get("/")).get_data(as_text=True)
+    assert '<tr data-group="echo">' in page
+    assert "echo-2 → echo" in page
+    assert "fallback when full, unhealthy or queue timeout: spare" in page
+
+
 async def test_recent_errors_are_escaped_on_the_page() -> None:
     rt = runtime()
-    rt.activity.note("alice", "echo", ok=False, status=400, code="bad", message="<img src=x onerror=1>")
+    rt.activity.note(
+        "alice", "echo", ok=False, status=400, code="bad", message="<img src=x onerror=1>"
+    )
     page = await (await console_app(rt).test_client().get("/")).get_data(as_text=True)
     assert "&lt;img src=x onerror=1&gt;" in page
     assert "<img" not in page
@@ -150,7 +210,6 @@ async def test_a_stream_ends_when_the_edge_drains() -> None:
             await stream.aclose()
 
 
-
 async def test_events_start_with_a_status_event_of_the_console_document() -> None:
     rt = runtime()
     client = console_app(rt).test_client()
@@ -228,7 +287,9 @@ async def test_a_new_stream_displaces_the_oldest_and_ending_streams_are_bounded(
 async def test_a_stream_ends_at_its_max_age(autojump_clock: trio.abc.Clock) -> None:
     rt = runtime()
     slots = StreamSlots()
-    chunks = [c async for c in status_events(rt, slots, StreamTiming(tick=1, heartbeat=5, max_age=12))]
+    chunks = [
+        c async for c in status_events(rt, slots, StreamTiming(tick=1, heartbeat=5, max_age=12))
+    ]
     assert chunks[1].startswith(b"event: status")
     assert chunks[2:] == [b": heartbeat\n\n"] * 2
     assert slots.open == 0

@@ -58,10 +58,17 @@
         el("span", { "data-field": "load" }, Math.round(p.load_ratio * 100) + "%")),
       td("Queue", { "data-field": "queued" }, p.queued),
       td("Last error", { class: "err", "data-field": "last-error" }, p.last_error || "-"),
-      td("Actions", { class: "actions" },
-        button("drain", "data-provider-id", p.id, "Drain"), " ",
-        button("disable", "data-provider-id", p.id, "Disable"), " ",
-        button("enable", "data-provider-id", p.id, "Enable")));
+      providerActions(p));
+  }
+
+  // The buttons the view offers in this state (view.py ACTIONS): never one for what is already so.
+  function providerActions(p) {
+    const cell = td("Actions", { class: "actions" });
+    for (const action of p.actions) {
+      cell.append(" ", button(action, "data-provider-id", p.id, action[0].toUpperCase() + action.slice(1)));
+    }
+    if (p.disabled_in_config) cell.append(el("small", null, "disabled in the config"));
+    return cell;
   }
 
   function nodeRow(n) {
@@ -75,11 +82,26 @@
       }, n.connected ? "connected" : "disconnected")),
       td("Since", { "data-field": "since" }, utcClock(n.connected_since)),
       td("Providers", null, n.providers.join(", ")),
-      td("Actions", { class: "actions" }, button("node-drain", "data-node-id", n.id, "Drain node")));
+      td("Actions", { class: "actions" },
+        n.drainable ? button("node-drain", "data-node-id", n.id, "Drain node") : null));
   }
 
   function groupRow(g) {
-    return el("tr", { "data-group": g.id }, el("td", null, g.id), el("td", { "data-field": "queued" }, g.queued));
+    const name = td("Model group", null, el("strong", null, g.id));
+    if (g.source !== "models") name.append(" ", el("small", null, g.source));
+    const providers = td("Providers", { "data-field": "providers" });
+    for (const gp of g.providers) {
+      const item = el("span", { class: "gp", "data-group-provider": gp.provider },
+        gp.provider + " → " + gp.served + " ",
+        el("span", { class: "badge health-" + gp.health }, gp.health));
+      if (gp.state !== "active") item.append(" ", el("span", { class: "badge state-" + gp.state }, gp.state));
+      providers.append(item);
+    }
+    if (g.providers.length === 0) providers.append("-");
+    return el("tr", { "data-group": g.id },
+      name, providers,
+      td("Routing", { "data-field": "routing" }, g.routing),
+      td("Waiting", { "data-field": "queued" }, g.queued));
   }
 
   function usageRow(u) {
@@ -180,9 +202,58 @@
     }
   }
 
-  document.addEventListener("click", (event) => {
+  // ------------------------------------------------------------ confirmation
+
+  // A drain changes where traffic goes until someone enables the provider again:
+  // it is asked for once more, in the page's own dialog (no window.confirm).
+  function confirmText(button) {
+    const action = button.dataset.action;
+    if (action === "drain") {
+      const id = button.dataset.providerId;
+      return {
+        title: "Drain provider " + id + "?",
+        detail: "It takes no new requests; the requests in flight finish. Enable turns it back on.",
+        ok: "Drain " + id,
+      };
+    }
+    if (action === "node-drain") {
+      const id = button.dataset.nodeId;
+      return {
+        title: "Drain every provider of node " + id + "?",
+        detail: "They take no new requests; the requests in flight finish. Enable turns each back on.",
+        ok: "Drain node " + id,
+      };
+    }
+    return null;
+  }
+
+  function confirmed(text) {
+    const dialog = $("confirm");
+    if (!dialog || !dialog.showModal) return Promise.resolve(true);
+    $("confirm-title").textContent = text.title;
+    $("confirm-detail").textContent = text.detail;
+    $("confirm-ok").textContent = text.ok;
+    return new Promise((resolve) => {
+      const done = (ok) => {
+        dialog.onclose = null;
+        $("confirm-ok").onclick = null;
+        $("confirm-cancel").onclick = null;
+        if (dialog.open) dialog.close();
+        resolve(ok);
+      };
+      $("confirm-ok").onclick = () => done(true);
+      $("confirm-cancel").onclick = () => done(false);
+      dialog.onclose = () => done(false); // Escape
+      dialog.showModal();
+    });
+  }
+
+  document.addEventListener("click", async (event) => {
     const target = event.target instanceof Element ? event.target.closest("button[data-action]") : null;
-    if (target) control(target);
+    if (!target) return;
+    const text = confirmText(target);
+    if (text && !(await confirmed(text))) return;
+    control(target);
   });
 
   // ------------------------------------------------------------ live
