@@ -168,8 +168,8 @@ def _workload(kind: str, args: argparse.Namespace) -> list[list[list[dict[str, s
                         {"role": "system", "content": _text(rng, args.system_tokens)},
                         {"role": "user", "content": _text(rng, args.turn_tokens)},
                     ]
+                    for _ in range(args.turns)
                 ]
-                for _ in range(args.turns)
             )
     return sessions
 
@@ -357,9 +357,13 @@ def main() -> None:
         for kind in args.workloads.split(","):
             for target in args.targets.split(","):
                 print(f"bench_routing: {kind} via {target} ...", file=sys.stderr, flush=True)
-                results.setdefault(kind, {})[target] = run_target(
-                    target, kind, server, model, args, Path(tmp)
-                ).summary()
+                summary = run_target(target, kind, server, model, args, Path(tmp)).summary()
+                print(f"  {json.dumps(summary)}", file=sys.stderr, flush=True)
+                by_target = results.setdefault(kind, {})
+                name = target  # a target named twice (interleaved runs): target-2, ...
+                while name in by_target:
+                    name = f"{target}-{len([k for k in by_target if k.startswith(target)]) + 1}"
+                by_target[name] = summary
     if args.json:
         print(json.dumps(results, indent=2))
         return
