@@ -27,7 +27,12 @@ def _yaml(urls: list[str], policy: str) -> str:
         http_provider(f"p{i}", "openai", url, models="[served]", capacity=1)
         for i, url in enumerate(urls)
     )
-    pool = "provider_pool:\n  routing: {block_bytes: 256, index_blocks: 64}\n"
+    # A slow prefill as the rule sees it: a session waits for its own provider
+    # rather than prefill elsewhere, whatever this machine's load makes of the timing.
+    pool = (
+        "provider_pool:\n  routing: {block_bytes: 256, index_blocks: 64, "
+        "prefill_tokens_per_second: 1}\n"
+    )
     names = ", ".join(f"p{i}: served" for i in range(len(urls)))
     return f"""
 edge:
@@ -50,14 +55,17 @@ def _text(rng: random.Random, n: int) -> str:
     return "".join(rng.choice("abcdefgh ") for _ in range(n))
 
 
-async def _session(gw: Gateway, s: int, systems: list[str], rng: random.Random) -> None:
-    messages = [{"role": "system", "content": systems[s % len(systems)]}]
-    for t in range(TURNS):
-        messages.append({"role": "user", "content": f"turn {t}: " + _text(rng, 600)})
-        body = {"model": "m", "messages": messages}
-        resp = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
-        assert resp.status == 200, resp.body
-        messages.append({"role": "assistant", "content": "ok"})
+async def _turn(gw: Gateway, messages: list[dict[str, str]], t: int, rng: random.Random) -> None:
+    messages.append({"role": "user", "content": f"turn {t}: " + _text(rng, 600)})
+    body = {"model": "m", "messages": messages}
+    resp = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
+    assert resp.status == 200, resp.body
+    messages.append({"role": "assistant", "content": "ok"})
+
+
+async def _session(gw: Gateway, messages: list[dict[str, str]], rng: random.Random) -> None:
+    for t in range(1, TURNS):
+        await _turn(gw, messages, t, rng)
 
 
 async def _run(policy: str) -> float:
@@ -72,9 +80,13 @@ async def _run(policy: str) -> float:
         async with running_gateway(_yaml([m.base_url for m in mocks], policy)) as gw:
             rng = random.Random(3)
             systems = [_text(rng, 3000) for _ in range(3)]
-            async with trio.open_nursery() as sessions:
+            histories = [[{"role": "system", "content": systems[s % 3]}] for s in range(SESSIONS)]
+            rngs = [random.Random(s) for s in range(SESSIONS)]
+            for s in range(SESSIONS):  # first turns one by one: their placement is the rule's
+                await _turn(gw, histories[s], 0, rngs[s])
+            async with trio.open_nursery() as sessions:  # the later turns all at once
                 for s in range(SESSIONS):
-                    sessions.start_soon(_session, gw, s, systems, random.Random(s))
+                    sessions.start_soon(_session, gw, histories[s], rngs[s])
             pool = gw.runtime.pool
             await wait_until(lambda: all(in_flight == 0 for in_flight in _in_flight(gw)))
             router = pool.scheduler.router
@@ -101,5 +113,5 @@ async def test_prefix_routing_keeps_each_sessions_turns_on_its_cache() -> None:
         prefix = await _run("prefix")
         least_load = await _run("least_load")
     print(f"cached fraction: prefix {prefix:.3f}, least_load {least_load:.3f}")
-    assert prefix >= 0.75
-    assert prefix >= least_load + 0.15
+    assert prefix >= 0.78  # the workload's most: every turn but the first cached, and the
+    assert prefix > least_load  # second session of each system prompt's first turn

@@ -36,7 +36,15 @@ from iopd.errors import NodeDispatchError
 from iopd.vocabulary import Health, ProviderType, types_meeting
 
 from .outliers import Attempt, EjectionPolicy, OutlierTracker
-from .routing import Pick, RouteAsk, Router, RoutingMode, RoutingPolicy, RoutingReason
+from .routing import (
+    Pick,
+    RouteAsk,
+    Router,
+    RoutingMode,
+    RoutingPolicy,
+    RoutingReason,
+    routing_changed,
+)
 
 __all__ = [
     "Candidates",
@@ -324,7 +332,7 @@ class CandidateIndex:
         """Swap the static config; the providers whose ejection the new policy ended."""
         old, self.snapshot = self.snapshot, snapshot
         self.router.set_policy(snapshot.routing)
-        for pid in _routing_changed(old, snapshot):  # drained, disabled, config changed
+        for pid in routing_changed(old, snapshot):  # drained, disabled, config changed
             self.router.index.drop(pid)
         for pid in [
             p
@@ -514,7 +522,12 @@ class CandidateIndex:
         group = self.snapshot.groups.get(key.group_id)
         route: RoutingReason = "load"
         matched = 0.0
-        routed = ask is not None and ask.wanted and group is not None and group.routing == "prefix"
+        routed = (
+            ask is not None
+            and group is not None
+            and group.routing == "prefix"
+            and ask.routable(key.group_id, self.router.policy)
+        )
         if ask is None or not routed:
             entry = self.select(key.group_id, cands, now)
         else:
@@ -578,23 +591,3 @@ class CandidateIndex:
             counters.long_in_flight -= 1
         return counters
 
-
-def _routing_changed(old: PoolSnapshot, new: PoolSnapshot) -> list[str]:
-    """Providers the prefix index forgets at a swap: gone, changed (a drain or
-    a disable turns ``enabled`` false) or serving another target."""
-
-    def targets(snap: PoolSnapshot) -> dict[str, set[tuple[str, str]]]:
-        out: dict[str, set[tuple[str, str]]] = {}
-        for gid, group in snap.groups.items():
-            for pid, target in group.providers:
-                out.setdefault(pid, set()).add((gid, target))
-        return out
-
-    if old is new:
-        return []
-    before, after = targets(old), targets(new)
-    return [
-        pid
-        for pid, slot in old.providers.items()
-        if new.providers.get(pid) != slot or before.get(pid) != after.get(pid)
-    ]

@@ -59,9 +59,12 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, get_args
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 from .prefix_index import PrefixIndex, block_chain
+
+if TYPE_CHECKING:
+    from .candidates import PoolSnapshot
 
 __all__ = [
     "MATCH_BUCKETS",
@@ -74,6 +77,7 @@ __all__ = [
     "RoutingReason",
     "SessionTable",
     "rendezvous_order",
+    "routing_changed",
     "session_digest",
 ]
 
@@ -171,10 +175,10 @@ class RouteAsk:
         self.counted = False
         self._chains: dict[str, tuple[int, ...]] = {}
 
-    @property
-    def wanted(self) -> bool:
-        """Whether there is anything to route by (else least load, at no cost)."""
-        return bool(self.prompt or self.session)
+    def routable(self, group_id: str, policy: RoutingPolicy) -> bool:
+        """Whether there is anything to route by: a session key or one whole block
+        (else the least-load rule, at no cost)."""
+        return bool(self.session) or len(self.prompt) >= policy.block_bytes
 
     def chain(self, group_id: str, policy: RoutingPolicy) -> tuple[int, ...]:
         """The prompt's block chain in ``group_id`` (computed once per group)."""
@@ -236,8 +240,10 @@ class Router:
         chain = ask.chain(group_id, policy)
         total = len(chain)
         homed = self.homed
+        own = ask.home if ask.counted else None  # a waiter's own wait is not load on it
         pressure = {
-            p.provider_id: (p.used + homed.get(p.provider_id, 0)) / p.capacity
+            p.provider_id: (p.used + homed.get(p.provider_id, 0) - (p.provider_id == own))
+            / p.capacity
             if p.capacity > 0
             else math.inf
             for p in picks
@@ -268,7 +274,9 @@ class Router:
             return target, reason, fraction
         # Prefill elsewhere only on a provider nobody waits for: another waiter's
         # home that frees is that waiter's to take.
-        idle = [p for p in picks if p.free and not homed.get(p.provider_id)]
+        idle = [
+            p for p in picks if p.free and homed.get(p.provider_id, 0) <= (p.provider_id == own)
+        ]
         alt = min(idle, key=lambda p: p.used / p.capacity).provider_id if idle else None
         if alt is None:
             self._rehome(ask, target)  # every provider full or awaited: wait, for the target
@@ -345,3 +353,24 @@ class Router:
             self.homed[provider_id] = left
         else:
             del self.homed[provider_id]
+
+
+def routing_changed(old: PoolSnapshot, new: PoolSnapshot) -> list[str]:
+    """Providers the prefix index forgets at a swap: gone, changed (a drain or
+    a disable turns ``enabled`` false) or serving another target."""
+
+    def targets(snap: PoolSnapshot) -> dict[str, set[tuple[str, str]]]:
+        out: dict[str, set[tuple[str, str]]] = {}
+        for gid, group in snap.groups.items():
+            for pid, target in group.providers:
+                out.setdefault(pid, set()).add((gid, target))
+        return out
+
+    if old is new:
+        return []
+    before, after = targets(old), targets(new)
+    return [
+        pid
+        for pid, slot in old.providers.items()
+        if new.providers.get(pid) != slot or before.get(pid) != after.get(pid)
+    ]
