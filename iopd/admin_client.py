@@ -129,6 +129,13 @@ def find_admin(
             f"edge.admin_listen in {config}",
             "is the edge running with that config? (`systemctl status iopd-edge`, or its log)",
         )
+    if os.path.exists(system_config):  # there, but this user may not read it
+        return AdminTarget(
+            DEFAULT_ADMIN,
+            "the default",
+            f"is the edge running? {system_config} names its admin API but cannot be read by "
+            f"this user: run as a member of its group (or with sudo), or give {WHERE_HINT}",
+        )
     return AdminTarget(
         DEFAULT_ADMIN,
         "the default",

@@ -135,8 +135,9 @@ UNMAPPED: Final = "unmapped"
 #: ``model_group`` of a request that did not resolve to a catalog id.
 UNKNOWN_GROUP: Final = "unknown"
 
-#: The metric ``endpoint`` of a request (every ``/api/*`` path is ``api``).
-Endpoint = Literal["chat_completions", "responses", "embeddings", "completions", "api"]
+#: The metric ``endpoint`` of a request (every ``/api/*`` path is ``api``;
+#: ``/v1/messages`` and its ``count_tokens`` are ``messages``).
+Endpoint = Literal["chat_completions", "responses", "embeddings", "completions", "api", "messages"]
 ENDPOINTS: Final = frozenset(get_args(Endpoint))
 #: The endpoints only a provider speaking that API serves: always a raw relay
 #: (``response_mode`` ``passthrough``, whatever else the group holds).

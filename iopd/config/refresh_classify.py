@@ -42,6 +42,8 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "strict_output_instruction",
         "forward_headers",
         "cors_allow_origins",
+        "unsupported_tools",
+        "session_header",
     }
 )
 #: Top-level sections a refresh applies live as a whole; a change needs no entry in the report.

@@ -109,6 +109,12 @@ class OpenAISection(_Section):
     provider_auth: ProviderAuth = msgspec.field(default_factory=ProviderAuth)
     #: Caller headers forwarded to passthrough providers beyond the built-in allow-list.
     forward_headers: list[str] = msgspec.field(default_factory=list)
+    #: Responses tools a normalized provider cannot run (``web_search``...):
+    #: ``drop`` runs the request without them (named in a response header),
+    #: ``reject`` answers 400.
+    unsupported_tools: Literal["drop", "reject"] = "drop"
+    #: A caller header that names the request's session (beside the agents' own).
+    session_header: str | None = None
     #: Browser origins (``scheme://host[:port]`` or ``*``) allowed by CORS; empty = off.
     cors_allow_origins: list[str] = msgspec.field(default_factory=list)
     long_context_threshold_tokens: int = 100000
@@ -217,6 +223,9 @@ class ProviderConfig(_Section):
     models: list[str] = msgspec.field(default_factory=list)
     base_url: str | None = None
     api_key: str | None = None  # sent as Bearer to the provider; use ${NAME}
+    #: ``openai``: the server speaks Anthropic's Messages API itself, so
+    #: ``/v1/messages`` is relayed to it raw (edge-only: not pushed to the node).
+    anthropic_messages: bool = False
     capacity: int = 1
     long_context_capacity: int = 0
     priority: int = 0

@@ -127,6 +127,11 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
             problem = base_url_problem(p.type, p.base_url)
             if problem is not None:
                 err.add(f"{path}.base_url", problem)
+    if p.anthropic_messages and p.type != "openai":
+        err.add(
+            f"{path}.anthropic_messages",
+            f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
+        )
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
@@ -412,6 +417,21 @@ def _check_openai_listener(err: Errors, cfg: EdgeConfig) -> None:
         value = getattr(o.provider_auth, name)
         if not _HEADER_NAME.match(value):
             err.add(f"openai.provider_auth.{name}", "must be a valid HTTP header name")
+
+    if o.session_header is not None:
+        reason = forbidden_reason(o.session_header)
+        if not _HEADER_NAME.match(o.session_header):
+            err.add("openai.session_header", "must be a valid HTTP header name")
+        elif reason is not None or o.session_header.lower() in (
+            o.provider_auth.header.lower(),
+            "x-api-key",
+            "api-key",
+        ):
+            err.add(
+                "openai.session_header",
+                f"{o.session_header!r} carries a credential or routing, never a session: "
+                + (reason or "it is a credential header"),
+            )
 
     for i, name in enumerate(o.forward_headers):
         hpath = f"openai.forward_headers[{i}]"

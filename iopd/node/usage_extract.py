@@ -18,6 +18,10 @@ Shapes understood:
 * Responses ``usage``: ``input_tokens``, ``output_tokens``,
   ``output_tokens_details.reasoning_tokens``, ``input_tokens_details.cached_tokens``;
   in streams it sits in the ``response.completed`` event's ``response.usage``;
+* Anthropic Messages ``usage``: ``input_tokens`` plus the cache's
+  ``cache_read_input_tokens`` (the cached input) and
+  ``cache_creation_input_tokens``, ``output_tokens``; in streams the input in
+  ``message_start``'s ``message.usage``, the output in ``message_delta``;
 * Ollama (NDJSON or single JSON): ``prompt_eval_count`` / ``eval_count`` of the
   object with ``done: true``.
 """
@@ -78,6 +82,14 @@ def usage_from_openai(obj: Any) -> Usage | None:
         usage.reasoning_tokens = _int(out_details.get("reasoning_tokens"))
     if isinstance(in_details, dict):
         usage.cached_input_tokens = _int(in_details.get("cached_tokens"))
+    cache_read = _int(obj.get("cache_read_input_tokens"))
+    if cache_read is not None or "cache_creation_input_tokens" in obj:
+        # Anthropic's: input_tokens leaves out the cache's reads and writes;
+        # the input counted here holds them (as chat's prompt_tokens does).
+        written = _int(obj.get("cache_creation_input_tokens")) or 0
+        if usage.input_tokens is not None:
+            usage.input_tokens += (cache_read or 0) + written
+        usage.cached_input_tokens = cache_read
     return usage
 
 
@@ -103,6 +115,9 @@ def _usage_in_openai_document(doc: Any) -> Usage | None:
     response = doc.get("response")  # responses stream: response.completed etc.
     if isinstance(response, dict):
         return usage_from_openai(response.get("usage"))
+    message = doc.get("message")  # Anthropic's message_start
+    if isinstance(message, dict):
+        return usage_from_openai(message.get("usage"))
     return None
 
 
@@ -191,6 +206,12 @@ class BodyUsageScanner:
             usage = _usage_in_openai_document(doc)
             self.reasoning_chars += _reasoning_chars_openai(doc)
         if usage is not None:
+            previous = self.usage
+            if usage.input_tokens is None and previous is not None:
+                # Anthropic's message_delta counts the output only: the input
+                # stays the one message_start gave.
+                usage.input_tokens = previous.input_tokens
+                usage.cached_input_tokens = previous.cached_input_tokens
             self.usage = usage
 
 

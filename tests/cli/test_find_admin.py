@@ -141,6 +141,21 @@ async def test_nobody_listening_names_what_to_try(tmp_path: Path) -> None:
     )
 
 
+def test_an_unreadable_system_config_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    system = _config(tmp_path, "127.0.0.1:7004", "system.yaml")
+    # As an operator outside the iopd group sees /etc/iopd/edge.yaml (mode 0640).
+    monkeypatch.setattr("iopd.admin_client.os.access", lambda path, mode: False)
+    target = find_admin(None, None, {}, system_config=system)
+    assert (target.url, target.source) == (DEFAULT_ADMIN, "the default")
+    assert target.hint == (
+        f"is the edge running? {system} names its admin API but cannot be read by this user: "
+        "run as a member of its group (or with sudo), or give --config EDGE_CONFIG, "
+        "--admin URL or IOP_ADMIN_URL"
+    )
+
+
 def test_the_default_says_how_to_point_elsewhere() -> None:
     target = find_admin(None, None, {}, system_config="/nonexistent/edge.yaml")
     assert target.hint == (

@@ -161,6 +161,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         "nodes[1].providers[0].delay_ms: must be >= 0 (got -5)",
     ),
     (
+        "anthropic_messages only on an openai provider",
+        lambda d: prov(d, 1, 0).update(anthropic_messages=True),
+        "nodes[1].providers[0].anthropic_messages: only a type 'openai' provider relays "
+        "the Messages API (this one is 'echo')",
+    ),
+    (
         "drain_timeout > 0",
         set_in(["edge", "drain_timeout"], 0),
         "edge.drain_timeout: must be > 0 (got 0.0)",
@@ -396,6 +402,22 @@ CASES: list[tuple[str, Mutation, str]] = [
         "provider_auth header name",
         set_in(["openai", "provider_auth", "header"], "bad header"),
         "openai.provider_auth.header: must be a valid HTTP header name",
+    ),
+    (
+        "session header name",
+        set_in(["openai", "session_header"], "bad header"),
+        "openai.session_header: must be a valid HTTP header name",
+    ),
+    (
+        "session header a credential",
+        set_in(["openai", "session_header"], "X-Api-Key"),
+        "openai.session_header: 'X-Api-Key' carries a credential or routing, never a session: "
+        "it is a credential header",
+    ),
+    (
+        "unsupported tools policy",
+        set_in(["openai", "unsupported_tools"], "ignore"),
+        "openai.unsupported_tools: must be one of 'drop', 'reject' (got 'ignore')",
     ),
     # --- legacy routes
     (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from iopd.node.usage_extract import NdjsonUsageScanner, SseUsageScanner
+from iopd.node.usage_extract import NdjsonUsageScanner, SseUsageScanner, scanner_for
 
 
 def _sse(doc: dict[str, object]) -> bytes:
@@ -92,3 +92,41 @@ def test_content_before_the_usage_in_one_piece_is_not_split_into_lines() -> None
     assert scanner.usage is not None and scanner.usage.output_tokens == 7
     # The usage line and what follows it; none of the 30 content lines.
     assert scanner.lines <= 4, scanner.lines
+
+
+def test_anthropic_stream_input_from_message_start_output_from_message_delta() -> None:
+    start = {
+        "type": "message_start",
+        "message": {
+            "id": "msg_1",
+            "usage": {"input_tokens": 10, "output_tokens": 1, "cache_read_input_tokens": 4},
+        },
+    }
+    text = {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "x"}}
+    delta = {"type": "message_delta", "delta": {}, "usage": {"output_tokens": 9}}
+    body = b"event: message_start\n" + _sse(start) + _sse(text) * 3 + _sse(delta)
+    scanner = SseUsageScanner()
+    scanner.feed(body)
+    scanner.finish()
+    usage = scanner.usage
+    assert usage is not None
+    # the input holds the cache reads, as chat's prompt_tokens does
+    assert (usage.input_tokens, usage.cached_input_tokens, usage.output_tokens) == (14, 4, 9)
+
+
+def test_anthropic_whole_message_usage() -> None:
+    scanner = scanner_for("application/json")
+    body = {
+        "type": "message",
+        "usage": {
+            "input_tokens": 5,
+            "output_tokens": 2,
+            "cache_read_input_tokens": 3,
+            "cache_creation_input_tokens": 1,
+        },
+    }
+    scanner.feed(json.dumps(body).encode())
+    scanner.finish()
+    assert scanner.usage is not None
+    assert (scanner.usage.input_tokens, scanner.usage.cached_input_tokens) == (9, 3)
+    assert scanner.usage.output_tokens == 2

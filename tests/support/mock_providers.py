@@ -121,6 +121,7 @@ class MockReply:
     drop_after: bool = False  # close the connection after the reply, without saying so
     reset: bool = False  # reset the connection instead of answering
     reset_after_chunks: bool = False  # stream ``chunks``, then reset the connection
+    end_delay: float = 0.0  # seconds between the last chunk and the body's end
 
 
 def _json_reply(obj: Any, status: int = 200) -> MockReply:
@@ -352,6 +353,8 @@ class MockHTTPServer:
             if reply.reset_after_chunks:
                 _reset(stream)
                 raise trio.BrokenResourceError("mock: reset")
+            if reply.end_delay:
+                await trio.sleep(reply.end_delay)
         await stream.send_all(conn.send(h11.EndOfMessage()))
 
 
@@ -558,6 +561,9 @@ class MockOllamaServer(MockHTTPServer):
             return self._show(req.json() or {})
         if req.method == "POST" and req.path == "/api/embed":
             return self._embed(req.json() or {})
+        if req.method == "POST" and req.path == "/api/embeddings":  # the legacy route
+            prompt = (req.json() or {}).get("prompt")
+            return _json_reply({"embedding": [0.5, float(len(str(prompt)))]})
         return _json_reply({"error": f"no route {req.path}"}, 404)
 
     def _show(self, body: dict[str, Any]) -> MockReply:
@@ -644,3 +650,88 @@ class MockOllamaServer(MockHTTPServer):
             headers=[("content-type", "application/x-ndjson")],
             chunks=[json.dumps(obj).encode() + b"\n" for obj in lines],
         )
+
+
+def anthropic_event(obj: dict[str, Any]) -> bytes:
+    """One Anthropic SSE event (``event:`` named by the object's ``type``)."""
+    return f"event: {obj['type']}\n".encode() + sse(obj)
+
+
+class MockMessagesServer(MockOpenAIServer):
+    """An OpenAI-compatible server that also speaks Anthropic's Messages API
+    (``/v1/messages``, ``/v1/messages/count_tokens``), as vLLM, SGLang,
+    llama.cpp and Ollama do: ``reply_text``, then ``tool_uses``, streamed when asked."""
+
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        super().__init__(ssl_context=ssl_context)
+        self.tool_uses: list[dict[str, Any]] = []  # [{id, name, input(dict)}]
+        self.input_tokens = 17
+        self.output_tokens = 9
+        self.cache_read = 4
+
+    def route(self, req: RecordedRequest) -> MockReply:
+        if req.method == "POST" and req.path == "/v1/messages/count_tokens":
+            return _json_reply({"input_tokens": 42})
+        if req.method == "POST" and req.path == "/v1/messages":
+            return self._messages(req.json() or {})
+        return super().route(req)
+
+    def _usage(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "cache_read_input_tokens": self.cache_read,
+            "cache_creation_input_tokens": 0,
+        }
+
+    def _messages(self, body: dict[str, Any]) -> MockReply:
+        content: list[dict[str, Any]] = [{"type": "text", "text": self.reply_text}]
+        content += [{"type": "tool_use", **tu} for tu in self.tool_uses]
+        stop = "tool_use" if self.tool_uses else "end_turn"
+        message = {
+            "id": "msg_mock",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", ""),
+            "content": content,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": self._usage(),
+        }
+        if not body.get("stream"):
+            return _json_reply(message)
+        start = {**message, "content": [], "stop_reason": None, "usage": {**self._usage(), "output_tokens": 1}}
+        events = [anthropic_event({"type": "message_start", "message": start})]
+        events.append(anthropic_event({"type": "ping"}))
+        events.append(
+            anthropic_event(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            )
+        )
+        for word in _words(self.reply_text):
+            delta = {"type": "text_delta", "text": word}
+            events.append(anthropic_event({"type": "content_block_delta", "index": 0, "delta": delta}))
+        events.append(anthropic_event({"type": "content_block_stop", "index": 0}))
+        for i, tu in enumerate(self.tool_uses, start=1):
+            block = {"type": "tool_use", "id": tu["id"], "name": tu["name"], "input": {}}
+            events.append(
+                anthropic_event({"type": "content_block_start", "index": i, "content_block": block})
+            )
+            args = json.dumps(tu["input"])
+            for part in (args[: len(args) // 2], args[len(args) // 2 :]):
+                delta = {"type": "input_json_delta", "partial_json": part}
+                events.append(
+                    anthropic_event({"type": "content_block_delta", "index": i, "delta": delta})
+                )
+            events.append(anthropic_event({"type": "content_block_stop", "index": i}))
+        events.append(
+            anthropic_event(
+                {
+                    "type": "message_delta",
+                    "delta": {"stop_reason": stop, "stop_sequence": None},
+                    "usage": {"output_tokens": self.output_tokens},
+                }
+            )
+        )
+        events.append(anthropic_event({"type": "message_stop"}))
+        return MockReply(headers=[("content-type", "text/event-stream")], chunks=events)

@@ -140,3 +140,36 @@ async def test_a_failed_sighup_logs_each_reason_with_what_to_do(tmp_path: Path) 
                     "reload to apply the rest, or restart the edge"
                 )
             nursery.cancel_scope.cancel()
+
+
+async def test_systemctl_status_says_the_last_reload_failed(tmp_path: Path) -> None:
+    """The unit's status text (``systemctl status``) after a failed reload names the reason."""
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
+    await sock.bind(path)
+
+    async def next_states() -> list[str]:
+        return (await sock.recv(4096)).decode().split("\n")
+
+    edge_cfg = tmp_path / "edge.yaml"
+    good = edge_yaml()
+    edge_cfg.write_text(good)
+    with sock, trio.fail_after(GUARD):
+        async with trio.open_nursery() as nursery:
+            async with run_daemon(nursery, "edge", "edge", edge_cfg, notify_socket=path) as edge:
+                assert "READY=1" in await next_states()
+                await edge.wait_event("edge_started")
+                edge_cfg.write_text(good.replace("max_queue: 8", "max_queue: -1"))
+                edge.proc.send_signal(signal.SIGHUP)
+                assert "RELOADING=1" in await next_states()
+                after = await next_states()
+                assert "READY=1" in after
+                assert (
+                    "STATUS=serving the previous config; the last reload failed: "
+                    "provider_pool.max_queue: must be >= 0 (got -1)"
+                ) in after
+                edge_cfg.write_text(good)
+                edge.proc.send_signal(signal.SIGHUP)
+                assert "RELOADING=1" in await next_states()
+                assert "STATUS=serving" in await next_states()  # fixed: the text says so
+            nursery.cancel_scope.cancel()

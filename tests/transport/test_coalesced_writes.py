@@ -18,9 +18,8 @@ import trio.testing
 
 from iopd.http.server import Request, Responder
 from iopd.node.executor import NodeExecutor
-from iopd.node.stream_out import LinkSender
 from iopd.node.registry import AdapterRegistry
-from iopd.node.stream_out import MAX_HELD_BODY_BYTES
+from iopd.node.stream_out import MAX_HELD_BODY_BYTES, LinkSender
 from iopd.transport.channel import WireChannel
 from tests.support.http_server import connect, get, running
 from tests.support.node_parts import _ReplyAdapter

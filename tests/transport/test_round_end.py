@@ -22,8 +22,8 @@ import trio.testing
 
 import iopd.transport.channel as channel_mod
 from iopd.node.executor import NodeExecutor
-from iopd.node.stream_out import LinkSender
 from iopd.node.registry import AdapterRegistry
+from iopd.node.stream_out import LinkSender
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.round_end import call_at_round_end
 from tests.support.node_parts import _ReplyAdapter

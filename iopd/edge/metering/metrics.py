@@ -84,6 +84,24 @@ ATTEMPT_FAILURE_REASONS: Final = frozenset(r.value for r in FailureReason)
 #: ``iop_http_requests_rejected_total{status}``: what the OpenAI listener answers
 #: before there is an endpoint (any other status is counted as ``other``).
 REJECTED_STATUSES: Final = frozenset({"400", "404", "405", "408", "413", "431", "501", "503"})
+#: ``tool_type`` labels of ``iop_openai_dropped_tools_total`` (the Responses
+#: built-in tools); any other type a caller sends is counted as ``other``.
+DROPPED_TOOL_TYPES: Final = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "file_search",
+        "computer_use",
+        "computer_use_preview",
+        "image_generation",
+        "code_interpreter",
+        "local_shell",
+        "shell",
+        "apply_patch",
+        "mcp",
+        "tool_search",
+    }
+)
 # Seconds.  LLM requests run from milliseconds (echo, errors) to minutes.
 _REQUEST_BUCKETS: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _WAIT_BUCKETS: Final = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -245,6 +263,13 @@ class GatewayMetrics:
             "Runtime controls applied through the admin API (drain, disable, enable, "
             "override, reset, node_drain).",
             ("edge_id", "action"),
+            registry=r,
+        )
+        self._dropped_tools = Counter(
+            "iop_openai_dropped_tools",
+            "Responses tools a normalized provider cannot run, dropped from requests "
+            "(openai.unsupported_tools: drop), by tool type.",
+            ("edge_id", "model_group", "tool_type"),
             registry=r,
         )
         self._status = StatusCollector(edge_id, self._principal_ref_allowed)
@@ -460,6 +485,13 @@ class GatewayMetrics:
         if n < 0:
             raise ValueError("n must be >= 0")
         self._child(self._wire_frames, (self.edge_id, direction)).inc(n)
+
+    def count_dropped_tool(self, group: str, tool_type: str) -> None:
+        """A tool of ``tool_type`` dropped from a request of ``group`` (a type
+        outside :data:`DROPPED_TOOL_TYPES` counts as ``other``)."""
+        self._check_group(group)
+        label = tool_type if tool_type in DROPPED_TOOL_TYPES else "other"
+        self._child(self._dropped_tools, (self.edge_id, group, label)).inc()
 
     def count_http_rejected(self, status: int) -> None:
         """A request answered ``status`` before routing (see :data:`REJECTED_STATUSES`)."""

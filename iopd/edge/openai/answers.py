@@ -40,7 +40,7 @@ MODEL_PREFIX = "/v1/models/"
 
 
 async def _answer(call: Call, responder: Responder, body: bytes) -> None:
-    call.out.status = "ok"
+    call.out.answered(200)
     await responder.send(200, list(_JSON_HEADERS), body)
 
 

@@ -29,9 +29,10 @@ import trio
 from iopd import errors
 from iopd.edge.openai import answers, limits
 from iopd.edge.openai.answers import MODEL_PREFIX
+from iopd.edge.openai.anthropic_api import handler
 from iopd.edge.openai.incoming import cors
 from iopd.edge.openai.incoming import requests as rq
-from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish
+from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish, log_request
 from iopd.edge.openai.normalized import (
     chat_once,
     chat_stream,
@@ -45,6 +46,7 @@ from iopd.edge.openai.outgoing.error_envelope import (
     ShapedRefusal,
     render_error,
 )
+from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
 from iopd.edge.openai.prepare import Body, LeasedRequest, prepare
 from iopd.edge.openai.relay import relay
 from iopd.edge.openai.routes import GET, POST, Host, Route, Serves
@@ -123,9 +125,21 @@ ROUTES: dict[str, Route] = {
     ),
     "/v1/embeddings": Route(POST, "embeddings", _RELAYED_OPENAI),
     "/v1/completions": Route(POST, "completions", _RELAYED_OPENAI),
+    "/v1/messages": Route(
+        POST, "messages", handler.serve, errors=ANTHROPIC_ERRORS, auth=handler.api_key
+    ),
+    "/v1/messages/count_tokens": Route(
+        POST,
+        "messages",
+        handler.count_tokens,
+        errors=ANTHROPIC_ERRORS,
+        auth=handler.api_key,
+    ),
     "/api/chat": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/generate": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/embed": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
+    # Ollama's legacy embeddings route, relayed as /api/embed is.
+    "/api/embeddings": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/show": Route(POST, "api", _RELAYED_OLLAMA, errors=OLLAMA_ERRORS),
     "/api/tags": Route(GET, "api", answers.ollama_tags, errors=OLLAMA_ERRORS),
     "/api/ps": Route(GET, "api", answers.ollama_ps, errors=OLLAMA_ERRORS),
@@ -135,6 +149,10 @@ ROUTES: dict[str, Route] = {
 _MODEL_ROUTE = Route(GET, None, answers.model)
 #: An unknown ``/api/*`` path: still an Ollama caller (its 404 in Ollama's shape).
 _UNKNOWN_OLLAMA = Route(frozenset(), "api", answers.not_found, errors=OLLAMA_ERRORS)
+#: An unknown ``/v1/messages/*`` path: an Anthropic client (its 404 in Anthropic's shape).
+_UNKNOWN_MESSAGES = Route(
+    frozenset(), "messages", answers.not_found, errors=ANTHROPIC_ERRORS, auth=handler.api_key
+)
 
 
 def _model_id_path(path: str) -> bool:
@@ -151,6 +169,8 @@ def route_for(path: str) -> Route | None:
             return _MODEL_ROUTE if _model_id_path(path) else None
         if path.startswith("/api/"):
             return _UNKNOWN_OLLAMA
+        if path.startswith("/v1/messages/"):
+            return _UNKNOWN_MESSAGES
     return route
 
 
@@ -219,10 +239,11 @@ class OpenAIApp:
         with its endpoint in ``iop_openai_requests_total``, 404/405 by status),
         then raised for the server to answer from the head and close.
         """
-        out = Outcome(request_id=self.ids.new("req"))
+        out = Outcome(request_id=self.ids.new("req"), path=path)
         snap = self.rt.snapshot  # this request's snapshot, kept until it ends
         route = ROUTES.get(path) or route_for(path)
-        cors_headers: list[tuple[str, str]] | None = None
+        # On every response to the request: the id of its log line.
+        response_headers = [("x-request-id", out.request_id)]
         if snap.cors_origins:  # CORS on: only then is the Origin looked at
             origin = cors.allowed_origin(snap.cors_origins, headers)
             if origin is not None:
@@ -231,21 +252,20 @@ class OpenAIApp:
                     answer = cors.preflight_headers(origin, route.methods, headers)
                     if answer is not None:
                         # Answered 204 by the handler; the Responder adds ``answer``.
-                        return Admission(snap, out, route, response_headers=answer)
-                cors_headers = cors.response_headers(origin)
+                        response_headers += answer
+                        return Admission(snap, out, route, response_headers=response_headers)
+                response_headers += cors.response_headers(origin)
         try:
             _admit(snap, route, method, path, headers, out)
         except errors.GatewayError as exc:
             out.failed(exc)
             out.http_status = exc.status
-            exc.headers.append(("x-request-id", out.request_id))
-            if cors_headers:
-                exc.headers += cors_headers
+            exc.headers += response_headers
             finish(self.rt.metrics, out, self.rt.activity)
             if route is not None and route.errors is not OPENAI_ERRORS:
                 raise ShapedRefusal(exc, route.errors) from None
             raise
-        return Admission(snap, out, route, response_headers=cors_headers)
+        return Admission(snap, out, route, response_headers=response_headers)
 
     def layer_refused(self, status: int, exc: errors.GatewayError, context: object) -> None:
         """The HTTP layer answered ``status`` itself (its ``on_reject``).
@@ -253,15 +273,21 @@ class OpenAIApp:
         A 503 ``overloaded`` of an admitted request counts like a queue refusal:
         with its endpoint and principal.  Everything else the layer refuses
         (malformed HTTP, size and time limits) is counted by status, as before
-        there was a head hook.
+        there was a head hook; one of an admitted request (a 413, a 408) also
+        gets its request line, with the principal the head hook found.
         """
-        if isinstance(exc, errors.Overloaded) and isinstance(context, Admission):
-            out = context.out
-            out.failed(exc)
-            out.http_status = status
+        if not isinstance(context, Admission):
+            self.rt.metrics.count_http_rejected(status)
+            return
+        out = context.out
+        out.failed(exc)
+        out.http_status = status
+        if isinstance(exc, errors.Overloaded):
             finish(self.rt.metrics, out, self.rt.activity)
         else:
             self.rt.metrics.count_http_rejected(status)
+            if not out.quiet:
+                log_request(out)
 
     async def __call__(self, request: Request, responder: Responder) -> None:
         admission = request.context
@@ -284,7 +310,13 @@ class OpenAIApp:
                 if self._cut:  # its body was still arriving at the drain deadline
                     scope.cancel()
                 try:
-                    await self._serve(admission, call, request, responder)
+                    route = admission.route
+                    if route is None or request.method == "OPTIONS":
+                        # Only a CORS preflight passes check_head without a handler.
+                        out.answered(204)
+                        await responder.send(204, [], b"")
+                    else:  # its route's handler (found once, by the head hook)
+                        await route.handler(self, call, request, responder)
                 finally:
                     self._active.discard(scope)
             if scope.cancelled_caught:
@@ -308,17 +340,6 @@ class OpenAIApp:
             if call is not None and call.admission is not None:
                 await limits.settle(self.rt, call)
             finish(self.rt.metrics, out, self.rt.activity)
-
-    async def _serve(
-        self, admission: Admission, call: Call, request: Request, responder: Responder
-    ) -> None:
-        """Serve a request :meth:`check_head` admitted: its route's handler."""
-        route = admission.route
-        if request.method == "OPTIONS" or route is None:  # only a CORS preflight passes check_head
-            call.out.status = "ok"
-            await responder.send(204, [], b"")
-        else:
-            await route.handler(self, call, request, responder)
 
 
 def _admit(

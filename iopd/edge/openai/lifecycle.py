@@ -32,6 +32,7 @@ from iopd import errors
 from iopd.edge.metering.activity import ActivityRecorder
 from iopd.edge.metering.metrics import GatewayMetrics, RequestLabels
 from iopd.edge.metering.usage import UsageItem, run_event_usage
+from iopd.edge.openai.incoming.session_key import session_digest
 from iopd.edge.openai.outgoing.chat import CompletionAssembler, add_usage
 from iopd.edge.openai.outgoing.error_envelope import OPENAI_ERRORS, Shaped, render_error
 from iopd.edge.principals.authenticator import Principal
@@ -61,6 +62,7 @@ __all__ = [
     "RequestIds",
     "fail",
     "finish",
+    "log_request",
     "note_run_usage",
     "total_usage",
 ]
@@ -72,6 +74,9 @@ log = logging.getLogger("iopd.edge.request")
 # (``iopd.vocabulary``), re-exported for the surface's modules.
 
 # ------------------------------------------------------------------ record
+
+#: At most this many characters of a request's path go to its log line.
+MAX_LOGGED_PATH = 200
 
 #: How long an SSE stream that already started gets to take its error event.
 ERROR_EVENT_GRACE = 2.0
@@ -100,6 +105,10 @@ class Outcome:
     #: The error the request ended with (``fail``), for the console's recent errors.
     error_code: str = ""
     error_message: str = ""
+    #: The request's session key (``incoming.session_key``), bounded; None when it names none.
+    session: str | None = None
+    #: The request's path, as the caller sent it (its log line quotes it).
+    path: str = ""
 
     def failed(self, exc: errors.GatewayError) -> None:
         """The request ends with ``exc``: its metric status, error code and message."""
@@ -152,7 +161,14 @@ class Call:
     """
 
     __slots__ = (
-        "snap", "out", "scope", "deadline", "sse_open", "admission", "leased", "input_estimate"
+        "snap",
+        "out",
+        "scope",
+        "deadline",
+        "sse_open",
+        "admission",
+        "leased",
+        "input_estimate",
     )
 
     def __init__(self, snap: Snapshot, out: Outcome, scope: trio.CancelScope) -> None:
@@ -240,9 +256,7 @@ async def fail(
         raise AbortConnection(exc.message)
 
 
-def finish(
-    metrics: GatewayMetrics, out: Outcome, activity: ActivityRecorder | None = None
-) -> None:
+def finish(metrics: GatewayMetrics, out: Outcome, activity: ActivityRecorder | None = None) -> None:
     """Count the request once (``iop_openai_requests_total`` etc.) and log its line.
 
     ``activity``: the edge's recent usage and errors (the web console), noted
@@ -269,30 +283,49 @@ def finish(
         return  # /healthz: load balancers poll it; no line per probe
     elif out.http_status in (404, 405):  # an unknown route, or a wrong method
         metrics.count_http_rejected(out.http_status)
+    log_request(out, status, duration)
+
+
+def log_request(out: Outcome, status: Status | None = None, duration: float | None = None) -> None:
+    """The request's one ``event=request`` line (``status``/``duration``: as
+    :func:`finish` found them, else from ``out`` and now).
+
+    ``path`` is the caller's, bounded (the HTTP parser lets only visible
+    ASCII into a request target: one token, never a second line); the
+    principal is its alias or kind, never a token.
+    """
+    if duration is None:
+        duration = time.perf_counter() - out.started
+    p = out.principal
     tokens = {"input": 0, "output": 0}
     for _src, ttype, n in out.usage:
         if ttype in tokens:
             tokens[ttype] += n
     log.info(
         "event=request request_id=%s principal=%s group=%s provider=%s endpoint=%s "
-        "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d",
+        "mode=%s status=%s http_status=%d duration_ms=%.1f input_tokens=%d output_tokens=%d "
+        "session=%s path=%s",
         out.request_id,
-        (p.alias or p.principal_ref) if p and p.source == "principal_token" else (
-            p.source if p else "-"
-        ),
+        (p.alias or p.principal_ref)
+        if p and p.source == "principal_token"
+        else (p.source if p else "-"),
         out.group,
         out.provider,
         out.endpoint or "-",
         out.mode,
-        status,
+        status or out.status or "cancelled",
         out.http_status,
         duration * 1000,
         tokens["input"],
         tokens["output"],
+        session_digest(out.session),
+        out.path[:MAX_LOGGED_PATH] or "-",
     )
 
 
-def _note_activity(activity: ActivityRecorder, out: Outcome, principal: str, status: Status) -> None:
+def _note_activity(
+    activity: ActivityRecorder, out: Outcome, principal: str, status: Status
+) -> None:
     """The request in the console's recent activity: its tokens, and its error if it failed."""
     tokens = sum(n for _src, ttype, n in out.usage if ttype in ("input", "output"))
     activity.note(

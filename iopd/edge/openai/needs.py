@@ -17,14 +17,15 @@ from iopd import errors
 from iopd.config.catalog import GroupSpec
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
+from iopd.edge.openai.incoming.responses_tools import dropped_header, unsupported_refusal
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES
 from iopd.edge.openai.outgoing.responses import responses_input_to_messages
-from iopd.edge.runtime.edge_runtime import Snapshot
-from iopd.http.server import Request
+from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
+from iopd.http.server import HeadContext, Request
 from iopd.tokens import estimate_input_tokens
 from iopd.vocabulary import ContextClass
 
-__all__ = ["Needs", "all_passthrough", "ollama_needs", "openai_needs", "relayed_needs"]
+__all__ = ["Needs", "all_passthrough", "announce_dropped_tools", "ollama_needs", "openai_needs", "relayed_needs"]
 
 _NO_REQUIREMENT: frozenset[str] = frozenset()
 _NEEDS_PASSTHROUGH = frozenset({"passthrough"})
@@ -39,6 +40,8 @@ class Needs(NamedTuple):
     messages: list[JSONObject]
     estimate: int
     context_class: ContextClass
+    #: Responses tool types the normalized path runs without (``openai.unsupported_tools``).
+    dropped_tools: tuple[str, ...] = ()
 
 
 def openai_needs(
@@ -53,6 +56,7 @@ def openai_needs(
     provider_auth = _provider_auth(snap, request, group.id)
     requires = _NO_REQUIREMENT
     _check_workspace(snap, group, body.workspace)
+    dropped: tuple[str, ...] = ()
     if isinstance(body, rq.ResponsesRequest):
         messages: list[JSONObject] = []
         if not relay_only:
@@ -60,6 +64,8 @@ def openai_needs(
                 messages = responses_input_to_messages(body.raw)
             except errors.InvalidRequest as exc:
                 requires = _passthrough_or_refuse(snap, group, exc)
+            else:
+                requires, dropped = _unsupported_tools(snap, group, body)
         estimate = estimate_input_tokens(messages) if messages else _estimate_raw_input(body.raw)
     else:
         if body.n > rq.MAX_NORMALIZED_CHOICES and not relay_only:
@@ -74,25 +80,61 @@ def openai_needs(
             )
         messages = body.messages
         estimate = estimate_input_tokens(messages)
-    return Needs(requires, provider_auth, messages, estimate, _context_class(snap, estimate))
+    return Needs(
+        requires, provider_auth, messages, estimate, _context_class(snap, estimate), dropped
+    )
+
+
+def _unsupported_tools(
+    snap: Snapshot, group: GroupSpec, body: rq.ResponsesRequest
+) -> tuple[frozenset[str], tuple[str, ...]]:
+    """Tools no normalized provider runs (``web_search``...): a passthrough
+    provider of the group takes the request; without one, ``drop`` runs it
+    without them (their types returned) and ``reject`` refuses it (as is a
+    malformed custom or namespace tool, under either policy)."""
+    refusal = unsupported_refusal(body.tool_plan)
+    if refusal is None:
+        return _NO_REQUIREMENT, ()
+    plan, policy = body.tool_plan, snap.config.openai.unsupported_tools
+    if plan.problem is not None or policy == "reject" or snap.catalog.has_type(group.id, "openai"):
+        return _passthrough_or_refuse(snap, group, refusal), ()
+    return _NO_REQUIREMENT, tuple(body.tool_plan.dropped_types)
+
+
+def announce_dropped_tools(
+    rt: EdgeRuntime, request: Request, group_id: str, dropped: tuple[str, ...]
+) -> None:
+    """The tools a normalized request runs without: named on every response
+    to it (``X-Iopd-Dropped-Tools``) and counted."""
+    context = request.context
+    if isinstance(context, HeadContext):
+        context.response_headers.append(dropped_header(dropped))
+    for kind in dropped:
+        rt.metrics.count_dropped_tool(group_id, kind)
 
 
 def relayed_needs(
     snap: Snapshot, request: Request, group: GroupSpec, body: rq.RelayedRequest
 ) -> Needs:
     """``/v1/embeddings`` and ``/v1/completions`` need a passthrough provider
-    (a normalized provider has no such path); a 400 names the endpoint."""
+    (a normalized provider has no such path), but embeddings are served by an
+    ``ollama`` provider too (through its own ``/api/embed``: the node
+    translates) in a group without a passthrough one; a 400 names the endpoint."""
+    requires = _NEEDS_PASSTHROUGH
     if not snap.catalog.has_type(group.id, "openai"):
-        raise errors.InvalidRequest(
-            f"model '{body.model[:200]}' has no provider that serves {request.path}: "
-            "only type 'openai' (passthrough) providers do",
-            param="model",
-        )
+        if request.path != "/v1/embeddings" or not snap.catalog.has_type(group.id, "ollama"):
+            served_by = "type 'openai' (passthrough) providers" + (
+                " and 'ollama' ones" if request.path == "/v1/embeddings" else ""
+            )
+            raise errors.InvalidRequest(
+                f"model '{body.model[:200]}' has no provider that serves {request.path}: "
+                f"only {served_by} do",
+                param="model",
+            )
+        requires = _NEEDS_OLLAMA
     provider_auth = _provider_auth(snap, request, group.id)
     estimate = estimate_input_tokens(body.as_messages())
-    return Needs(
-        _NEEDS_PASSTHROUGH, provider_auth, [], estimate, _context_class(snap, estimate)
-    )
+    return Needs(requires, provider_auth, [], estimate, _context_class(snap, estimate))
 
 
 def ollama_needs(

@@ -30,7 +30,6 @@ run whose process had started.
 
 from __future__ import annotations
 
-import functools
 import time
 
 import msgspec
@@ -280,12 +279,10 @@ async def chat_stream(
             asms.append(asm)
             filt = StrictStreamFilter() if strict else None
             # A run that is retried produced nothing: asm and filt stay empty.
-            leased = await until_done(
-                leased, functools.partial(stream.run, index=index, asm=asm, strict=filt)
-            )
+            leased = await until_done(leased, stream.run, index, asm, filt)
         await responder.write(stream.chunks.end(total_usage(asms)))
+        call.out.status = "ok"  # the final chunk went out: a caller closing now had it all
         await responder.end()
-        call.out.status = "ok"
     finally:
         note_run_usage(asms, call.out)
 
@@ -476,7 +473,7 @@ async def responses_stream(
     strict = StrictStreamFilter() if leased.snap.config.openai.strict_output else None
     stream = _ResponsesStream(call, responder, events, strict)
     try:
-        await until_done(leased, functools.partial(stream.run, asm=asm))
+        await until_done(leased, stream.run, asm)
     finally:
         note_run_usage([asm], call.out)
 
@@ -531,8 +528,8 @@ class _ResponsesStream(_Answer):
         for tool_call in calls:
             tail += events.function_call(tool_call)
         await self.responder.write(tail + events.finish(asm.finish_reason, asm.usage))
+        self.call.out.status = "ok"  # response.completed went out (see chat_stream)
         await self.responder.end()
-        self.call.out.status = "ok"
 
 
 def _response_metadata(req: rq.ResponsesRequest) -> dict[str, str]:

@@ -34,7 +34,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Generic, NamedTuple, TypeVar
+from typing import Concatenate, Generic, NamedTuple, ParamSpec, TypeVar
 
 import trio
 
@@ -48,8 +48,15 @@ from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.json_body import parse_json_object
 from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.incoming.prompt_blocks import prompt_bytes
+from iopd.edge.openai.incoming.session_key import session_key
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
-from iopd.edge.openai.needs import all_passthrough, ollama_needs, openai_needs, relayed_needs
+from iopd.edge.openai.needs import (
+    all_passthrough,
+    announce_dropped_tools,
+    ollama_needs,
+    openai_needs,
+    relayed_needs,
+)
 from iopd.edge.openai.routes import Serves
 from iopd.edge.pool.pool import Lease
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
@@ -69,6 +76,8 @@ MODEL_GROUP_HEADER = "X-Iopd-Model-Group"
 
 #: The validated body of an endpoint that reaches a provider.
 Body = TypeVar("Body", rq.ChatRequest, rq.ResponsesRequest, rq.OllamaRequest, rq.RelayedRequest)
+
+P = ParamSpec("P")
 
 #: At most this many model ids are named in a ``model_not_found`` message.
 MAX_NAMED_MODELS = 20
@@ -185,6 +194,8 @@ class Leasing(Generic[Body]):
             needs = relayed_needs(snap, request, group, body)
         else:
             needs = openai_needs(snap, request, group, body, relay_only)
+            if needs.dropped_tools:
+                announce_dropped_tools(rt, request, group.id, needs.dropped_tools)
         # Relayed only: decided now, and over a limit is a 400 before queueing.
         decision = Decision.make(body, group, relay=True) if relay_only else None
         principal = out.principal
@@ -218,7 +229,7 @@ class Leasing(Generic[Body]):
             principal=self._principal_ref,  # its share (and, memory, max_concurrent): the pool's
             # Cache-aware routing (docs/routing.md): the prompt's bytes and the session key.
             prompt=self._prompt_bytes(),
-            session_key=None,
+            session_key=self._call.out.session,
         )
         return limits.lease_with_slot(self._rt, self._call, open_lease, self._queue_timeout())
 
@@ -347,14 +358,18 @@ class Leasing(Generic[Body]):
 
 
 async def until_done(
-    leased: LeasedRequest[Body], attempt: Callable[[LeasedRequest[Body]], Awaitable[bool]]
+    leased: LeasedRequest[Body],
+    attempt: Callable[Concatenate[LeasedRequest[Body], P], Awaitable[bool]],
+    *args: P.args,
+    **kwargs: P.kwargs,
 ) -> LeasedRequest[Body]:
-    """Run ``attempt`` until it is done: False (its report got ``RETRY``, and
-    nothing was written) leases the next candidate and runs it again there.
+    """Run ``attempt(leased, *args, **kwargs)`` until it is done: False (its
+    report got ``RETRY``, and nothing was written) leases the next candidate
+    and runs it again there.
 
     The one retry loop of every path; gives the lease the request ended on.
     """
-    while not await attempt(leased):
+    while not await attempt(leased, *args, **kwargs):
         leased = await leased.leasing.next_attempt()
     return leased
 
@@ -403,6 +418,7 @@ def _parse(
     a 400 of the body is counted under it; an unknown model is a 404.
     """
     raw = parse_json_object(request.body)
+    out.session = session_key(request.headers, raw, header=snap.config.openai.session_header)
     model = raw.get("model")
     group = snap.catalog.resolve(model) if isinstance(model, str) else None
     if group is not None:

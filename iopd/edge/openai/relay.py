@@ -1,9 +1,11 @@
 """The passthrough relay: the caller's body to an OpenAI-compatible (or Ollama)
 provider, the provider's response back byte for byte.
 
-The body is the caller's with ``model`` rewritten to the provider's served
-name; the caller's headers pass an allow-list (``upstream_headers``) and the
-caller's provider credentials travel under ``provider_auth.target_header``.
+The body is the caller's JSON as the edge parsed it, encoded again with
+``model`` rewritten to the provider's served name (what that changes of its
+spelling: ``docs/compatibility.md``); the caller's headers pass an
+allow-list (``upstream_headers``) and the caller's provider credentials
+travel under ``provider_auth.target_header``.
 The response keeps its status, end-to-end headers and body bytes; only usage
 is read on the way (from the node's ``usage`` frames).  Once the head went
 out, a failure can only cut the connection (``lifecycle.fail``).
@@ -12,10 +14,12 @@ Two header rules make a relayed response read like one HTTP response, not
 two stacked: the provider's ``Date`` and ``Server`` are dropped (the edge's
 server writes its own on every response, so a caller used to see both,
 merged by its client into ``"Mon..., Mon..."``; the edge is the origin the
-caller talks to, and the backend's software stays private), and
-``X-Iopd-Upstream-Status`` carries the provider's status, so a provider's
-own error is told from the edge's (whose responses never carry it) while
-the body stays byte-exact.
+caller talks to, and the backend's software stays private), and a relayed
+error (status 400 or more) carries ``X-Iopd-Upstream-Status`` with the
+provider's status, so a provider's own error is told from the edge's (whose
+responses never carry it) while the body stays byte-exact.  Like every
+response of the edge, a relayed one carries the edge's ``x-request-id``
+(the id of its log line), in place of a provider's own.
 
 Most frames never reach the loop below: while it waits, the edge's wire
 reader writes them to the caller's socket itself (``_Reply``, the stream's
@@ -43,52 +47,59 @@ provider's status line, and a second answer cannot be spliced behind it.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+
+import trio
 
 from iopd.edge.metering.usage import tunnel_usage
-from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession
+from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession, NodeStream
 from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.upstream_headers import upstream_headers
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
+from iopd.edge.openai.outgoing.stream_end import StreamEnd
 from iopd.edge.openai.prepare import Body, LeasedRequest, until_done
 from iopd.edge.openai.run_errors import provider_error
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
 from iopd.edge.runtime.edge_runtime import Snapshot
+from iopd.errors import NodeDispatchError
 from iopd.http.server import Request, Responder
 from iopd.tokens import RelayedOutput
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, Usage
 
-__all__ = ["UPSTREAM_STATUS_HEADER", "relay"]
+__all__ = ["UPSTREAM_STATUS_HEADER", "Upstream", "relay"]
 
 JSON = "application/json"
 _STREAMING_TYPES = ("text/event-stream", "application/x-ndjson")
 #: Provider headers not relayed: hop-by-hop ones, and those the edge's server
 #: writes on every response itself (a second copy would be merged by clients).
 _NOT_RELAYED = HOP_BY_HOP | {"date", "server"}
-#: On every relayed response: the provider's status (absent on the edge's own).
+#: On a relayed error response: the provider's status (absent on the edge's own
+#: answers and on relayed successes).
 UPSTREAM_STATUS_HEADER = "X-Iopd-Upstream-Status"
+#: Seconds the node's last frames (usage, end) are waited for once the caller
+#: closed after its whole answer.
+END_GRACE = 2.0
 
 
-async def relay(leased: LeasedRequest[Body], responder: Responder, out: Outcome) -> None:
+#: What one attempt sends instead of the caller's path and body: (path, body,
+#: headers added to the allow-listed ones), decided per leased provider.
+Upstream = Callable[[LeasedRequest[Body]], tuple[str, bytes, list[tuple[str, str]]]]
+
+
+async def relay(
+    leased: LeasedRequest[Body],
+    responder: Responder,
+    out: Outcome,
+    *,
+    upstream: Upstream[Body] | None = None,
+) -> None:
     """Relay the caller's request to the leased provider, ``model`` rewritten;
-    on a failure the attempt loop says is safe to retry, to the next one."""
-    request = leased.request
-    headers = tunnel_headers(leased.snap, request, leased.provider_auth)
-
-    async def attempt(leased: LeasedRequest[Body]) -> bool:
-        treq = ProviderTunnelRequest(
-            stream_id=0,
-            provider_id=leased.lease.provider_id,
-            method="POST",
-            path=request.path,
-            headers=headers,
-            body=rq.rewrite_model(leased.body.raw, leased.lease.target),
-            long_context=leased.lease.long,
-        )
-        return await _relay(leased, treq, responder, out)
-
-    await until_done(leased, attempt)
+    on a failure the attempt loop says is safe to retry, to the next one.
+    ``upstream`` (the Messages route's): each attempt's path, body and extra headers."""
+    headers = tunnel_headers(leased.snap, leased.request, leased.provider_auth)
+    await until_done(leased, _relay, headers, responder, out, upstream)
 
 
 def tunnel_headers(
@@ -110,54 +121,45 @@ def tunnel_headers(
 
 async def _relay(
     leased: LeasedRequest[Body],
-    treq: ProviderTunnelRequest,
+    headers: list[tuple[str, str]],
     responder: Responder,
     out: Outcome,
+    upstream: Upstream[Body] | None = None,
 ) -> bool:
-    """Relay a provider's raw response: status, end-to-end headers, body bytes.
+    """One attempt: the caller's body to the leased provider (``model``
+    rewritten; or what ``upstream`` makes of the request for it), its raw
+    response back: status, end-to-end headers, body bytes.
 
     True: done.  False: the attempt failed before anything was written and
     the policy said retry (the stream is left; nothing reached the caller).
     """
+    lease = leased.lease
+    if upstream is None:
+        path, body = leased.request.path, rq.rewrite_model(leased.body.raw, lease.target)
+    else:
+        path, body, extra = upstream(leased)
+        headers = headers + extra
+    treq = ProviderTunnelRequest(
+        stream_id=0,
+        provider_id=lease.provider_id,
+        method="POST",
+        path=path,
+        headers=headers,
+        body=body,
+        long_context=lease.long,
+    )
     session: NodeSession = leased.session
     attempts = leased.attempts
     reply = _Reply(responder, out, count_output=leased.snap.rates_limited)
     try:
         async with session.open_stream(treq) as frames:
             frames.direct = reply
-            async for fr in frames:
-                kind = fr.kind
-                # hold: the next frame is already here, so write both at once.
-                if kind == "body":
-                    if fr.data:
-                        reply.relayed(fr.data)
-                        await responder.write(fr.data, hold=frames.buffered() > 0)
-                elif kind == "head":
-                    if _retry_on_head(attempts, fr):
-                        return False
-                    reply.start(fr)
-                    if not frames.buffered():
-                        await responder.flush()
-                elif kind == "usage":
-                    reply.note_usage(fr)
-                elif kind == "end" or kind == "whole":
-                    if kind == "whole" and not reply.took_whole:
-                        if _retry_on_head(attempts, fr):
-                            return False
-                        reply.take_whole(fr)
-                        await responder.flush()
-                    attempts.succeeded()
-                    await responder.end()  # (already written when the reader took the end)
-                    out.answered(out.http_status)
-                    return True
-                else:  # error
-                    # A retry only while nothing went out: after the head, the
-                    # caller holds this provider's status and a cut is all that is left.
-                    failure = _failure_of(fr, responder.started)
-                    verdict = attempts.failed(failure, caller_saw_bytes=responder.started)
-                    if verdict is AttemptVerdict.RETRY:
-                        return False
-                    raise provider_error(fr.code, fr.message)
+            try:
+                return await _relay_frames(frames, reply, attempts, responder, out)
+            except trio.Cancelled:
+                if reply.delivered:  # the caller had it all, then went: a success
+                    await _finish_delivered(frames, reply, attempts, out)
+                raise
         return True  # (the node ends every stream with end or error)
     finally:
         out.usage = tunnel_usage(reply.body_usage, reply.frame_usage)
@@ -167,6 +169,76 @@ async def _relay(
         )
         if reply.output is not None:
             out.output_estimate = reply.output.tokens
+
+
+async def _relay_frames(
+    frames: NodeStream[ProviderTunnelFrame],
+    reply: _Reply,
+    attempts: Attempts,
+    responder: Responder,
+    out: Outcome,
+) -> bool:
+    """The frames of one attempt to the caller (see :func:`_relay`)."""
+    async for fr in frames:
+        kind = fr.kind
+        # hold: the next frame is already here, so write both at once.
+        if kind == "body":
+            if fr.data:
+                reply.relayed(fr.data)
+                await responder.write(fr.data, hold=frames.buffered() > 0)
+        elif kind == "head":
+            if _retry_on_head(attempts, fr):
+                return False
+            reply.start(fr)
+            if not frames.buffered():
+                await responder.flush()
+        elif kind == "usage":
+            reply.note_usage(fr)
+        elif kind == "end" or kind == "whole":
+            if kind == "whole" and not reply.took_whole:
+                if _retry_on_head(attempts, fr):
+                    return False
+                reply.take_whole(fr)
+                await responder.flush()
+            attempts.succeeded()
+            reply.ended = True
+            out.answered(out.http_status)
+            await responder.end()  # (already written when the reader took the end)
+            return True
+        else:  # error
+            # A retry only while nothing went out: after the head, the
+            # caller holds this provider's status and a cut is all that is left.
+            failure = _failure_of(fr, responder.started)
+            verdict = attempts.failed(failure, caller_saw_bytes=responder.started)
+            if verdict is AttemptVerdict.RETRY:
+                return False
+            raise provider_error(fr.code, fr.message)
+    return True
+
+
+async def _finish_delivered(
+    frames: NodeStream[ProviderTunnelFrame],
+    reply: _Reply,
+    attempts: Attempts,
+    out: Outcome,
+) -> None:
+    """The caller closed once the whole answer (or the stream's terminal
+    event) was out: the attempt succeeded.  The node's last frames (the
+    usage it read at the provider's end, then the end) are waited for a
+    moment, shielded and bounded, so the request is metered with them."""
+    frames.direct = None  # nothing more is written to the caller
+    if not reply.ended:
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + END_GRACE):
+            try:
+                async for fr in frames:
+                    if fr.kind == "usage" or (fr.kind == "whole" and not reply.took_whole):
+                        reply.note_usage(fr)
+                    if fr.kind in ("end", "whole", "error"):
+                        break
+            except NodeDispatchError:
+                pass  # the node went away: the usage seen so far is what there is
+        attempts.succeeded()
+    out.answered(out.http_status)
 
 
 class _Reply:
@@ -201,10 +273,13 @@ class _Reply:
 
     __slots__ = (
         "_count",
+        "_end",
+        "_end_written",
         "_out",
         "_responder",
         "_stuck",
         "body_usage",
+        "ended",
         "frame_usage",
         "output",
         "took_whole",
@@ -220,23 +295,44 @@ class _Reply:
         self.body_usage: Usage | None = None
         self.frame_usage: Usage | None = None
         self.took_whole = False  # the reader wrote a ``whole`` frame (the loop ends it)
+        self.ended = False  # the loop saw the end: the attempt's verdict is in
+        self._end_written = False  # the reader wrote the end's bytes
+        #: A streamed body's terminal event, looked for in what is relayed.
+        self._end: StreamEnd | None = None
+
+    @property
+    def delivered(self) -> bool:
+        """The caller was handed its whole answer: the body and its end, or a
+        stream's terminal event (``StreamEnd``; what follows it is only the
+        provider's end)."""
+        return (
+            self.ended
+            or self.took_whole
+            or self._end_written
+            or (self._end is not None and self._end.seen)
+        )
 
     def start(self, fr: ProviderTunnelFrame) -> None:
         """Hold the response's head: the provider's status and end-to-end headers."""
         headers = [(k, v) for k, v in fr.headers if k.lower() not in _NOT_RELAYED]
-        headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
+        if fr.status >= 400:  # a provider's own error, told from the edge's
+            headers.append((UPSTREAM_STATUS_HEADER, str(fr.status)))
         ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
         if ctype.startswith(_STREAMING_TYPES):
             headers.append(("X-Accel-Buffering", "no"))
+            self._end = StreamEnd()
         self._responder.start_held(fr.status, headers)
         self._out.http_status = fr.status
         if self._count:
             self.output = RelayedOutput(ctype)
 
     def relayed(self, data: bytes) -> None:
-        """Body bytes going to the caller: their output text is counted."""
+        """Body bytes going to the caller: their output text is counted, and
+        a stream's terminal event looked for."""
         if self.output is not None:
             self.output.feed(data)
+        if self._end is not None:
+            self._end.feed(data)
 
     def take_whole(self, fr: ProviderTunnelFrame) -> None:
         """Hold a ``whole`` frame's response: head, body and end (the next
@@ -277,6 +373,7 @@ class _Reply:
             return True
         if kind == "end":
             responder.end_held()
+            self._end_written = True
         elif kind == "whole" and not responder.started and not _may_retry(msg.status):
             self.take_whole(msg)
         return False
@@ -325,6 +422,10 @@ def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
     if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Attempts.failed)
         return AttemptFailure(FailureKind.NODE_BUSY)
     if head_sent:
-        kind = FailureKind.READ_TIMEOUT if fr.code == "provider_timeout" else FailureKind.RESET_AFTER_SEND
+        kind = (
+            FailureKind.READ_TIMEOUT
+            if fr.code == "provider_timeout"
+            else FailureKind.RESET_AFTER_SEND
+        )
         return AttemptFailure(kind)
     return AttemptFailure(_CODE_FAILURES.get(fr.code, FailureKind.RESET_AFTER_SEND))

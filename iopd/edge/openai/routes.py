@@ -80,7 +80,8 @@ class Serves(enum.Enum):
     #: The edge answers it itself (health, the model lists): no provider.
     EDGE = "edge"
     #: Relayed raw to a passthrough (type ``openai``) provider, whatever else
-    #: the group holds (``/v1/embeddings``, ``/v1/completions``).
+    #: the group holds (``/v1/embeddings``, ``/v1/completions``; embeddings
+    #: go to an ``ollama`` provider in a group without one: ``needs``).
     PASSTHROUGH = "passthrough"
     #: Relayed raw to an ``ollama`` provider (``/api/chat`` and its kin).
     OLLAMA = "ollama"

@@ -57,14 +57,26 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal, get_args
+from typing import Final, Literal, Protocol, get_args
 
 from .prefix_index import PrefixIndex, block_chain
 
-if TYPE_CHECKING:
-    from .candidates import PoolSnapshot
+
+class _GroupView(Protocol):
+    @property
+    def providers(self) -> tuple[tuple[str, str], ...]: ...
+
+
+class _SnapshotView(Protocol):
+    """What ``routing_changed`` reads of a ``candidates.PoolSnapshot``."""
+
+    @property
+    def providers(self) -> Mapping[str, object]: ...
+
+    @property
+    def groups(self) -> Mapping[str, _GroupView]: ...
 
 __all__ = [
     "MATCH_BUCKETS",
@@ -355,11 +367,11 @@ class Router:
             del self.homed[provider_id]
 
 
-def routing_changed(old: PoolSnapshot, new: PoolSnapshot) -> list[str]:
+def routing_changed(old: _SnapshotView, new: _SnapshotView) -> list[str]:
     """Providers the prefix index forgets at a swap: gone, changed (a drain or
     a disable turns ``enabled`` false) or serving another target."""
 
-    def targets(snap: PoolSnapshot) -> dict[str, set[tuple[str, str]]]:
+    def targets(snap: _SnapshotView) -> dict[str, set[tuple[str, str]]]:
         out: dict[str, set[tuple[str, str]]] = {}
         for gid, group in snap.groups.items():
             for pid, target in group.providers:

@@ -100,17 +100,24 @@ class Authenticator:
         """True when neither principal tokens nor a bearer token are configured."""
         return not self._principals and self._legacy_hash is None
 
-    def authenticate(self, authorization: str | None) -> Principal:
-        """The caller's :class:`Principal` from its ``Authorization`` header.
+    def authenticate(self, authorization: str | None, api_key: str | None = None) -> Principal:
+        """The caller's :class:`Principal` from its ``Authorization`` header,
+        or, without one, from ``x-api-key`` (``api_key``: how Anthropic's
+        clients send the same token).
 
         Raises :class:`iopd.errors.AuthenticationError` (message never echoes
         the token) when auth is configured and the token is missing or wrong.
         """
         if self.is_open:
             return OPEN
-        token = bearer_token(authorization)
+        if authorization is None and api_key:
+            token: str | None = api_key.strip() or None
+        else:
+            token = bearer_token(authorization)
         if token is None:
-            raise AuthenticationError("Missing or malformed bearer token in Authorization header")
+            raise AuthenticationError(
+                "Missing or malformed bearer token in Authorization header (or x-api-key)"
+            )
         digest = _sha256(token)
         matched: Principal | None = None
         for expected, principal in self._principals:

@@ -6,31 +6,43 @@
   as a JSON string).  The final object (``done: true``) gives usage
   (``prompt_eval_count`` / ``eval_count``) and ``done_reason``.
   Generation params map into ``options``: temperature, top_p, seed, stop,
-  and ``max_tokens`` -> ``num_predict``.  ``response_format`` maps to
+  presence/frequency penalties, top_k, min_p, repeat_penalty, and
+  ``max_tokens`` -> ``num_predict``; ``reasoning_effort`` (or
+  ``chat_template_kwargs.enable_thinking``) -> ``think`` (:func:`ollama_think`);
+  the rest of ``chat_template_kwargs`` has no place in Ollama's API.  ``response_format`` maps to
   ``format`` (``json_object`` -> ``"json"``, ``json_schema`` -> the schema
   object).  Image parts (``image_url`` / ``input_image`` with a ``data:``
   URL, base64) go to the message's ``images``; a remote image URL is a
   ``bad_request``, because the node never fetches a URL a caller chose, and
   so is any other part without text that Ollama cannot take: nothing a
   caller sent is dropped silently.
-* ``tunnel()`` — raw relay for the edge's ``/api/chat`` and ``/api/generate``
-  routes; usage from the ``done: true`` object.
+* ``tunnel()`` — raw relay for the edge's ``/api/*`` routes; usage from the
+  ``done: true`` object.  The one exception is ``/v1/embeddings``, which the
+  edge sends an ollama provider of a group without an OpenAI-compatible one:
+  translated to Ollama's own ``POST /api/embed`` (``input`` a string or
+  strings, ``dimensions``) and its answer back to OpenAI's list of
+  ``embedding`` objects (``encoding_format: base64`` as float32
+  little-endian, as OpenAI sends it), usage from ``prompt_eval_count``
+  (:func:`openai_embeddings`).
 """
 
 from __future__ import annotations
 
+import base64
 import binascii
 import json
 import secrets
+import struct
 from typing import Any
 
 import msgspec
 
-from iopd.node.adapters.base import AdapterError, RunOutput
+from iopd.http.client import EarlyStart
+from iopd.node.adapters.base import AdapterError, RunOutput, TunnelOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
 from iopd.tokens import content_text
-from wire.messages import RunRequest
+from wire.messages import ProviderTunnelRequest, RunRequest, Usage
 
 _decode_json = msgspec.json.Decoder().decode  # faster than json.loads per chunk
 
@@ -44,7 +56,33 @@ _OPTION_NAMES = {
     "max_completion_tokens": "num_predict",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repeat_penalty": "repeat_penalty",
 }
+#: ``reasoning_effort`` -> Ollama's ``think`` (a level where the model takes
+#: one, gpt-oss; any level turns thinking on for the others).
+_THINK_LEVELS: dict[str, bool | str] = {
+    "none": False,
+    "minimal": "low",
+    "low": "low",
+    "medium": "medium",
+    "high": "high",
+    "xhigh": "high",
+}
+
+
+def ollama_think(params: dict[str, Any]) -> bool | str | None:
+    """Ollama's ``think`` from the run's params: ``reasoning_effort`` (chat's
+    field, Responses' ``reasoning.effort``), else ``chat_template_kwargs.enable_thinking``
+    (the Qwen-style switch); None: the model's default."""
+    effort = params.get("reasoning_effort")
+    if isinstance(effort, str) and effort in _THINK_LEVELS:
+        return _THINK_LEVELS[effort]
+    kwargs = params.get("chat_template_kwargs")
+    if isinstance(kwargs, dict) and isinstance(kwargs.get("enable_thinking"), bool):
+        return bool(kwargs["enable_thinking"])
+    return None
 
 
 #: Content part types whose image goes to Ollama's ``images`` (chat; responses).
@@ -177,6 +215,64 @@ def to_openai_tool_call(call: Any) -> dict[str, Any] | None:
     }
 
 
+#: The OpenAI route an ollama provider serves through its own API.
+OPENAI_EMBEDDINGS = "/v1/embeddings"
+#: Largest ``/api/embed`` answer read (a list of float vectors).
+MAX_EMBED_BYTES = 64 * 1024 * 1024
+#: The translated answer goes to the edge in pieces of this size, as a relayed body does.
+EMBED_CHUNK_BYTES = 64 * 1024
+
+
+def ollama_embed_body(body: Any) -> dict[str, Any]:
+    """An OpenAI embeddings body -> Ollama's ``/api/embed`` body (``bad_request``
+    for what Ollama cannot take: token arrays, a non-integer ``dimensions``)."""
+    if not isinstance(body, dict):
+        raise AdapterError("bad_request", "the embeddings body must be a JSON object")
+    inputs = body.get("input")
+    if not isinstance(inputs, str) and not (
+        isinstance(inputs, list) and inputs and all(isinstance(t, str) for t in inputs)
+    ):
+        raise AdapterError(
+            "bad_request",
+            "input: ollama providers embed a string or a non-empty array of strings"
+            " (not token arrays)",
+        )
+    out: dict[str, Any] = {"model": body.get("model"), "input": inputs}
+    dimensions = body.get("dimensions")
+    if dimensions is not None:
+        if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
+            raise AdapterError("bad_request", "dimensions must be a positive integer")
+        out["dimensions"] = dimensions
+    return out
+
+
+def openai_embeddings(answer: Any, model: str, encoding: Any) -> tuple[dict[str, Any], int]:
+    """Ollama's ``/api/embed`` answer -> OpenAI's embeddings list, and its input tokens."""
+    vectors = answer.get("embeddings") if isinstance(answer, dict) else None
+    if not isinstance(vectors, list) or not all(isinstance(v, list) for v in vectors):
+        raise AdapterError("provider_error", "provider sent no embeddings")
+    data = []
+    for i, vector in enumerate(vectors):
+        if encoding == "base64":  # what the openai SDK asks for by default
+            try:
+                packed = struct.pack(f"<{len(vector)}f", *vector)
+            except (struct.error, OverflowError):
+                raise AdapterError("provider_error", "provider sent a non-numeric embedding") from None
+            value: Any = base64.b64encode(packed).decode()
+        else:
+            value = vector
+        data.append({"object": "embedding", "index": i, "embedding": value})
+    tokens = answer.get("prompt_eval_count")
+    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
+    doc = {
+        "object": "list",
+        "data": data,
+        "model": model,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+    return doc, tokens
+
+
 class OllamaAdapter(HTTPAdapter):
     """Normalized runs over ``/api/chat`` plus a raw relay of ``/api/*``."""
 
@@ -200,9 +296,43 @@ class OllamaAdapter(HTTPAdapter):
         fmt = to_ollama_format(req.params.get("response_format"))
         if fmt is not None:
             body["format"] = fmt
+        think = ollama_think(req.params)
+        if think is not None:
+            body["think"] = think
         if req.tools:
             body["tools"] = req.tools
         return body
+
+    def start_early(self, req: ProviderTunnelRequest) -> EarlyStart | None:
+        if req.path == OPENAI_EMBEDDINGS:
+            return None  # translated first: nothing to start as it is
+        return super().start_early(req)
+
+    async def tunnel(
+        self, req: ProviderTunnelRequest, out: TunnelOutput, early: EarlyStart | None = None
+    ) -> None:
+        if req.path != OPENAI_EMBEDDINGS:
+            await super().tunnel(req, out, early)
+            return
+        try:
+            body = _decode_json(req.body)
+        except ValueError:
+            raise AdapterError("bad_request", "the embeddings body is not JSON") from None
+        payload = json.dumps(ollama_embed_body(body)).encode()
+        async with self.post_json("/api/embed", payload) as resp:
+            raw = await resp.read(MAX_EMBED_BYTES + 1)
+        if len(raw) > MAX_EMBED_BYTES:
+            raise AdapterError("provider_error", "provider sent an oversized embeddings answer")
+        try:
+            answer = _decode_json(raw)
+        except ValueError:
+            raise AdapterError("provider_error", "provider sent invalid JSON") from None
+        doc, tokens = openai_embeddings(answer, str(body.get("model")), body.get("encoding_format"))
+        await out.head(200, [("content-type", "application/json")], body_follows=True)
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        for start in range(0, len(data), EMBED_CHUNK_BYTES):  # frames stay under the link's cap
+            await out.body(data[start : start + EMBED_CHUNK_BYTES])
+        out.usage = Usage(input_tokens=tokens)
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
         payload = json.dumps(self.chat_body(req)).encode()

@@ -1,8 +1,8 @@
 """Ollama's routes through the official ``ollama`` client.
 
 A real edge + node in front of ``MockOllamaServer``: ``list`` (``/api/tags``,
-from the catalog), ``show`` and ``embed`` (relayed to the group's ollama
-provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
+from the catalog), ``show``, ``embed`` and the legacy ``embeddings``
+(relayed to the group's ollama provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
 ``/api/version`` (the edge's own), and errors in Ollama's shape
 ``{"error": "..."}`` that the client turns into a ``ResponseError`` with the
 message, whoever refused: the route, the authentication, the model lookup or
@@ -21,7 +21,14 @@ import trio
 
 from iopd import __version__
 from tests.support.configs import OLLAMA_SERVED, ollama_yaml
-from tests.support.gateway import Gateway, http_request, in_thread, running_gateway, wait_until
+from tests.support.gateway import (
+    Gateway,
+    http_request,
+    in_thread,
+    metric,
+    running_gateway,
+    wait_until,
+)
 from tests.support.mock_providers import MockOllamaServer
 
 TOKEN = "sk-ollama-caller"
@@ -83,6 +90,25 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
                 ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": OLLAMA_SERVED}
             )
             assert r.status == 200 and r.body == direct.body
+
+            # The legacy route (the client's ``embeddings``), relayed the same way.
+            legacy = await in_thread(lambda: c.embeddings(model="llama", prompt="abcd"))
+            assert list(legacy.embedding) == [0.5, 4.0]
+            sent = [r.json() for r in mock.requests if r.path == "/api/embeddings"]
+            assert len(sent) == 1
+            assert sent[0]["model"] == OLLAMA_SERVED and sent[0]["prompt"] == "abcd"
+
+
+async def test_the_legacy_embeddings_route_is_relayed_to_the_ollama_provider() -> None:
+    """``POST /api/embeddings`` (the older Ollama clients'): relayed as sent,
+    ``model`` rewritten; the provider's answer (here its own 404) comes back."""
+    with trio.fail_after(30):
+        async with gateway() as (gw, mock):
+            body = {"model": "llama", "prompt": "x"}
+            r = await http_request(gw.host_port, "POST", "/api/embeddings", body=body)
+            sent = [req.json() for req in mock.requests if req.path == "/api/embeddings"]
+            assert sent == [{"model": OLLAMA_SERVED, "prompt": "x"}]
+            assert r.status == 404 and r.header("x-iopd-upstream-status") == "404"
 
 
 async def test_ps_shows_groups_with_a_request_in_flight_and_version_is_the_edges() -> None:
@@ -160,3 +186,36 @@ async def test_authentication_and_http_layer_refusals_take_ollamas_shape_too() -
                 headers=[("authorization", f"Bearer {TOKEN}")],
             )
             assert r.status == 413 and r.json()["error"]["code"] == "request_too_large"
+
+
+async def test_openai_embeddings_on_an_ollama_provider_go_through_api_embed() -> None:
+    """``/v1/embeddings`` in a group whose only embedding provider is ollama:
+    the node translates to ``/api/embed`` and back (the SDK asks for base64)."""
+    with trio.fail_after(30):
+        async with gateway() as (gw, mock):
+            sdk = gw.sdk()
+            got = await in_thread(lambda: sdk.embeddings.create(model="llama", input=["a", "bcd"]))
+            assert [d.embedding for d in got.data] == [[0.5, 1.0], [0.5, 3.0]]
+            assert [d.index for d in got.data] == [0, 1]
+            assert got.usage.prompt_tokens == mock.prompt_eval_count
+            sent = [r.json() for r in mock.requests if r.path == "/api/embed"]
+            assert sent[-1] == {"model": OLLAMA_SERVED, "input": ["a", "bcd"]}
+
+            body = {"model": "both", "input": "xy", "encoding_format": "float", "dimensions": 2}
+            r = await http_request(gw.host_port, "POST", "/v1/embeddings", body=body)
+            assert r.status == 200, r.body
+            doc = json.loads(r.body)
+            assert doc["object"] == "list" and doc["data"][0]["embedding"] == [0.5, 2.0]
+            assert mock.requests[-1].json()["dimensions"] == 2
+            tokens = metric(gw, "iop_openai_usage_tokens_total", endpoint="embeddings")
+            assert tokens == 2 * mock.prompt_eval_count
+
+            # What Ollama cannot embed is a clear 400, not a provider error.
+            bad = {"model": "llama", "input": [[1, 2, 3]]}
+            r = await http_request(gw.host_port, "POST", "/v1/embeddings", body=bad)
+            assert r.status == 400 and "token arrays" in json.loads(r.body)["error"]["message"]
+            # A group without ollama or passthrough providers still says who serves it.
+            r = await http_request(
+                gw.host_port, "POST", "/v1/embeddings", body={"model": "echo-only", "input": "x"}
+            )
+            assert r.status == 400 and "'ollama' ones" in json.loads(r.body)["error"]["message"]

@@ -166,3 +166,16 @@ def test_provider_auth_value() -> None:
     assert provider_auth_value(headers, cfg) == "Bearer p"
     assert provider_auth_value([("x-provider-authorization", "  ")], cfg) is None
     assert provider_auth_value([("authorization", "Bearer x")], cfg) is None
+
+
+def test_x_api_key_carries_the_same_tokens() -> None:
+    """Anthropic's clients send the token as ``x-api-key``; ``Authorization`` wins when both come."""
+    auth = Authenticator(section("legacy-bearer", ALICE, BOB))
+    assert auth.authenticate(None, "tok-bob").principal_ref == "user-2"
+    assert auth.authenticate(None, "legacy-bearer").source == "bearer_token"
+    assert auth.authenticate("Bearer tok-alice", "tok-bob").principal_ref == "user-1"
+    for key in ("tok-nobody", "", "   "):
+        with pytest.raises(AuthenticationError):
+            auth.authenticate(None, key)
+    with pytest.raises(AuthenticationError):  # a bad Authorization is not rescued by the key
+        auth.authenticate("Bearer wrong", "tok-bob")

@@ -361,7 +361,8 @@ def test_responses_request_keeps_unknown_fields() -> None:
     }
     req = ResponsesRequest.parse(body)
     assert req.raw is body and req.stream and req.instructions == "be nice"
-    assert req.params() == {"temperature": 0.2, "max_tokens": 256}
+    # reasoning.effort is mapped (ollama: think); the body keeps it for a relay.
+    assert req.params() == {"temperature": 0.2, "max_tokens": 256, "reasoning_effort": "high"}
     assert req.workspace == "/w"
     assert json.loads(rewrite_model(req.raw, "served"))["reasoning"] == {"effort": "high"}
 
@@ -497,3 +498,10 @@ def test_small_bodies_are_not_priced() -> None:
 def test_whitespace_only_body_is_empty() -> None:
     with pytest.raises(InvalidRequest, match="empty"):
         json_body.parse_json_object(b" \r\n\t\x0b\x0c")
+
+
+def test_relayed_body_is_the_same_value_spelled_compactly() -> None:
+    """What docs/compatibility.md says a passthrough provider gets of a body."""
+    raw = b'{ "model" : "alias", "x": "\\/ \\u00e9 \\u003c", "n": 2.50, "e": 1e2, "d": 1, "d": 2 }'
+    sent = rewrite_model(parse_json_object(raw), "served")
+    assert sent == '{"model":"served","x":"/ \u00e9 <","n":2.5,"e":100.0,"d":2}'.encode()

@@ -106,7 +106,6 @@ def test_a_function_call_without_an_assistant_message_before_it() -> None:
     [
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": "hi", "conversation": "conv_1"}, "conversation"),
-        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},

@@ -21,8 +21,10 @@ from iopd.edge.openai.outgoing.error_envelope import (
     ShapedRefusal,
     render_error,
 )
+from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
 from iopd.edge.openai.routes import Serves
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.http.connection import Request
 from tests.support.configs import edge_yaml, principal_token
 from tests.support.gateway import edge_config
 
@@ -68,11 +70,30 @@ def test_the_routes_a_provider_serves_say_which_providers() -> None:
         "/api/chat": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/generate": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/embed": (Serves.OLLAMA, rq.OllamaRequest),
+        "/api/embeddings": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/show": (Serves.OLLAMA, rq.OllamaRequest),
     }
-    # Every /api/* route answers in Ollama's shape, every other in OpenAI's.
+    # Every /api/* route answers in Ollama's shape, the Messages routes in
+    # Anthropic's, every other in OpenAI's.
     for path, route in ROUTES.items():
-        assert route.errors is (OLLAMA_ERRORS if path.startswith("/api/") else OPENAI_ERRORS)
+        if path.startswith("/api/"):
+            assert route.errors is OLLAMA_ERRORS, path
+        elif path.startswith("/v1/messages"):
+            assert route.errors is ANTHROPIC_ERRORS, path
+        else:
+            assert route.errors is OPENAI_ERRORS, path
+
+
+def test_an_unknown_messages_path_is_an_anthropic_route_without_methods() -> None:
+    route = route_for("/v1/messages/batches")
+    assert route is not None and not route.methods and route.errors is ANTHROPIC_ERRORS
+    with pytest.raises(ShapedRefusal) as refused:
+        app().check_head("POST", "/v1/messages/batches", AUTH)
+    _, _, body = render_error(refused.value)
+    assert json.loads(body) == {
+        "type": "error",
+        "error": {"type": "not_found_error", "message": "no route for POST /v1/messages/batches"},
+    }
 
 
 def test_a_relay_only_route_names_no_normalized_answer() -> None:
@@ -135,3 +156,57 @@ def test_a_relay_only_endpoint_is_labelled_passthrough_from_its_route() -> None:
     assert gate.check_head("POST", "/v1/embeddings", AUTH).out.mode == "passthrough"
     assert gate.check_head("GET", "/api/tags", AUTH).out.mode == "passthrough"
     assert gate.check_head("POST", "/v1/responses", AUTH).out.mode == "normalized"
+
+
+# ------------------------------------------------------- every answer, logged
+
+
+class _Recorder:
+    """The responder's part a handler uses: what was sent."""
+
+    started = False
+    status = 0
+
+    async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        self.started, self.status, self.body = True, status, body
+
+
+def _request_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.getMessage().startswith("event=request ")]
+
+
+def test_every_admitted_request_carries_its_id_on_every_response() -> None:
+    admitted = app().check_head("POST", "/v1/chat/completions", AUTH)
+    assert admitted.response_headers == [("x-request-id", admitted.out.request_id)]
+
+
+def test_a_404_has_its_request_line_with_the_path(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="iopd.edge.request")
+    with pytest.raises(errors.RouteNotFound):
+        app().check_head("POST", "/v1/nothing-here", AUTH)
+    (line,) = _request_lines(caplog)
+    assert "http_status=404" in line and line.endswith("path=/v1/nothing-here")
+
+
+def test_a_413_of_an_admitted_request_has_its_request_line_with_the_principal(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = app()
+    admitted = gate.check_head("POST", "/v1/chat/completions", AUTH)
+    caplog.set_level("INFO", logger="iopd.edge.request")
+    gate.layer_refused(413, errors.RequestTooLarge("request body too large"), admitted)
+    (line,) = _request_lines(caplog)
+    assert "principal=user-1" in line and "http_status=413" in line
+    assert "status=client_error" in line and "path=/v1/chat/completions" in line
+
+
+async def test_the_model_list_is_logged_with_its_status(caplog: pytest.LogCaptureFixture) -> None:
+    gate = app()
+    admitted = gate.check_head("GET", "/v1/models", AUTH)
+    request = Request("GET", "/v1/models", "/v1/models", "", AUTH, b"", None, "1.1", admitted)
+    responder = _Recorder()
+    caplog.set_level("INFO", logger="iopd.edge.request")
+    await gate(request, responder)  # type: ignore[arg-type]
+    (line,) = _request_lines(caplog)
+    assert responder.status == 200 and "http_status=200" in line and "status=ok" in line
+    assert json.loads(responder.body)["data"][0]["id"] == "echo"

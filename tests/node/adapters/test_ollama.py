@@ -168,3 +168,82 @@ async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
         assert ollama_mock.requests[-1].path == "/api/tags"
         ollama_mock.healthy = False
         assert (await adapter.probe())[0] == "unhealthy"
+
+
+@pytest.mark.parametrize(
+    ("params", "options", "think"),
+    [
+        (
+            {"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1},
+            {"top_k": 20, "min_p": 0.05, "repeat_penalty": 1.1},
+            None,
+        ),
+        ({"reasoning_effort": "high"}, None, "high"),
+        ({"reasoning_effort": "minimal"}, None, "low"),
+        ({"reasoning_effort": "none"}, None, False),
+        ({"chat_template_kwargs": {"enable_thinking": False}}, None, False),
+        # reasoning_effort wins over the template switch; other kwargs have no place
+        (
+            {"reasoning_effort": "low", "chat_template_kwargs": {"enable_thinking": False, "x": 1}},
+            None,
+            "low",
+        ),
+        ({"chat_template_kwargs": {"x": 1}}, None, None),
+    ],
+)
+def test_chat_body_maps_sampling_extras_and_think(
+    params: dict[str, Any], options: dict[str, Any] | None, think: Any
+) -> None:
+    adapter = OllamaAdapter(ProviderSpec(id="ol", type="ollama", base_url="http://127.0.0.1:9"))
+    body = adapter.chat_body(run_req(params=params))
+    assert body.get("options") == options
+    assert body.get("think", None) == think
+    assert ("think" in body) is (think is not None)
+    assert "chat_template_kwargs" not in body
+
+
+def test_embeddings_translation_both_ways() -> None:
+    import base64
+    import struct
+
+    from iopd.node.adapters.ollama import ollama_embed_body, openai_embeddings
+
+    body = {"model": "nomic", "input": ["a", "b"], "dimensions": 3, "user": "u"}
+    assert ollama_embed_body(body) == {"model": "nomic", "input": ["a", "b"], "dimensions": 3}
+    for bad in ({"input": [[1, 2]]}, {"input": []}, {"input": "x", "dimensions": 0}, []):
+        with pytest.raises(AdapterError) as info:
+            ollama_embed_body(bad)
+        assert info.value.code == "bad_request"
+    answer = {"embeddings": [[0.5, -1.0], [2.0, 0.25]], "prompt_eval_count": 4}
+    doc, tokens = openai_embeddings(answer, "nomic", "float")
+    assert tokens == 4 and doc["usage"] == {"prompt_tokens": 4, "total_tokens": 4}
+    assert [d["embedding"] for d in doc["data"]] == [[0.5, -1.0], [2.0, 0.25]]
+    packed, _ = openai_embeddings(answer, "nomic", "base64")
+    first = base64.b64decode(packed["data"][0]["embedding"])
+    assert struct.unpack("<2f", first) == (0.5, -1.0)
+    with pytest.raises(AdapterError):
+        openai_embeddings({"error": "x"}, "nomic", "float")
+
+
+async def test_a_large_embeddings_answer_goes_out_in_pieces(ollama_mock: MockOllamaServer) -> None:
+    from iopd.node.adapters.ollama import EMBED_CHUNK_BYTES
+
+    vector = [0.123456789] * 20000
+    ollama_mock.handler = lambda req: MockReply(
+        body=json.dumps({"embeddings": [vector, vector], "prompt_eval_count": 2}).encode()
+    )
+    adapter = adapter_for(ollama_mock)
+    out = CollectedTunnelOutput()
+    body = json.dumps({"model": "nomic", "input": ["a", "b"], "encoding_format": "float"})
+    req = ProviderTunnelRequest(
+        stream_id=1, provider_id="ol", method="POST", path="/v1/embeddings", body=body.encode()
+    )
+    with trio.fail_after(10):
+        await adapter.tunnel(req, out)
+    await adapter.aclose()
+    assert out.status == 200 and len(out.chunks) > 1
+    assert all(len(c) <= EMBED_CHUNK_BYTES for c in out.chunks)
+    doc = json.loads(out.data)
+    assert len(doc["data"]) == 2 and len(doc["data"][1]["embedding"]) == 20000
+    assert out.usage == Usage(input_tokens=2)
+    assert [r.path for r in ollama_mock.requests] == ["/api/embed"]

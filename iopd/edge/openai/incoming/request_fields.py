@@ -315,31 +315,61 @@ def opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
     return value
 
 
-def responses_function_tools(tools: list[JSONObject] | None) -> list[JSONObject] | None:
-    """Responses' flat function tools (``{"type": "function", "name", "parameters"}``)
-    validated like chat's and reshaped to chat's ``{"type", "function": {...}}``."""
-    if tools is None:
-        return None
-    out: list[JSONObject] = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            continue  # a built-in tool: only a passthrough provider runs it
-        here = f"tools[{i}]"
-        name = tool.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
+#: ``reasoning.effort`` / ``reasoning_effort`` values (OpenAI's, ``xhigh`` included).
+REASONING_EFFORTS = frozenset({"none", "minimal", "low", "medium", "high", "xhigh"})
+#: Sampling fields beyond OpenAI's that open servers take (vLLM, llama.cpp,
+#: Ollama): name -> (the parameter it becomes, low, high).
+_SAMPLING_EXTRAS: tuple[tuple[str, str, float, float], ...] = (
+    ("top_k", "top_k", -1, 1_000_000),
+    ("min_p", "min_p", 0, 1),
+    ("repeat_penalty", "repeat_penalty", 0, 10),
+    ("repetition_penalty", "repeat_penalty", 0, 10),
+)
+MAX_TEMPLATE_KWARGS = 32
+
+
+def sampling_extras(raw: JSONObject, params: JSONObject) -> None:
+    """``top_k``, ``min_p``, ``repeat_penalty`` (or vLLM's ``repetition_penalty``)
+    and ``chat_template_kwargs`` into ``params``: checked here, mapped by each
+    adapter where its provider has a place for them (ollama: ``options``)."""
+    for key, name, low, high in _SAMPLING_EXTRAS:
+        value = opt_number(raw, key, low, high)
+        if value is None or (name == "top_k" and value < 0):  # top_k -1: off (vLLM)
+            continue
+        if name == "top_k" and not is_int(value):
+            raise wrong_type(key, "an integer", value)
+        params[name] = int(value) if name == "top_k" else value
+    kwargs = opt_object(raw, "chat_template_kwargs")
+    if kwargs is not None:
+        if len(kwargs) > MAX_TEMPLATE_KWARGS:
             raise InvalidRequest(
-                f"'{here}.name' must be 1-64 characters of a-z, A-Z, 0-9, _ or -",
-                param=f"{here}.name",
+                f"'chat_template_kwargs' may hold at most {MAX_TEMPLATE_KWARGS} entries",
+                param="chat_template_kwargs",
             )
-        function: JSONObject = {"name": name}
-        for key, check in (("description", opt_str), ("parameters", opt_object)):
-            value = check(tool, key, f"{here}.{key}")
-            if value is not None:
-                function[key] = value
-        if opt_bool(tool, "strict", False, f"{here}.strict"):
-            function["strict"] = True
-        out.append({"type": "function", "function": function})
-    return out
+        params["chat_template_kwargs"] = kwargs
+
+
+def reasoning_effort(value: JSONValue, param: str) -> str | None:
+    """A reasoning effort (``none`` ... ``xhigh``), or None when absent."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in REASONING_EFFORTS:
+        raise InvalidRequest(
+            f"'{param}' must be one of {', '.join(sorted(REASONING_EFFORTS))}", param=param
+        )
+    return value
+
+
+def opt_str_array(raw: JSONObject, key: str, max_items: int = 64) -> list[str] | None:
+    """An optional, bounded array of strings (``include``)."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise wrong_type(key, "an array of strings", value)
+    if len(value) > max_items:
+        raise InvalidRequest(f"'{key}' may hold at most {max_items} entries", param=key)
+    return value
 
 
 def text_format(raw: JSONObject) -> JSONObject | None:

@@ -29,6 +29,7 @@ from iopd.edge.openai.incoming.request_fields import (
     WORKSPACE_KEY,
     rewrite_model,
 )
+from iopd.edge.openai.incoming.responses_tools import ToolPlan, plan_tools, tool_choice_plan
 
 __all__ = [
     "MAX_NORMALIZED_CHOICES",
@@ -130,6 +131,10 @@ class ChatRequest(_OpenAIBody):
         ):
             if value is not None:
                 params[key] = value
+        f.sampling_extras(raw, params)
+        effort = f.reasoning_effort(raw.get("reasoning_effort"), "reasoning_effort")
+        if effort is not None:
+            params["reasoning_effort"] = effort
         max_tokens = f.opt_int(raw, "max_tokens", 1)
         max_completion = f.opt_int(raw, "max_completion_tokens", 1)
         if max_tokens is not None or max_completion is not None:
@@ -153,6 +158,7 @@ class ResponsesRequest(_OpenAIBody):
         "instructions",
         "stream",
         "tools",
+        "tool_plan",
         "function_tools",
         "metadata",
         "field_names",
@@ -169,10 +175,21 @@ class ResponsesRequest(_OpenAIBody):
         self.instructions: str | None = f.opt_str(raw, "instructions")
         self.stream: bool = f.opt_bool(raw, "stream", False)
         self.tools: list[JSONObject] | None = f.opt_array(raw, "tools")
-        #: The function tools in the chat shape, for the normalized path
-        #: (built-in tools are the passthrough's: see ``responses.py``).
-        self.function_tools: list[JSONObject] | None = f.responses_function_tools(self.tools)
+        #: The tools as a normalized provider takes them (``responses_tools``):
+        #: function, custom and namespace tools flattened; the rest unsupported.
+        self.tool_plan: ToolPlan = plan_tools(self.tools)
+        mode, forced = tool_choice_plan(raw.get("tool_choice"), self.tool_plan)
+        #: The function tools in the chat shape the normalized run gets:
+        #: none under ``tool_choice: none``, only the forced one when one is.
+        self.function_tools: list[JSONObject] | None = _chosen(
+            self.tool_plan.function_tools, mode, forced
+        )
         self.metadata: dict[str, str] = f.metadata(raw)
+        f.opt_bool(raw, "parallel_tool_calls", True)
+        f.opt_bool(raw, "store", False)
+        for key in ("prompt_cache_key", "user", "safety_identifier"):
+            f.opt_str(raw, key)
+        f.opt_str_array(raw, "include")
         params: JSONObject = {}
         response_format = f.text_format(raw)
         if response_format is not None:
@@ -184,9 +201,29 @@ class ResponsesRequest(_OpenAIBody):
         ):
             if param_value is not None:
                 params[key] = param_value
+        f.sampling_extras(raw, params)
+        reasoning = f.opt_object(raw, "reasoning")
+        effort = f.reasoning_effort(
+            reasoning.get("effort") if reasoning is not None else raw.get("reasoning_effort"),
+            "reasoning.effort" if reasoning is not None else "reasoning_effort",
+        )
+        if effort is not None:
+            params["reasoning_effort"] = effort
         #: Generation parameter -> the field the caller sent it as (for 400s).
         self.field_names: dict[str, str] = {"max_tokens": "max_output_tokens"}
         self._params = params
+
+
+def _chosen(
+    tools: list[JSONObject] | None, mode: str | None, forced: str | None
+) -> list[JSONObject] | None:
+    """The tools a ``tool_choice`` leaves the run (no provider here enforces a choice)."""
+    if tools is None or mode == "none":
+        return None
+    if forced is not None:
+        kept = [t for t in tools if isinstance(fn := t.get("function"), dict) and fn.get("name") == forced]
+        return kept or tools
+    return tools
 
 
 class OllamaRequest(_Body):

@@ -17,8 +17,25 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["DEFAULT_FORWARDED", "upstream_headers"]
+from iopd.edge.openai.incoming.session_key import SESSION_HEADERS
 
+__all__ = ["AGENT_SESSION_HEADERS", "DEFAULT_FORWARDED", "upstream_headers"]
+
+#: The coding agents' headers that keep a session whole upstream (a provider's
+#: prompt cache, its own session routing): forwarded by default, none carries
+#: a credential.  Codex: ``session_id``/``session-id``, ``thread-id``,
+#: ``conversation_id``, ``originator``, ``x-client-request-id``; opencode:
+#: ``x-session-id``, ``x-session-affinity``; Claude Code:
+#: ``x-claude-code-session-id``, ``anthropic-version``, ``anthropic-beta``.
+AGENT_SESSION_HEADERS: frozenset[str] = frozenset(
+    {
+        *SESSION_HEADERS,
+        "originator",
+        "x-client-request-id",
+        "anthropic-version",
+        "anthropic-beta",
+    }
+)
 #: Caller headers forwarded by default (lower-case).  ``content-type`` is set
 #: by the edge itself: the relayed body is always the re-encoded JSON.
 DEFAULT_FORWARDED: frozenset[str] = frozenset(
@@ -30,6 +47,7 @@ DEFAULT_FORWARDED: frozenset[str] = frozenset(
         "x-request-id",
         "idempotency-key",
         "user-agent",
+        *AGENT_SESSION_HEADERS,
     }
 )
 

@@ -6,14 +6,17 @@ Responses request the way they run a chat completion, translated here:
 - ``input``: a string, or a list of items as the SDK and LangChain send
   them: messages (roles ``user``, ``system``, ``developer``, ``assistant``;
   string content or ``input_text``/``output_text``/``input_image`` parts),
-  the ``function_call`` and ``function_call_output`` items of a tool loop,
-  and ``reasoning`` items (dropped: a provider cannot take its earlier
-  thinking back).  ``instructions`` becomes the first system message
+  the ``function_call``/``custom_tool_call`` items of a tool loop and their
+  ``*_output`` items, and ``reasoning`` items (dropped: a provider cannot
+  take its earlier thinking back; so is the record of a built-in tool's
+  call).  ``instructions`` becomes the first system message
   (:func:`responses_input_to_messages`).
-- function ``tools`` (Responses' flat ``{"type": "function", "name",
-  "parameters"}``) take the chat tools' path (native on ``ollama``, the
+- ``tools``, as :mod:`iopd.edge.openai.incoming.responses_tools` plans them
+  (function tools, custom tools as a function of one string, namespaces
+  flattened), take the chat tools' path (native on ``ollama``, the
   ``<tool_call>`` protocol on text-only providers); the calls come back as
-  ``function_call`` output items.
+  ``function_call`` output items, or ``custom_tool_call`` ones for a custom
+  tool, with their ``namespace``.
 - ``stream: true`` gets the Responses event sequence (:class:`ResponseEvents`):
   ``response.created``, ``response.in_progress``, per output item
   ``response.output_item.added`` … ``response.output_item.done`` (text:
@@ -23,8 +26,9 @@ Responses request the way they run a chat completion, translated here:
   ``sequence_number``.
 
 What needs state the edge does not keep (``previous_response_id``,
-``conversation``), built-in tools (``web_search``, ``file_search``…) and
-other item types are refused with a 400 naming the field; a group with a
+``conversation``) and other item types are refused with a 400 naming the
+field; built-in tools (``web_search``, ``file_search``…) are dropped or
+refused by ``openai.unsupported_tools`` (``needs``).  A group with a
 passthrough provider relays such a request there instead (``prepare``).  The
 objects are the ones the official SDK parses (``openai.types.responses``).
 """
@@ -36,6 +40,7 @@ import secrets
 import msgspec
 
 from iopd.edge.openai.incoming.jsonschema import JSONArray, JSONObject, JSONValue
+from iopd.edge.openai.incoming.responses_tools import CUSTOM_INPUT, ToolPlan, plan_tools
 from iopd.errors import InvalidRequest
 from wire.messages import Usage
 
@@ -56,6 +61,21 @@ _UNSUPPORTED = (
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 #: Content part types that are text.
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+#: Input items with no chat form that the conversation goes on without:
+#: the model's earlier thinking (a provider cannot take it back; its text is
+#: not passed on either) and the record of a built-in tool's run (a tool
+#: this path never offers, so only an earlier turn elsewhere made one).
+_SKIPPED_ITEMS = frozenset(
+    {
+        "reasoning",
+        "web_search_call",
+        "file_search_call",
+        "image_generation_call",
+        "code_interpreter_call",
+        "tool_search_call",
+        "tool_search_output",
+    }
+)
 
 
 def new_response_id() -> str:
@@ -89,14 +109,7 @@ def responses_input_to_messages(req: JSONObject) -> list[JSONObject]:
     ):
         if req.get(key) is not None:
             raise _unsupported(f"'{key}'", why, key)
-    tools = req.get("tools")
-    if isinstance(tools, list):
-        for i, tool in enumerate(tools):
-            if isinstance(tool, dict) and tool.get("type") != "function":
-                kind = str(tool.get("type"))[:40]
-                raise _unsupported(
-                    f"the tool type '{kind}'", "only function tools are", f"tools[{i}].type"
-                )
+    plan = tool_plan_of(req)
     instructions = req.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise _unsupported(
@@ -111,13 +124,21 @@ def responses_input_to_messages(req: JSONObject) -> list[JSONObject]:
     if isinstance(value, str):
         messages.append({"role": "user", "content": value})
     elif isinstance(value, list):
-        _items(value, messages)
+        _items(value, messages, plan)
     else:
         raise _wrong("input", "a string or an array", value)
     return messages
 
 
-def _items(items: JSONArray, messages: list[JSONObject]) -> None:
+def tool_plan_of(req: JSONObject) -> ToolPlan:
+    """The tool plan of a (parsed, so well-formed) body's ``tools``."""
+    tools = req.get("tools")
+    if not isinstance(tools, list):
+        return ToolPlan()
+    return plan_tools([t for t in tools if isinstance(t, dict)])
+
+
+def _items(items: JSONArray, messages: list[JSONObject], plan: ToolPlan) -> None:
     for i, item in enumerate(items):
         here = f"input[{i}]"
         if not isinstance(item, dict):
@@ -126,15 +147,18 @@ def _items(items: JSONArray, messages: list[JSONObject]) -> None:
         if kind == "message":
             messages.append(_message(item, here))
         elif kind == "function_call":
-            _function_call(item, here, messages)
-        elif kind == "function_call_output":
+            _function_call(item, here, messages, plan)
+        elif kind == "custom_tool_call":
+            _custom_tool_call(item, here, messages, plan)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(_function_call_output(item, here))
-        elif kind == "reasoning":
-            continue  # the model's earlier thinking: no chat form, not needed to go on
+        elif kind in _SKIPPED_ITEMS:
+            continue  # no chat form, and not needed to go on (see _SKIPPED_ITEMS)
         else:
             raise _unsupported(
                 f"the input item type '{str(kind)[:40]}'",
-                "messages, function_call, function_call_output and reasoning items are",
+                "messages, function_call, custom_tool_call, their outputs and "
+                "reasoning items are",
                 f"{here}.type",
             )
 
@@ -174,19 +198,46 @@ def _message(item: JSONObject, here: str) -> JSONObject:
     return {"role": role, "content": parts}
 
 
-def _function_call(item: JSONObject, here: str, messages: list[JSONObject]) -> None:
-    """An earlier call of the model: an assistant ``tool_calls`` entry (joined to
-    the assistant message just before it, as chat has them in one message)."""
+def _strings(item: JSONObject, here: str, keys: tuple[str, ...]) -> dict[str, str]:
     fields = {}
-    for key in ("call_id", "name", "arguments"):
+    for key in keys:
         value = item.get(key)
         if not isinstance(value, str):
             raise _wrong(f"{here}.{key}", "a string", value)
         fields[key] = value
+    return fields
+
+
+def _namespace(item: JSONObject) -> str | None:
+    value = item.get("namespace")
+    return value if isinstance(value, str) else None
+
+
+def _function_call(
+    item: JSONObject, here: str, messages: list[JSONObject], plan: ToolPlan
+) -> None:
+    """An earlier call of the model: an assistant ``tool_calls`` entry (joined to
+    the assistant message just before it, as chat has them in one message)."""
+    fields = _strings(item, here, ("call_id", "name", "arguments"))
+    name = plan.flat_name(fields["name"], _namespace(item))
+    _append_call(messages, fields["call_id"], name, fields["arguments"])
+
+
+def _custom_tool_call(
+    item: JSONObject, here: str, messages: list[JSONObject], plan: ToolPlan
+) -> None:
+    """An earlier call of a custom tool: the function call it was made as."""
+    fields = _strings(item, here, ("call_id", "name", "input"))
+    name = plan.flat_name(fields["name"], _namespace(item))
+    arguments = _encode({CUSTOM_INPUT: fields["input"]}).decode()
+    _append_call(messages, fields["call_id"], name, arguments)
+
+
+def _append_call(messages: list[JSONObject], call_id: str, name: str, arguments: str) -> None:
     call: JSONObject = {
-        "id": fields["call_id"],
+        "id": call_id,
         "type": "function",
-        "function": {"name": fields["name"], "arguments": fields["arguments"]},
+        "function": {"name": name, "arguments": arguments},
     }
     last = messages[-1] if messages else None
     if last is not None and last.get("role") == "assistant":
@@ -259,18 +310,53 @@ def _reasoning_item(text: str, item_id: str | None = None) -> JSONObject:
     }
 
 
-def _function_call_item(call: JSONObject) -> JSONObject:
-    """A chat-shaped tool call (``{id, function{name, arguments}}``) as an output item."""
+def _function_call_item(call: JSONObject, plan: ToolPlan | None = None) -> JSONObject:
+    """A chat-shaped tool call (``{id, function{name, arguments}}``) as an output
+    item: a ``function_call``, or the ``custom_tool_call`` of a custom tool
+    (``plan``: what the flattened names were), each with its ``namespace``."""
     fn = call.get("function")
     fn = fn if isinstance(fn, dict) else {}
-    return {
-        "type": "function_call",
-        "id": "fc_" + secrets.token_hex(24),
-        "call_id": call.get("id"),
-        "name": fn.get("name"),
-        "arguments": fn.get("arguments") or "{}",
-        "status": "completed",
-    }
+    name, arguments = fn.get("name"), fn.get("arguments") or "{}"
+    origin = plan.origin(name) if plan is not None and isinstance(name, str) else None
+    if origin is not None and origin.kind == "custom":
+        item: JSONObject = {
+            "type": "custom_tool_call",
+            "id": "ctc_" + secrets.token_hex(24),
+            "call_id": call.get("id"),
+            "name": origin.name,
+            "input": _custom_input(arguments),
+            "status": "completed",
+        }
+    else:
+        item = {
+            "type": "function_call",
+            "id": "fc_" + secrets.token_hex(24),
+            "call_id": call.get("id"),
+            "name": origin.name if origin is not None else name,
+            "arguments": arguments,
+            "status": "completed",
+        }
+    if origin is not None and origin.namespace is not None:
+        item["namespace"] = origin.namespace
+    return item
+
+
+def _custom_input(arguments: JSONValue) -> str:
+    """A custom tool's free input from the arguments of the function it ran as:
+    ``input`` (or the one string argument the model gave), else the text as sent."""
+    if not isinstance(arguments, str):
+        return ""
+    try:
+        value = msgspec.json.decode(arguments)
+    except msgspec.DecodeError:
+        return arguments
+    if isinstance(value, dict):
+        if isinstance(value.get(CUSTOM_INPUT), str):
+            return str(value[CUSTOM_INPUT])
+        strings = [v for v in value.values() if isinstance(v, str)]
+        if len(value) == 1 and strings:
+            return strings[0]
+    return value if isinstance(value, str) else arguments
 
 
 def _response(
@@ -339,7 +425,8 @@ def build_response(
         output.append(_reasoning_item(reasoning_text))
     if text or not tool_calls:
         output.append(_message_item(text, status))
-    output.extend(_function_call_item(call) for call in tool_calls or ())
+    plan = plan_tools(tools) if tools else None
+    output.extend(_function_call_item(call, plan) for call in tool_calls or ())
     head = _head(response_id, model, created_at, metadata, tools)
     return _response(head, status, output, usage)
 
@@ -355,7 +442,7 @@ class ResponseEvents:
     ``sequence_number``, as OpenAI sends them; the stream has no ``[DONE]``.
     """
 
-    __slots__ = ("_head", "_seq", "output", "_open", "_parts")
+    __slots__ = ("_head", "_seq", "output", "_open", "_parts", "_plan")
 
     def __init__(
         self,
@@ -367,6 +454,7 @@ class ResponseEvents:
         tools: list[JSONObject] | None = None,
     ) -> None:
         self._head = _head(response_id, model, created_at, metadata, tools)
+        self._plan = plan_tools(tools) if tools else None
         self._seq = 0
         #: The output items so far (the one being streamed is the last).
         self.output: list[JSONObject] = []
@@ -402,23 +490,26 @@ class ResponseEvents:
         )
 
     def function_call(self, call: JSONObject) -> bytes:
-        """One whole tool call (chat shape) as a ``function_call`` item."""
+        """One whole tool call (chat shape) as a ``function_call`` item (a
+        ``custom_tool_call`` for a custom tool, its input as one delta)."""
         out = self._close("completed")
-        item = _function_call_item(call)
+        item = _function_call_item(call, self._plan)
         index = len(self.output)
         self.output.append(item)
         where: JSONObject = {"item_id": item["id"], "output_index": index}
-        added = {**item, "arguments": "", "status": "in_progress"}
+        if item["type"] == "custom_tool_call":
+            added = {**item, "input": "", "status": "in_progress"}
+            kind, key = "response.custom_tool_call_input", "input"
+            done: JSONObject = {**where, "input": item["input"]}
+        else:
+            added = {**item, "arguments": "", "status": "in_progress"}
+            kind, key = "response.function_call_arguments", "arguments"
+            done = {**where, "name": item["name"], "arguments": item["arguments"]}
         return (
             out
             + self._event("response.output_item.added", {"output_index": index, "item": added})
-            + self._event(
-                "response.function_call_arguments.delta", {**where, "delta": item["arguments"]}
-            )
-            + self._event(
-                "response.function_call_arguments.done",
-                {**where, "name": item["name"], "arguments": item["arguments"]},
-            )
+            + self._event(f"{kind}.delta", {**where, "delta": item[key]})
+            + self._event(f"{kind}.done", done)
             + self._event("response.output_item.done", {"output_index": index, "item": item})
         )
 
