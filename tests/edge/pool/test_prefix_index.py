@@ -1,5 +1,5 @@
 """The prefix index: chained blocks, the bounded LRU per provider, lookups, drops,
-and a stateful test against a plain reference model; the prompt serializer."""
+and a stateful test against a plain reference model."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from iopd.edge.openai.incoming.prompt_blocks import prompt_bytes
 from iopd.edge.pool.prefix_index import PrefixIndex, block_chain
 
 
@@ -147,31 +146,3 @@ class IndexMachine(RuleBasedStateMachine):
 
 TestIndexMachine = IndexMachine.TestCase
 TestIndexMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
-
-
-def test_prompt_bytes_follow_prompt_order_not_key_order() -> None:
-    a = {"messages": [{"role": "user", "content": "hi"}], "tools": [{"t": 1}], "temperature": 1}
-    b = {"temperature": 0.2, "tools": [{"t": 1}], "messages": [{"role": "user", "content": "hi"}]}
-    assert prompt_bytes("/v1/chat/completions", a, 10_000) == prompt_bytes(
-        "/v1/chat/completions", b, 10_000
-    )
-    assert prompt_bytes("/v1/chat/completions", a, 10_000).startswith(b'{"t":1}\n')
-
-
-def test_prompt_bytes_grow_at_the_end_as_a_conversation_goes_on() -> None:
-    turn1 = {"instructions": "be brief", "input": [{"role": "user", "content": "a"}]}
-    turn2 = {
-        "instructions": "be brief",
-        "input": turn1["input"] + [{"role": "user", "content": "b"}],
-    }
-    one = prompt_bytes("/v1/responses", turn1, 10_000)
-    assert prompt_bytes("/v1/responses", turn2, 10_000).startswith(one)
-
-
-def test_prompt_bytes_are_salted_bounded_and_empty_where_unknown() -> None:
-    body = {"messages": [{"role": "user", "content": "x" * 1000}], "cache_salt": "s1"}
-    assert prompt_bytes("/v1/chat/completions", body, 10_000).startswith(b'"s1"\n')
-    assert len(prompt_bytes("/v1/chat/completions", body, 100)) == 100
-    assert prompt_bytes("/v1/embeddings", body, 100) == b""
-    assert prompt_bytes("/v1/chat/completions", None, 100) == b""
-    assert prompt_bytes("/v1/messages", {"system": "s", "messages": []}, 100) == b'"s"\n'

@@ -6,7 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from iopd.edge.pool.routing import RouteAsk, RoutingPolicy, rendezvous_order, session_digest
+from iopd.edge.pool.routing import (
+    RouteAsk,
+    RoutingMode,
+    RoutingPolicy,
+    rendezvous_order,
+    session_digest,
+)
 from iopd.edge.pool.scheduler import (
     Grant,
     GroupPolicy,
@@ -32,13 +38,13 @@ def make(
     n: int = 3,
     *,
     capacity: int = 1,
-    routing: str = "prefix",
+    routing: RoutingMode = "prefix",
     policy: RoutingPolicy = POLICY,
 ) -> Scheduler:
     pids = [chr(ord("a") + i) for i in range(n)]
     snap = PoolSnapshot(
         providers={p: ProviderSlot(p, f"n{p}", "echo", capacity) for p in pids},
-        groups={"m": GroupPolicy("m", tuple((p, "t") for p in pids), routing=routing)},  # type: ignore[arg-type]
+        groups={"m": GroupPolicy("m", tuple((p, "t") for p in pids), routing=routing)},
         routing=policy,
     )
     s = Scheduler(snap)
