@@ -83,6 +83,8 @@ class PrefixIndex:
         self._where: dict[int, int] = {}  # block hash -> bit mask of the providers holding it
         self._free_bits: list[int] = []
         self._next_bit = 0
+        #: Moves on at every change, so a caller may keep a lookup until it does.
+        self.version = 0
 
     # ------------------------------------------------------------------ updates
 
@@ -90,6 +92,7 @@ class PrefixIndex:
         """``chain`` was routed to ``provider_id``: it holds these blocks now."""
         if not chain or self.max_blocks == 0:
             return
+        self.version += 1
         p = self._providers.get(provider_id)
         if p is None:
             p = self._providers[provider_id] = _Provider(self._take_bit())
@@ -109,6 +112,7 @@ class PrefixIndex:
         p = self._providers.pop(provider_id, None)
         if p is None:
             return
+        self.version += 1
         bit = 1 << p.bit
         for h in p.lru:
             self._unset(h, bit)
@@ -123,6 +127,7 @@ class PrefixIndex:
     def set_max_blocks(self, max_blocks: int) -> None:
         """A new bound (refresh): a lower one evicts each provider's oldest blocks."""
         self.max_blocks = max_blocks
+        self.version += 1
         for p in self._providers.values():
             bit = 1 << p.bit
             while len(p.lru) > max_blocks:

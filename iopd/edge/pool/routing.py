@@ -78,6 +78,7 @@ class _SnapshotView(Protocol):
     @property
     def groups(self) -> Mapping[str, _GroupView]: ...
 
+
 __all__ = [
     "MATCH_BUCKETS",
     "ROUTING_MODES",
@@ -174,7 +175,17 @@ class RouteAsk:
     for (``home``, counted in that provider's pressure while it is queued).
     """
 
-    __slots__ = ("prompt", "session", "since", "home", "deadline", "watched", "counted", "_chains")
+    __slots__ = (
+        "prompt",
+        "session",
+        "since",
+        "home",
+        "deadline",
+        "watched",
+        "counted",
+        "_chains",
+        "_matched",
+    )
 
     def __init__(self, prompt: bytes = b"", session: str | None = None) -> None:
         self.prompt = prompt
@@ -186,6 +197,8 @@ class RouteAsk:
         self.watched: float | None = None  # the deadline the scheduler's timer knows
         self.counted = False
         self._chains: dict[str, tuple[int, ...]] = {}
+        #: The last lookup: (group, the index's version, the candidates; its result).
+        self._matched: tuple[tuple[str, int, frozenset[str]], dict[str, int]] | None = None
 
     def routable(self, group_id: str, policy: RoutingPolicy) -> bool:
         """Whether there is anything to route by: a session key or one whole block
@@ -262,7 +275,7 @@ class Router:
         }
         least = min(pressure.values(), default=0.0)
         bound = least + max(policy.max_load_gap, policy.max_load_gap_ratio * least)
-        matches = self.index.match(chain, pressure) if total else {}
+        matches = self._match(group_id, chain, ask, pressure)
         digest = session_digest(group_id, ask.session) if ask.session else None
         target: str | None = None
         reason: RoutingReason = "load"
@@ -302,6 +315,20 @@ class Router:
             ask.deadline = ask.since + patience
             return None, reason, fraction
         return alt, "fallback", alt_fraction
+
+    def _match(
+        self, group_id: str, chain: tuple[int, ...], ask: RouteAsk, candidates: Iterable[str]
+    ) -> dict[str, int]:
+        """The index's lookup, kept while the index does not change: a waiter
+        re-examined at every release walks its chain once per change, not per look."""
+        if not chain:
+            return {}
+        key = (group_id, self.index.version, frozenset(candidates))
+        if ask._matched is not None and ask._matched[0] == key:
+            return ask._matched[1]
+        matches = self.index.match(chain, key[2])
+        ask._matched = (key, matches)
+        return matches
 
     # ------------------------------------------------------------------ bookkeeping
 

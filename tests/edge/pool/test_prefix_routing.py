@@ -257,3 +257,18 @@ def test_decisions_and_matched_fractions_are_counted() -> None:
     assert router.decisions == {("m", "load"): 1, ("m", "prefix"): 1}
     hist = router.matched["m"]
     assert sum(hist[:-1]) == 2 and 0.5 < hist[-1] <= 1.0
+
+
+def test_a_waiter_looks_its_chain_up_once_per_change_of_the_index() -> None:
+    s = make(n=2, capacity=1)
+    a = grant(s, prompt(1, 3))
+    b = grant(s, prompt(2, 3))
+    w = take(s, prompt(1, 4))
+    assert isinstance(w, Waiter)
+    index = s._index.router.index
+    before = index.stats(a.provider_id).lookups
+    for t in range(4):  # re-examinations (b's health moves) that change nothing in the index
+        s.set_provider_health(b.provider_id, "healthy" if t % 2 else "unknown", now=float(t))
+    assert index.stats(a.provider_id).lookups == before
+    resolved = s.release(a, now=10.0)
+    assert resolved == [w] and w.grant is not None and w.grant.provider_id == a.provider_id
