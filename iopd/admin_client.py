@@ -23,10 +23,17 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 from urllib.parse import quote, urlsplit
 
 import yaml
+
+from iopd.json_types import JSONValue
+
+#: An admin API answer, read by key as the formatters expect it: an answer of
+#: another shape raises one of ``_ANSWER_ERRORS`` on the way, reported as "did
+#: not answer like the admin API" (so no reader narrows each value first).
+AdminDoc: TypeAlias = dict[str, Any]  # Any: read by key, a wrong shape is caught
 
 
 class AdminError(Exception):
@@ -169,10 +176,10 @@ def _call(
     admin: AdminTarget | str,
     method: str,
     path: str,
-    body: dict[str, Any] | None = None,
+    body: Mapping[str, object] | None = None,
     *,
     timeout: float = 30,
-) -> Any:
+) -> JSONValue:
     target = _target(admin)
     where = target.url
     bad_url = AdminError(
@@ -211,11 +218,12 @@ def _call(
         detail = " (a wrong token)" if resp.status == 401 and os.environ.get(TOKEN_ENV) else ""
         raise AdminError(f"admin API answered {resp.status}{detail}: {_HINTS[resp.status]}")
     try:
-        doc = json.loads(raw)
+        doc: JSONValue = json.loads(raw)
     except ValueError:
         raise AdminError(f"admin API answered {resp.status} with a non-JSON body") from None
     if resp.status != 200:
-        msg = doc.get("error", {}).get("message") if isinstance(doc, dict) else None
+        error = doc.get("error") if isinstance(doc, dict) else None
+        msg = error.get("message") if isinstance(error, dict) else None
         raise AdminError(f"admin API answered {resp.status}: {msg or raw[:200]!r}")
     return doc
 
@@ -224,7 +232,7 @@ def _call(
 LAST_ERROR_WIDTH = 120
 
 
-def _health_cell(p: dict[str, Any]) -> str:
+def _health_cell(p: AdminDoc) -> str:
     """``ejected`` carries when it ends (``ejected_until``, local time); an older
     edge's rows have no such key."""
     until = p.get("ejected_until")
@@ -233,7 +241,7 @@ def _health_cell(p: dict[str, Any]) -> str:
     return str(p["health"])
 
 
-def _override_cell(override: Any) -> str:
+def _override_cell(override: object) -> str:
     """``cap=5 prio=2`` for the runtime overrides set, ``-`` for none (or an older edge)."""
     if not isinstance(override, dict):
         return "-"
@@ -263,7 +271,7 @@ def _table(
     return [line.rstrip() for line in out]
 
 
-def format_status(doc: dict[str, Any]) -> str:
+def format_status(doc: AdminDoc) -> str:
     """The provider catalog as a table (plus nodes, model groups and queue).
 
     Columns widen to the longest id so rows stay aligned; a last error is
@@ -336,14 +344,14 @@ def format_status(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _window(w: dict[str, Any]) -> str:
+def _window(w: AdminDoc) -> str:
     """One limit window as ``used/limit (reset)``; ``-`` when unlimited (usage still counts)."""
     if not w.get("limit"):
         return f"{w.get('used', 0)}/-"
     return f"{w['used']}/{w['limit']} ({w.get('reset_s', 0):g}s)"
 
 
-def format_principals(doc: dict[str, Any]) -> str:
+def format_principals(doc: AdminDoc) -> str:
     """Per principal: requests in flight and queued, and each window's use.
 
     ``REMAINING`` columns are what is left of each limit; windows read
@@ -379,7 +387,7 @@ def format_principals(doc: dict[str, Any]) -> str:
     return "\n".join(_table(rows, [14, 9, 6, 5, 12, 12, 12], frozenset({1, 2, 3, 4, 5, 6})))
 
 
-def format_report(doc: dict[str, Any]) -> str:
+def format_report(doc: AdminDoc) -> str:
     """A refresh report: one line per list of ids or paths, one line per error.
 
     Errors get a line each because their reasons may contain commas.
@@ -403,7 +411,7 @@ STATUS_KEYS = frozenset({"edge_id", "nodes", "providers", "queue"})
 REPORT_KEYS = frozenset({"mode", "applied", "restart_required", "errors"})
 
 
-def _expect(doc: Any, keys: frozenset[str], admin: AdminTarget | str) -> dict[str, Any]:
+def _expect(doc: JSONValue, keys: frozenset[str], admin: AdminTarget | str) -> AdminDoc:
     """``doc`` if it is an object with ``keys``; else the admin URL points elsewhere."""
     if not isinstance(doc, dict) or not keys <= doc.keys():
         raise AdminError(f"{_url(admin)} did not answer like the admin API")
@@ -436,7 +444,7 @@ def status_main(
         if principals:
             if "principals" not in doc:
                 raise AdminError(f"{_url(admin)} is an edge without per-principal limits (older)")
-            shown: Any = doc["principals"]
+            shown: JSONValue = doc["principals"]
             text = json.dumps(shown, indent=2) if as_json else format_principals(doc)
         else:
             text = json.dumps(doc, indent=2) if as_json else format_status(doc)
@@ -490,7 +498,7 @@ def restart_main(admin: AdminTarget | str) -> int:
 
 
 #: ``iopd provider ACTION``: the admin route (after ``/providers/{id}/``) and its body.
-PROVIDER_ACTIONS: dict[str, tuple[str, dict[str, Any]]] = {
+PROVIDER_ACTIONS: dict[str, tuple[str, dict[str, str]]] = {
     "drain": ("state", {"state": "draining"}),
     "disable": ("state", {"state": "disabled"}),
     "enable": ("state", {"state": "active"}),
@@ -500,7 +508,7 @@ CONTROL_KEYS = frozenset({"id", "node_id", "state", "capacity", "priority", "ove
 NODE_KEYS = frozenset({"id", "providers"})
 
 
-def format_control(view: dict[str, Any]) -> str:
+def format_control(view: AdminDoc) -> str:
     """One provider after a control: state, in flight, effective values, overrides."""
     override = view["override"]
 
@@ -516,7 +524,7 @@ def format_control(view: dict[str, Any]) -> str:
 
 
 def _control(
-    admin: AdminTarget | str, command: str, path: str, body: dict[str, Any], as_json: bool
+    admin: AdminTarget | str, command: str, path: str, body: Mapping[str, object], as_json: bool
 ) -> int:
     """POST one runtime control; print the provider(s) it left; exit 1 on any error."""
     try:
@@ -524,12 +532,14 @@ def _control(
         if command == "node drain":
             node = _expect(doc, NODE_KEYS, admin)
             views = [_expect(v, CONTROL_KEYS, admin) for v in node["providers"]]
+            empty = f"node {node['id']} has no providers"
         else:
             views = [_expect(doc, CONTROL_KEYS, admin)]
+            empty = ""
         text = json.dumps(doc, indent=2) if as_json else "\n".join(map(format_control, views))
     except _ANSWER_ERRORS as exc:
         return _failed(command, admin, exc)
-    print(text or f"node {doc['id']} has no providers")
+    print(text or empty)
     return 0
 
 

@@ -12,9 +12,12 @@ import hashlib
 import secrets
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from iopd import __version__
+
+if TYPE_CHECKING:
+    from iopd.admin_client import AdminTarget
 
 DEFAULT_ADMIN = "http://127.0.0.1:7071"
 ADMIN_URL_ENV = "IOP_ADMIN_URL"
@@ -89,7 +92,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demo_main(port=args.port, admin_port=args.admin_port)
 
 
-def _admin_target(args: argparse.Namespace, command: str) -> Any:
+def _admin_target(args: argparse.Namespace, command: str) -> AdminTarget | None:
     """Where the admin API is (``--admin`` > ``$IOP_ADMIN_URL`` > ``--config`` > the
     default), or None after printing why it cannot be told."""
     from iopd.admin_client import AdminError, find_admin
@@ -167,7 +170,9 @@ def _cmd_node_drain(args: argparse.Namespace) -> int:
 
 
 def _add_control_parsers(
-    sub: Any, node_parser: argparse.ArgumentParser, admin_token_note: str
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    node_parser: argparse.ArgumentParser,
+    admin_token_note: str,
 ) -> None:
     """``iopd provider drain|disable|enable|set|reset ID`` and ``iopd node drain ID``."""
     lost = (

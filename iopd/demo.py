@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import sys
 from importlib import resources
+from typing import TYPE_CHECKING
 
 import msgspec
 import trio
@@ -22,6 +23,9 @@ from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.schema import EdgeConfig
 from iopd.logs import setup_logging
 from iopd.startup import StartupError, run_daemon
+
+if TYPE_CHECKING:
+    from iopd.edge.daemon import EdgeHandle
 
 DEMO_NODE_ID = "demo-node"
 
@@ -67,8 +71,11 @@ Press Ctrl-C to stop.
 """
 
 
-async def run_demo(  # type: ignore[no-untyped-def]
-    port: int, admin_port: int = DEFAULT_ADMIN_PORT, *, task_status=trio.TASK_STATUS_IGNORED
+async def run_demo(
+    port: int,
+    admin_port: int = DEFAULT_ADMIN_PORT,
+    *,
+    task_status: trio.TaskStatus[EdgeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     from iopd.edge.daemon import run_edge
 

@@ -17,7 +17,6 @@ import re
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from iopd.redact import Scrubber
 
@@ -54,7 +53,7 @@ class _LogSecrets:
             self._installed = True
             make = logging.getLogRecordFactory()
 
-            def factory(*args: Any, **kwargs: Any) -> logging.LogRecord:
+            def factory(*args: object, **kwargs: object) -> logging.LogRecord:
                 record = make(*args, **kwargs)
                 if self._sources:
                     self.scrub_record(record)

@@ -10,9 +10,10 @@ Where it is used: docs/ARCHITECTURE.md, "The input-token estimate".
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
 import msgspec
+
+from iopd.json_types import JSONValue
 
 
 def estimate_tokens_from_chars(chars: int) -> int:
@@ -20,7 +21,7 @@ def estimate_tokens_from_chars(chars: int) -> int:
     return (chars + 3) // 4
 
 
-def content_parts(content: Any) -> Iterable[str]:
+def content_parts(content: JSONValue) -> Iterable[str]:
     """Yield the text parts of one message ``content``: a string, or a list of parts."""
     if isinstance(content, str):
         yield content
@@ -32,19 +33,19 @@ def content_parts(content: Any) -> Iterable[str]:
                     yield text
 
 
-def content_text(content: Any) -> str:
+def content_text(content: JSONValue) -> str:
     """One message's text: string content, or its text parts joined ("" otherwise)."""
     return content if isinstance(content, str) else "".join(content_parts(content))
 
 
-def text_parts(messages: Iterable[Any]) -> Iterable[str]:
+def text_parts(messages: Iterable[JSONValue]) -> Iterable[str]:
     """Yield every text part of OpenAI-shaped chat messages."""
     for msg in messages:
         if isinstance(msg, dict):
             yield from content_parts(msg.get("content"))
 
 
-def estimate_input_tokens(messages: Iterable[Any]) -> int:
+def estimate_input_tokens(messages: Iterable[JSONValue]) -> int:
     """The estimate over all text parts of ``messages``."""
     return estimate_tokens_from_chars(sum(len(t) for t in text_parts(messages)))
 
@@ -59,7 +60,7 @@ _decode = msgspec.json.Decoder().decode
 _TEXT_KEYS = ("content", "reasoning_content", "reasoning", "text", "response", "thinking", "delta")
 
 
-def _text_chars(doc: Any, depth: int = 0) -> int:
+def _text_chars(doc: JSONValue, depth: int = 0) -> int:
     """Code points of the output text in one decoded stream chunk.
 
     Text is what the model wrote under the field names of Chat Completions

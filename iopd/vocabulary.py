@@ -9,7 +9,7 @@ word added in one place was missing in the next.  Here every closed set is a
 from it with ``typing.get_args`` (for the runtime check), never written twice.
 
 It imports nothing of ``iopd`` (so any module may import it without a cycle);
-``Health`` comes from ``wire/``, which never imports ``iopd``.
+``Health``, ``ErrorCode`` and ``ProviderType`` come from ``wire/``, which never imports ``iopd``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final, Literal, get_args
 
-from wire.messages import Health
+from wire.messages import ErrorCode, Health, ProviderType
 
 __all__ = [
     "ADMIN_ACTIONS",
@@ -26,11 +26,13 @@ __all__ = [
     "ShownHealth",
     "DISPATCH_OUTCOMES",
     "ENDPOINTS",
+    "ERROR_CODES",
     "FRAMING_HEADERS",
     "FRAME_DIRECTIONS",
     "HEALTH_STATES",
     "HOP_BY_HOP",
     "LIMIT_NAMES",
+    "NEVER_REACHED",
     "OLLAMA_TYPES",
     "PASSTHROUGH_TYPES",
     "PROVIDER_TYPES",
@@ -48,6 +50,7 @@ __all__ = [
     "ContextClass",
     "DispatchOutcome",
     "Endpoint",
+    "ErrorCode",
     "FrameDirection",
     "Health",
     "LimitName",
@@ -67,7 +70,7 @@ __all__ = [
 
 # ------------------------------------------------------------ provider types
 
-ProviderType = Literal["openai", "ollama", "cli", "echo"]
+#: ``ProviderType`` (``wire.messages``): what each provider type can do.
 PROVIDER_TYPES: Final = frozenset(get_args(ProviderType))
 
 #: Speak the OpenAI HTTP API natively: requests to them are tunnelled raw.
@@ -193,6 +196,17 @@ WireErrorReason = Literal[
     "frame_too_large", "malformed", "protocol", "handshake", "heartbeat_timeout", "pending_limit"
 ]
 WIRE_ERROR_REASONS: Final = frozenset(get_args(WireErrorReason))
+
+#: The ``code`` of a run's or a tunnel's ``error`` (``wire.messages.ErrorCode``;
+#: what each means to the edge: ``iopd/edge/openai/run_errors.py``).
+ERROR_CODES: Final[frozenset[ErrorCode]] = frozenset(get_args(ErrorCode))
+#: What the caller is told when the provider was never reached, whatever a
+#: node's own text says (it may name the provider's address): the node's
+#: adapters send these, and the edge keeps to them for a node that does not.
+NEVER_REACHED: Final[Mapping[ErrorCode, str]] = {
+    "provider_unreachable": "the provider could not be reached",
+    "provider_reset": "the connection to the provider broke while the request was sent",
+}
 
 # ------------------------------------------------------------ header sets
 

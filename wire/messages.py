@@ -141,11 +141,16 @@ class ProviderStatus(_Msg, tag=True):
     )
 
 
+#: The kinds of provider a node runs, each an adapter (``iopd/node/adapters/``);
+#: ``iopd.vocabulary`` derives what each can do from this one list.
+ProviderType = Literal["openai", "ollama", "cli", "echo"]
+
+
 class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One provider as the node needs it: the adapter settings, no edge policy."""
 
     id: str
-    type: Literal["openai", "ollama", "cli", "echo"]
+    type: ProviderType
     category: str = "local_inference"
     models: list[str] = msgspec.field(default_factory=list)
     base_url: str | None = None
@@ -199,10 +204,12 @@ class RunRequest(_Msg, tag=True):
 
     stream_id: int
     provider_id: str
-    adapter: Literal["openai", "ollama", "cli", "echo"]
+    adapter: ProviderType
     target: str  # the provider's served model name (already rewritten)
-    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)
-    tools: list[dict[str, Any]] | None = None
+    # Any (here and in RunEvent.tool_call): the caller's JSON as the edge
+    # validated it; ``wire/`` imports nothing of iopd's JSONValue.
+    messages: list[dict[str, Any]] = msgspec.field(default_factory=list)  # Any: see above
+    tools: list[dict[str, Any]] | None = None  # Any: see above
     params: dict[str, Any] = msgspec.field(default_factory=dict)  # temperature, max_tokens...
     metadata: dict[str, str] = msgspec.field(default_factory=dict)
     workspace: str | None = None
@@ -214,18 +221,44 @@ class RunRequest(_Msg, tag=True):
 
 RunEventKind = Literal["text", "reasoning", "tool_call", "usage", "complete", "error"]
 
+#: The codes a provider's failure crosses the wire with (what a node adapter
+#: raises): ``provider_unreachable`` (never connected, or a ``cli`` process
+#: never started), ``provider_reset`` (lost while the request was written),
+#: ``provider_timeout`` (sent, no answer for ``read_timeout``),
+#: ``provider_saturated`` (the provider's 429 to a normalized run),
+#: ``bad_request`` (the request cannot run there), ``provider_error`` (anything else).
+ProviderErrorCode = Literal[
+    "provider_error",
+    "provider_timeout",
+    "bad_request",
+    "provider_unreachable",
+    "provider_reset",
+    "provider_saturated",
+]
+#: Every ``code`` of an ``error`` RunEvent or ProviderTunnelFrame: a provider's
+#: failure, ``cancelled`` (the edge cancelled the stream, or the node is stopping
+#: it), and ``node_busy``, which no node sends: the edge ends a stream with it
+#: when its node answered ``Busy``.  What each means to the edge (its retry and
+#: the caller's error) is one table, ``iopd/edge/openai/run_errors.py``.
+#:
+#: The ``code`` fields stay ``str``, not this ``Literal``: msgspec would refuse
+#: to decode a frame whose code it does not list, so an edge would drop the
+#: stream of a node of another version that added one.  The edge reads an
+#: unknown code as ``provider_error`` (``run_errors.known_code``).
+ErrorCode = Literal[ProviderErrorCode, "cancelled", "node_busy"]
+
 
 class RunEvent(_Msg, tag=True):
     """Node -> edge: one event of a normalized run.
 
-    ``complete`` and ``error`` are terminal.  ``error`` carries ``code``:
-    ``provider_error``, ``provider_timeout``, ``cancelled``, ``bad_request``.
+    ``complete`` and ``error`` are terminal.  ``error`` carries ``code``
+    (an ``ErrorCode``) and ``message``.
     """
 
     stream_id: int
     kind: RunEventKind
     text: str = ""
-    tool_call: dict[str, Any] | None = None  # OpenAI shape {id, type, function{name, arguments}}
+    tool_call: dict[str, Any] | None = None  # OpenAI shape {id, type, function{...}}
     usage: Usage | None = None
     finish_reason: str | None = None
     code: str = ""

@@ -191,11 +191,12 @@ def _fallback_chain(
 
 def provider_spec_for(p: ProviderConfig) -> ProviderSpec:
     """The node's view of a provider: the adapter settings, no edge-only policy."""
-    values: dict[str, Any] = {name: getattr(p, name) for name in _SPEC_FIELDS}
+    values: dict[str, object] = {name: getattr(p, name) for name in _SPEC_FIELDS}
     if p.base_url and p.type in HTTP_PROVIDER_TYPES:
         # The node joins request paths to the root: ``.../v1`` in the config is not doubled.
         values["base_url"] = provider_root(p.type, p.base_url)
-    # Copy lists so the pushed message never aliases the running config.
+    # Copy lists so the pushed message never aliases the running config.  (Any:
+    # the keyword arguments of ProviderSpec, each field of its own type.)
     copied: dict[str, Any] = {k: list(v) if isinstance(v, list) else v for k, v in values.items()}
     return ProviderSpec(**copied)
 

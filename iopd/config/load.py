@@ -24,7 +24,7 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 import msgspec.inspect as mi
@@ -177,7 +177,7 @@ class _Walk:
 
     # -- type checks
 
-    def check(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+    def check(self, value: object, t: mi.Type, path: str) -> tuple[bool, object]:
         """Check ``value`` against ``t``; returns (ok, repaired value).
 
         A string is expanded here, once: its result is never expanded again.
@@ -198,7 +198,7 @@ class _Walk:
                 value = expanded
         return self._check(value, t, path)
 
-    def _check(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+    def _check(self, value: object, t: mi.Type, path: str) -> tuple[bool, object]:
         if isinstance(t, mi.AnyType):
             return True, value
         if isinstance(t, mi.StructType):
@@ -256,7 +256,7 @@ class _Walk:
         self.error(path, "unsupported schema type")  # pragma: no cover - schema bug
         return False, None  # pragma: no cover
 
-    def _check_union(self, value: Any, t: mi.UnionType, path: str) -> tuple[bool, Any]:
+    def _check_union(self, value: object, t: mi.UnionType, path: str) -> tuple[bool, object]:
         if value is None:
             if _allows_none(t):
                 return True, None
@@ -271,17 +271,17 @@ class _Walk:
                     return True, fixed
         return self._wrong(value, t, path)
 
-    def _wrong(self, value: Any, t: mi.Type, path: str) -> tuple[bool, Any]:
+    def _wrong(self, value: object, t: mi.Type, path: str) -> tuple[bool, object]:
         self.error(path, f"expected {_describe(t)}, got {_type_name(value)}")
         return False, _placeholder(t)
 
-    def check_struct(self, value: Any, t: mi.StructType, path: str) -> tuple[bool, Any]:
+    def check_struct(self, value: object, t: mi.StructType, path: str) -> tuple[bool, object]:
         if not isinstance(value, dict):
             self.error(path, f"expected a mapping, got {_type_name(value)}")
             return False, _placeholder(t)
         fields = {f.encode_name: f for f in t.fields}
         ok = True
-        out: dict[str, Any] = {}
+        out: dict[str, object] = {}
         # Keys in document order, so errors read top to bottom like the file.
         for key, raw in value.items():
             if not isinstance(key, str) or key not in fields:
@@ -298,7 +298,7 @@ class _Walk:
                 out[name] = _placeholder(f.type)
         return ok, out
 
-    def _check_field(self, f: mi.Field, raw: Any, fpath: str, out: dict[str, Any]) -> bool:
+    def _check_field(self, f: mi.Field, raw: object, fpath: str, out: dict[str, object]) -> bool:
         """Check one present struct field; store its (repaired) value in ``out``."""
         name = f.encode_name
         if isinstance(raw, str) and "${" in raw:
@@ -342,7 +342,7 @@ def _allows_none(t: mi.Type) -> bool:
     )
 
 
-def _fits(value: Any, t: mi.Type) -> bool:
+def _fits(value: object, t: mi.Type) -> bool:
     """Cheap pre-check which union member a value is meant for."""
     if isinstance(t, mi.StrType | mi.LiteralType):
         return isinstance(value, str)
@@ -359,7 +359,7 @@ def _fits(value: Any, t: mi.Type) -> bool:
     return True
 
 
-def _placeholder(t: mi.Type) -> Any:
+def _placeholder(t: mi.Type) -> object:
     """A value of type ``t`` standing in for a bad one, so validation can go on."""
     if isinstance(t, mi.StrType):
         return ""
@@ -393,7 +393,7 @@ def _under(path: str, failed: str) -> bool:
 # ------------------------------------------------------------------ public
 
 
-def _read_yaml(text: str) -> tuple[Any, list[ConfigProblem]]:
+def _read_yaml(text: str) -> tuple[object, list[ConfigProblem]]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -435,7 +435,7 @@ def _schema(cls: type[msgspec.Struct]) -> mi.StructType:
     return t
 
 
-def _build(data: Any, cls: type[T], env: Mapping[str, str] | None, source: str) -> T:
+def _build(data: object, cls: type[T], env: Mapping[str, str] | None, source: str) -> T:
     top = "edge" if cls is EdgeConfig else "node"
     if data is None:
         reason = f"the config is empty (expected a mapping with key '{top}')"

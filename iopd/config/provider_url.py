@@ -31,12 +31,15 @@ Rules, per provider type:
 
 from __future__ import annotations
 
+from typing import Final
 from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from iopd.vocabulary import ProviderType
 
 __all__ = ["HTTP_PROVIDER_TYPES", "base_url_problem", "provider_root", "request_url"]
 
 #: Provider types that talk HTTP to ``base_url``.
-HTTP_PROVIDER_TYPES = frozenset({"openai", "ollama"})
+HTTP_PROVIDER_TYPES: Final[frozenset[ProviderType]] = frozenset({"openai", "ollama"})
 
 #: The API prefix a user may leave on ``base_url``; the node adds it back per request.
 _API_PREFIX = {"openai": "/v1", "ollama": "/api"}

@@ -12,7 +12,6 @@ files.  Values are never part of the report, so secrets never leak into it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 
@@ -90,8 +89,8 @@ class RefreshDiff:
 def _struct_diff(old: msgspec.Struct, new: msgspec.Struct, path: str, out: list[str]) -> None:
     """Append ``path.field`` for every differing field, descending into sub-sections."""
     for name in new.__struct_fields__:
-        a: Any = getattr(old, name)
-        b: Any = getattr(new, name)
+        a: object = getattr(old, name)
+        b: object = getattr(new, name)
         if a == b:
             continue
         if isinstance(a, msgspec.Struct) and isinstance(b, msgspec.Struct):
@@ -153,8 +152,8 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
     for name in new.openai.__struct_fields__:
         if name in LIVE_OPENAI_KEYS:
             continue
-        a: Any = getattr(old.openai, name)
-        b: Any = getattr(new.openai, name)
+        a: object = getattr(old.openai, name)
+        b: object = getattr(new.openai, name)
         if a == b:
             continue
         if isinstance(a, msgspec.Struct) and isinstance(b, msgspec.Struct):

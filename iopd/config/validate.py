@@ -21,7 +21,7 @@ from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_p
 from iopd.config.fallback_graph import fallback_cycles
 from iopd.config.placeholders import placeholder_hash_reason, placeholder_token_reason
 from iopd.config.problems import ConfigProblem, join_key
-from iopd.config.provider_url import base_url_problem
+from iopd.config.provider_url import HTTP_PROVIDER_TYPES, base_url_problem
 from iopd.config.schema import (
     LIFECYCLE_CAPABILITIES,
     EdgeConfig,
@@ -118,7 +118,7 @@ class Errors:
 
 
 def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
-    if p.type in ("openai", "ollama"):
+    if p.type in HTTP_PROVIDER_TYPES:
         if not p.base_url:
             err.add(
                 f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)"

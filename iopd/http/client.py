@@ -31,10 +31,10 @@ import ssl
 from collections import deque
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
 from urllib.parse import urlsplit
 
 import trio
+from trio.socket import SocketType
 
 from iopd.http.h1 import H1ProtocolError
 from iopd.http.h1_client import ResponseHead, ResponseReader, render_request
@@ -149,7 +149,7 @@ def _describe(exc: BaseException) -> str:
 class _Connection:
     """One TCP (or TLS) connection; ``reader`` parses the response in progress."""
 
-    def __init__(self, stream: trio.abc.Stream, sock: Any, watch: ReadWatch) -> None:
+    def __init__(self, stream: trio.abc.Stream, sock: SocketType | None, watch: ReadWatch) -> None:
         self.stream = stream
         self.sock = sock
         self.reader: ResponseReader | None = None  # None between exchanges

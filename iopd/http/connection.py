@@ -52,11 +52,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from iopd.http.errors import (
+    BodyBudgetFull,
     ContentTooLarge,
     HttpError,
-    Overloaded,
     Refusal,
-    RequestTimeout,
+    RequestTooSlow,
     internal_error,
     protocol_error,
 )
@@ -71,15 +71,6 @@ LINGER_MAX_BYTES = 1024 * 1024
 _OVERLOADED = "the server is receiving too many request bodies at once; retry later"
 
 Headers = list[tuple[str, str]]
-#: The head hook: ``(method, path, headers) -> context``, called once a request
-#: head is parsed and before any body byte is read or ``100 Continue`` sent.
-#: It raises a :class:`~iopd.http.errors.Refusal` to refuse the request, having
-#: logged and counted the refusal itself (the server answers it, without
-#: ``on_reject``, and closes the connection); what it returns is
-#: ``Request.context``.  Synchronous: it decides from what is in hand.
-HeadCheck = Callable[[str, str, Headers], object]
-
-
 class HeadContext:
     """A base for what a head hook returns: headers every response to the
     request carries (the OpenAI listener's CORS headers), the handler's and
@@ -92,9 +83,18 @@ class HeadContext:
         self.response_headers: Headers = response_headers or []
 
 
-def context_headers(context: object) -> Headers:
+#: The head hook: ``(method, path, headers) -> context``, called once a request
+#: head is parsed and before any body byte is read or ``100 Continue`` sent.
+#: It raises a :class:`~iopd.http.errors.Refusal` to refuse the request, having
+#: logged and counted the refusal itself (the server answers it, without
+#: ``on_reject``, and closes the connection); what it returns (a
+#: :class:`HeadContext`, which the owner subclasses) is ``Request.context``.  Synchronous: it decides from what is in hand.
+HeadCheck = Callable[[str, str, Headers], HeadContext | None]
+
+
+def context_headers(context: HeadContext | None) -> Headers:
     """The headers a head hook's context adds to every response ([] for none)."""
-    return context.response_headers if isinstance(context, HeadContext) else []
+    return context.response_headers if context is not None else []
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +127,7 @@ class Request:
     client: tuple[str, int] | None
     http_version: str
     #: What the server's ``head_check`` returned for this request (None without one).
-    context: object = None
+    context: HeadContext | None = None
 
     def header(self, name: str) -> str | None:
         """The first value of header ``name`` (case-insensitive), or None."""
@@ -215,7 +215,7 @@ class Refuse:
 
     error: Refusal
     by_head_check: bool = False
-    context: object = None
+    context: HeadContext | None = None
 
 
 class ListenerState:
@@ -251,7 +251,7 @@ class _Incoming:
         self.head = head
         self.path, _, self.query = head.target.partition("?")
         #: What the head hook returned (None until it admitted the request).
-        self.context: object = None
+        self.context: HeadContext | None = None
         self.parts: list[bytes] = []
         self.size = 0
         # Chunked: reserve each piece from the budget as it comes.
@@ -301,7 +301,7 @@ class HttpConnection:
         return self._listener.timeouts[self.state]
 
     @property
-    def context(self) -> object:
+    def context(self) -> HeadContext | None:
         """What the head hook returned for the request being read (None before)."""
         incoming = self._incoming
         return incoming.context if incoming is not None else None
@@ -365,7 +365,7 @@ class HttpConnection:
         what = TIMEOUT_ANSWERS.get(self.state)
         if what is None:
             return self._close()
-        return self._refuse(RequestTimeout(f"request {what} not received in time"))
+        return self._refuse(RequestTooSlow(f"request {what} not received in time"))
 
     def finish_response(self, reusable: bool) -> bool:
         """The handler is done.  ``reusable``: its response ended cleanly on a
@@ -420,7 +420,7 @@ class HttpConnection:
             if length > listener.limits.max_body_bytes:
                 return self._refuse(ContentTooLarge("request body too large"))
             if not listener.reserve_body(length):
-                return self._refuse(Overloaded(_OVERLOADED))
+                return self._refuse(BodyBudgetFull(_OVERLOADED))
             self._reserved = length
         self.keep_alive = head.keep_alive
         self._apply(ConnEvent.ADMIT)
@@ -438,7 +438,7 @@ class HttpConnection:
                 return self._refuse(ContentTooLarge("request body too large"))
             if incoming.count_pieces:
                 if not self._listener.reserve_body(len(part)):
-                    return self._refuse(Overloaded(_OVERLOADED))
+                    return self._refuse(BodyBudgetFull(_OVERLOADED))
                 self._reserved += len(part)
             incoming.parts.append(part)
         if not reader.complete:

@@ -8,7 +8,11 @@ budget 503) and says each with a status, a stable ``code`` (the word logged
 in ``event=request_rejected``), a message and headers.  The listener's owner
 renders them (the server's ``render_error``) and counts them (``on_reject``):
 the OpenAI listener maps each to its envelope in one place
-(``iopd.edge.openai.outgoing.error_envelope.gateway_error``).
+(``iopd.edge.openai.outgoing.error_envelope.gateway_error``).  Their names
+differ from the gateway's errors of the same statuses (``ContentTooLarge``
+here, ``RequestTooLarge`` in ``iopd.errors``; ``RequestTooSlow`` and
+``RequestTimeout``...): each name has one home, and a reader never takes one
+layer's refusal for the other's.
 
 The owner's own errors cross this layer in two places: a ``head_check`` that
 refuses a request, and an error escaping a handler before its response
@@ -66,13 +70,13 @@ class BadRequest(HttpError):
     status, code = 400, "invalid_request_error"
 
 
-class MethodNotAllowed(HttpError):
+class MethodNotServed(HttpError):
     """A method this server never serves (the parser's 405)."""
 
     status, code = 405, "method_not_allowed"
 
 
-class RequestTimeout(HttpError):
+class RequestTooSlow(HttpError):
     """The head or the body did not arrive within its timeout."""
 
     status, code = 408, "request_timeout"
@@ -84,7 +88,7 @@ class ContentTooLarge(HttpError):
     status, code = 413, "request_too_large"
 
 
-class HeadersTooLarge(HttpError):
+class HeaderFieldsTooLarge(HttpError):
     """The head is over ``max_header_bytes``."""
 
     status, code = 431, "headers_too_large"
@@ -96,7 +100,7 @@ class NotImplementedByServer(HttpError):
     status, code = 501, "not_implemented"
 
 
-class Overloaded(HttpError):
+class BodyBudgetFull(HttpError):
     """Receiving this body would hold more than ``max_inflight_body_bytes`` at once."""
 
     status, code = 503, "overloaded"
@@ -118,9 +122,9 @@ def protocol_error(exc: H1ProtocolError) -> HttpError:
     """The refusal for a request the parser rejected, by its ``status_hint``."""
     hint = exc.status_hint
     if hint == 431:
-        return HeadersTooLarge("request headers too large")
+        return HeaderFieldsTooLarge("request headers too large")
     if hint == 405:
-        return MethodNotAllowed(f"method not allowed: {exc}")
+        return MethodNotServed(f"method not allowed: {exc}")
     if hint == 501:
         return NotImplementedByServer(f"not implemented: {exc}")
     return BadRequest(f"malformed HTTP request: {exc}")
@@ -128,16 +132,16 @@ def protocol_error(exc: H1ProtocolError) -> HttpError:
 
 __all__ = [
     "BadRequest",
+    "BodyBudgetFull",
     "ContentTooLarge",
+    "HeaderFieldsTooLarge",
     "Headers",
-    "HeadersTooLarge",
     "HttpError",
-    "MethodNotAllowed",
+    "MethodNotServed",
     "NotImplementedByServer",
-    "Overloaded",
     "Refusal",
     "Rendered",
-    "RequestTimeout",
+    "RequestTooSlow",
     "internal_error",
     "protocol_error",
 ]

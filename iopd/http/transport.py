@@ -33,6 +33,7 @@ from iopd.http.connection import (
     LINGER_MAX_BYTES,
     LINGER_SECONDS,
     ConnState,
+    HeadContext,
     HttpConnection,
     ListenerState,
     Refuse,
@@ -80,13 +81,13 @@ Handler = Callable[[Request, Responder], Awaitable[None]]
 #: ``(status, headers, body)``; the second argument is the head hook's context
 #: of the refused request (None when the hook did not admit it), so the owner
 #: can shape the error by route.
-ErrorRenderer = Callable[[Refusal, object], Rendered]
+ErrorRenderer = Callable[[Refusal, HeadContext | None], Rendered]
 #: Called for every request this layer refuses itself: the status answered,
 #: the error (an ``iopd.http.errors.HttpError``), and the head hook's context
 #: when the hook had admitted the request (None when there is no hook or the
 #: head was not read).  Refusals by the head hook are not reported: the hook
 #: counted them.
-RejectHook = Callable[[int, Refusal, object], None]
+RejectHook = Callable[[int, Refusal, HeadContext | None], None]
 
 
 class ConnectionOwner(Protocol):
@@ -488,7 +489,7 @@ class ServedConnection:
 
     # --------------------------------------------------------------- errors
 
-    def _render(self, error: Refusal, context: object) -> Rendered:
+    def _render(self, error: Refusal, context: HeadContext | None) -> Rendered:
         try:
             return self.server.render_error(error, context)
         except Exception:

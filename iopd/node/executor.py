@@ -28,8 +28,7 @@ own scope and ends it quietly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 
 import trio
 
@@ -45,6 +44,7 @@ from iopd.redact import Scrubber
 from wire.messages import (
     ControlState,
     ControlUpdate,
+    ErrorCode,
     NodeConfig,
     NodeConfigAck,
     NodeConfigState,
@@ -349,7 +349,7 @@ class NodeExecutor:
                 int((trio.current_time() - start) * 1000),
             )
 
-    def _unserved(self, provider_id: str) -> tuple[str, str]:
+    def _unserved(self, provider_id: str) -> tuple[ErrorCode, str]:
         """The error code and message of a stream this node does not run."""
         if self.draining:
             return "provider_error", "node is shutting down"
@@ -360,7 +360,7 @@ class NodeExecutor:
 
     @staticmethod
     def _error(
-        req: RunRequest | ProviderTunnelRequest, code: str, message: str
+        req: RunRequest | ProviderTunnelRequest, code: ErrorCode, message: str
     ) -> RunEvent | ProviderTunnelFrame:
         if isinstance(req, ProviderTunnelRequest):
             return ProviderTunnelFrame(
@@ -369,7 +369,7 @@ class NodeExecutor:
         return RunEvent(stream_id=req.stream_id, kind="error", code=code, message=message)
 
     async def _execute(
-        self, stream: WireStream, work: Any, adapter: Adapter
+        self, stream: WireStream, work: Callable[[], Awaitable[None]], adapter: Adapter
     ) -> AdapterError | None:
         """Run ``work()`` in the stream's scope; the failure to report, if any.
 
@@ -528,7 +528,7 @@ async def _end_stream(
     stream: WireStream,
     usage: Sequence[RunEvent | ProviderTunnelFrame],
     error: AdapterError | None,
-    error_msg: Callable[[str, str], RunEvent | ProviderTunnelFrame],
+    error_msg: Callable[[ErrorCode, str], RunEvent | ProviderTunnelFrame],
     done: RunEvent | ProviderTunnelFrame,
 ) -> None:
     """Send the usage gathered so far, then the one terminal message of the stream.

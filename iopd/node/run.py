@@ -18,7 +18,6 @@ import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import trio
 
@@ -70,7 +69,10 @@ async def _drain(handle: NodeHandle, drain_timeout: float) -> None:
 
 
 async def _watch_signals(
-    handle: NodeHandle, stop: trio.CancelScope, *, task_status: Any = trio.TASK_STATUS_IGNORED
+    handle: NodeHandle,
+    stop: trio.CancelScope,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         task_status.started()
@@ -92,7 +94,7 @@ async def run_node(
     *,
     handle_signals: bool = False,
     consent: Callable[[], Consent] | None = None,
-    task_status: Any = trio.TASK_STATUS_IGNORED,
+    task_status: trio.TaskStatus[NodeHandle] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node until cancelled or drained; reports a ``NodeHandle`` when started.
 

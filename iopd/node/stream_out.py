@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import msgspec
 import trio
 
+from iopd.json_types import JSONObject
 from iopd.node.adapters.base import RunOutput, TunnelOutput
 from iopd.node.handler import StreamSender
 from iopd.transport.channel import ChannelClosed, WireChannel
@@ -99,7 +99,7 @@ class WireRunOutput(RunOutput):
             RunEvent(stream_id=self._stream.stream_id, kind="reasoning", text=delta)
         )
 
-    async def tool_call(self, call: dict[str, Any]) -> None:
+    async def tool_call(self, call: JSONObject) -> None:
         await self._stream.send(
             RunEvent(stream_id=self._stream.stream_id, kind="tool_call", tool_call=call)
         )

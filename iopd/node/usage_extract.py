@@ -29,10 +29,10 @@ Shapes understood:
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import msgspec
 
+from iopd.json_types import JSONValue
 from wire.messages import Usage
 
 __all__ = [
@@ -55,13 +55,13 @@ _json_decode = msgspec.json.Decoder().decode
 _USAGE_RE = re.compile(rb'"usage"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 
 
-def _int(value: Any) -> int | None:
+def _int(value: JSONValue) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return int(value)
 
 
-def usage_from_openai(obj: Any) -> Usage | None:
+def usage_from_openai(obj: JSONValue) -> Usage | None:
     """A ``usage`` object of Chat Completions or Responses shape -> Usage (None if neither)."""
     if not isinstance(obj, dict):
         return None
@@ -93,7 +93,7 @@ def usage_from_openai(obj: Any) -> Usage | None:
     return usage
 
 
-def usage_from_ollama(obj: Any) -> Usage | None:
+def usage_from_ollama(obj: JSONValue) -> Usage | None:
     """Usage of an Ollama object with ``done: true`` (None otherwise)."""
     if not isinstance(obj, dict) or obj.get("done") is not True:
         return None
@@ -105,7 +105,7 @@ def usage_from_ollama(obj: Any) -> Usage | None:
     )
 
 
-def _usage_in_openai_document(doc: Any) -> Usage | None:
+def _usage_in_openai_document(doc: JSONValue) -> Usage | None:
     """Usage carried by a JSON body or an SSE event of either OpenAI API."""
     if not isinstance(doc, dict):
         return None
@@ -121,7 +121,7 @@ def _usage_in_openai_document(doc: Any) -> Usage | None:
     return None
 
 
-def _reasoning_chars_openai(doc: Any) -> int:
+def _reasoning_chars_openai(doc: JSONValue) -> int:
     """Reasoning text in one chat chunk / message or one responses event."""
     if not isinstance(doc, dict):
         return 0
@@ -148,7 +148,7 @@ def _reasoning_chars_openai(doc: Any) -> int:
     return total
 
 
-def _reasoning_chars_ollama(doc: Any) -> int:
+def _reasoning_chars_ollama(doc: JSONValue) -> int:
     if not isinstance(doc, dict):
         return 0
     total = 0
@@ -156,8 +156,10 @@ def _reasoning_chars_ollama(doc: Any) -> int:
     if isinstance(thinking, str):
         total += len(thinking)
     message = doc.get("message")
-    if isinstance(message, dict) and isinstance(message.get("thinking"), str):
-        total += len(message["thinking"])
+    if isinstance(message, dict):
+        message_thinking = message.get("thinking")
+        if isinstance(message_thinking, str):
+            total += len(message_thinking)
     return total
 
 
@@ -198,7 +200,7 @@ class BodyUsageScanner:
     def finish(self) -> None:
         """The body ended; process what is still buffered."""
 
-    def _document(self, doc: Any) -> None:
+    def _document(self, doc: JSONValue) -> None:
         if self.flavour == "ollama":
             usage = usage_from_ollama(doc)
             self.reasoning_chars += _reasoning_chars_ollama(doc)

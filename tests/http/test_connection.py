@@ -9,6 +9,7 @@ from iopd.http.connection import (
     TRANSITIONS,
     ConnEvent,
     ConnState,
+    HeadContext,
     HttpConnection,
     HttpLimits,
     ListenerState,
@@ -267,16 +268,18 @@ def test_a_timeout_closes_quietly_when_idle_and_answers_408_otherwise() -> None:
 def test_the_head_hook_decides_before_the_body_and_its_context_rides_along() -> None:
     seen: list[tuple[str, str]] = []
 
-    def check(method: str, path: str, headers: list[tuple[str, str]]) -> object:
+    ctx = HeadContext()
+
+    def check(method: str, path: str, headers: list[tuple[str, str]]) -> HeadContext:
         seen.append((method, path))
-        return "ctx"
+        return ctx
 
     conn, _ = machine(head_check=check)
     conn.receive_data(post(b"abc")[:-3])
     assert conn.next_event() is Signal.NEED_DATA and seen == [("POST", "/p")]
     conn.receive_data(b"abc")
     event = conn.next_event()
-    assert isinstance(event, Request) and event.context == "ctx"
+    assert isinstance(event, Request) and event.context is ctx
 
 
 def test_a_hook_refusal_is_the_owners_and_a_crash_is_a_generic_500() -> None:
@@ -301,10 +304,11 @@ def test_a_hook_refusal_is_the_owners_and_a_crash_is_a_generic_500() -> None:
 
 
 def test_a_refusal_after_the_hook_admitted_carries_its_context() -> None:
-    conn, _ = machine(head_check=lambda m, p, h: "admitted")
+    admitted = HeadContext([("x-admitted", "yes")])
+    conn, _ = machine(head_check=lambda m, p, h: admitted)
     conn.receive_data(post(b"x" * 101))
     event = conn.next_event()
-    assert isinstance(event, Refuse) and event.context == "admitted"
+    assert isinstance(event, Refuse) and event.context is admitted
 
 
 def test_pipelined_garbage_after_a_response_is_refused_not_a_crash() -> None:

@@ -17,6 +17,7 @@ from iopd.errors import AuthenticationError, MethodNotAllowed, QueueTimeout, Rou
 from iopd.http.server import (
     AbortResponse,
     ClientDisconnected,
+    HeadContext,
     HttpLimits,
     HttpServer,
     Request,
@@ -744,7 +745,15 @@ async def test_a_client_that_closes_inside_its_request_gets_a_400(raw: bytes) ->
 # ------------------------------------------------------- decide from the head
 
 
-def _token_check(method: str, path: str, headers: list[tuple[str, str]]) -> object:
+class _Admitted(HeadContext):
+    """What ``_token_check`` returns: the path it admitted."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+
+def _token_check(method: str, path: str, headers: list[tuple[str, str]]) -> _Admitted:
     """A head hook like the OpenAI listener's: one route, one method, one token."""
     if path != "/in":
         raise RouteNotFound(f"no route for {method} {path}")
@@ -752,7 +761,7 @@ def _token_check(method: str, path: str, headers: list[tuple[str, str]]) -> obje
         raise MethodNotAllowed(f"{method} is not allowed on {path}")
     if ("authorization", "Bearer good") not in headers:
         raise AuthenticationError("invalid token")
-    return ("admitted", path)
+    return _Admitted(path)
 
 
 @pytest.mark.parametrize(
@@ -798,7 +807,7 @@ async def test_a_head_the_hook_refuses_is_answered_without_its_body(head: bytes,
 async def test_expect_100_continue_only_after_the_head_passed() -> None:
     """A refused caller gets its 401, never ``100 Continue``; an admitted one gets
     ``100 Continue``, and the handler sees what the hook decided."""
-    contexts: list[object] = []
+    contexts: list[HeadContext | None] = []
 
     async def handler(request: Request, responder: Responder) -> None:
         contexts.append(request.context)
@@ -821,7 +830,7 @@ async def test_expect_100_continue_only_after_the_head_passed() -> None:
                 await client.send(b"ping")
                 status, _, body = await client.response(b"POST")
                 assert status == 200 and body == b"ping"
-    assert contexts == [("admitted", "/in")]
+    assert [c.path if isinstance(c, _Admitted) else c for c in contexts] == ["/in"]
 
 
 async def test_a_head_hook_that_crashes_is_a_500_not_a_dead_server() -> None:

@@ -353,14 +353,21 @@ async def get_status(c: Cluster) -> dict[str, Any]:
 
 
 async def stream_until_first_chunk(
-    c: Cluster, text: str, results: dict[str, Response], first: trio.Event
+    openai: tuple[str, int],
+    text: str,
+    results: dict[str, Response],
+    first: trio.Event,
+    key: str = "stream",
 ) -> None:
+    """A streamed chat of ``text``: ``first`` set at its first chunk, the whole
+    response in ``results[key]`` at its end."""
+
     def seen(piece: bytes) -> None:
         if b"data: " in piece:
             first.set()
 
-    results["stream"] = await http_request(
-        c.openai,
+    results[key] = await http_request(
+        openai,
         "POST",
         "/v1/chat/completions",
         chat_body(text, stream=True),

@@ -53,7 +53,7 @@ async def test_sigterm_lets_an_in_flight_stream_finish_then_exits_0(tmp_path: Pa
             results: dict[str, Response] = {}
             first = trio.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream_until_first_chunk, c, text, results, first)
+                nursery.start_soon(stream_until_first_chunk, c.openai, text, results, first)
                 await first.wait()
                 c.edge.proc.send_signal(signal.SIGTERM)
                 drain = await c.edge.wait_event("drain_started")
@@ -78,7 +78,7 @@ async def test_drain_deadline_cuts_a_long_stream_with_a_terminal_error(tmp_path:
             results: dict[str, Response] = {}
             first = trio.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream_until_first_chunk, c, text, results, first)
+                nursery.start_soon(stream_until_first_chunk, c.openai, text, results, first)
                 await first.wait()
                 c.edge.proc.send_signal(signal.SIGTERM)
             resp = results["stream"]
@@ -103,7 +103,7 @@ async def test_second_signal_stops_at_once(tmp_path: Path) -> None:
             results: dict[str, Response] = {}
             first = trio.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream_until_first_chunk, c, text, results, first)
+                nursery.start_soon(stream_until_first_chunk, c.openai, text, results, first)
                 await first.wait()
                 c.edge.proc.send_signal(signal.SIGTERM)
                 await c.edge.wait_event("drain_started")
@@ -121,7 +121,7 @@ async def test_node_sigterm_finishes_its_runs_then_exits_0(tmp_path: Path) -> No
             results: dict[str, Response] = {}
             first = trio.Event()
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(stream_until_first_chunk, c, text, results, first)
+                nursery.start_soon(stream_until_first_chunk, c.openai, text, results, first)
                 await first.wait()
                 c.node.proc.send_signal(signal.SIGTERM)
                 await c.node.wait_event("node_drain_start")

@@ -27,6 +27,7 @@ from tests.support.daemons import (
     http_request,
     parse_log_line,
     sse_payloads,
+    stream_until_first_chunk,
     streamed_text,
 )
 from tests.support.gateway import wait_until
@@ -55,23 +56,6 @@ async def _load_loop(c: Cluster, stop: trio.Event, outcomes: list[str]) -> None:
             outcomes.append(f"error:{exc!r}")
 
 
-async def _stream(c: Cluster, text: str, results: list[Response], started: trio.Event) -> None:
-    def seen(piece: bytes) -> None:
-        if b"data: " in piece:
-            started.set()
-
-    results.append(
-        await http_request(
-            c.openai,
-            "POST",
-            "/v1/chat/completions",
-            chat_body(text, stream=True),
-            token=CALLER_TOKEN,
-            on_data=seen,
-        )
-    )
-
-
 @pytest.mark.parametrize("how", ["signal", "cli"])
 async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: str) -> None:
     successor_pid: int | None = None
@@ -80,17 +64,19 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
             async with cluster(tmp_path, capacity=32, delay_ms=100) as c:
                 before = await get_status(c)
                 outcomes: list[str] = []
-                streams: list[Response] = []
+                streams: dict[str, Response] = {}
                 stop = trio.Event()
                 text = " ".join(f"w{i}" for i in range(STREAM_WORDS))
                 async with trio.open_nursery() as nursery:
                     for _ in range(LOOP_TASKS):
                         nursery.start_soon(_load_loop, c, stop, outcomes)
                     started = []
-                    for _ in range(STREAMS):
+                    for i in range(STREAMS):
                         event = trio.Event()
                         started.append(event)
-                        nursery.start_soon(_stream, c, text, streams, event)
+                        nursery.start_soon(
+                            stream_until_first_chunk, c.openai, text, streams, event, f"s{i}"
+                        )
                     for event in started:
                         await event.wait()
                     served_before = len(outcomes)
@@ -112,8 +98,10 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
                     assert await c.edge.wait_exit() == 0  # the old one drained and left
                     # The new process serves the same ports, and the node is back on it.
                     await c.edge.wait_for(
-                        lambda ln: parse_log_line(ln).get("event") == "node_connected"
-                        and len(c.edge.events("node_connected")) >= 2
+                        lambda ln: (
+                            parse_log_line(ln).get("event") == "node_connected"
+                            and len(c.edge.events("node_connected")) >= 2
+                        )
                     )
                     mark = len(outcomes)
                     # The loop goes on against the new one.
@@ -128,7 +116,7 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
     assert failures == [], failures
     assert len(outcomes) > served_before + 20
     assert len(streams) == STREAMS
-    for resp in streams:
+    for resp in streams.values():
         assert resp.status == 200 and not resp.truncated
         payloads = sse_payloads(resp.body)
         assert payloads[-1] == "[DONE]"

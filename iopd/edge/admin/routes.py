@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 from urllib.parse import parse_qs
 
 import msgspec
@@ -94,7 +94,7 @@ class _RefreshBody(msgspec.Struct, forbid_unknown_fields=True):
 class _AdminQuart(QuartTrio):
     """QuartTrio whose last-resort error log is one line, never a traceback."""
 
-    def log_exception(self, exc_info: Any) -> None:
+    def log_exception(self, exc_info: object) -> None:
         exc = exc_info[1] if isinstance(exc_info, tuple) else exc_info
         log.error("event=admin_error error=%s", type(exc).__name__)
 

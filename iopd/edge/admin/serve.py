@@ -34,7 +34,6 @@ import sys
 from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 import trio
 from hypercorn.config import Config
@@ -192,7 +191,7 @@ class _QuietLog(HypercornLogger):
                 request_time * 1000,
             )
 
-    async def exception(self, message: str, *args: Any, **kwargs: Any) -> None:
+    async def exception(self, message: str, *args: object, **kwargs: object) -> None:
         exc = sys.exc_info()[1]
         log.error("event=admin_http_error what=%r error=%s", message % args, type(exc).__name__)
 
@@ -325,6 +324,7 @@ class AdminServer:
                     self.config,
                     self._context,
                     self._lifespan_state,
+                    # hypercorn annotates an SSLStream; it serves a plain SocketStream alike.
                     stream,  # type: ignore[arg-type]
                 )
                 server.send_timeout = self.limits.send_timeout

@@ -15,11 +15,12 @@ page shows those buttons only, so no button offers what is already so.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final, TypedDict
+from typing import Final, TypedDict
 
 from iopd.config.catalog import GroupSpec
 from iopd.edge.metering.activity import ErrorRow, UsageRow
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.edge.runtime.status_document import ProviderRow
 
 __all__ = ["ACTIONS", "MAX_USAGE_ROWS", "ConsoleView", "console_view"]
 
@@ -59,7 +60,7 @@ class ProviderView(TypedDict):
     load_ratio: float
     queued: int
     last_error: str
-    override: dict[str, Any] | None  # the runtime overrides, when the controls set some
+    override: dict[str, int] | None  # the runtime overrides, when the controls set some
     actions: list[str]  # the controls offered in this state (``ACTIONS``)
     disabled_in_config: bool
 
@@ -167,7 +168,7 @@ def _routing(spec: GroupSpec | None) -> str:
     return text
 
 
-def _provider(row: Mapping[str, Any]) -> ProviderView:
+def _provider(row: ProviderRow) -> ProviderView:
     """One provider row of ``/status`` as the console shows it."""
     # ``enabled: false`` in the config outranks the runtime state (which is
     # ``active`` unless an operator changed it): such a provider takes nothing.
@@ -190,9 +191,9 @@ def _provider(row: Mapping[str, Any]) -> ProviderView:
     }
 
 
-def _set_overrides(override: object) -> dict[str, Any] | None:
+def _set_overrides(override: object) -> dict[str, int] | None:
     """The overrides actually set (``None`` values dropped), or None when there are none."""
     if not isinstance(override, Mapping):
         return None
-    set_ = {str(k): v for k, v in override.items() if v is not None}
+    set_ = {str(k): v for k, v in override.items() if isinstance(v, int)}
     return set_ or None

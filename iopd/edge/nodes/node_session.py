@@ -45,7 +45,7 @@ from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Generic, Protocol, TypeVar, cast, overload
+from typing import Final, Generic, Protocol, TypeVar, cast, overload
 
 import msgspec
 import trio
@@ -59,6 +59,7 @@ from wire.messages import (
     Cancel,
     ControlUpdate,
     Credit,
+    ErrorCode,
     Message,
     NodeConfig,
     NodeConfigAck,
@@ -72,7 +73,7 @@ from wire.messages import (
 __all__ = ["NODE_BUSY", "DirectWriter", "NodeSession", "NodeStream", "Reply", "RunStream", "TunnelStream"]
 
 #: The error code a stream ends with when its node answered ``Busy``.
-NODE_BUSY = "node_busy"
+NODE_BUSY: Final[ErrorCode] = "node_busy"
 
 Reply = RunEvent | ProviderTunnelFrame | NodeConfigAck
 """What a node sends on a stream the edge opened."""

@@ -68,9 +68,9 @@ RATELIMIT_PREFIX = "x-ratelimit-"
 _COUNTED = ("input", "output")
 
 
-def show_limits(rt: EdgeRuntime, context: object, principal_ref: str) -> None:
+def show_limits(rt: EdgeRuntime, context: HeadContext | None, principal_ref: str) -> None:
     """Put the principal's ``x-ratelimit-*`` headers, as things stand, on every response."""
-    if isinstance(context, HeadContext):
+    if context is not None:
         _set_headers(context, rt.limits.headers(principal_ref))
 
 
@@ -122,7 +122,7 @@ async def admit(
     """
     backend = rt.limits
     decision = await backend.admit(principal_ref, reservation_of(body, request.path, estimate))
-    if isinstance(request.context, HeadContext):
+    if request.context is not None:
         _set_headers(request.context, backend.headers(principal_ref))
     if isinstance(decision, Rejection):
         rt.metrics.count_limit_rejection(principal_ref, decision.limit)

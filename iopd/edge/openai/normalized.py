@@ -31,12 +31,13 @@ run whose process had started.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 import msgspec
 
 from iopd.edge.openai.attempts import AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
-from iopd.edge.openai.incoming.jsonschema import JSONObject
+from iopd.edge.openai.incoming.jsonschema import JSONArray, JSONObject
 from iopd.edge.openai.lifecycle import (
     TEXT_TOOL_TYPES,
     Call,
@@ -218,7 +219,7 @@ async def chat_once(
     await until_done(leased, attempt)
     result = choices[0][0]
     if len(choices) > 1:
-        result["choices"] = [doc["choices"][0] for doc, _ in choices]
+        result["choices"] = [cast(JSONArray, doc["choices"])[0] for doc, _ in choices]
         usage = usage_dict(total_usage([asm for _, asm in choices]))
         if usage is not None:
             result["usage"] = usage
@@ -567,7 +568,7 @@ def _run_request(
     return RunRequest(
         stream_id=0,
         provider_id=lease.provider_id,
-        adapter=lease.provider_type,  # type: ignore[arg-type]
+        adapter=lease.provider_type,
         target=lease.target,
         messages=messages,
         tools=tools,

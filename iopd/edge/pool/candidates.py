@@ -135,7 +135,7 @@ class Grant:
     group_id: str
     provider_id: str
     node_id: str
-    provider_type: str
+    provider_type: ProviderType
     target: str
     long: bool  # True when the grant holds a long-context slot (plus a normal one)
     principal: str = ""

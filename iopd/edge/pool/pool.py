@@ -29,7 +29,7 @@ from typing import NamedTuple
 import trio
 
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
-from iopd.vocabulary import ContextClass, DispatchOutcome, Health
+from iopd.vocabulary import ContextClass, DispatchOutcome, Health, ProviderType
 
 from .controls import ControlTable, ProviderControl, ShownState, shown_state
 from .outliers import EjectionStatus, Transition
@@ -75,7 +75,7 @@ class Lease:
 
     provider_id: str
     node_id: str
-    provider_type: str
+    provider_type: ProviderType
     target: str  # the provider's served name: goes into the request's ``model``
     long: bool  # holds a long-context slot (in addition to a normal one)
     waited: float  # seconds spent in the queue (0.0 when admitted at once)

@@ -352,6 +352,10 @@ return {days, status(now)}
 """.replace("DONE_TTL", str(DONE_TTL_S))
 
 
+#: What a script takes after its keys.
+ScriptArg = str | int | float
+
+
 @dataclass(frozen=True)
 class Unseen:
     """One admission made without the store, as :meth:`LimitsStore.record` writes it."""
@@ -364,7 +368,7 @@ class Unseen:
     settled: bool = False
     slot: bool = False  # still running, holding one of the principal's slots
 
-    def args(self) -> list[Any]:
+    def args(self) -> list[ScriptArg]:
         return [
             self.key,
             f"{max(0.0, self.age_s):.6f}",
@@ -389,7 +393,7 @@ class StoreView:
     day_total: int
 
     @classmethod
-    def parse(cls, raw: list[Any]) -> StoreView:
+    def parse(cls, raw: list[Any]) -> StoreView:  # a script's reply, read field by field
         return cls(
             float(raw[0]),
             int(raw[1]),
@@ -452,7 +456,9 @@ class _Script:
         self.text = _PRELUDE + body
         self.sha = hashlib.sha1(self.text.encode()).hexdigest()
 
-    async def __call__(self, client: coredis.Redis[str], keys: list[str], args: list[Any]) -> Any:
+    async def __call__(
+        self, client: coredis.Redis[str], keys: list[str], args: list[ScriptArg]
+    ) -> Any:  # a script's reply: its caller reads it field by field
         from coredis.exceptions import NoScriptError
 
         try:
@@ -525,7 +531,7 @@ class LimitsStore:
 
     async def record(self, ref: str, tpd: int, ttl: float, unseen: list[Unseen]) -> list[int]:
         """Write admissions made without the store into it (see ``_RECORD``); their UTC days."""
-        args: list[Any] = [tpd, ttl]
+        args: list[ScriptArg] = [tpd, ttl]
         for u in unseen:
             args += u.args()
         raw = await self._record(self.client, self.keys(ref), args)
@@ -549,7 +555,7 @@ class LimitsStore:
         """None: ``key`` was withdrawn before this arrived.  ``floor`` (below
         ``tokens``): cut ``tokens`` to the windows' room, down to it."""
         cap = limits.max_concurrent if slot else 0
-        args = [key, limits.requests_per_minute, limits.tokens_per_minute]
+        args: list[ScriptArg] = [key, limits.requests_per_minute, limits.tokens_per_minute]
         args += [limits.tokens_per_day, tokens, cap, ttl, tokens if floor is None else floor]
         raw = await self._admit(self.client, self.keys(ref), args)
         if raw[0] == "admit":

@@ -12,38 +12,31 @@ connection, kill the process group) — the usage it recorded so far on
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
 from iopd.http.client import EarlyStart
-from wire.messages import Health, ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
+from iopd.json_types import JSONObject
+from wire.messages import (
+    Health,
+    ProviderErrorCode,
+    ProviderSpec,
+    ProviderTunnelRequest,
+    RunRequest,
+    Usage,
+)
 
 __all__ = [
     "Adapter",
     "AdapterError",
-    "AdapterErrorCode",
     "CollectedRunOutput",
     "CollectedTunnelOutput",
     "RunOutput",
     "TunnelOutput",
 ]
 
-#: ``provider_unreachable``: the provider could not be reached or refused the
-#: connection (or a ``cli`` process could not start): it never got the request.
-#: ``provider_reset``: the connection broke while the request was being written,
-#: so the provider never read a whole request.  ``provider_timeout``: nothing for
-#: ``read_timeout`` after the request was sent.  ``provider_saturated``: the
-#: provider answered 429 to a normalized run (``AdapterError.retry_after`` carries
-#: its ``Retry-After``).  The edge retries the first two and the last on another
-#: provider (a 429 is no failure of the provider, it is saturated for
-#: a while); an older edge reads them as ``provider_error``.
-AdapterErrorCode = Literal[
-    "provider_error",
-    "provider_timeout",
-    "bad_request",
-    "provider_unreachable",
-    "provider_reset",
-    "provider_saturated",
-]
+#: The codes an adapter raises are the wire's ``ProviderErrorCode``: the edge
+#: retries ``provider_unreachable``, ``provider_reset`` and ``provider_saturated``
+#: (its ``Retry-After`` in ``AdapterError.retry_after``) on another provider
+#: (a 429 is no failure of the provider, it is saturated for a while); an
+#: older edge reads them as ``provider_error``.
 
 
 class AdapterError(Exception):
@@ -56,14 +49,14 @@ class AdapterError(Exception):
 
     def __init__(
         self,
-        code: AdapterErrorCode,
+        code: ProviderErrorCode,
         message: str,
         *,
         retry_after: str | None = None,
         detail: str = "",
     ) -> None:
         super().__init__(f"{code}: {message}")
-        self.code: AdapterErrorCode = code
+        self.code: ProviderErrorCode = code
         self.message = message
         self.detail = detail
         #: ``provider_saturated``: the provider's ``Retry-After`` as it sent it (the
@@ -91,7 +84,7 @@ class RunOutput:
         """A piece of reasoning ("thinking") text."""
         raise NotImplementedError
 
-    async def tool_call(self, call: dict[str, Any]) -> None:
+    async def tool_call(self, call: JSONObject) -> None:
         """One complete tool call, OpenAI shape ``{id, type, function{name, arguments}}``."""
         raise NotImplementedError
 
@@ -101,7 +94,8 @@ class CollectedRunOutput(RunOutput):
 
     def __init__(self) -> None:
         super().__init__()
-        self.events: list[tuple[str, Any]] = []
+        #: ``("text"|"reasoning", str)`` or ``("tool_call", JSONObject)``, in order.
+        self.events: list[tuple[str, str | JSONObject]] = []
 
     async def text(self, delta: str) -> None:
         self.events.append(("text", delta))
@@ -109,20 +103,20 @@ class CollectedRunOutput(RunOutput):
     async def reasoning(self, delta: str) -> None:
         self.events.append(("reasoning", delta))
 
-    async def tool_call(self, call: dict[str, Any]) -> None:
+    async def tool_call(self, call: JSONObject) -> None:
         self.events.append(("tool_call", call))
 
     @property
     def joined_text(self) -> str:
-        return "".join(v for k, v in self.events if k == "text")
+        return "".join(v for k, v in self.events if k == "text" and isinstance(v, str))
 
     @property
     def joined_reasoning(self) -> str:
-        return "".join(v for k, v in self.events if k == "reasoning")
+        return "".join(v for k, v in self.events if k == "reasoning" and isinstance(v, str))
 
     @property
-    def tool_calls(self) -> list[dict[str, Any]]:
-        return [v for k, v in self.events if k == "tool_call"]
+    def tool_calls(self) -> list[JSONObject]:
+        return [v for k, v in self.events if k == "tool_call" and isinstance(v, dict)]
 
 
 class TunnelOutput:

@@ -27,10 +27,10 @@ import logging
 import os
 import signal
 import subprocess
-from typing import Any
 
 import trio
 
+from iopd.json_types import JSONObject
 from iopd.node.adapters.base import Adapter, AdapterError, RunOutput
 from iopd.tokens import content_text, estimate_input_tokens, estimate_tokens_from_chars
 from wire.messages import Health, RunRequest
@@ -45,7 +45,7 @@ REAP_SECONDS = 5.0
 EXIT_DRAIN_SECONDS = 1.0
 
 
-def render_prompt(messages: list[dict[str, Any]]) -> str:
+def render_prompt(messages: list[JSONObject]) -> str:
     """Messages as plain text: one ``role:`` section per message."""
     sections: list[str] = []
     for msg in messages:
@@ -56,7 +56,9 @@ def render_prompt(messages: list[dict[str, Any]]) -> str:
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
             for call in calls:
-                function = call.get("function", {}) if isinstance(call, dict) else {}
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    function = {}
                 args = function.get("arguments", "{}")
                 try:
                     parsed = json.loads(args) if isinstance(args, str) else args

@@ -9,10 +9,10 @@ the chunks the caller got).
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import trio
 
+from iopd.json_types import JSONObject
 from iopd.node.adapters.base import Adapter, RunOutput
 from iopd.tokens import content_text, estimate_input_tokens
 from wire.messages import Health, RunRequest
@@ -20,7 +20,7 @@ from wire.messages import Health, RunRequest
 _CHUNK = re.compile(r"\S+\s*")
 
 
-def last_user_text(messages: list[dict[str, Any]]) -> str:
+def last_user_text(messages: list[JSONObject]) -> str:
     """Text of the last ``user`` message: string content, or its text parts joined."""
     for msg in reversed(messages):
         if isinstance(msg, dict) and msg.get("role") == "user":

@@ -28,8 +28,8 @@ from iopd.http.client import (
 )
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.usage_extract import scanner_for
-from iopd.vocabulary import HOP_BY_HOP
-from wire.messages import Health, ProviderSpec, ProviderTunnelRequest
+from iopd.vocabulary import HOP_BY_HOP, NEVER_REACHED
+from wire.messages import Health, ProviderErrorCode, ProviderSpec, ProviderTunnelRequest
 
 # Dropped from requests: framing/routing owned by the client, and encodings we
 # could not scan for usage.
@@ -62,9 +62,16 @@ def end_to_end(headers: Iterable[tuple[str, str]], *, request: bool) -> list[tup
     return [(k, v) for k, v in headers if not _is_hop(k, drop)]
 
 
-#: What the caller is told when the provider could not be reached / the connection broke.
-UNREACHABLE = "the provider could not be reached"
-RESET = "the connection to the provider broke while the request was sent"
+#: The HTTP client's errors and the wire code each is sent as, most specific
+#: first (a reset is a protocol error); the message of the two that never
+#: reached the provider is fixed (``NEVER_REACHED``), the client's text is for
+#: the node's log.
+_CODES: tuple[tuple[type[ProviderHTTPError], ProviderErrorCode], ...] = (
+    (ProviderTimeoutError, "provider_timeout"),
+    (ProviderConnectError, "provider_unreachable"),
+    (ProviderResetError, "provider_reset"),
+    (ProviderHTTPError, "provider_error"),
+)
 
 
 class _AdapterErrors:
@@ -93,14 +100,14 @@ class _AdapterErrors:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
     ) -> None:
-        if isinstance(exc, ProviderTimeoutError):
-            raise AdapterError("provider_timeout", str(exc)) from None
-        if isinstance(exc, ProviderConnectError):
-            raise AdapterError("provider_unreachable", UNREACHABLE, detail=str(exc)) from None
-        if isinstance(exc, ProviderResetError):
-            raise AdapterError("provider_reset", RESET, detail=str(exc)) from None
-        if isinstance(exc, ProviderHTTPError):
-            raise AdapterError("provider_error", str(exc)) from None
+        if not isinstance(exc, ProviderHTTPError):
+            return
+        for kind, code in _CODES:
+            if isinstance(exc, kind):
+                fixed = NEVER_REACHED.get(code)
+                if fixed is None:
+                    raise AdapterError(code, str(exc)) from None
+                raise AdapterError(code, fixed, detail=str(exc)) from None
 
 
 _ADAPTER_ERRORS = _AdapterErrors()

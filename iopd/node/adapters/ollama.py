@@ -33,11 +33,11 @@ import binascii
 import json
 import secrets
 import struct
-from typing import Any
 
 import msgspec
 
 from iopd.http.client import EarlyStart
+from iopd.json_types import JSONArray, JSONObject, JSONValue, json_list
 from iopd.node.adapters.base import AdapterError, RunOutput, TunnelOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_ollama
@@ -72,7 +72,7 @@ _THINK_LEVELS: dict[str, bool | str] = {
 }
 
 
-def ollama_think(params: dict[str, Any]) -> bool | str | None:
+def ollama_think(params: JSONObject) -> bool | str | None:
     """Ollama's ``think`` from the run's params: ``reasoning_effort`` (chat's
     field, Responses' ``reasoning.effort``), else ``chat_template_kwargs.enable_thinking``
     (the Qwen-style switch); None: the model's default."""
@@ -89,13 +89,13 @@ def ollama_think(params: dict[str, Any]) -> bool | str | None:
 _IMAGE_PARTS = frozenset({"image_url", "input_image"})
 
 
-def _image_url(part: dict[str, Any]) -> Any:
+def _image_url(part: JSONObject) -> JSONValue:
     """The URL of an image part: ``image_url.url`` (chat) or ``image_url`` (responses)."""
     ref = part.get("image_url")
     return ref.get("url") if isinstance(ref, dict) else ref
 
 
-def image_base64(part: dict[str, Any], where: str) -> str:
+def image_base64(part: JSONObject, where: str) -> str:
     """The base64 payload of an image part with a ``data:`` URL; ``bad_request`` otherwise."""
     url = _image_url(part)
     if not isinstance(url, str) or not url:
@@ -119,7 +119,7 @@ def image_base64(part: dict[str, Any], where: str) -> str:
     return payload
 
 
-def _content_and_images(content: Any, where: str) -> tuple[str, list[str]]:
+def _content_and_images(content: JSONValue, where: str) -> tuple[str, list[str]]:
     """A message's text and its images (base64); ``bad_request`` for a part Ollama cannot take."""
     if not isinstance(content, list):
         return content_text(content), []
@@ -139,7 +139,7 @@ def _content_and_images(content: Any, where: str) -> tuple[str, list[str]]:
     return content_text(content), images
 
 
-def to_ollama_format(response_format: Any) -> str | dict[str, Any] | None:
+def to_ollama_format(response_format: JSONValue) -> str | JSONObject | None:
     """OpenAI ``response_format`` -> Ollama ``format`` (None: free text)."""
     if response_format is None:
         return None
@@ -165,9 +165,9 @@ def to_ollama_format(response_format: Any) -> str | dict[str, Any] | None:
     )
 
 
-def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def to_ollama_messages(messages: list[JSONObject]) -> list[JSONObject]:
     """OpenAI chat messages -> Ollama ``/api/chat`` messages (images as base64 ``images``)."""
-    out: list[dict[str, Any]] = []
+    out: list[JSONObject] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             continue
@@ -175,14 +175,16 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role == "developer":
             role = "system"
         text, images = _content_and_images(msg.get("content"), f"messages[{i}]")
-        converted: dict[str, Any] = {"role": role, "content": text}
+        converted: JSONObject = {"role": role, "content": text}
         if images:
-            converted["images"] = images
+            converted["images"] = json_list(images)
         calls = msg.get("tool_calls")
         if isinstance(calls, list):
-            converted_calls = []
+            converted_calls: JSONArray = []
             for call in calls:
-                function = call.get("function", {}) if isinstance(call, dict) else {}
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict):
+                    function = {}
                 args = function.get("arguments", {})
                 if isinstance(args, str):
                     try:
@@ -199,7 +201,7 @@ def to_ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def to_openai_tool_call(call: Any) -> dict[str, Any] | None:
+def to_openai_tool_call(call: JSONValue) -> JSONObject | None:
     """One Ollama tool call -> OpenAI ``{id, type, function{name, arguments(str)}}``."""
     if not isinstance(call, dict):
         return None
@@ -223,7 +225,7 @@ MAX_EMBED_BYTES = 64 * 1024 * 1024
 EMBED_CHUNK_BYTES = 64 * 1024
 
 
-def ollama_embed_body(body: Any) -> dict[str, Any]:
+def ollama_embed_body(body: JSONValue) -> JSONObject:
     """An OpenAI embeddings body -> Ollama's ``/api/embed`` body (``bad_request``
     for what Ollama cannot take: token arrays, a non-integer ``dimensions``)."""
     if not isinstance(body, dict):
@@ -237,7 +239,7 @@ def ollama_embed_body(body: Any) -> dict[str, Any]:
             "input: ollama providers embed a string or a non-empty array of strings"
             " (not token arrays)",
         )
-    out: dict[str, Any] = {"model": body.get("model"), "input": inputs}
+    out: JSONObject = {"model": body.get("model"), "input": inputs}
     dimensions = body.get("dimensions")
     if dimensions is not None:
         if not isinstance(dimensions, int) or isinstance(dimensions, bool) or dimensions < 1:
@@ -246,25 +248,29 @@ def ollama_embed_body(body: Any) -> dict[str, Any]:
     return out
 
 
-def openai_embeddings(answer: Any, model: str, encoding: Any) -> tuple[dict[str, Any], int]:
+def openai_embeddings(
+    answer: JSONValue, model: str, encoding: JSONValue
+) -> tuple[JSONObject, int]:
     """Ollama's ``/api/embed`` answer -> OpenAI's embeddings list, and its input tokens."""
     vectors = answer.get("embeddings") if isinstance(answer, dict) else None
     if not isinstance(vectors, list) or not all(isinstance(v, list) for v in vectors):
         raise AdapterError("provider_error", "provider sent no embeddings")
-    data = []
+    data: JSONArray = []
     for i, vector in enumerate(vectors):
+        if not isinstance(vector, list):  # (each is: checked above)
+            continue
         if encoding == "base64":  # what the openai SDK asks for by default
             try:
                 packed = struct.pack(f"<{len(vector)}f", *vector)
             except (struct.error, OverflowError):
                 raise AdapterError("provider_error", "provider sent a non-numeric embedding") from None
-            value: Any = base64.b64encode(packed).decode()
+            value: JSONValue = base64.b64encode(packed).decode()
         else:
             value = vector
         data.append({"object": "embedding", "index": i, "embedding": value})
-    tokens = answer.get("prompt_eval_count")
-    tokens = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0
-    doc = {
+    count = answer.get("prompt_eval_count") if isinstance(answer, dict) else None
+    tokens = count if isinstance(count, int) and not isinstance(count, bool) else 0
+    doc: JSONObject = {
         "object": "list",
         "data": data,
         "model": model,
@@ -279,16 +285,16 @@ class OllamaAdapter(HTTPAdapter):
     usage_flavour = "ollama"
     probe_path = "/api/tags"
 
-    def chat_body(self, req: RunRequest) -> dict[str, Any]:
+    def chat_body(self, req: RunRequest) -> JSONObject:
         """The upstream ``/api/chat`` request for a normalized run."""
-        options: dict[str, Any] = {}
+        options: JSONObject = {}
         for name, value in req.params.items():
             option = _OPTION_NAMES.get(name)
             if option is not None and value is not None:
                 options[option] = value
-        body: dict[str, Any] = {
+        body: JSONObject = {
             "model": req.target,
-            "messages": to_ollama_messages(req.messages),
+            "messages": json_list(to_ollama_messages(req.messages)),
             "stream": True,
         }
         if options:
@@ -300,7 +306,7 @@ class OllamaAdapter(HTTPAdapter):
         if think is not None:
             body["think"] = think
         if req.tools:
-            body["tools"] = req.tools
+            body["tools"] = json_list(req.tools)
         return body
 
     def start_early(self, req: ProviderTunnelRequest) -> EarlyStart | None:

@@ -16,10 +16,11 @@ Authorization header from the edge (provider auth forwarding) wins.
 from __future__ import annotations
 
 import json
-from typing import Any
+from dataclasses import dataclass, field
 
 import msgspec
 
+from iopd.json_types import JSONObject, JSONValue, json_list
 from iopd.node.adapters.base import AdapterError, RunOutput
 from iopd.node.adapters.http_relay import HTTPAdapter, iter_lines
 from iopd.node.usage_extract import usage_from_openai
@@ -35,31 +36,42 @@ class _ToolCallAssembler:
     """Joins streamed ``tool_calls`` deltas (by ``index``) into whole calls."""
 
     def __init__(self) -> None:
-        self._calls: dict[int, dict[str, Any]] = {}
+        self._calls: dict[int, _PartialCall] = {}
 
-    def add(self, delta: dict[str, Any]) -> None:
+    def add(self, delta: JSONObject) -> None:
         index = delta.get("index", len(self._calls))
         if not isinstance(index, int):
             return
-        call = self._calls.setdefault(index, {"id": "", "name": "", "arguments": []})
-        if isinstance(delta.get("id"), str) and delta["id"]:
-            call["id"] = delta["id"]
+        call = self._calls.setdefault(index, _PartialCall())
+        call_id = delta.get("id")
+        if isinstance(call_id, str) and call_id:
+            call.id = call_id
         function = delta.get("function")
         if isinstance(function, dict):
-            if isinstance(function.get("name"), str) and function["name"]:
-                call["name"] = function["name"]
-            if isinstance(function.get("arguments"), str):
-                call["arguments"].append(function["arguments"])
+            name, arguments = function.get("name"), function.get("arguments")
+            if isinstance(name, str) and name:
+                call.name = name
+            if isinstance(arguments, str):
+                call.arguments.append(arguments)
 
-    def calls(self) -> list[dict[str, Any]]:
+    def calls(self) -> list[JSONObject]:
         return [
             {
-                "id": c["id"] or f"call_{index}",
+                "id": c.id or f"call_{index}",
                 "type": "function",
-                "function": {"name": c["name"], "arguments": "".join(c["arguments"])},
+                "function": {"name": c.name, "arguments": "".join(c.arguments)},
             }
             for index, c in sorted(self._calls.items())
         ]
+
+
+@dataclass(slots=True)
+class _PartialCall:
+    """One tool call as its deltas arrive: the latest id and name, the argument pieces."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
 
 
 class OpenAIAdapter(HTTPAdapter):
@@ -68,17 +80,17 @@ class OpenAIAdapter(HTTPAdapter):
     usage_flavour = "openai"
     probe_path = "/v1/models"
 
-    def chat_body(self, req: RunRequest) -> dict[str, Any]:
+    def chat_body(self, req: RunRequest) -> JSONObject:
         """The upstream Chat Completions request for a normalized run."""
-        body: dict[str, Any] = {k: v for k, v in req.params.items() if k not in _OWNED_FIELDS}
+        body: JSONObject = {k: v for k, v in req.params.items() if k not in _OWNED_FIELDS}
         body.update(
             model=req.target,
-            messages=req.messages,
+            messages=json_list(req.messages),
             stream=True,
             stream_options={"include_usage": True},
         )
         if req.tools:
-            body["tools"] = req.tools
+            body["tools"] = json_list(req.tools)
         return body
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
@@ -110,7 +122,7 @@ class OpenAIAdapter(HTTPAdapter):
         if not finished:
             raise AdapterError("provider_error", "provider stream ended before it finished")
 
-    async def _chunk(self, chunk: Any, out: RunOutput, tools: _ToolCallAssembler) -> bool:
+    async def _chunk(self, chunk: JSONValue, out: RunOutput, tools: _ToolCallAssembler) -> bool:
         """Handle one chunk; True when it carried a finish_reason."""
         if not isinstance(chunk, dict):
             return False
@@ -122,7 +134,8 @@ class OpenAIAdapter(HTTPAdapter):
         if usage is not None:
             out.usage = usage
         finished = False
-        for choice in chunk.get("choices") or []:
+        choices = chunk.get("choices")
+        for choice in choices if isinstance(choices, list) else []:
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta")
@@ -136,7 +149,8 @@ class OpenAIAdapter(HTTPAdapter):
                 content = delta.get("content")
                 if isinstance(content, str) and content:
                     await out.text(content)
-                for call in delta.get("tool_calls") or []:
+                calls = delta.get("tool_calls")
+                for call in calls if isinstance(calls, list) else []:
                     if isinstance(call, dict):
                         tools.add(call)
             reason = choice.get("finish_reason")

@@ -99,18 +99,6 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
             assert sent[0]["model"] == OLLAMA_SERVED and sent[0]["prompt"] == "abcd"
 
 
-async def test_the_legacy_embeddings_route_is_relayed_to_the_ollama_provider() -> None:
-    """``POST /api/embeddings`` (the older Ollama clients'): relayed as sent,
-    ``model`` rewritten; the provider's answer (here its own 404) comes back."""
-    with trio.fail_after(30):
-        async with gateway() as (gw, mock):
-            body = {"model": "llama", "prompt": "x"}
-            r = await http_request(gw.host_port, "POST", "/api/embeddings", body=body)
-            sent = [req.json() for req in mock.requests if req.path == "/api/embeddings"]
-            assert sent == [{"model": OLLAMA_SERVED, "prompt": "x"}]
-            assert r.status == 404 and r.header("x-iopd-upstream-status") == "404"
-
-
 async def test_ps_shows_groups_with_a_request_in_flight_and_version_is_the_edges() -> None:
     with trio.fail_after(30):
         async with gateway() as (gw, mock):

@@ -19,8 +19,9 @@ from quart import Response
 from quart_trio import QuartTrio
 
 from iopd.config.load import parse_edge_config
-from iopd.edge.admin import AdminLimits, AdminServer, create_admin_app
+from iopd.edge.admin import create_admin_app
 from iopd.edge.admin.routes import MAX_BODY_BYTES
+from iopd.edge.admin.serve import AdminLimits, AdminServer, _is_event_stream, hypercorn_config
 from iopd.edge.admin.streaming import streaming_response
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from iopd.startup import StartupError
@@ -298,3 +299,25 @@ async def test_access_lines_only_at_debug(caplog: pytest.LogCaptureFixture) -> N
         access = [r for r in caplog.records if r.name == "iopd.edge.admin.access"]
         assert len(access) == expected
         assert not [r for r in caplog.records if r.name.startswith("hypercorn")]
+
+
+def test_the_limits_become_hypercorns_config() -> None:
+    config = hypercorn_config(AdminLimits(max_header_bytes=1024, keep_alive_timeout=2.5))
+    assert config.h11_max_incomplete_size == 1024 and config.keep_alive_timeout == 2.5
+    assert config.accesslog is None and config.errorlog is None  # iopd's logging only
+    assert not config.include_server_header
+
+
+@pytest.mark.parametrize(
+    ("headers", "stream"),
+    [
+        ([(b"content-type", b"text/event-stream")], True),
+        ([(b"Content-Type", b"Text/Event-Stream; charset=utf-8")], True),
+        ([(b"content-type", b"application/json")], False),
+        ([], False),
+    ],
+)
+def test_an_event_stream_is_known_by_its_content_type(
+    headers: list[tuple[bytes, bytes]], stream: bool
+) -> None:
+    assert _is_event_stream(headers) is stream

@@ -22,9 +22,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderPool, ProviderSlot
-from iopd.edge.pool.candidates import PrincipalPolicy
+from iopd.edge.pool.candidates import PrincipalPolicy, WaitKey
+from iopd.edge.pool.fair_queue import FairQueue
 from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
-from iopd.errors import QueueTimeout
+from iopd.errors import QueueFull, QueueTimeout
 
 
 def fair_snapshot(
@@ -372,3 +373,71 @@ async def test_a_capped_waiter_cancelled_leaves_no_count(
                     await trio.sleep(10)
     assert pool.principal_loads() == {} and pool.queue_depth == 0
     assert pool.provider_loads()["p0"].in_flight == 0
+
+
+# ------------------------------------------------- the queue itself, without a scheduler
+
+
+KEY = WaitKey("g", False, frozenset())
+
+
+def test_tags_alternate_by_share_and_fifo_holds_within_a_principal() -> None:
+    q = FairQueue()
+    a = [q.new_waiter(KEY, "a", 1, 30.0, 10) for _ in range(3)]
+    b = [q.new_waiter(KEY, "b", 2, 30.0, 0) for _ in range(2)]
+    # Provisional tags: a's line moves by 1 per waiter, b's (share 2) by 1/2.
+    assert [w.tag for w in a] == [1.0, 2.0, 3.0]
+    assert [w.tag for w in b] == [0.5, 1.0]
+    assert (q.depth, q.bytes) == (5, 30)
+    assert q.waiting_by_principal() == {"a": 3, "b": 2}
+    assert [w.seq for w in q.pending()] == sorted(w.seq for w in [*a, *b])
+    q.admit(b[0])
+    assert (b[0].tag, q.vtime) == (0.5, 0.0)
+    assert q.tag_of("b") == 1.0  # b's next waiter is due 1/2 later
+    q.admit(a[0])
+    assert q.vtime == 0.0 and q.tag_of("a") == 2.0
+
+
+def test_a_cancel_costs_nothing_and_an_empty_line_forgets_its_tag() -> None:
+    q = FairQueue()
+    first = q.new_waiter(KEY, "a", 1, 30.0, 5)
+    assert q.pop(first) and not q.pop(first)  # popped once
+    assert (q.depth, q.bytes, q.waiting_of("a")) == (0, 0, 0)
+    again = q.new_waiter(KEY, "a", 1, 30.0, 0)
+    assert again.tag == 1.0  # not 2: the cancelled waiter never took a tag
+
+
+def test_an_admitted_tag_is_kept_while_it_is_ahead_of_virtual_time() -> None:
+    q = FairQueue()
+    w = q.new_waiter(KEY, "a", 1, 30.0, 0)
+    q.admit(w)
+    # Its line is empty now, but its last tag (1.0) is still ahead of V (0.0):
+    # the next waiter of a starts after it, not at V again.
+    assert q.new_waiter(KEY, "a", 1, 30.0, 0).tag == 2.0
+
+
+def test_drains_empty_the_queue_in_order() -> None:
+    q = FairQueue()
+    other = WaitKey("h", False, frozenset())
+    w1 = q.new_waiter(KEY, "a", 1, 30.0, 1)
+    w2 = q.new_waiter(other, "a", 1, 30.0, 2)
+    w3 = q.new_waiter(KEY, "b", 1, 30.0, 3)
+    assert list(q.lanes_of("a")) == [(KEY, "a"), (other, "a")]
+    assert q.drain_lane((other, "a")) == [w2]
+    assert q.drain() == [w1, w3]
+    assert (q.depth, q.bytes, q.lanes, q.waiting_by_principal()) == (0, 0, {}, {})
+
+
+def test_room_is_bounded_by_count_and_by_body_bytes() -> None:
+    q = FairQueue()
+    snap = PoolSnapshot({}, {}, max_queue=2, max_queued_bytes=100)
+    q.check_room("g", 100, snap)
+    q.new_waiter(KEY, "a", 1, 30.0, 60)
+    with pytest.raises(QueueFull, match="body"):
+        q.check_room("g", 41, snap)
+    q.check_room("g", 40, snap)
+    q.new_waiter(KEY, "a", 1, 30.0, 0)
+    with pytest.raises(QueueFull, match="2 waiting"):
+        q.check_room("g", 0, snap)
+    with pytest.raises(QueueFull):  # a byte bound of 0 queues nothing
+        FairQueue().check_room("g", 0, PoolSnapshot({}, {}, max_queue=2, max_queued_bytes=0))

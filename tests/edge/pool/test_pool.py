@@ -6,7 +6,8 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.edge.pool import GroupPolicy, Lease, PoolSnapshot, ProviderPool, ProviderSlot
+from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderSlot
+from iopd.edge.pool.pool import Lease, ProviderPool
 from iopd.errors import NodeDispatchError, QueueFull, QueueTimeout
 from tests.support.pools import hold, in_flight, make_pool
 

@@ -56,19 +56,13 @@ import functools
 import math
 import time
 from collections.abc import Callable
-from typing import Any, TypeAlias, TypeGuard
+from typing import Any, TypeGuard
 
 import re2
 
-__all__ = ["JSONArray", "JSONObject", "JSONValue", "ValidationBudget", "json_type", "validate"]
+from iopd.json_types import JSONArray, JSONObject, JSONValue
 
-#: A decoded JSON value (a caller's body, a tool schema, a provider's answer):
-#: its shape is known only once checked, so it is ``Any`` (here, and only here).
-JSONValue: TypeAlias = Any
-#: A decoded JSON object.
-JSONObject: TypeAlias = dict[str, Any]
-#: A decoded JSON array.
-JSONArray: TypeAlias = list[Any]
+__all__ = ["JSONArray", "JSONObject", "JSONValue", "ValidationBudget", "json_type", "validate"]
 
 _MAX_REF_DEPTH = 64
 
@@ -137,7 +131,7 @@ class ValidationBudget:
                 raise _OverBudget
 
 
-def validate(instance: Any, schema: Any, budget: ValidationBudget | None = None) -> list[str]:
+def validate(instance: JSONValue, schema: JSONValue, budget: ValidationBudget | None = None) -> list[str]:
     """Validate ``instance`` against ``schema``; return error messages (empty = valid).
 
     ``budget`` bounds the work (a fresh default budget when omitted); when it
@@ -156,7 +150,7 @@ def validate(instance: Any, schema: Any, budget: ValidationBudget | None = None)
     return errors
 
 
-def _compiled(pattern: str) -> Any:
+def _compiled(pattern: str) -> Any:  # re2 ships no types: its compiled pattern
     """``pattern`` compiled by RE2, or None when it cannot be checked (see module doc)."""
     if len(pattern) > MAX_PATTERN_CHARS:
         return None  # (before the cache: it would keep the long string alive)
@@ -164,7 +158,7 @@ def _compiled(pattern: str) -> Any:
 
 
 @functools.lru_cache(maxsize=PATTERN_CACHE_SIZE)
-def _compile(pattern: str) -> Any:
+def _compile(pattern: str) -> Any:  # (re2 ships no types)
     options = re2.Options()
     options.max_mem = _PATTERN_MAX_MEM
     options.log_errors = False  # a caller's bad pattern is not the operator's log line
@@ -174,7 +168,7 @@ def _compile(pattern: str) -> Any:
         return None
 
 
-def json_type(value: Any) -> str:
+def json_type(value: JSONValue) -> str:
     """The JSON type name of a decoded JSON value."""
     if value is None:
         return "null"
@@ -193,22 +187,22 @@ def json_type(value: Any) -> str:
     return type(value).__name__
 
 
-def _is_type(value: Any, name: str) -> bool:
+def _is_type(value: JSONValue, name: str) -> bool:
     actual = json_type(value)
     if name == "integer":
         return actual == "integer" or (
-            actual == "number" and math.isfinite(value) and float(value).is_integer()
+            isinstance(value, float) and math.isfinite(value) and value.is_integer()
         )
     if name == "number":
         return actual in ("integer", "number")
     return actual == name
 
 
-def _is_number(value: Any) -> TypeGuard[int | float]:
+def _is_number(value: JSONValue) -> TypeGuard[int | float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _json_equal(a: Any, b: Any, tick: Callable[..., None]) -> bool:
+def _json_equal(a: JSONValue, b: JSONValue, tick: Callable[..., None]) -> bool:
     """Equality with JSON semantics (``True != 1``, ``1 == 1.0``); ``tick()`` per value."""
     tick()
     if isinstance(a, bool) or isinstance(b, bool):
@@ -233,13 +227,13 @@ def _pointer(path: str, key: str | int) -> str:
     return f"{path}/{token}"
 
 
-def _short(value: Any) -> str:
+def _short(value: JSONValue) -> str:
     """``repr(value)`` cut to 60 characters, without rendering the whole of a big value."""
     text = _bounded_repr(value, 61)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _bounded_repr(value: Any, limit: int) -> str:
+def _bounded_repr(value: JSONValue, limit: int) -> str:
     """``repr(value)`` when it is at most ``limit`` characters, else a longer prefix-like text."""
     if isinstance(value, str):
         return repr(value if len(value) <= limit else value[:limit])
@@ -273,28 +267,28 @@ def _bounded_repr(value: Any, limit: int) -> str:
 class _Validator:
     """Walks one schema; holds the root so local ``$ref``s resolve."""
 
-    def __init__(self, root: Any, budget: ValidationBudget) -> None:
+    def __init__(self, root: JSONValue, budget: ValidationBudget) -> None:
         self.root = root
         self.tick = budget.tick
-        self._targets: dict[str, Any] = {}
+        self._targets: dict[str, JSONValue] = {}
         #: (id(target), id(value)) of the ``$ref`` checks under way (cycle guard).
         self._active: set[tuple[int, int]] = set()
         #: (id(target), id(value), path) -> the errors found (memoised ``$ref`` results).
         self._memo: dict[tuple[int, int, str], list[str]] = {}
 
-    def _resolve(self, ref: str) -> Any:
+    def _resolve(self, ref: str) -> JSONValue:
         """``ref``'s target (None when it does not resolve), memoised per reference."""
         if ref not in self._targets:
             self.tick(1 + len(ref) // _CHARS_PER_STEP)
             self._targets[ref] = self._resolve_uncached(ref)
         return self._targets[ref]
 
-    def _resolve_uncached(self, ref: str) -> Any:
+    def _resolve_uncached(self, ref: str) -> JSONValue:
         if ref == "#":
             return self.root
         if not ref.startswith("#/"):
             return None  # remote refs are out of scope: ignored
-        node: Any = self.root
+        node: JSONValue = self.root
         for raw in ref[2:].split("/"):
             token = raw.replace("~1", "/").replace("~0", "~")
             if isinstance(node, dict) and token in node:
@@ -305,7 +299,7 @@ class _Validator:
                 return None
         return node
 
-    def check(self, value: Any, schema: Any, path: str, errors: list[str], depth: int) -> None:
+    def check(self, value: JSONValue, schema: JSONValue, path: str, errors: list[str], depth: int) -> None:
         self.tick()
         where = path or "/"
         if schema is True or schema is None:
@@ -351,7 +345,7 @@ class _Validator:
 
         self._check_combinators(value, schema, path, errors, depth)
 
-    def _check_ref(self, value: Any, target: Any, path: str, errors: list[str], depth: int) -> None:
+    def _check_ref(self, value: JSONValue, target: JSONValue, path: str, errors: list[str], depth: int) -> None:
         """Apply a ``$ref`` target: remembered per (target, value, path), cycles reported."""
         active = (id(target), id(value))
         if active in self._active:
@@ -377,13 +371,13 @@ class _Validator:
         errors.extend(local)
 
     def _check_type(
-        self, value: Any, schema: dict[str, Any], where: str, errors: list[str]
+        self, value: JSONValue, schema: dict[str, JSONValue], where: str, errors: list[str]
     ) -> bool:
         declared = schema.get("type")
         if declared is None:
             return True
-        names = declared if isinstance(declared, list) else [declared]
-        names = [n for n in names if isinstance(n, str)]
+        listed = declared if isinstance(declared, list) else [declared]
+        names = [n for n in listed if isinstance(n, str)]
         if not names:
             return True
         if value is None and schema.get("nullable") is True:
@@ -395,7 +389,7 @@ class _Validator:
         return False
 
     def _check_number(
-        self, value: int | float, schema: dict[str, Any], where: str, errors: list[str]
+        self, value: int | float, schema: dict[str, JSONValue], where: str, errors: list[str]
     ) -> None:
         minimum, maximum = schema.get("minimum"), schema.get("maximum")
         exc_min, exc_max = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
@@ -423,7 +417,7 @@ class _Validator:
                 errors.append(f"{where}: {value} is not a multiple of {multiple}")
 
     def _check_string(
-        self, value: str, schema: dict[str, Any], where: str, errors: list[str]
+        self, value: str, schema: dict[str, JSONValue], where: str, errors: list[str]
     ) -> None:
         min_len, max_len = schema.get("minLength"), schema.get("maxLength")
         if isinstance(min_len, int) and len(value) < min_len:
@@ -444,8 +438,8 @@ class _Validator:
 
     def _check_array(
         self,
-        value: list[Any] | tuple[Any, ...],
-        schema: dict[str, Any],
+        value: list[JSONValue] | tuple[JSONValue, ...],
+        schema: dict[str, JSONValue],
         path: str,
         errors: list[str],
         depth: int,
@@ -478,8 +472,8 @@ class _Validator:
 
     def _check_object(
         self,
-        value: dict[str, Any],
-        schema: dict[str, Any],
+        value: dict[str, JSONValue],
+        schema: dict[str, JSONValue],
         path: str,
         errors: list[str],
         depth: int,
@@ -519,7 +513,7 @@ class _Validator:
                 self.check(item, additional, item_path, errors, depth + 1)
 
     def _check_combinators(
-        self, value: Any, schema: dict[str, Any], path: str, errors: list[str], depth: int
+        self, value: JSONValue, schema: dict[str, JSONValue], path: str, errors: list[str], depth: int
     ) -> None:
         where = path or "/"
         all_of = schema.get("allOf")
@@ -539,7 +533,7 @@ class _Validator:
         if isinstance(not_schema, (dict, bool)) and self._passes(value, not_schema, path, depth):
             errors.append(f"{where}: must not match the 'not' schema")
 
-    def _passes(self, value: Any, schema: Any, path: str, depth: int) -> bool:
+    def _passes(self, value: JSONValue, schema: JSONValue, path: str, depth: int) -> bool:
         scratch: list[str] = []
         self.check(value, schema, path, scratch, depth + 1)
         return not scratch

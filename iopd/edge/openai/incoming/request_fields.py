@@ -11,6 +11,7 @@ boolean is never a number.
 from __future__ import annotations
 
 import re
+from typing import TypeGuard, cast
 
 import msgspec
 
@@ -47,11 +48,11 @@ def rewrite_model(raw: JSONObject, served: str) -> bytes:
     return _encode(out)
 
 
-def is_number(value: JSONValue) -> bool:
+def is_number(value: JSONValue) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def is_int(value: JSONValue) -> bool:
+def is_int(value: JSONValue) -> TypeGuard[int | float]:
     if isinstance(value, bool):
         return False
     if isinstance(value, int):
@@ -112,7 +113,7 @@ def opt_number(
         raise wrong_type(name, "a number", value)
     if not low <= value <= high:
         raise InvalidRequest(f"'{name}' must be between {low:g} and {high:g}", param=name)
-    return value  # type: ignore[no-any-return]
+    return value
 
 
 def opt_int(
@@ -130,7 +131,8 @@ def opt_int(
     return value
 
 
-def stop(raw: JSONObject) -> str | list[str] | None:
+def stop(raw: JSONObject) -> str | JSONArray | None:
+    """``stop``: a string or an array of strings (as sent)."""
     value = raw.get("stop")
     if value is None or isinstance(value, str):
         return value
@@ -255,7 +257,7 @@ def messages(raw: JSONObject) -> list[JSONObject]:
         name = msg.get("name")
         if name is not None and not isinstance(name, str):
             raise wrong_type(f"{here}.name", "a string", name)
-    return messages
+    return cast("list[JSONObject]", messages)  # each message checked above
 
 
 def tool_call(call: JSONValue, here: str) -> None:
@@ -299,7 +301,7 @@ def chat_tools(raw: JSONObject) -> list[JSONObject] | None:
         opt_str(function, "description", f"{here}.function.description")
         opt_object(function, "parameters", f"{here}.function.parameters")
         opt_bool(function, "strict", False, f"{here}.function.strict")
-    return tools
+    return cast("list[JSONObject]", tools)  # each tool checked above
 
 
 def opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
@@ -312,7 +314,7 @@ def opt_array(raw: JSONObject, key: str) -> list[JSONObject] | None:
     for i, item in enumerate(value):
         if not isinstance(item, dict):
             raise wrong_type(f"{key}[{i}]", "an object", item)
-    return value
+    return cast("list[JSONObject]", value)  # each item checked above
 
 
 #: ``reasoning.effort`` / ``reasoning_effort`` values (OpenAI's, ``xhigh`` included).
@@ -369,7 +371,7 @@ def opt_str_array(raw: JSONObject, key: str, max_items: int = 64) -> list[str] |
         raise wrong_type(key, "an array of strings", value)
     if len(value) > max_items:
         raise InvalidRequest(f"'{key}' may hold at most {max_items} entries", param=key)
-    return value
+    return cast("list[str]", value)  # each item checked above
 
 
 def text_format(raw: JSONObject) -> JSONObject | None:
@@ -384,7 +386,7 @@ def text_format(raw: JSONObject) -> JSONObject | None:
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_schema":
-        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        schema: JSONObject = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     return fmt
 

@@ -23,6 +23,7 @@ from iopd.edge.openai.incoming.jsonschema import JSONObject
 from iopd.edge.openai.outgoing.sse import SSE_DONE, sse_data
 from iopd.edge.openai.outgoing.tools import restore_native_tool_call
 from iopd.errors import ProviderError
+from iopd.json_types import json_list
 from wire.messages import RunEvent, Usage
 
 __all__ = [
@@ -243,7 +244,7 @@ class CompletionAssembler:
             content = self.text
         message: JSONObject = {"role": "assistant", "content": content}
         if calls:
-            message["tool_calls"] = calls
+            message["tool_calls"] = json_list(calls)
             if not content:
                 message["content"] = None
         if self.saw_reasoning:

@@ -24,8 +24,6 @@ cache, so it is the provider's prompt tokens less its cached ones, which are
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
@@ -292,9 +290,9 @@ class MessageEvents:
         if isinstance(usage, dict):
             self._usage = usage
         choices = doc.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
             return out
-        choice: dict[str, Any] = choices[0]
         delta = choice.get("delta")
         if isinstance(delta, dict):
             thinking = delta.get("reasoning_content") or delta.get("reasoning")
@@ -326,7 +324,7 @@ class MessageEvents:
         reason = stop_reason(self._finish)
         if self._calls and reason == "end_turn":
             reason = "tool_use"
-        delta = {
+        delta: JSONObject = {
             "type": "message_delta",
             "delta": {"stop_reason": reason, "stop_sequence": None},
             "usage": messages_usage(self._usage, self._estimate),
@@ -348,7 +346,7 @@ class MessageEvents:
         index = self._blocks
         self._blocks += 1
         self._open, self._open_kind = index, kind
-        start = {"type": "content_block_start", "index": index, "content_block": block}
+        start: JSONObject = {"type": "content_block_start", "index": index, "content_block": block}
         return out + _event("content_block_start", start), index
 
     def _text_block(self, kind: str, text: str) -> bytes:
@@ -397,7 +395,7 @@ class MessageEvents:
         return out
 
     def _open_call(self, call: _Call) -> bytes:
-        block = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
+        block: JSONObject = {"type": "tool_use", "id": call.id, "name": call.name, "input": {}}
         out, call.block = self._begin(block, f"tool:{call.id}")
         if call.pending:
             out += _delta(call.block, {"type": "input_json_delta", "partial_json": call.pending})

@@ -36,12 +36,14 @@ objects are the ones the official SDK parses (``openai.types.responses``).
 from __future__ import annotations
 
 import secrets
+from typing import cast
 
 import msgspec
 
 from iopd.edge.openai.incoming.jsonschema import JSONArray, JSONObject, JSONValue
 from iopd.edge.openai.incoming.responses_tools import CUSTOM_INPUT, ToolPlan, plan_tools
 from iopd.errors import InvalidRequest
+from iopd.json_types import json_list
 from wire.messages import Usage
 
 __all__ = [
@@ -365,7 +367,7 @@ def _response(
     doc = dict(head)
     doc["status"] = status
     doc["incomplete_details"] = {"reason": "max_output_tokens"} if status == "incomplete" else None
-    doc["output"] = output
+    doc["output"] = json_list(output)
     doc["usage"] = _usage(usage) if usage is not None else None
     return doc
 
@@ -565,15 +567,15 @@ class ResponseEvents:
         where = self._where()
         index = len(self.output) - 1
         if kind == "message":
-            item = _message_item(text, status, self.output[index]["id"])
-            part = item["content"][0]
+            item = _message_item(text, status, cast(str, self.output[index]["id"]))
+            part = cast(JSONArray, item["content"])[0]
             done = self._event(
                 "response.output_text.done",
                 {**where, "content_index": 0, "text": text, "logprobs": []},
             )
         else:
-            item = _reasoning_item(text, self.output[index]["id"])
-            part = item["content"][0]
+            item = _reasoning_item(text, cast(str, self.output[index]["id"]))
+            part = cast(JSONArray, item["content"])[0]
             done = self._event(
                 "response.reasoning_text.done", {**where, "content_index": 0, "text": text}
             )

@@ -58,9 +58,10 @@ def _loads(text: str) -> JSONValue:
     """Strict JSON: NaN/Infinity are rejected like any other invalid JSON (and so
     is nesting deeper than the interpreter's recursion limit)."""
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value: JSONValue = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise ValueError("nested too deeply") from None
+    return value
 
 
 def _unfence(body: str) -> str:
@@ -125,7 +126,7 @@ def _functions(tools: list[JSONObject]) -> dict[str, JSONObject]:
     for tool in tools:
         fn = _function_of(tool)
         if fn is not None:
-            found.setdefault(fn["name"], fn)
+            found.setdefault(str(fn["name"]), fn)  # (a str: _function_of checked it)
     return found
 
 
