@@ -329,7 +329,13 @@ def main() -> None:
     p.add_argument("--turn-tokens", type=int, default=300)
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--ctx", type=int, default=12288, help="context per replica (its one slot)")
-    p.add_argument("--cache-ram", type=int, default=128, help="prompt cache per replica, MiB")
+    p.add_argument(
+        "--cache-ram",
+        type=int,
+        default=64,
+        help="prompt cache per replica, MiB (64: about two sessions' prompts of the "
+        "default workload, of the twelve)",
+    )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per replica")
     p.add_argument(
         "--prefill-rate",

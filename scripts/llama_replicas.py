@@ -5,7 +5,7 @@ written here with ``numpy`` and ``gguf``, and replicas started cold.
 
     server = find_or_build_server(cache_dir)   # built once, kept in cache_dir
     model = write_model(cache_dir / "tiny.gguf")
-    with replicas(server, model, n=3, ctx=12288, cache_ram_mib=128) as ports: ...
+    with replicas(server, model, n=3, ctx=12288, cache_ram_mib=64, ...) as ports: ...
 
 The build is CPU only, only the server target, niced and ``-j1`` by default
 (``IOPD_BENCH_JOBS``): it takes a while once and is reused after.  The model
