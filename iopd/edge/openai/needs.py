@@ -21,7 +21,7 @@ from iopd.edge.openai.incoming.responses_tools import dropped_header, unsupporte
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES
 from iopd.edge.openai.outgoing.responses import responses_input_to_messages
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
-from iopd.http.server import HeadContext, Request
+from iopd.http.server import Request
 from iopd.tokens import estimate_input_tokens
 from iopd.vocabulary import ContextClass
 
@@ -107,7 +107,7 @@ def announce_dropped_tools(
     """The tools a normalized request runs without: named on every response
     to it (``X-Iopd-Dropped-Tools``) and counted."""
     context = request.context
-    if isinstance(context, HeadContext):
+    if context is not None:
         context.response_headers.append(dropped_header(dropped))
     for kind in dropped:
         rt.metrics.count_dropped_tool(group_id, kind)

@@ -62,7 +62,6 @@ from iopd.edge.pool.pool import Lease
 from iopd.edge.pool.retry_rules import AttemptFailure, FailureKind
 from iopd.edge.principals.authenticator import Principal
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
-from iopd.http.connection import HeadContext
 from iopd.http.server import Request
 from iopd.vocabulary import ContextClass, ResponseMode
 
@@ -378,7 +377,7 @@ def _name_serving_group(request: Request, group_id: str) -> None:
     """``X-Iopd-Model-Group`` on the response: the head hook's headers are the
     ones every response to the request carries (a retry's group replaces it)."""
     context = request.context
-    if not isinstance(context, HeadContext):
+    if context is None:
         return
     headers = context.response_headers
     headers[:] = [(k, v) for k, v in headers if k != MODEL_GROUP_HEADER]

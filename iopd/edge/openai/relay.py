@@ -52,14 +52,14 @@ from collections.abc import Callable
 import trio
 
 from iopd.edge.metering.usage import tunnel_usage
-from iopd.edge.nodes.node_session import NODE_BUSY, NodeSession, NodeStream
+from iopd.edge.nodes.node_session import NodeSession, NodeStream
 from iopd.edge.openai.attempts import Attempts, AttemptVerdict
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.upstream_headers import upstream_headers
 from iopd.edge.openai.lifecycle import HOP_BY_HOP, Outcome
 from iopd.edge.openai.outgoing.stream_end import StreamEnd
 from iopd.edge.openai.prepare import Body, LeasedRequest, until_done
-from iopd.edge.openai.run_errors import provider_error
+from iopd.edge.openai.run_errors import provider_error, tunnel_failure
 from iopd.edge.pool.outliers import saturation_seconds
 from iopd.edge.pool.retry_rules import RETRYABLE_STATUSES, AttemptFailure, FailureKind
 from iopd.edge.runtime.edge_runtime import Snapshot
@@ -138,7 +138,8 @@ async def _relay(
         path, body = leased.request.path, rq.rewrite_model(leased.body.raw, lease.target)
     else:
         path, body, extra = upstream(leased)
-        headers = headers + extra
+        present = {k for k, _ in headers}  # a name the allow-list sent goes once
+        headers = headers + [(k, v) for k, v in extra if k not in present]
     treq = ProviderTunnelRequest(
         stream_id=0,
         provider_id=lease.provider_id,
@@ -208,7 +209,7 @@ async def _relay_frames(
         else:  # error
             # A retry only while nothing went out: after the head, the
             # caller holds this provider's status and a cut is all that is left.
-            failure = _failure_of(fr, responder.started)
+            failure = tunnel_failure(fr.code, responder.started)  # (the one error map)
             verdict = attempts.failed(failure, caller_saw_bytes=responder.started)
             if verdict is AttemptVerdict.RETRY:
                 return False
@@ -405,27 +406,3 @@ def _retry_on_head(attempts: Attempts, fr: ProviderTunnelFrame) -> bool:
     verdict = attempts.failed(failure, caller_saw_bytes=False, retry_after=retry_after)
     return verdict is AttemptVerdict.RETRY and status in RETRYABLE_STATUSES
 
-
-#: The node's error codes that say how far a relayed request got (before any head).
-_CODE_FAILURES: dict[str, FailureKind] = {
-    "provider_unreachable": FailureKind.CONNECT_FAILED,
-    "provider_reset": FailureKind.RESET_BEFORE_SEND,
-    "provider_timeout": FailureKind.READ_TIMEOUT,
-}
-
-
-def _failure_of(fr: ProviderTunnelFrame, head_sent: bool) -> AttemptFailure:
-    """What a tunnel's error frame says happened; anything the node does not name
-    (or anything after the head) is a failure after the provider had the request."""
-    if fr.code == "bad_request":
-        return AttemptFailure(FailureKind.PROVIDER_STATUS, 400)
-    if fr.code == NODE_BUSY:  # not admitted: nothing ran (see Attempts.failed)
-        return AttemptFailure(FailureKind.NODE_BUSY)
-    if head_sent:
-        kind = (
-            FailureKind.READ_TIMEOUT
-            if fr.code == "provider_timeout"
-            else FailureKind.RESET_AFTER_SEND
-        )
-        return AttemptFailure(kind)
-    return AttemptFailure(_CODE_FAILURES.get(fr.code, FailureKind.RESET_AFTER_SEND))

@@ -32,19 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from iopd.errors import NodeDispatchError
+from iopd.errors import NodeDispatchError, ProviderDrained
 from iopd.vocabulary import Health, ProviderType, types_meeting
 
+from . import routing as cache_aware
 from .outliers import Attempt, EjectionPolicy, OutlierTracker
-from .routing import (
-    Pick,
-    RouteAsk,
-    Router,
-    RoutingMode,
-    RoutingPolicy,
-    RoutingReason,
-    routing_changed,
-)
+from .routing import RouteAsk as Ask
 
 __all__ = [
     "Candidates",
@@ -71,6 +64,8 @@ class ProviderSlot:
     long_context_capacity: int = 0
     priority: int = 0
     enabled: bool = True
+    #: The operator's runtime state (``controls.ControlState``): why it is not enabled.
+    control: str = "active"
 
 
 @dataclass(frozen=True)
@@ -80,7 +75,7 @@ class GroupPolicy:
     id: str
     providers: tuple[tuple[str, str], ...]  # (provider_id, served target)
     queue_timeout: float | None = None  # per-group override (legacy routes)
-    routing: RoutingMode = "prefix"  # ``models[].routing`` (``routing.py``)
+    routing: cache_aware.RoutingMode = "prefix"  # ``models[].routing`` (``routing.py``)
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,7 @@ class PoolSnapshot:
     principals: Mapping[str, PrincipalPolicy] = field(default_factory=dict)
     default_principal: PrincipalPolicy = PrincipalPolicy()
     ejection: EjectionPolicy = EjectionPolicy()
-    routing: RoutingPolicy = RoutingPolicy()
+    routing: cache_aware.RoutingPolicy = cache_aware.RoutingPolicy()
 
     def queue_timeout_of(self, group_id: str, override: float | None = None) -> float:
         """The waiting bound of a request: explicit override, else group's, else default."""
@@ -203,14 +198,23 @@ class Candidates:
     use_long_slots: bool
 
 
-def no_candidate_error(key: WaitKey) -> NodeDispatchError:
+def _need(key: WaitKey) -> str:
     need = f" that supports {', '.join(sorted(key.requires))}" if key.requires else ""
     if key.exclude:
         need += " that has not failed this request"
+    return need
+
+
+def no_candidate_error(key: WaitKey) -> NodeDispatchError:
+    need = _need(key)
     return NodeDispatchError(
         f"model group '{key.group_id}' has no available provider{need} "
         "(nodes disconnected, or providers disabled or unhealthy)"
     )
+
+
+#: Providers an error names one by one; the rest are counted.
+MAX_NAMED_PROVIDERS = 8
 
 
 class CandidateIndex:
@@ -219,7 +223,7 @@ class CandidateIndex:
     def __init__(self, snapshot: PoolSnapshot) -> None:
         self.snapshot = snapshot
         self.outliers = OutlierTracker(snapshot.ejection)
-        self.router = Router(snapshot.routing)
+        self.router = cache_aware.Router(snapshot.routing)
         #: Providers the tracker may exclude (ejected or saturated); others are choosable.
         self.flagged: set[str] = set()
         self._connected: set[str] = set()
@@ -293,8 +297,7 @@ class CandidateIndex:
         else:
             self._connected.discard(node_id)
         changed = [pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id]
-        for pid in changed:  # a new session: the provider may have restarted meanwhile
-            self.router.index.drop(pid)
+        self.router.forget(changed)  # a new session: the provider may have restarted meanwhile
         return changed
 
     def set_health(self, provider_id: str, health: Health) -> bool:
@@ -332,8 +335,7 @@ class CandidateIndex:
         """Swap the static config; the providers whose ejection the new policy ended."""
         old, self.snapshot = self.snapshot, snapshot
         self.router.set_policy(snapshot.routing)
-        for pid in routing_changed(old, snapshot):  # drained, disabled, config changed
-            self.router.index.drop(pid)
+        self.router.forget(cache_aware.routing_changed(old, snapshot))  # drained or reconfigured
         for pid in [
             p
             for p, c in self._counters.items()
@@ -376,6 +378,46 @@ class CandidateIndex:
                 row.append(Entry(index, slot, target, counters))
             entries[gid] = tuple(row)
         self._entries = entries
+
+    def _why_not(self, entry: Entry, exclude: frozenset[str]) -> str:
+        """Why ``entry`` is no candidate now, in the words of an error message."""
+        slot = entry.slot
+        if not slot.enabled:
+            if slot.control == "draining":
+                return "drained"
+            return "disabled" if slot.control == "disabled" else "enabled: false"
+        if slot.node_id not in self._connected:
+            return f"node {slot.node_id} disconnected"
+        if slot.provider_id in self._unhealthy:
+            return "unhealthy"
+        return "failed this request" if slot.provider_id in exclude else "unavailable"
+
+    def unavailable_error(self, key: WaitKey) -> NodeDispatchError:
+        """The error of a group without a live candidate, naming each provider's state;
+        503 ``provider_drained`` when an operator drained every one."""
+        allowed = types_meeting(key.requires)
+        entries = [
+            e
+            for e in self._entries.get(key.group_id, ())
+            if allowed is None or e.slot.type in allowed
+        ]
+        if not entries:
+            return no_candidate_error(key)
+        reasons = [self._why_not(e, key.exclude) for e in entries]
+        named = ", ".join(
+            f"{e.slot.provider_id} {why}"
+            for e, why in zip(entries[:MAX_NAMED_PROVIDERS], reasons, strict=False)
+        )
+        if len(entries) > MAX_NAMED_PROVIDERS:
+            named += f", and {len(entries) - MAX_NAMED_PROVIDERS} more"
+        if all(why == "drained" for why in reasons):
+            return ProviderDrained(
+                f"model group '{key.group_id}' is drained: every provider of it is drained "
+                f"by an operator ({named}); retry later, or `iopd provider enable ID`"
+            )
+        return NodeDispatchError(
+            f"model group '{key.group_id}' has no available provider{_need(key)}: {named}"
+        )
 
     # ------------------------------------------------------------------ candidates
 
@@ -444,7 +486,7 @@ class CandidateIndex:
             return first_live  # every candidate excluded: its last resort serves
         if group_id not in self.snapshot.groups:
             raise NodeDispatchError(f"model group '{group_id}' is not configured")
-        raise no_candidate_error(WaitKey(group_id, long, requires, exclude))
+        raise self.unavailable_error(WaitKey(group_id, long, requires, exclude))
 
     def has_choosable(self, cands: Candidates, now: float) -> bool:
         """True when some candidate is not excluded by the outlier tracker."""
@@ -510,28 +552,21 @@ class CandidateIndex:
         return best
 
     def take(
-        self,
-        key: WaitKey,
-        cands: Candidates,
-        principal: str,
-        now: float,
-        ask: RouteAsk | None = None,
+        self, key: WaitKey, cands: Candidates, principal: str, now: float, ask: Ask | None = None
     ) -> Grant | None:
         """Choose a provider and take its slot, or None when every eligible one is full
         (or, for a prefix-routed ``ask``, when it waits for its busy target)."""
         group = self.snapshot.groups.get(key.group_id)
-        route: RoutingReason = "load"
+        routed = self.router.routes(ask, key.group_id, group.routing if group else None)
+        route: cache_aware.RoutingReason = "load"
         matched = 0.0
-        routed = (
-            ask is not None
-            and group is not None
-            and group.routing == "prefix"
-            and ask.routable(key.group_id, self.router.policy)
-        )
         if ask is None or not routed:
             entry = self.select(key.group_id, cands, now)
         else:
-            entry, route, matched = self._route(key.group_id, cands, now, ask)
+            entry, route, matched = cache_aware.route_entries(
+                self.router, key.group_id, self.eligible(cands, now), cands.use_long_slots,
+                ask, now, lambda: self.select(key.group_id, cands, now),
+            )  # fmt: skip
         if entry is None:
             return None
         self._cursor[key.group_id] = entry.index + 1
@@ -542,10 +577,8 @@ class CandidateIndex:
         attempt = self.outliers.attempt_started(slot.provider_id, now)
         if attempt.probe:
             self.flagged.add(slot.provider_id)  # not choosable while its probe runs
-        if ask is not None and routed:
-            self.router.granted(key.group_id, slot.provider_id, ask, route, matched)
-        elif ask is not None:
-            self.router.count(key.group_id, "load", None)
+        if ask is not None:
+            self.router.took(key.group_id, slot.provider_id, ask, routed, route, matched)
         return Grant(
             group_id=key.group_id,
             provider_id=slot.provider_id,
@@ -559,35 +592,9 @@ class CandidateIndex:
             matched=matched,
         )
 
-    def _route(
-        self, group_id: str, cands: Candidates, now: float, ask: RouteAsk
-    ) -> tuple[Entry | None, RoutingReason, float]:
-        """The router's choice among the eligible candidates (``routing.choose``)."""
-        use_long = cands.use_long_slots
-        picks: list[Pick] = []
-        by_id: dict[str, Entry] = {}
-        for e in self.eligible(cands, now):
-            c, slot = e.counters, e.slot
-            used = c.in_flight + c.others
-            free = not (
-                used >= slot.capacity
-                or c.blocked
-                or (use_long and c.long_in_flight + c.others_long >= slot.long_context_capacity)
-            )
-            picks.append(Pick(slot.provider_id, used, slot.capacity, free))
-            by_id[slot.provider_id] = e
-
-        def least_load() -> str | None:
-            entry = self.select(group_id, cands, now)
-            return entry.slot.provider_id if entry is not None else None
-
-        pid, reason, matched = self.router.choose(group_id, picks, ask, now, least_load)
-        return (by_id[pid] if pid is not None else None), reason, matched
-
     def give_back(self, grant: Grant) -> _Counters:
         counters = self._counters[grant.provider_id]
         counters.in_flight -= 1
         if grant.long:
             counters.long_in_flight -= 1
         return counters
-

@@ -59,7 +59,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Literal, Protocol, get_args
+from typing import Final, Literal, Protocol, TypeVar, get_args
 
 from .prefix_index import PrefixIndex, block_chain
 
@@ -332,6 +332,31 @@ class Router:
 
     # ------------------------------------------------------------------ bookkeeping
 
+    def routes(self, ask: RouteAsk | None, group_id: str, mode: str | None) -> bool:
+        """Whether ``ask`` is routed by this module (a ``prefix`` group, something to
+        route by), or by the least-load rule."""
+        return ask is not None and mode == "prefix" and ask.routable(group_id, self.policy)
+
+    def took(
+        self,
+        group_id: str,
+        provider_id: str,
+        ask: RouteAsk,
+        routed: bool,
+        reason: RoutingReason,
+        fraction: float,
+    ) -> None:
+        """A grant was taken for ``ask``: recorded (when routed) and counted."""
+        if routed:
+            self.granted(group_id, provider_id, ask, reason, fraction)
+        else:
+            self.count(group_id, "load", None)
+
+    def forget(self, provider_ids: Iterable[str]) -> None:
+        """The index forgets these providers (their caches are gone or unknown)."""
+        for pid in provider_ids:
+            self.index.drop(pid)
+
     def granted(
         self,
         group_id: str,
@@ -413,3 +438,67 @@ def routing_changed(old: _SnapshotView, new: _SnapshotView) -> list[str]:
         for pid, slot in old.providers.items()
         if new.providers.get(pid) != slot or before.get(pid) != after.get(pid)
     ]
+
+
+class _Counts(Protocol):
+    in_flight: int
+    others: int
+    long_in_flight: int
+    others_long: int
+    blocked: bool
+
+
+class _Slot(Protocol):
+    @property
+    def provider_id(self) -> str: ...
+
+    @property
+    def capacity(self) -> int: ...
+
+    @property
+    def long_context_capacity(self) -> int: ...
+
+
+class _Entry(Protocol):
+    """What ``route_entries`` reads of a ``candidates.Entry``."""
+
+    @property
+    def counters(self) -> _Counts: ...
+
+    @property
+    def slot(self) -> _Slot: ...
+
+
+E = TypeVar("E", bound=_Entry)
+
+
+def route_entries(
+    router: Router,
+    group_id: str,
+    entries: Sequence[E],
+    use_long: bool,
+    ask: RouteAsk,
+    now: float,
+    least_load: Callable[[], E | None],
+) -> tuple[E | None, RoutingReason, float]:
+    """The router's choice among the eligible candidates (moved out of ``candidates``:
+    each entry's slots as a ``Pick``, and the least-load rule as its fallback)."""
+    picks: list[Pick] = []
+    by_id: dict[str, E] = {}
+    for e in entries:
+        c, slot = e.counters, e.slot
+        used = c.in_flight + c.others
+        free = not (
+            used >= slot.capacity
+            or c.blocked
+            or (use_long and c.long_in_flight + c.others_long >= slot.long_context_capacity)
+        )
+        picks.append(Pick(slot.provider_id, used, slot.capacity, free))
+        by_id[slot.provider_id] = e
+
+    def least() -> str | None:
+        entry = least_load()
+        return entry.slot.provider_id if entry is not None else None
+
+    pid, reason, matched = router.choose(group_id, picks, ask, now, least)
+    return (by_id[pid] if pid is not None else None), reason, matched

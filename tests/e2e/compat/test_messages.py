@@ -290,6 +290,8 @@ async def test_native_gets_anthropic_headers_and_sampling_fields() -> None:
                 == anthropic.Anthropic(api_key="k").default_headers["anthropic-version"]
             )
             assert req.header("anthropic-beta") == "tools-2024-04-04"
+            names = [k for k, _ in req.headers]  # each once, not once per allow-list
+            assert names.count("anthropic-version") == names.count("anthropic-beta") == 1
             assert req.header("x-api-key") is None  # the edge's token stays at the edge
             assert req.json()["top_k"] == 7
             await in_thread(
