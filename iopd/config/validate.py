@@ -36,6 +36,7 @@ from iopd.config.schema import (
     ProviderConfig,
     ProviderPoolSection,
 )
+from iopd.config.validate_routing import check_routing
 from iopd.vocabulary import forbidden_reason
 from wire import scram
 from wire.framing import MAX_HANDSHAKE_ID_CHARS
@@ -221,6 +222,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
     _check_retries_and_ejection(err, cfg.provider_pool)
+    err.problems.extend(check_routing(cfg.provider_pool.routing))
     _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 
