@@ -353,7 +353,8 @@ def _admit(
     out.endpoint = route.endpoint
     if route.endpoint in RELAY_ONLY_ENDPOINTS:
         out.mode = "passthrough"  # the metrics convention: only ever a raw relay
-    if method not in route.methods:
+    # A GET route answers HEAD as GET; the responder leaves the body out.
+    if method not in route.methods and (method != "HEAD" or "GET" not in route.methods):
         if not route.methods:
             raise errors.RouteNotFound(f"no route for {method} {path}")
         raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")
