@@ -110,6 +110,15 @@ class NodeDispatchError(GatewayError):
     status, type, code, metric_status = 502, "server_error", "node_dispatch_error", "dispatch_error"
 
 
+class ProviderDrained(NodeDispatchError):
+    """Every provider of the model group is drained (or draining) by an operator.
+
+    A kind of ``NodeDispatchError``: fallback groups are tried as for any group
+    without a live provider; the caller is told to come back later."""
+
+    status, code = 503, "provider_drained"
+
+
 class ProviderError(GatewayError):
     status, type, code, metric_status = 502, "server_error", "provider_error", "provider_error"
 

@@ -158,6 +158,8 @@ class ProviderSpec(msgspec.Struct, omit_defaults=True, kw_only=True):
     capacity: int = 1
     connect_timeout: float = 5.0
     read_timeout: float = 300.0
+    #: Seconds from the request sent to the response's first byte (http types).
+    first_byte_timeout: float = 60.0
     health_interval: float = 10.0
     command: list[str] | None = None
     prompt_via: Literal["stdin", "arg"] = "stdin"

@@ -3,10 +3,11 @@
 Pure: two validated ``EdgeConfig``s in, a ``RefreshDiff`` out.  Providers
 and nodes are compared by id, never by list position, so reordering a list
 is not a change.  Restart-required changes are reported as YAML paths of the
-*new* config (``nodes[0].providers[1].base_url``); a node or provider that was
-added or removed is named by id (``nodes[node-a]``,
-``nodes[0].providers[vllm-b]``), since it has no index in one of the two
-files.  Values are never part of the report, so secrets never leak into it.
+*new* config (``nodes[0].providers[1].base_url``); an embedded node that was
+added or removed is named by id (``nodes[node-a]``), since it has no index in
+one of the two files.  Nodes and providers added or removed, principal tokens
+and node verifiers are live.  Values are never part of the report, so secrets
+never leak into it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from iopd.config.schema import EdgeConfig, NodeEntry, ProviderConfig
 
 __all__ = [
     "LIVE_EDGE_KEYS",
+    "LIVE_NODE_KEYS",
     "LIVE_OPENAI_KEYS",
     "LIVE_PROVIDER_KEYS",
     "LIVE_SECTIONS",
@@ -27,9 +29,17 @@ __all__ = [
     "classify",
 ]
 
-#: Provider keys a refresh applies without a restart.
+#: Provider keys a refresh applies without a restart.  The rest name the
+#: server an id stands for (its pool state, health and ejection are kept
+#: under the id): a provider with a new id is added and removed live instead.
 LIVE_PROVIDER_KEYS: frozenset[str] = frozenset(
-    {"capacity", "long_context_capacity", "priority", "enabled"}
+    {"id", "capacity", "long_context_capacity", "priority", "enabled", "models"}
+)
+#: ``nodes[].*`` keys a refresh applies without a restart.  A node added or
+#: removed is live too, unless it is (or was) ``embedded``: the embedded
+#: nodes run in the edge's process from its start.
+LIVE_NODE_KEYS: frozenset[str] = frozenset(
+    {"id", "token_verifier", "token_hash_sha256", "alias", "providers"}
 )
 #: ``edge.*`` keys a refresh applies without a restart (read per request).
 LIVE_EDGE_KEYS: frozenset[str] = frozenset({"admin_token_hash_sha256", "config_revision"})
@@ -41,6 +51,8 @@ LIVE_OPENAI_KEYS: frozenset[str] = frozenset(
         "strict_output_instruction",
         "forward_headers",
         "cors_allow_origins",
+        "principal_tokens",
+        "bearer_token",
         "unsupported_tools",
         "session_header",
     }
@@ -58,7 +70,7 @@ RESTART_LIMITS_KEYS: tuple[str, ...] = (
 #: Top-level sections compared key by key below.
 _COMPARED_SECTIONS = frozenset({"edge", "openai", "nodes", "models"})
 #: ``openai.*`` keys reported as a whole rather than field by field.
-_OPENAI_WHOLE = frozenset({"principal_tokens", "model_routes"})
+_OPENAI_WHOLE = frozenset({"model_routes"})
 
 
 @dataclass
@@ -69,6 +81,13 @@ class RefreshDiff:
     changed_providers: list[str] = field(default_factory=list)
     changed_models: list[str] = field(default_factory=list)
     restart_required: list[str] = field(default_factory=list)
+    #: Nodes new in the config (also in ``changed_nodes``): admitted at their next handshake.
+    added_nodes: list[str] = field(default_factory=list)
+    #: Nodes gone from the config (also in ``changed_nodes``): their sessions are retired.
+    removed_nodes: list[str] = field(default_factory=list)
+    #: Nodes whose ``token_verifier``/``token_hash_sha256`` changed: the new
+    #: one is checked at the node's next handshake.
+    verifier_changed: list[str] = field(default_factory=list)
 
     @property
     def live_ok(self) -> bool:
@@ -121,23 +140,22 @@ def _node_diff(
     restart: list[str],
     changed_providers: set[str],
 ) -> bool:
-    """Compare one node present in both configs; True when a provider of it changed live."""
-    for name in ("token_verifier", "token_hash_sha256", "alias", "embedded"):
-        if getattr(old, name) != getattr(new, name):
-            restart.append(f"{path}.{name}")
+    """Compare one node present in both configs; True when its providers changed
+    (live: the node gets a new ``NodeConfig``, built from its whole provider list)."""
+    if old.embedded != new.embedded:
+        restart.append(f"{path}.embedded")
     old_providers = {p.id: p for p in old.providers}
     new_ids = {p.id for p in new.providers}
     live = False
     for j, p in enumerate(new.providers):
         before = old_providers.get(p.id)
-        if before is None:
-            restart.append(f"{path}.providers[{p.id}]")
-        elif _provider_diff(before, p, f"{path}.providers[{j}]", restart):
+        if before is None or _provider_diff(before, p, f"{path}.providers[{j}]", restart):
             changed_providers.add(p.id)
             live = True
     for p in old.providers:
         if p.id not in new_ids:
-            restart.append(f"{path}.providers[{p.id}]")
+            changed_providers.add(p.id)
+            live = True
     return live
 
 
@@ -178,16 +196,26 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
     changed_providers: set[str] = set()
     changed_nodes: set[str] = set()
     old_nodes = {n.id: n for n in old.nodes}
-    new_ids = {n.id for n in new.nodes}
+    new_nodes = {n.id: n for n in new.nodes}
+    added = [n.id for n in new.nodes if n.id not in old_nodes]
+    removed = [n.id for n in old.nodes if n.id not in new_nodes]
+    # An embedded node runs in the edge's process from its start.
+    restart += [f"nodes[{nid}]" for nid in added if new_nodes[nid].embedded]
+    restart += [f"nodes[{nid}]" for nid in removed if old_nodes[nid].embedded]
+    verifier_changed: list[str] = []
     for i, node in enumerate(new.nodes):
         before = old_nodes.get(node.id)
         if before is None:
-            restart.append(f"nodes[{node.id}]")
-        elif _node_diff(before, node, f"nodes[{i}]", restart, changed_providers):
+            continue
+        if (before.token_verifier, before.token_hash_sha256) != (
+            node.token_verifier,
+            node.token_hash_sha256,
+        ):
+            verifier_changed.append(node.id)
+        if _node_diff(before, node, f"nodes[{i}]", restart, changed_providers):
             changed_nodes.add(node.id)
-    for node in old.nodes:
-        if node.id not in new_ids:
-            restart.append(f"nodes[{node.id}]")
+    changed_providers.update(p.id for nid in added for p in new_nodes[nid].providers)
+    changed_providers.update(p.id for nid in removed for p in old_nodes[nid].providers)
     if old.edge.config_revision != new.edge.config_revision:
         # A new revision is pushed to every node, changed or not: each node
         # applies the highest revision it has seen (several edges).
@@ -201,9 +229,13 @@ def classify(old: EdgeConfig, new: EdgeConfig) -> RefreshDiff:
         if old_groups.get(gid) != new_groups.get(gid)
     }
 
+    changed_nodes.update(added, removed)
     return RefreshDiff(
         changed_nodes=sorted(changed_nodes),
         changed_providers=sorted(changed_providers),
         changed_models=sorted(changed_models),
         restart_required=list(dict.fromkeys(restart)),
+        added_nodes=sorted(added),
+        removed_nodes=sorted(removed),
+        verifier_changed=sorted(verifier_changed),
     )

@@ -220,6 +220,8 @@ class ProviderConfig(_Section):
     lifecycle_capabilities: list[str] = msgspec.field(default_factory=list)
     connect_timeout: float = 5.0
     read_timeout: float = 300.0
+    #: Seconds from the request sent to the first byte of the provider's answer.
+    first_byte_timeout: float = 60.0
     health_interval: float = 10.0
     # cli
     command: list[str] | None = None

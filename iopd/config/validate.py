@@ -158,6 +158,9 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
     err.non_negative(f"{path}.priority", p.priority)
     err.positive(f"{path}.connect_timeout", p.connect_timeout)
     err.positive(f"{path}.read_timeout", p.read_timeout)
+    err.positive(f"{path}.first_byte_timeout", p.first_byte_timeout)
+    if p.first_byte_timeout > 86400:
+        err.add(f"{path}.first_byte_timeout", f"must be at most 86400 (got {p.first_byte_timeout})")
     err.positive(f"{path}.health_interval", p.health_interval)
     err.non_negative(f"{path}.kill_grace", p.kill_grace)
     err.non_negative(f"{path}.delay_ms", p.delay_ms)

@@ -36,6 +36,16 @@ from urllib.parse import urlsplit
 import trio
 from trio.socket import SocketType
 
+from iopd.http.client_errors import (
+    ProviderConnectError,
+    ProviderHTTPError,
+    ProviderProtocolError,
+    ProviderResetError,
+    ProviderTimeoutError,
+    _describe,
+    _map_errors,
+    _StaleConnection,
+)
 from iopd.http.h1 import H1ProtocolError
 from iopd.http.h1_client import ResponseHead, ResponseReader, render_request
 from iopd.http.read_watch import ReadWatch
@@ -56,94 +66,6 @@ __all__ = [
 _RECEIVE_BYTES = 65536
 # Request headers the client owns: framing and routing are computed here.
 _CLIENT_OWNED_HEADERS = frozenset({"host", "content-length", "transfer-encoding", "connection"})
-
-
-class ProviderHTTPError(Exception):
-    """Base of every error the provider client raises."""
-
-
-class ProviderConnectError(ProviderHTTPError):
-    """The provider could not be reached (refused, DNS, TLS, connect timeout)."""
-
-
-class ProviderTimeoutError(ProviderHTTPError):
-    """The provider stopped answering for longer than ``read_timeout``."""
-
-
-class ProviderProtocolError(ProviderHTTPError):
-    """The provider broke HTTP/1.1 or dropped the connection mid-response."""
-
-
-class ProviderResetError(ProviderProtocolError):
-    """A fresh connection broke while the request was being written.
-
-    The provider never read a whole request, so it cannot have acted on it
-    (the edge may retry it on another provider); a break after the request
-    was sent is a plain ``ProviderProtocolError``.
-    """
-
-
-class _StaleConnection(Exception):
-    """A reused connection failed before any response byte: safe to retry once."""
-
-
-class _ErrorMapper:
-    """The one boundary where low-level errors become ``ProviderHTTPError``s.
-
-    A context manager; ``trio.Cancelled`` is a BaseException and passes
-    through untouched.  A class rather than ``@contextmanager``: it wraps
-    every read of a relayed body, and a generator-based one costs several
-    times more to enter and leave.
-    """
-
-    __slots__ = ("phase",)
-
-    def __init__(self, phase: str) -> None:
-        self.phase = phase
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object
-    ) -> None:
-        if exc is None or isinstance(exc, ProviderHTTPError):
-            return
-        phase = self.phase
-        if isinstance(exc, trio.TooSlowError):
-            if phase == "connect":
-                raise ProviderConnectError("connect timed out") from None
-            raise ProviderTimeoutError(f"provider did not answer in time ({phase})") from None
-        if isinstance(exc, H1ProtocolError):
-            raise ProviderProtocolError(f"invalid HTTP from provider: {exc}") from None
-        if isinstance(exc, ssl.SSLError):
-            raise ProviderConnectError(f"TLS error: {exc.reason or exc}") from None
-        if isinstance(exc, OSError | trio.BrokenResourceError | trio.ClosedResourceError):
-            if phase == "connect":
-                raise ProviderConnectError(f"cannot connect: {_describe(exc)}") from None
-            raise ProviderProtocolError(f"connection lost ({phase}): {_describe(exc)}") from None
-
-
-_ERROR_MAPPERS = {phase: _ErrorMapper(phase) for phase in ("connect", "request", "read body")}
-
-
-def _map_errors(phase: str) -> _ErrorMapper:
-    """The error boundary for ``phase`` (``connect``, ``request`` or ``read body``)."""
-    return _ERROR_MAPPERS[phase]
-
-
-def _describe(exc: BaseException) -> str:
-    """A short reason: the OS error text, else the exception's own message."""
-    for candidate in (exc, exc.__cause__):
-        if isinstance(candidate, OSError) and candidate.strerror:
-            return candidate.strerror
-    text = " ".join(str(exc).split())[:200] or type(exc).__name__
-    cause = exc.__cause__
-    if isinstance(cause, BaseExceptionGroup):  # trio's "all attempts to connect ... failed"
-        reasons = {e.strerror for e in cause.exceptions if isinstance(e, OSError) and e.strerror}
-        if reasons:
-            text += ": " + ", ".join(sorted(reasons))
-    return text
 
 
 class _Connection:
@@ -340,7 +262,10 @@ class ProviderHTTPClient:
 
     ``connect_timeout`` bounds the dial (and TLS handshake); ``read_timeout``
     bounds every single read or write, so a stream that keeps producing
-    tokens never times out while a hung provider does.
+    tokens never times out while a hung provider does.  ``first_byte_timeout``
+    (the lower of the two counts) bounds the wait for the first byte of a
+    response once the request is sent: a provider that accepts and never
+    answers is given up on well before a stream's ``read_timeout``.
     """
 
     def __init__(
@@ -349,6 +274,7 @@ class ProviderHTTPClient:
         *,
         connect_timeout: float,
         read_timeout: float,
+        first_byte_timeout: float | None = None,
         max_idle_connections: int = 8,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -366,6 +292,9 @@ class ProviderHTTPClient:
         )
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        first = read_timeout if first_byte_timeout is None else min(read_timeout, first_byte_timeout)
+        self.first_byte_timeout = first
+        self._first_byte_key = "read_timeout" if first == read_timeout else "first_byte_timeout"
         self.max_idle_connections = max_idle_connections
         self._idle: deque[_Connection] = deque()
         self._ssl_context = ssl_context  # https; None = system trust store
@@ -489,8 +418,16 @@ class ProviderHTTPClient:
                 raise
             if head is not None:
                 return ProviderResponse(conn, head, self.read_timeout)
+            first = not reader.received_any
             try:
-                await conn.receive(self.read_timeout)
+                await conn.receive(self.first_byte_timeout if first else self.read_timeout)
+            except trio.TooSlowError:
+                if not first:
+                    raise
+                raise ProviderTimeoutError(
+                    f"the provider sent no response within {self.first_byte_timeout:g}s "
+                    f"({self._first_byte_key})"
+                ) from None
             except (trio.BrokenResourceError, OSError):
                 # Our request may meet the closed socket: a reset counts as an EOF.
                 if conn.reused and not reader.received_any:

@@ -2,7 +2,9 @@
 
 One probe loop per provider of the *current* registry, every
 ``health_interval`` seconds (``Adapter.probe``: openai ``GET /v1/models``,
-ollama ``GET /api/tags``, cli ``health_command``, echo always healthy).
+ollama ``GET /api/tags``, each also checking that every served model name is
+in the list (``iopd.node.served_models``), cli ``health_command``, echo
+always healthy).
 Health is ``unknown`` until the first probe answers.  When a provider's
 health or last error changes, a ``ProviderStatus`` with just that provider
 goes to the ``StatusSink`` (the wire link); ``current_status()`` gives all of

@@ -113,6 +113,10 @@ def add_node(d: dict[str, Any]) -> None:
     )
 
 
+def make_embedded(d: dict[str, Any]) -> None:
+    d["nodes"][1].update(embedded=True, token_hash_sha256="")
+
+
 def move_provider(d: dict[str, Any]) -> None:
     p = d["nodes"][0]["providers"].pop(1)
     d["nodes"][1]["providers"].append(p)
@@ -133,12 +137,6 @@ RESTART: list[tuple[str, Mutation, list[str]]] = [
     ),
     ("openai.listen", lambda d: d["openai"].update(listen="127.0.0.1:9"), ["openai.listen"]),
     ("openai.enabled", lambda d: d["openai"].update(enabled=False), ["openai.enabled"]),
-    ("bearer", lambda d: d["openai"].update(bearer_token="t"), ["openai.bearer_token"]),
-    (
-        "principal tokens",
-        lambda d: d["openai"]["principal_tokens"][0].update(alias="x"),
-        ["openai.principal_tokens"],
-    ),
     (
         "provider_auth",
         lambda d: d["openai"].update(provider_auth={"required": True}),
@@ -164,35 +162,24 @@ RESTART: list[tuple[str, Mutation, list[str]]] = [
         ["openai.max_inflight_body_bytes"],
     ),
     ("send_timeout", lambda d: d["openai"].update(send_timeout=5), ["openai.send_timeout"]),
-    ("node added", add_node, ["nodes[node-c]"]),
     (
-        "node removed",
-        lambda d: (d["nodes"].pop(1), d["models"][0]["providers"].pop("echo-b")),
-        ["nodes[node-b]"],
+        "embedded node added",
+        lambda d: d["nodes"].append(
+            {"id": "node-e", "embedded": True, "providers": [{"id": "echo-e", "type": "echo", "models": ["e"]}]}
+        ),
+        ["nodes[node-e]"],
     ),
-    ("node token", lambda d: d["nodes"][1].update(token_hash_sha256=H[4]), ["nodes[1].token_hash_sha256"]),
-    ("node alias", lambda d: d["nodes"][0].update(alias="box"), ["nodes[0].alias"]),
-    (
-        "provider added",
-        lambda d: d["nodes"][1]["providers"].append({"id": "echo-x", "type": "echo", "models": ["e"]}),
-        ["nodes[1].providers[echo-x]"],
-    ),
-    (
-        "provider removed",
-        lambda d: (d["nodes"][0]["providers"].pop(1), d["models"].pop(1)),
-        ["nodes[0].providers[vllm-b]"],
-    ),
-    ("provider moved", move_provider, ["nodes[0].providers[vllm-b]", "nodes[1].providers[vllm-b]"]),
+    ("node made embedded", make_embedded, ["nodes[1].embedded"]),
     ("base_url", lambda d: prov(d, 0, 1).update(base_url="http://h:3"), ["nodes[0].providers[1].base_url"]),
     ("type", lambda d: prov(d, 0, 1).update(type="ollama"), ["nodes[0].providers[1].type"]),
     ("category", lambda d: prov(d, 0, 0).update(category="api"), ["nodes[0].providers[0].category"]),
-    (
-        "served models",
-        lambda d: prov(d, 0, 0).update(models=["m-a", "m-z"]),
-        ["nodes[0].providers[0].models"],
-    ),
     ("api_key", lambda d: prov(d, 0, 0).update(api_key="k"), ["nodes[0].providers[0].api_key"]),
     ("read_timeout", lambda d: prov(d, 1, 0).update(read_timeout=1), ["nodes[1].providers[0].read_timeout"]),
+    (
+        "first_byte_timeout",
+        lambda d: prov(d, 1, 0).update(first_byte_timeout=5),
+        ["nodes[1].providers[0].first_byte_timeout"],
+    ),
     ("delay_ms", lambda d: prov(d, 1, 0).update(delay_ms=5), ["nodes[1].providers[0].delay_ms"]),
     (
         "lifecycle flags",
@@ -231,8 +218,73 @@ def test_live_and_restart_changes_are_reported_together() -> None:
 
 def test_report_never_contains_secret_values() -> None:
     diff = diff_of(lambda d: (d["openai"].update(bearer_token="SECRET-7f3a91c2"), prov(d, 0, 0).update(api_key="KEY")))
-    assert diff.restart_required == ["openai.bearer_token", "nodes[0].providers[0].api_key"]
+    assert diff.restart_required == ["nodes[0].providers[0].api_key"]
     assert "SECRET" not in repr(diff) and "KEY" not in repr(diff)
+
+
+def rotate_token(d: dict[str, Any]) -> None:
+    d["openai"]["principal_tokens"][0].update(token_ref="app-1b", token_hash_sha256=H[5])
+
+
+def remove_node_b(d: dict[str, Any]) -> None:
+    d["nodes"].pop(1)
+    d["models"][0]["providers"].pop("echo-b")
+
+
+def remove_vllm_b(d: dict[str, Any]) -> None:
+    d["nodes"][0]["providers"].pop(1)
+    d["models"].pop(1)
+
+
+NOW_LIVE: list[tuple[str, Mutation, RefreshDiff]] = [
+    ("bearer", lambda d: d["openai"].update(bearer_token="t"), RefreshDiff()),
+    ("principal alias", lambda d: d["openai"]["principal_tokens"][0].update(alias="x"), RefreshDiff()),
+    ("principal token rotated", rotate_token, RefreshDiff()),
+    (
+        "principal token added",
+        lambda d: d["openai"]["principal_tokens"].append(
+            {"token_ref": "app-2", "token_hash_sha256": H[5], "principal_ref": "u2"}
+        ),
+        RefreshDiff(),
+    ),
+    ("principal tokens removed", lambda d: d["openai"]["principal_tokens"].clear(), RefreshDiff()),
+    ("node added", add_node, RefreshDiff(["node-c"], ["echo-c"], [], [], added_nodes=["node-c"])),
+    ("node removed", remove_node_b, RefreshDiff(["node-b"], ["echo-b"], ["g1"], [], removed_nodes=["node-b"])),
+    (
+        "node verifier",
+        lambda d: d["nodes"][1].update(token_hash_sha256=H[4]),
+        RefreshDiff(verifier_changed=["node-b"]),
+    ),
+    ("node alias", lambda d: d["nodes"][0].update(alias="box"), RefreshDiff()),
+    (
+        "provider added",
+        lambda d: d["nodes"][1]["providers"].append({"id": "echo-x", "type": "echo", "models": ["e"]}),
+        RefreshDiff(["node-b"], ["echo-x"], [], []),
+    ),
+    ("provider removed", remove_vllm_b, RefreshDiff(["node-a"], ["vllm-b"], ["g2"], [])),
+    ("provider moved", move_provider, RefreshDiff(["node-a", "node-b"], ["vllm-b"], [], [])),
+    (
+        "served models",
+        lambda d: prov(d, 0, 0).update(models=["m-a", "m-z"]),
+        RefreshDiff(["node-a"], ["vllm-a"], [], []),
+    ),
+]
+
+
+@pytest.mark.parametrize(("mutate", "expected"), [c[1:] for c in NOW_LIVE], ids=[c[0] for c in NOW_LIVE])
+def test_tokens_nodes_and_their_providers_change_live(mutate: Mutation, expected: RefreshDiff) -> None:
+    diff = diff_of(mutate)
+    assert diff == expected
+    assert diff.live_ok
+
+
+def test_a_removed_embedded_node_needs_a_restart() -> None:
+    base = copy.deepcopy(BASE)
+    make_embedded(base)
+    new = copy.deepcopy(base)
+    remove_node_b(new)
+    diff = classify(load(base), load(new))
+    assert diff.restart_required == ["nodes[node-b]"]
 
 
 def test_a_new_config_revision_is_live_and_pushes_every_node() -> None:

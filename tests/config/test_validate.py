@@ -141,6 +141,16 @@ CASES: list[tuple[str, Mutation, str]] = [
         "nodes[0].providers[0].read_timeout: must be > 0 (got -3.0)",
     ),
     (
+        "first_byte_timeout > 0",
+        lambda d: prov(d, 0, 0).update(first_byte_timeout=0),
+        "nodes[0].providers[0].first_byte_timeout: must be > 0 (got 0.0)",
+    ),
+    (
+        "first_byte_timeout at most a day",
+        lambda d: prov(d, 0, 0).update(first_byte_timeout=86401),
+        "nodes[0].providers[0].first_byte_timeout: must be at most 86400 (got 86401.0)",
+    ),
+    (
         "health_interval > 0",
         lambda d: prov(d, 0, 0).update(health_interval=0),
         "nodes[0].providers[0].health_interval: must be > 0 (got 0.0)",

@@ -17,13 +17,12 @@ from typing import Any
 
 import trio
 
+from tests.support.configs import HEARTBEAT, TWO_ECHOES, echo_entry, gateway_yaml, node_entry
 from tests.support.gateway import (
     EdgeFleet,
     Gateway,
     http_request,
-    node_token,
     running_edges,
-    token_hash,
     wait_until,
 )
 
@@ -31,31 +30,16 @@ CHAT = {"model": "echo", "messages": [{"role": "user", "content": "a b c"}]}
 
 
 def fleet_yaml(edge_id: str, *, revision: int = 0, capacity: int = 3) -> str:
-    return f"""
-edge:
-  id: {edge_id}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-  config_revision: {revision}
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: echo
-    providers: {{echo-1: echo, echo-2: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: {capacity}
-      - id: echo-2
-        type: echo
-        models: [echo]
-"""
+    return gateway_yaml(
+        edge_id=edge_id,
+        edge_extra=f"{HEARTBEAT}\n  config_revision: {revision}",
+        models=TWO_ECHOES,
+        nodes=node_entry(
+            "node-a",
+            echo_entry(category=None, capacity=capacity)
+            + echo_entry("echo-2", category=None, capacity=None),
+        ),
+    )
 
 
 async def status(gw: Gateway) -> dict[str, Any]:

@@ -63,3 +63,35 @@ async def test_unhealthy_provider_leaves_dispatch_and_comes_back() -> None:
                     lambda: gw.runtime.pool.provider_loads()["vllm-a"].in_flight == 0
                 )
             n.cancel_scope.cancel()
+
+
+async def test_a_provider_serving_other_names_is_unhealthy_and_says_which() -> None:
+    with trio.fail_after(30):
+        async with trio.open_nursery() as n:
+            mock = MockOpenAIServer()
+            mock.listed = ["Qwen/Qwen3-8B"]  # the config says it serves "served"
+            await n.start(mock.serve)
+            yaml_text = served_edge_yaml(mock.base_url, edge_id="edge-health")
+            async with running_gateway(yaml_text) as gw:
+                await wait_until_health(gw, "unhealthy")
+                health, last_error = await _health(gw)
+                assert last_error == (
+                    "model 'served' not served: /v1/models lists 'Qwen/Qwen3-8B'; "
+                    "fix nodes[].providers[].models or the server's model name"
+                )
+                r = await http_request(
+                    gw.host_port,
+                    "POST",
+                    "/v1/chat/completions",
+                    body={"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                )
+                assert r.status == 502
+                assert "vllm-a unhealthy" in r.json()["error"]["message"]
+                mock.listed.append("served")
+                await wait_until_health(gw, "healthy")
+            n.cancel_scope.cancel()
+
+
+async def wait_until_health(gw, want: str) -> None:  # type: ignore[no-untyped-def]
+    state = gw.runtime.health
+    await wait_until(lambda: "vllm-a" in state and state["vllm-a"].health == want)

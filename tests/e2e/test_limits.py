@@ -17,7 +17,7 @@ import trio
 
 from iopd.admin_client import format_principals
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
-from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, remote_yaml
 from tests.support.gateway import (
     Gateway,
     admin_host_port,
@@ -29,6 +29,7 @@ from tests.support.gateway import (
     wait_until,
 )
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
+from tests.support.streams import NO_USAGE_PIECES, no_usage_stream
 
 TEAM_A = "sk-limits-team-a-0001"
 TEAM_B = "sk-limits-team-b-0002"
@@ -396,11 +397,8 @@ async def test_passthrough_edge_values_replace_the_providers_headers(stream: boo
                 return reply
 
             mock.handler = handler
-            yaml = gateway_yaml(
-                models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-                nodes=node_entry(
-                    "node-a", http_provider("oa-1", "openai", mock.base_url, models="[mock-model]")
-                ),
+            yaml = remote_yaml(
+                mock.base_url,
                 openai_extra=principals_block(),
                 pool=limits_block("requests_per_minute: 4"),
             )
@@ -425,38 +423,8 @@ async def test_passthrough_edge_values_replace_the_providers_headers(stream: boo
 
 # ------------------------------------------------------------------ settled by what was relayed
 
-#: A passthrough stream of ~3,000 tokens' worth of text (by the one estimate), no usage.
-_PIECE = "abcd" * 10  # 10 tokens
-_PIECES = 300
-
-
-def _no_usage_stream(delay: float = 0.0) -> MockReply:
-    chunks = [
-        b"data: "
-        + json.dumps(
-            {
-                "id": "chatcmpl-mock",
-                "object": "chat.completion.chunk",
-                "model": "mock-model",
-                "choices": [{"index": 0, "delta": {"content": _PIECE}, "finish_reason": None}],
-            }
-        ).encode()
-        + b"\n\n"
-        for _ in range(_PIECES)
-    ]
-    chunks.append(b"data: [DONE]\n\n")
-    return MockReply(
-        headers=[("content-type", "text/event-stream")], chunks=chunks, chunk_delay=delay
-    )
-
-
 def _remote_yaml(url: str, limits: str) -> str:
-    return gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry("node-a", http_provider("oa-1", "openai", url, models="[mock-model]")),
-        openai_extra=principals_block(),
-        pool=limits_block(limits),
-    )
+    return remote_yaml(url, openai_extra=principals_block(), pool=limits_block(limits))
 
 
 async def test_a_stream_without_usage_settles_the_output_it_relayed() -> None:
@@ -465,14 +433,14 @@ async def test_a_stream_without_usage_settles_the_output_it_relayed() -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOpenAIServer().serve)
-            mock.handler = lambda req: _no_usage_stream() if req.method == "POST" else None
+            mock.handler = lambda req: no_usage_stream() if req.method == "POST" else None
             async with running_gateway(_remote_yaml(mock.base_url, "tokens_per_minute: 2000")) as gw:
                 clock = Clock(gw.runtime)
                 body = {"model": "remote", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
                 resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
-                assert resp.status == 200 and resp.body.count(b'"content"') == _PIECES
+                assert resp.status == 200 and resp.body.count(b'"content"') == NO_USAGE_PIECES
                 used, remaining = window(gw.runtime, "team-a", "tokens_per_minute", clock)
-                assert used == 1 + _PIECES * 10 and remaining == 0  # input "hi" + output
+                assert used == 1 + NO_USAGE_PIECES * 10 and remaining == 0  # input "hi" + output
                 # In debt: the next request waits, whatever it asks for.
                 resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
                 assert resp.status == 429
@@ -486,7 +454,7 @@ async def test_a_caller_that_hangs_up_is_settled_with_what_was_relayed() -> None
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOpenAIServer().serve)
-            mock.handler = lambda req: _no_usage_stream(0.005) if req.method == "POST" else None
+            mock.handler = lambda req: no_usage_stream(0.005) if req.method == "POST" else None
             async with running_gateway(_remote_yaml(mock.base_url, "tokens_per_minute: 500")) as gw:
                 clock = Clock(gw.runtime)
                 body = json.dumps(
@@ -509,7 +477,7 @@ async def test_a_caller_that_hangs_up_is_settled_with_what_was_relayed() -> None
                 await wait_until(lambda: not rt.limiter.status_of("team-a", clock()).admitted)
                 used, _ = window(rt, "team-a", "tokens_per_minute", clock)
                 assert used >= 1 + got.count(b'"content"') * 10 > 500
-                assert used < 1 + _PIECES * 10  # the caller left before the end
+                assert used < 1 + NO_USAGE_PIECES * 10  # the caller left before the end
                 assert_nothing_held(gw, clock)
             n.cancel_scope.cancel()
 

@@ -25,9 +25,8 @@ from typing import Any
 
 import trio
 import trio.testing
-from prometheus_client.parser import text_string_to_metric_families
 
-from iopd.edge.nodes.hub import HubSettings, NodeHub
+from iopd.edge.nodes.hub import NodeHub
 from iopd.tokens import estimate_input_tokens
 from tests.support.gateway import (
     Gateway,
@@ -38,6 +37,8 @@ from tests.support.gateway import (
     token_hash,
     wait_until,
 )
+from tests.support.hubs import make_hub
+from tests.support.metrics import LabelSet, Scrape, changes, scrape
 from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.support.wire_peers import FakeNode, HubRecorder
 from wire import scram
@@ -67,48 +68,6 @@ NO_ALIAS_TOKEN = "sk-canary-noalias-1b2c3d"
 ALICE = {"principal_ref": "user-1", "principal_alias": "alice", "token_ref": "app-1"}
 BOB = {"principal_ref": "user-2", "principal_alias": "user-2", "token_ref": "app-2"}  # no alias
 UNMAPPED = {"principal_ref": "unmapped", "principal_alias": "unmapped", "token_ref": "unmapped"}
-
-LabelSet = frozenset[tuple[str, str]]
-
-
-# ------------------------------------------------------------------ scraping
-
-
-class Scrape:
-    """One parsed ``/metrics`` body: sample name + label set -> value."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-        self.samples: dict[tuple[str, LabelSet], float] = {}
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                self.samples[(s.name, frozenset(s.labels.items()))] = s.value
-
-    def get(self, name: str, **labels: str) -> float:
-        """The sum of ``name`` over the series whose labels include ``labels``."""
-        want = set(labels.items())
-        return sum(v for (n, ls), v in self.samples.items() if n == name and want <= ls)
-
-    def series(self, name: str) -> dict[LabelSet, float]:
-        return {ls: v for (n, ls), v in self.samples.items() if n == name}
-
-
-async def scrape(gw: Gateway) -> Scrape:
-    r = await http_request(gw.handle.admin, "GET", "/metrics")
-    assert r.status == 200
-    return Scrape(r.body.decode())
-
-
-def changes(before: Scrape, after: Scrape, name: str) -> dict[LabelSet, float]:
-    """Every series of ``name`` that moved between two scrapes, with its delta."""
-    old = before.series(name)
-    moved = {}
-    for ls, v in after.series(name).items():
-        d = v - old.get(ls, 0.0)
-        if d:
-            moved[ls] = d
-    return moved
-
 
 def req(
     who: dict[str, str],
@@ -1024,14 +983,7 @@ async def test_failure_statuses_are_counted_once_with_their_labels() -> None:
 
 
 def _metered_hub(rec: HubRecorder) -> NodeHub:
-    settings = HubSettings(
-        edge_id=EDGE_ID,
-        heartbeat_interval=5.0,
-        heartbeat_timeout=15.0,
-        handshake_timeout=3.0,
-        max_frame_bytes=1 << 20,
-    )
-    return NodeHub(settings, owner=rec)
+    return make_hub(rec, edge_id=EDGE_ID, handshake_timeout=3.0)
 
 
 async def _raw_handshake(stream: trio.abc.Stream) -> Connection:

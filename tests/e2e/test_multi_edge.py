@@ -18,6 +18,7 @@ import h11
 import trio
 
 from iopd.edge.nodes.hub import NodeHub
+from tests.support.configs import HEARTBEAT, gateway_yaml, node_entry, provider_entry
 from tests.support.gateway import EdgeFleet, http_request, node_token, running_edges, wait_until
 from tests.support.mock_providers import MockOpenAIServer
 from tests.support.wire_peers import TEST_ITERATIONS
@@ -28,28 +29,15 @@ WORDS = 40
 
 def edge_yaml(edge_id: str, base_url: str, capacity: int = 4) -> str:
     verifier = scram.Verifier.create(node_token("node-a"), iterations=TEST_ITERATIONS).encode()
-    return f"""
-edge:
-  id: {edge_id}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: m
-    providers: {{local-1: served}}
-nodes:
-  - id: node-a
-    token_verifier: "{verifier}"
-    providers:
-      - id: local-1
-        type: openai
-        base_url: {base_url}
-        models: [served]
-        capacity: {capacity}
-"""
+    local = provider_entry(
+        "local-1", "openai", base_url=base_url, models=["served"], capacity=capacity
+    )
+    return gateway_yaml(
+        edge_id=edge_id,
+        edge_extra=HEARTBEAT,
+        models="  - id: m\n    providers: {local-1: served}",
+        nodes=node_entry("node-a", local, verifier=verifier),
+    )
 
 
 def chat(stream: bool) -> dict[str, object]:

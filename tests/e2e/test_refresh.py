@@ -289,23 +289,6 @@ LIVE_TOO = dict(cap1=5)  # a live change riding along: refused with the rest
         (dict(delay1=5), "nodes[0].providers[0].delay_ms"),
         (dict(openai_listen="127.0.0.1:1"), "openai.listen"),
         (dict(edge_id="edge-other"), "edge.id"),
-        (
-            dict(
-                principal="  principal_tokens:\n    - {token_ref: t, token_hash_sha256: "
-                f"{token_hash('x')}, principal_ref: p}}\n"
-            ),
-            "openai.principal_tokens",
-        ),
-        (
-            dict(
-                extra_nodes=f"""  - id: node-c
-    token_hash_sha256: {token_hash(node_token("node-c"))}
-    providers:
-      - {{id: echo-3, type: echo, models: [echo]}}
-"""
-            ),
-            "nodes[node-c]",
-        ),
     ],
 )
 async def test_restart_required_refuses_the_whole_apply(
@@ -454,7 +437,7 @@ async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
     """A node that refuses a pushed NodeConfig does not undo the edge's apply.
 
     It accepted its first config (a node that rejects that one is never
-    connected: tests/e2e/test_queue_timeout_drain_and_rejected_pushes.py), then rejects the refresh's push.
+    connected: tests/e2e/test_node_config_pushes.py), then rejects the refresh's push.
     """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:

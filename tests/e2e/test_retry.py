@@ -15,6 +15,7 @@ import trio
 
 from tests.support.gateway import (
     Gateway,
+    assert_no_lease_held,
     http_request,
     node_token,
     running_gateway,
@@ -118,12 +119,6 @@ async def _first_probes_reported(gw: Gateway) -> None:
     )
 
 
-def _assert_no_lease_held(gw: Gateway) -> None:
-    loads = gw.runtime.pool.provider_loads()
-    assert all(load.in_flight == 0 and load.long_in_flight == 0 for load in loads.values())
-    assert gw.runtime.pool.queue_depth == 0
-
-
 async def _chat(gw: Gateway, body: dict[str, Any] | None = None) -> Any:
     return await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body or CHAT)
 
@@ -155,7 +150,7 @@ async def test_retried_on_the_second_provider_after_503_and_the_first_saw_one_at
                 metrics, _ = gw.runtime.metrics.exposition()
                 assert b'iop_request_retries_total{edge_id="edge-retry",model_group="m"} 1.0' in metrics
                 assert b'reason="status_5xx"' in metrics
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -172,7 +167,7 @@ async def test_refused_connection_and_429_are_retried() -> None:
                 assert resp.status == 200, resp.body
                 metrics, _ = gw.runtime.metrics.exposition()
                 assert b'provider="p-bad",reason="connect"' in metrics
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -188,7 +183,7 @@ async def test_refused_connection_and_429_are_retried() -> None:
                 sched = gw.runtime.pool.scheduler
                 assert sched.outliers.saturated_until("p-bad", trio.current_time()) is not None
                 assert not sched.outliers.is_ejected("p-bad")  # a 429 is not a failure
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run429)
 
@@ -201,7 +196,7 @@ async def test_500_and_retry_attempts_zero_are_relayed_not_retried() -> None:
                 resp = await _chat(gw)
                 assert resp.status == 500  # the provider may have acted on it: relayed
                 assert _chat_requests(good) == 0
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -212,7 +207,7 @@ async def test_500_and_retry_attempts_zero_are_relayed_not_retried() -> None:
             async with running_gateway(yaml) as gw:
                 assert (await _chat(gw)).status == 503
                 assert _chat_requests(good) == 0
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run_off)
 
@@ -239,7 +234,7 @@ async def test_a_stream_that_failed_after_its_first_chunk_is_not_retried() -> No
                 assert _chat_requests(bad) == 1
                 assert _chat_requests(good) == 0
                 await trio.sleep(0.05)  # the edge's side of the cut ends its request
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -271,7 +266,7 @@ async def test_done_when_one_failing_provider_callers_see_no_error_and_it_is_eje
                 assert row["health"] == "ejected" and row["ejected_until"] is not None
                 metrics, _ = gw.runtime.metrics.exposition()
                 assert b'iop_provider_ejections_total{edge_id="edge-retry",provider="p-bad"} 1.0' in metrics
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -289,7 +284,7 @@ async def test_an_all_ejected_group_still_serves() -> None:
                 good.handler = bad.handler = None
                 resp = await _chat(gw)  # a last resort, not a dead end
                 assert resp.status == 200, resp.body
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -308,7 +303,7 @@ async def test_fallback_group_serves_when_the_group_has_no_candidate() -> None:
                 metrics, _ = gw.runtime.metrics.exposition()
                 assert b'fallback_group="spare",model_group="m"' in metrics
                 assert b'model_group="spare",principal' in metrics or b'model_group="spare"' in metrics
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -363,11 +358,11 @@ async def test_the_callers_provider_key_never_goes_to_another_origin() -> None:
                 assert _chat_requests(bad) == 1 and _chat_requests(good) == 0
                 assert bad.requests[-1].header("authorization") == "Bearer caller-key"
                 assert all(r.header("authorization") is None for r in good.requests)
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
                 # Without the caller's key the same failure is routed around.
                 assert (await _chat(gw)).status == 200
                 assert _chat_requests(bad) == 2 and _chat_requests(good) == 1
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -391,7 +386,7 @@ async def test_the_callers_provider_key_is_retried_on_the_same_origin() -> None:
                 ]
                 assert served == ["served-bad", "served-good"]
                 assert bad.requests[-1].header("authorization") == "Bearer caller-key"
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -418,6 +413,6 @@ async def test_a_reset_while_the_request_is_written_is_retried_as_reset() -> Non
                     b'iop_request_retries_total{edge_id="edge-retry",model_group="m"} 1.0'
                     in metrics
                 )
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)

@@ -16,7 +16,13 @@ from typing import Any
 
 import trio
 
-from tests.support.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.support.gateway import (
+    assert_no_lease_held,
+    http_request,
+    node_token,
+    running_gateway,
+    token_hash,
+)
 from tests.support.mock_providers import MockOllamaServer, MockReply
 
 EDGE_YAML = """
@@ -79,12 +85,6 @@ def _runs(mock: MockOllamaServer) -> int:
     return sum(1 for r in mock.requests if r.path == "/api/chat")
 
 
-def _assert_no_lease_held(gw: Gateway) -> None:
-    loads = gw.runtime.pool.provider_loads()
-    assert all(load.in_flight == 0 and load.long_in_flight == 0 for load in loads.values())
-    assert gw.runtime.pool.queue_depth == 0
-
-
 def _sse_data(body: bytes) -> list[str]:
     return [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
 
@@ -136,7 +136,7 @@ async def test_a_stream_whose_run_failed_before_any_event_is_retried() -> None:
                     b'iop_request_retries_total{edge_id="edge-retry-norm",model_group="m"} 2.0'
                     in metrics
                 )
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -156,7 +156,7 @@ async def test_a_stream_not_retried_ends_with_an_http_error_not_an_open_stream()
                     assert resp.status == 502, resp.body
                     assert resp.json()["error"]["code"] == "provider_error"
                 assert (_runs(bad), _runs(good)) == (2, 0)
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -185,7 +185,7 @@ async def test_a_stream_that_failed_after_its_first_event_is_not_retried() -> No
                 assert "Hel" in "".join(data)
                 assert json.loads(data[-1])["error"]["code"] == "provider_error"
                 assert (_runs(bad), _runs(good)) == (1, 0)
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)
 
@@ -214,6 +214,6 @@ async def test_a_429_from_an_ollama_provider_rests_it_and_is_no_failure() -> Non
                 metrics, _ = gw.runtime.metrics.exposition()
                 assert b'provider="p-bad",reason="status_429"} 1.0' in metrics
                 assert b'provider="p-bad",reason="run_error"' not in metrics
-                _assert_no_lease_held(gw)
+                assert_no_lease_held(gw)
 
     await _with_mocks(run)

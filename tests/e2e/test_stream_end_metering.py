@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, remote_yaml
 from tests.support.gateway import metric, running_gateway, wait_until
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
@@ -59,12 +59,7 @@ async def _close_on_terminal(host_port: tuple[str, int], path: str, body: dict[s
 
 
 def _passthrough_yaml(base_url: str) -> str:
-    return gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry(
-            "node-a", http_provider("oa-1", "openai", base_url, models="[mock-model]")
-        ),
-    )
+    return remote_yaml(base_url)
 
 
 def _requests(gw: Any) -> float:

@@ -15,15 +15,14 @@ import trio
 
 from tests.e2e.test_metrics import (
     UNMAPPED,
-    changes,
     chat,
     gateway_with_fake_node,
     reasoning,
     req,
-    scrape,
     tokens,
     wait_requests,
 )
+from tests.support.metrics import changes, scrape
 from wire.messages import ProviderTunnelFrame, ProviderTunnelRequest, RunRequest, Usage
 
 OK_BODY = b'{"id": "x", "choices": [], "usage": {"prompt_tokens": 10}}'

@@ -22,6 +22,7 @@ import pytest
 import trio
 
 from iopd.redact import MIN_RUN, Scrubber
+from tests.support.configs import gateway_yaml, node_entry, provider_entry
 from tests.support.gateway import http_request, node_token, running_gateway, token_hash
 from tests.support.mock_providers import MockOllamaServer, MockReply, RecordedRequest
 
@@ -114,29 +115,23 @@ def test_the_scrubber_matches_a_naive_reference() -> None:
 
 # ------------------------------------------------- a cut key, end to end
 
-SECRETS_YAML = """
-edge:
-  id: edge-secrets
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 8, queue_timeout: 5}}
-models:
-  - id: ol
-    providers: {{ol-1: "mock:latest"}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {node_hash}
-    providers:
-      - id: ol-1
-        type: ollama
-        base_url: {base}
-        api_key: {key}
-        models: ["mock:latest"]
-        capacity: 4
-        health_interval: 0.2
-"""
+def secrets_yaml(base: str, key: str) -> str:
+    """Model ``ol`` on one Ollama provider at ``base`` whose ``api_key`` is ``key``."""
+    ollama = provider_entry(
+        "ol-1",
+        "ollama",
+        base_url=base,
+        api_key=key,
+        models='["mock:latest"]',
+        capacity=4,
+        health_interval=0.2,
+    )
+    return gateway_yaml(
+        edge_id="edge-secrets",
+        pool="provider_pool: {max_queue: 8, queue_timeout: 5}",
+        models='  - id: ol\n    providers: {ol-1: "mock:latest"}',
+        nodes=node_entry("node-a", ollama),
+    )
 
 
 @pytest.mark.parametrize("cut", [9, 12, 100])
@@ -157,9 +152,7 @@ async def test_an_error_body_cut_inside_the_key_leaks_no_piece_of_it(
         async with trio.open_nursery() as nursery:
             mock = await nursery.start(MockOllamaServer().serve)
             mock.handler = leaky
-            yaml_text = SECRETS_YAML.format(
-                node_hash=token_hash(node_token("node-a")), base=mock.base_url, key=LONG_KEY
-            )
+            yaml_text = secrets_yaml(mock.base_url, LONG_KEY)
             async with running_gateway(yaml_text) as gw:
                 body = {"model": "ol", "messages": [{"role": "user", "content": "hi"}]}
                 r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)

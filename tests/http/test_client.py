@@ -38,6 +38,7 @@ def drop_first_request() -> tuple[Callable[[Any], MockReply | None], list[str]]:
 
 
 async def test_request_returns_status_headers_and_body(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.listed = ["mock-model"]
     with trio.fail_after(5):
         client = client_for(openai_mock)
         resp = await client.request("GET", "/v1/models")
@@ -180,6 +181,33 @@ async def test_a_stream_that_stops_mid_way_times_out_one_read_timeout_after_its_
         assert client.idle_connections == 0
 
 
+async def test_a_provider_that_accepts_and_never_answers_ends_at_first_byte_timeout(
+    openai_mock: MockOpenAIServer, autojump_clock: trio.testing.MockClock
+) -> None:
+    """No head within ``first_byte_timeout``: ``ProviderTimeoutError`` at exactly
+    that time (not ``read_timeout``), the connection closed, nothing left waiting."""
+    with trio.fail_after(1000):
+        client = ProviderHTTPClient(
+            openai_mock.base_url, connect_timeout=5, read_timeout=300, first_byte_timeout=60
+        )
+        openai_mock.mode = "hang"
+        started = trio.current_time()
+        with pytest.raises(ProviderTimeoutError) as info:
+            async with client.stream("POST", "/v1/chat/completions", [], b"{}"):
+                pass  # pragma: no cover - no head ever comes
+        assert trio.current_time() - started == pytest.approx(60.0, abs=1e-6)
+        assert str(info.value) == "the provider sent no response within 60s (first_byte_timeout)"
+        assert client._watch.waiting == 0
+        await openai_mock.wait_client_close(1)
+        assert client.idle_connections == 0
+        # Once the answer has begun, only read_timeout counts between its pieces.
+        openai_mock.mode = "ok"
+        openai_mock.handler = lambda req: MockReply(chunks=[b"one ", b"two "], chunk_delay=100)
+        resp = await client.request("POST", "/v1/chat/completions", [], b"{}")
+        assert resp.status == 200 and resp.body == b"one two "
+        await client.aclose()
+
+
 async def test_garbage_is_protocol_error(openai_mock: MockOpenAIServer) -> None:
     with trio.fail_after(5):
         client = client_for(openai_mock)
@@ -290,6 +318,7 @@ async def test_https_with_custom_trust() -> None:
 
 
 async def test_start_early_needs_an_idle_connection(openai_mock: MockOpenAIServer) -> None:
+    openai_mock.listed = ["mock-model"]
     with trio.fail_after(5):
         client = client_for(openai_mock)
         assert client.start_early("GET", "/v1/models") is None  # nothing pooled yet: dial later

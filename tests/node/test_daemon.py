@@ -17,9 +17,11 @@ import trio
 import trio.testing
 
 from iopd.cli import main as cli_main
-from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.node.run import NodeHandle, node_main, run_node
+from tests.support.configs import echo_entry, gateway_yaml, node_entry
+from tests.support.gateway import http_request, running_gateway
 from tests.support.mock_providers import MockOpenAIServer, MockReply
+from tests.support.node_parts import echo_config, node_cfg
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (
     Cancel,
@@ -34,27 +36,6 @@ from wire.messages import (
 )
 
 CANARY = "sk-canary-93be7d10"
-
-
-def node_cfg(edge: FakeEdge, **kw: Any) -> NodeConfigFile:
-    fields: dict[str, Any] = dict(
-        id="node-a",
-        edge=edge.address,
-        token="node-token",
-        reconnect_initial_backoff=0.05,
-        reconnect_max_backoff=0.5,
-        drain_timeout=2.0,
-    )
-    fields.update(kw)
-    return NodeConfigFile(node=NodeSection(**fields))
-
-
-def echo_config(delay_ms: int = 0, *extra: ProviderSpec) -> NodeConfig:
-    return NodeConfig(
-        stream_id=1,
-        version=1,
-        providers=[ProviderSpec(id="echo", type="echo", delay_ms=delay_ms, capacity=8), *extra],
-    )
 
 
 def echo_req(session: FakeEdgeSession, text: str) -> RunRequest:
@@ -321,3 +302,60 @@ async def test_second_signal_exits_without_waiting_for_the_drain(tmp_path: Path)
                 if proc.returncode is None:
                     proc.kill()
                     await proc.wait()
+
+
+def _two_echo_nodes_yaml() -> str:
+    def node(node_id: str, provider_id: str, priority: int) -> str:
+        echo = echo_entry(provider_id, priority=priority, delay_ms=300, health_interval=0.05)
+        return node_entry(node_id, echo)
+
+    return gateway_yaml(
+        edge_id="edge-test",
+        models="  - id: echo\n    providers: {echo-a: echo, echo-b: echo}",
+        nodes=node("node-a", "echo-a", 0) + node("node-b", "echo-b", 1),
+    )
+
+
+async def test_a_draining_node_takes_no_new_work_from_the_edge() -> None:
+    # Rolling restart: node-a drains (SIGTERM) while it still finishes a run.
+    # It refused every new stream with a provider_error, but the edge kept
+    # picking it (it looked healthy and preferred), so callers got 502s while
+    # node-b had free slots.  A draining node now reports its providers
+    # unhealthy, and the edge routes around it.
+    with trio.fail_after(30):
+        async with running_gateway(_two_echo_nodes_yaml(), nodes=[]) as gw:
+            handles: dict[str, NodeHandle] = {}
+            for node_id in ("node-a", "node-b"):
+                cfg = gw.node_config(node_id, drain_timeout=20.0)
+                handles[node_id] = await gw.nursery.start(run_node, cfg)
+            await wait_until(lambda: len(gw.runtime.hub.connected_node_ids()) == 2)
+            await wait_until(
+                lambda: all(
+                    gw.runtime.health.get(p) is not None
+                    and gw.runtime.health[p].health == "healthy"
+                    for p in ("echo-a", "echo-b")
+                )
+            )
+            statuses: list[int] = []
+
+            async def chat(words: int) -> None:
+                text = " ".join(["w"] * words)
+                body = {"model": "echo", "messages": [{"role": "user", "content": text}]}
+                resp = await http_request(
+                    gw.host_port, "POST", "/v1/chat/completions", body=json.dumps(body).encode()
+                )
+                statuses.append(resp.status)
+
+            async with trio.open_nursery() as requests:
+                requests.start_soon(chat, 30)  # 9 s -> echo-a (tie, lower priority number)
+                await wait_until(lambda: handles["node-a"].executor.active_streams == 1)
+                requests.start_soon(chat, 30)  # -> echo-b (lower load)
+                await wait_until(lambda: handles["node-b"].executor.active_streams == 1)
+                handles["node-a"].request_drain()
+                await wait_until(lambda: handles["node-a"].executor.draining)
+                with trio.move_on_after(2):
+                    await wait_until(lambda: gw.runtime.health["echo-a"].health == "unhealthy")
+                # Loads tie again (1/4 each): priority would pick the draining echo-a.
+                await chat(1)
+                assert statuses == [200], statuses
+                requests.cancel_scope.cancel()

@@ -11,19 +11,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 import msgspec
 import pytest
 import trio
 
 from iopd.config.schema import NodeSection
-from iopd.edge.nodes.hub import HubSettings, NodeHub
+from iopd.edge.nodes.hub import NodeHub
 from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.node.link import NodeLink
 from iopd.transport.channel import WireChannel
 from iopd.transport.dial import dial
 from iopd.transport.listen import serve_wire
+from tests.support import hubs
 from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import TEST_ITERATIONS, FakeEdge, FakeNode, HubRecorder, wait_until
 from wire import scram
@@ -49,25 +50,11 @@ def verifier(token: str = TOKEN) -> str:
     return scram.Verifier.create(token, iterations=TEST_ITERATIONS).encode()
 
 
-@asynccontextmanager
-async def running_hub(
+def running_hub(
     verifiers: dict[str, str] | None = None, *, edge_id: str = "edge-1"
-) -> AsyncIterator[tuple[NodeHub, int, HubRecorder]]:
+) -> AbstractAsyncContextManager[tuple[NodeHub, int, HubRecorder]]:
     """A hub on port 0; ``verifiers``: nodes holding the strong form (else the hash)."""
-    rec = HubRecorder(TOKENS, verifiers=dict(verifiers or {}))
-    settings = HubSettings(
-        edge_id=edge_id,
-        heartbeat_interval=5.0,
-        heartbeat_timeout=15.0,
-        handshake_timeout=10.0,
-        max_frame_bytes=1 << 20,
-    )
-    hub = NodeHub(settings, owner=rec)
-    async with trio.open_nursery() as nursery:
-        _host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
-        yield hub, port, rec
-        await hub.aclose("test over")
-        nursery.cancel_scope.cancel()
+    return hubs.running_hub(HubRecorder(TOKENS, verifiers=dict(verifiers or {})), edge_id=edge_id)
 
 
 class RawNode:

@@ -7,7 +7,7 @@
   newcomer finds the room for a change in one step.
 * Each row's "depends on" column is exactly what the row's modules import:
   the other rows, by their whole paths, computed with ``ast`` from the source
-  (``tests/test_import_graph.py``), and the third-party packages by their
+  (``tests/support/import_graph.py``), and the third-party packages by their
   import names.  A new import that crosses rows fails here until the map says so.
 * The rows are in layer order, from the bottom up: a row imports only rows
   before it, so no package imports a package above it.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.repo.test_import_graph import import_graph, module_files, third_party_imports
+from tests.support.import_graph import import_graph, module_files, third_party_imports
 from tests.support.paths import ROOT
 
 DOC = (ROOT / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")

@@ -16,6 +16,7 @@ import pytest
 
 from iopd.config.refresh_classify import (
     LIVE_EDGE_KEYS,
+    LIVE_NODE_KEYS,
     LIVE_OPENAI_KEYS,
     LIVE_PROVIDER_KEYS,
     LIVE_SECTIONS,
@@ -136,9 +137,11 @@ def expected_refresh(key: str) -> str:
         return "live"
     if key.startswith("edge.") and key.split(".", 1)[1] in LIVE_EDGE_KEYS:
         return "live"
-    if key.startswith("openai.") and key.split(".", 1)[1] in LIVE_OPENAI_KEYS:
+    if key.startswith("openai.") and key.split(".", 1)[1].split("[", 1)[0] in LIVE_OPENAI_KEYS:
         return "live"
-    if key.startswith("nodes[].providers[].") and key.rsplit(".", 1)[1] in LIVE_PROVIDER_KEYS:
+    if key.startswith("nodes[].providers[]."):
+        return "live" if key.rsplit(".", 1)[1] in LIVE_PROVIDER_KEYS else "restart"
+    if key == "nodes" or (key.startswith("nodes[].") and key.split(".", 1)[1] in LIVE_NODE_KEYS):
         return "live"
     return "restart"
 

@@ -7,49 +7,24 @@ from pathlib import Path
 
 import trio
 
-from tests.support.gateway import node_token, token_hash
+from tests.support import configs
+from tests.support.configs import ANY_PORT, echo_entry
+from tests.support.gateway import token_hash
 
 
-def two_node_yaml(admin_listen: str = "127.0.0.1:0") -> str:
-    return f"""
-edge:
-  id: edge-admin
-  node_listen: 127.0.0.1:0
-  admin_listen: {admin_listen}
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 7, queue_timeout: 5}}
-models:
-  - id: echo
-    providers: {{echo-1: echo, echo-2: echo}}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: 3
-        lifecycle_capabilities: [streaming]
-      - id: echo-off
-        type: echo
-        category: api
-        models: [echo]
-        enabled: false
-  - id: node-b
-    token_hash_sha256: {token_hash(node_token("node-b"))}
-    providers:
-      - id: echo-2
-        type: echo
-        category: local_inference
-        models: [echo]
-        capacity: 2
-        long_context_capacity: 1
-"""
+def two_node_yaml(admin_listen: str = ANY_PORT) -> str:
+    """node-a: echo-1 (capacity 3, streaming) and echo-off (disabled); node-b: echo-2."""
+    return configs.two_node_yaml(
+        edge_id="edge-admin",
+        admin_listen=admin_listen,
+        max_queue=7,
+        queue_timeout=5,
+        node_a=echo_entry(capacity=3, lifecycle_capabilities=["streaming"])
+        + echo_entry("echo-off", capacity=None, enabled=False),
+        node_b=echo_entry(
+            "echo-2", category="local_inference", capacity=2, long_context_capacity=1
+        ),
+    )
 
 
 ADMIN_TOKEN = "iop_admin-canary-5f3a9c1e7b"

@@ -11,55 +11,27 @@ from typing import Any
 
 import trio
 
-from tests.support.gateway import (
-    Gateway,
-    node_token,
-    running_gateway,
-    token_hash,
-)
+from tests.support.configs import echo_entry, provider_entry, two_node_yaml
+from tests.support.gateway import Gateway, running_gateway
 
 
 def edge_yaml(cap1: int = 2, remote_base: str = "http://127.0.0.1:9", delay_ms: int = 0) -> str:
-    return f"""
-edge:
-  id: edge-cli
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 12, queue_timeout: 30}}
-models:
-  - id: echo
-    providers: {{echo-1: echo, echo-2: echo}}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {cap1}
-        delay_ms: {delay_ms}
-      - id: remote-1
-        type: openai
-        category: api
-        base_url: {remote_base}
-        models: [remote-model]
-        health_interval: 1
-  - id: node-b
-    token_hash_sha256: {token_hash(node_token("node-b"))}
-    providers:
-      - id: echo-2
-        type: echo
-        category: local_inference
-        models: [echo]
-        capacity: 4
-        long_context_capacity: 1
-"""
+    """node-a: echo-1 and the OpenAI-compatible remote-1 at ``remote_base``; node-b: echo-2."""
+    remote = provider_entry(
+        "remote-1",
+        "openai",
+        category="api",
+        base_url=remote_base,
+        models=["remote-model"],
+        health_interval=1,
+    )
+    return two_node_yaml(
+        edge_id="edge-cli",
+        max_queue=12,
+        queue_timeout=30,
+        node_a=echo_entry(capacity=cap1, delay_ms=delay_ms) + remote,
+        node_b=echo_entry("echo-2", category="local_inference", long_context_capacity=1),
+    )
 
 
 @asynccontextmanager

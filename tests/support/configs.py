@@ -31,6 +31,9 @@ def py_command(script: str) -> str:
     return json.dumps([sys.executable, "-c", script])
 
 
+#: A ``cli`` provider script (``.format(pid=...)``) that answers with the provider's id.
+WHOAMI = "print('served-by-{pid}')"
+
 #: A loopback listener on a free port.
 ANY_PORT = "127.0.0.1:0"
 
@@ -100,20 +103,23 @@ def edge_yaml(
     return yaml.safe_dump(doc, sort_keys=False)
 
 
-def served_edge_yaml(base_url: str, *, edge_id: str, **sections: Any) -> str:
+def served_edge_yaml(
+    base_url: str, *, edge_id: str, provider: Mapping[str, Any] | None = None, **sections: Any
+) -> str:
     """An edge whose model ``m`` is one OpenAI-compatible provider ``vllm-a`` serving ``served``
-    at ``base_url``, probed every 50 ms."""
-    provider = {
+    at ``base_url``, probed every 50 ms; ``provider`` overrides its fields."""
+    spec = {
         "id": "vllm-a",
         "type": "openai",
         "base_url": base_url,
         "models": ["served"],
         "health_interval": 0.05,
+        **(provider or {}),
     }
     return edge_yaml(
         edge_id=edge_id,
         models=[model("m", {"vllm-a": "served"})],
-        nodes=[node(providers=[provider])],
+        nodes=[node(providers=[spec])],
         **sections,
     )
 
@@ -128,34 +134,86 @@ def echo_yaml(
     openai_extra: str = "",
     pool: str = "",
 ) -> str:
-    return f"""
-edge:
-  id: edge-test
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: 127.0.0.1:0
-{auth}{openai_extra}
-{pool}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-{extra_models}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-{extra_providers}
-"""
+    """One node ``node-a`` (alias ``box-a``) with echo provider ``echo-1``, heartbeats 1/3 s;
+    the other arguments are YAML lines put in their sections as they are."""
+    return gateway_yaml(
+        edge_id="edge-test",
+        edge_extra=HEARTBEAT,
+        openai_extra=auth + openai_extra,
+        pool=pool,
+        models="  - id: echo\n    providers: {echo-1: echo}\n" + extra_models,
+        nodes=node_entry(
+            "node-a",
+            echo_entry(capacity=capacity, delay_ms=delay_ms) + extra_providers,
+            alias="box-a",
+        ),
+    )
+
+
+#: The edge's heartbeat lines most tests use (1 s, 3 s).
+HEARTBEAT = "  heartbeat_interval: 1\n  heartbeat_timeout: 3"
+
+
+def _flow(value: object) -> str:
+    """``value`` as a YAML flow value: booleans as ``true``/``false``, a list as ``[a, b]``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    return str(value)
+
+
+def provider_entry(pid: str, ptype: str, **fields: object) -> str:
+    """One ``nodes[].providers`` entry as YAML text, its fields in the order given."""
+    lines = [f"      - id: {pid}", f"        type: {ptype}"]
+    lines += [f"        {key}: {_flow(value)}" for key, value in fields.items()]
+    return "\n".join(lines) + "\n"
+
+
+def echo_entry(
+    pid: str = "echo-1", *, category: str | None = "api", capacity: int | None = 4, **fields: object
+) -> str:
+    """An echo provider entry serving ``echo`` (``category`` or ``capacity`` None leaves the
+    schema's default)."""
+    head: dict[str, object] = {} if category is None else {"category": category}
+    head["models"] = ["echo"]
+    if capacity is not None:
+        head["capacity"] = capacity
+    return provider_entry(pid, "echo", **head, **fields)
+
+
+#: The ``models`` section of ``two_node_yaml``: ``echo`` on ``echo-1`` and ``echo-2``.
+TWO_ECHOES = "  - id: echo\n    providers: {echo-1: echo, echo-2: echo}\n"
+
+
+def two_node_yaml(
+    *,
+    edge_id: str,
+    node_a: str,
+    node_b: str,
+    max_queue: int,
+    queue_timeout: float,
+    alias_b: str | None = None,
+    models: str = TWO_ECHOES,
+    admin_listen: str = ANY_PORT,
+    openai_listen: str = ANY_PORT,
+    openai_extra: str = "",
+    extra_nodes: str = "",
+) -> str:
+    """Two nodes: ``node-a`` (alias ``box-a``) with the provider entries ``node_a``, ``node-b``
+    with ``node_b``; heartbeats 1/3 s; ``extra_nodes`` (``nodes[]`` entries) after them."""
+    return gateway_yaml(
+        edge_id=edge_id,
+        admin_listen=admin_listen,
+        edge_extra=HEARTBEAT,
+        openai_listen=openai_listen,
+        openai_extra=openai_extra,
+        pool=f"provider_pool: {{max_queue: {max_queue}, queue_timeout: {queue_timeout}}}",
+        models=models,
+        nodes=node_entry("node-a", node_a, alias="box-a")
+        + node_entry("node-b", node_b, alias=alias_b)
+        + extra_nodes,
+    )
 
 
 def cli_provider(pid: str, script: str, *, models: str = "[cli]", extra: str = "") -> str:
@@ -182,24 +240,43 @@ def http_provider(
 {extra}"""
 
 
-def node_entry(node_id: str, providers: str) -> str:
+def node_entry(
+    node_id: str, providers: str, *, alias: str | None = None, verifier: str | None = None
+) -> str:
+    """One ``nodes[]`` entry holding ``providers``: its credential is ``verifier`` (a
+    ``token_verifier``) if given, else the hash of ``node_token(node_id)``."""
+    alias_line = f"    alias: {alias}\n" if alias else ""
+    if verifier is None:
+        credential = f"token_hash_sha256: {token_hash(node_token(node_id))}"
+    else:
+        credential = f'token_verifier: "{verifier}"'
     return f"""  - id: {node_id}
-    token_hash_sha256: {token_hash(node_token(node_id))}
+{alias_line}    {credential}
     providers:
 {providers}"""
 
 
 def gateway_yaml(
-    *, models: str, nodes: str, openai_extra: str = "", pool: str = "", edge_extra: str = ""
+    *,
+    models: str,
+    nodes: str,
+    openai_extra: str = "",
+    pool: str = "",
+    edge_extra: str = "",
+    edge_id: str = "edge-surface",
+    admin_listen: str = ANY_PORT,
+    openai_listen: str = ANY_PORT,
 ) -> str:
+    """An edge config from YAML text: every argument but the ids and listeners is lines put in
+    its section as they are."""
     return f"""
 edge:
-  id: edge-surface
+  id: {edge_id}
   node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
+  admin_listen: {admin_listen}
 {edge_extra}
 openai:
-  listen: 127.0.0.1:0
+  listen: {openai_listen}
 {openai_extra}
 {pool}
 models:
@@ -213,33 +290,58 @@ OLLAMA_SERVED = "mock:latest"
 
 
 def ollama_yaml(base_url: str, *, generation: str = "") -> str:
-    return f"""
-edge:
-  id: edge-ollama
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: llama
-    providers: {{ol-1: "{OLLAMA_SERVED}"}}
-{generation}
-  - id: echo-only
-    providers: {{echo-1: echo}}
-  - id: both
-    providers: {{ol-1: "{OLLAMA_SERVED}", echo-1: echo}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: ol-1
-        type: ollama
-        base_url: {base_url}
-        models: ["{OLLAMA_SERVED}"]
-        capacity: 4
-        health_interval: 30
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-"""
+    """Models ``llama`` (Ollama provider ``ol-1`` at ``base_url``, then ``generation`` lines),
+    ``echo-only`` and ``both`` on one node."""
+    return gateway_yaml(
+        edge_id="edge-ollama",
+        models=(
+            f'  - id: llama\n    providers: {{ol-1: "{OLLAMA_SERVED}"}}\n{generation}\n'
+            "  - id: echo-only\n    providers: {echo-1: echo}\n"
+            f'  - id: both\n    providers: {{ol-1: "{OLLAMA_SERVED}", echo-1: echo}}'
+        ),
+        nodes=node_entry(
+            "node-a",
+            http_provider("ol-1", "ollama", base_url, models=f'["{OLLAMA_SERVED}"]')
+            + echo_entry(category=None),
+        ),
+    )
+
+
+def one_slot_yaml(request_timeout: float = 5) -> str:
+    """One echo provider with one slot (1 s a chunk); a request may wait (queue 8, 60 s) far
+    longer than it may run (``request_timeout``); drain_timeout 30 s."""
+    return edge_yaml(
+        edge_id="edge-open",
+        edge={"drain_timeout": 30},
+        openai={"request_timeout": request_timeout},
+        provider_pool={"max_queue": 8, "queue_timeout": 60},
+        nodes=[node(providers=[echo_provider(capacity=1, delay_ms=1000)])],
+    )
+
+
+def passthrough_yaml(base_url: str = "http://127.0.0.1:9", *, openai_extra: str = "") -> str:
+    """Model ``direct`` (``max_tokens`` at most 100) on one OpenAI-compatible provider
+    ``vllm-a`` serving ``served-a`` at ``base_url``; no queue (``max_queue: 0``)."""
+    provider = f'      - {{id: vllm-a, type: openai, base_url: "{base_url}", models: [served-a]}}\n'
+    return gateway_yaml(
+        edge_id="edge-pt",
+        openai_extra=openai_extra,
+        pool="provider_pool: {max_queue: 0}",
+        models=(
+            "  - id: direct\n    providers: {vllm-a: served-a}\n"
+            "    generation: {limits: {max_tokens: 100}}\n"
+        ),
+        nodes=node_entry("node-a", provider),
+    )
+
+
+def remote_yaml(base_url: str, **sections: str) -> str:
+    """Model ``remote`` on one OpenAI-compatible provider ``oa-1`` serving ``mock-model`` at
+    ``base_url`` (a passthrough group); ``sections`` go to ``gateway_yaml`` as they are."""
+    return gateway_yaml(
+        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
+        nodes=node_entry(
+            "node-a", http_provider("oa-1", "openai", base_url, models="[mock-model]")
+        ),
+        **sections,
+    )

@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,15 +62,69 @@ nodes:
         delay_ms: {delay_ms}
 """
 
-NODE_YAML = """\
-node:
-  id: ops-node
-  edge: 127.0.0.1:{wire_port}
-  token: ${{IOP_NODE_TOKEN}}
-  reconnect_initial_backoff: 0.1
-  reconnect_max_backoff: 1
-  log_format: {log_format}
+
+def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | None = None) -> str:
+    """A node daemon's config: ``node_id`` dialling the edge's wire port on loopback with the
+    token from ``IOP_NODE_TOKEN``, reconnecting after 0.1 s up to 1 s."""
+    text = (
+        f"node:\n  id: {node_id}\n  edge: 127.0.0.1:{wire_port}\n  token: ${{IOP_NODE_TOKEN}}\n"
+        "  reconnect_initial_backoff: 0.1\n  reconnect_max_backoff: 1\n"
+    )
+    return text + (f"  log_format: {log_format}\n" if log_format is not None else "")
+
+
+def principal_token_line(token: str, ref: str) -> str:
+    """One ``openai.principal_tokens`` entry (YAML flow, list-item indented)."""
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    return f"    - {{token_ref: {ref}, token_hash_sha256: {digest}, principal_ref: p-{ref}}}\n"
+
+
+def fleet_yaml(
+    *,
+    tokens: list[tuple[str, str]],
+    second_node: bool,
+    edge_id: str = "live-edge",
+    admin_listen: str = "127.0.0.1:0",
+    capacity: int = 4,
+    delay_ms: int = 20,
+    queue_timeout: float = 10,
+    drain_timeout: float = 30,
+) -> str:
+    """An edge whose callers hold ``tokens`` ((token, ref) pairs) and whose model
+    ``echo`` is served by ``ops-node`` (echo-1) and, with ``second_node``, by
+    ``node-2`` (echo-2): the config a refresh test writes again and again."""
+    verifier = node_verifier(NODE_TOKEN)
+    group = "{echo-1: echo, echo-2: echo}" if second_node else "{echo-1: echo}"
+    provider = "type: echo, category: api, models: [echo], "
+    provider += f"capacity: {capacity}, delay_ms: {delay_ms}"
+    text = f"""\
+edge:
+  id: {edge_id}
+  node_listen: 127.0.0.1:0
+  admin_listen: {admin_listen}
+  drain_timeout: {drain_timeout}
+openai:
+  listen: 127.0.0.1:0
+  principal_tokens:
+{"".join(principal_token_line(t, ref) for t, ref in tokens)}\
+provider_pool: {{max_queue: 64, queue_timeout: {queue_timeout}}}
+models:
+  - id: echo
+    providers: {group}
+nodes:
+  - id: ops-node
+    token_verifier: "{verifier}"
+    providers:
+      - {{id: echo-1, {provider}}}
 """
+    if second_node:
+        text += f"""\
+  - id: node-2
+    token_verifier: "{verifier}"
+    providers:
+      - {{id: echo-2, {provider}}}
+"""
+    return text
 
 
 def _sha256(text: str) -> str:
@@ -244,7 +298,7 @@ async def cluster(tmp_path: Path, **edge_opts: Any) -> AsyncIterator[Cluster]:
             started = await edge.wait_event("edge_started")
             wire = host_port(started["wire"])
             node_cfg = tmp_path / "node.yaml"
-            node_cfg.write_text(NODE_YAML.format(wire_port=wire[1], log_format=log_format))
+            node_cfg.write_text(node_yaml(wire[1], log_format=log_format))
             async with run_daemon(nursery, "node", "node", node_cfg) as node:
                 c = Cluster(
                     edge=edge,
@@ -344,6 +398,12 @@ def streamed_text(payloads: list[str]) -> str:
     return text
 
 
+async def chat_as(openai: tuple[str, int], token: str) -> int:
+    """The status of one small chat request with ``token``."""
+    resp = await http_request(openai, "POST", "/v1/chat/completions", chat_body("hi"), token=token)
+    return resp.status
+
+
 async def get_status(c: Cluster) -> dict[str, Any]:
     resp = await http_request(c.admin, "GET", "/status")
     assert resp.status == 200
@@ -385,3 +445,42 @@ async def wait_until_refused(addr: tuple[str, int]) -> None:
             return
         await stream.aclose()
         await trio.sleep(0.02)
+
+
+async def run_iopd(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m iopd ARGS`` to its end: exit status, stdout, stderr."""
+    with trio.fail_after(GUARD):
+        proc = await trio.run_process(
+            [sys.executable, "-m", "iopd", *args],
+            stdin=subprocess.DEVNULL,
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+        )
+    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
+
+
+def assert_one_line(result: tuple[int, str, str], expected: str) -> None:
+    """``run_iopd``'s result is exit 1 with ``expected`` as its one stderr line, no traceback."""
+    code, stdout, stderr = result
+    assert code == 1, (code, stdout, stderr)
+    assert stderr.splitlines() == [expected], stderr
+    assert "Traceback" not in stdout + stderr
+
+
+@asynccontextmanager
+async def notify_socket(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[str, Callable[[], Awaitable[list[str]]]]]:
+    """A systemd notify socket in ``tmp_path``: its path (``run_daemon(notify_socket=)``) and
+    a function that waits for the next notification's states."""
+    path = str(tmp_path / "notify.sock")
+    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
+    await sock.bind(path)
+
+    async def next_states() -> list[str]:
+        return (await sock.recv(4096)).decode().split("\n")
+
+    with sock:
+        yield path, next_states

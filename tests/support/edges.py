@@ -7,15 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.support.gateway import (
-    Gateway,
-    RawResponse,
-    http_request,
-    node_token,
-    running_gateway,
-    token_hash,
-    wait_until,
-)
+from tests.support.configs import echo_entry, provider_entry, two_node_yaml
+from tests.support.gateway import Gateway, RawResponse, http_request, running_gateway, wait_until
 
 REPORT_KEYS = {
     "mode",
@@ -56,53 +49,36 @@ def edge_yaml(**over: Any) -> str:
     unknown = set(over) - set(DEFAULTS)
     assert not unknown, unknown
     v = {**DEFAULTS, **over}
-    return f"""
-edge:
-  id: {v["edge_id"]}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-openai:
-  listen: {v["openai_listen"]}
-  long_context_threshold_tokens: {v["threshold"]}
-  strict_output: {v["strict"]}
-{v["principal"]}
-provider_pool: {{max_queue: {v["max_queue"]}, queue_timeout: {v["queue_timeout"]}}}
-models:
-{v["models"]}
-nodes:
-  - id: node-a
-    alias: box-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {v["cap1"]}
-        priority: {v["prio1"]}
-        enabled: {v["en1"]}
-        delay_ms: {v["delay1"]}
-      - id: remote-1
-        type: openai
-        category: api
-        base_url: {v["remote_base"]}
-        models: [remote]
-  - id: node-b
-    alias: box-b
-    token_hash_sha256: {token_hash(node_token("node-b"))}
-    providers:
-      - id: echo-2
-        type: echo
-        category: local_inference
-        models: [echo]
-        capacity: {v["cap2"]}
-        priority: {v["prio2"]}
-        enabled: {v["en2"]}
-        long_context_capacity: {v["long2"]}
-        delay_ms: {v["delay2"]}
-{v["extra_nodes"]}"""
+    node_a = echo_entry(
+        capacity=v["cap1"], priority=v["prio1"], enabled=v["en1"], delay_ms=v["delay1"]
+    ) + provider_entry(
+        "remote-1", "openai", category="api", base_url=v["remote_base"], models=["remote"]
+    )
+    node_b = echo_entry(
+        "echo-2",
+        category="local_inference",
+        capacity=v["cap2"],
+        priority=v["prio2"],
+        enabled=v["en2"],
+        long_context_capacity=v["long2"],
+        delay_ms=v["delay2"],
+    )
+    openai = (
+        f"  long_context_threshold_tokens: {v['threshold']}\n"
+        f"  strict_output: {v['strict']}\n{v['principal']}"
+    )
+    return two_node_yaml(
+        edge_id=v["edge_id"],
+        openai_listen=v["openai_listen"],
+        openai_extra=openai,
+        max_queue=v["max_queue"],
+        queue_timeout=v["queue_timeout"],
+        models=v["models"],
+        node_a=node_a,
+        node_b=node_b,
+        alias_b="box-b",
+        extra_nodes=v["extra_nodes"],
+    )
 
 
 class Edge:

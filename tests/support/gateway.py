@@ -144,6 +144,13 @@ async def _run_node_scoped(
             task_status.started((scope, handle))
 
 
+def assert_no_lease_held(gw: Gateway) -> None:
+    """Every provider slot (and long-context slot) is free and nobody queues."""
+    loads = gw.runtime.pool.provider_loads()
+    assert all(load.in_flight == 0 and load.long_in_flight == 0 for load in loads.values())
+    assert gw.runtime.pool.queue_depth == 0
+
+
 async def wait_until(pred: Callable[[], bool], *, interval: float = 0.005) -> None:
     """Poll ``pred`` until true (callers bound it with ``fail_after``)."""
     while not pred():  # noqa: ASYNC110 - polling state owned by other tasks

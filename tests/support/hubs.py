@@ -21,27 +21,34 @@ from wire.messages import (
 def make_hub(
     rec: HubRecorder,
     *,
+    edge_id: str = "edge-1",
     heartbeat_interval: float = 5.0,
     heartbeat_timeout: float = 15.0,
     handshake_timeout: float = 10.0,
+    **settings: int,
 ) -> NodeHub:
-    settings = HubSettings(
-        edge_id="edge-1",
+    """A NodeHub owned by ``rec``: 1 MiB frames; ``settings`` are further ``HubSettings``."""
+    hub_settings = HubSettings(
+        edge_id=edge_id,
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
         handshake_timeout=handshake_timeout,
         max_frame_bytes=1024 * 1024,
+        **settings,
     )
-    return NodeHub(settings, owner=rec)
+    return NodeHub(hub_settings, owner=rec)
 
 
 TOKENS = {"node-a": "token-a-secret", "node-b": "token-b-secret"}
 
 
 @asynccontextmanager
-async def running_hub(**overrides: float) -> AsyncIterator[tuple[NodeHub, int, HubRecorder]]:
-    rec = HubRecorder(TOKENS)
-    hub = make_hub(rec, **overrides)
+async def running_hub(
+    rec: HubRecorder | None = None, *, edge_id: str = "edge-1", **overrides: float
+) -> AsyncIterator[tuple[NodeHub, int, HubRecorder]]:
+    """A hub on port 0 owned by ``rec`` (by default one knowing ``TOKENS``)."""
+    rec = rec if rec is not None else HubRecorder(TOKENS)
+    hub = make_hub(rec, edge_id=edge_id, **overrides)
     async with trio.open_nursery() as nursery:
         _host, port = await nursery.start(serve_wire, hub.handle_connection, "127.0.0.1", 0)
         yield hub, port, rec

@@ -29,6 +29,9 @@ What can be configured:
   ``Connection: close`` header (a server dropping an idle keep-alive socket);
 * ``chunk_delay`` — seconds between streamed chunks (``slow`` streams);
 * ``healthy`` — whether the health route (``/v1/models`` / ``/api/tags``) says 200;
+* ``listed`` — the model names that route lists; empty by default: the mocks
+  answer any model name, and the node's probe checks no names against an
+  empty list;
 * ``handler`` — a callable ``(RecordedRequest) -> MockReply | None`` that
   overrides everything for the requests it answers.
 
@@ -375,7 +378,7 @@ class MockOpenAIServer(MockHTTPServer):
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(ssl_context=ssl_context)
-        self.models = ["mock-model"]
+        self.listed: list[str] = []
         self.reply_text = "Hello from the mock"
         self.reasoning_text = ""
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(str)}]
@@ -389,7 +392,7 @@ class MockOpenAIServer(MockHTTPServer):
             if not self.healthy:
                 return _json_reply({"error": {"message": "unhealthy"}}, 503)
             return _json_reply(
-                {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]}
+                {"object": "list", "data": [{"id": m, "object": "model"} for m in self.listed]}
             )
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return self._chat(req.json() or {})
@@ -544,7 +547,8 @@ class MockOllamaServer(MockHTTPServer):
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
         super().__init__(ssl_context=ssl_context)
-        self.models = ["mock:latest"]
+        self.models = ["mock:latest"]  # what /api/show knows
+        self.listed: list[str] = []
         self.reply_text = "Hello from ollama"
         self.reasoning_text = ""
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(dict)}]
@@ -556,7 +560,7 @@ class MockOllamaServer(MockHTTPServer):
         if req.method == "GET" and req.path == "/api/tags":
             if not self.healthy:
                 return _json_reply({"error": "unhealthy"}, 503)
-            return _json_reply({"models": [{"name": m, "model": m} for m in self.models]})
+            return _json_reply({"models": [{"name": m, "model": m} for m in self.listed]})
         if req.method == "POST" and req.path in ("/api/chat", "/api/generate"):
             return self._generate(req.json() or {}, chat=req.path == "/api/chat")
         if req.method == "POST" and req.path == "/api/show":

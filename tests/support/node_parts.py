@@ -1,4 +1,5 @@
-"""Parts for tests of the node's side: a scripted NodeHandler, a list sender, request builders."""
+"""Parts for tests of the node's side: a node daemon's config for a ``FakeEdge`` and the echo
+provider it is pushed, a scripted NodeHandler, a list sender, request builders."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from typing import Any
 import trio
 import trio.testing
 
+from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
 from iopd.node.handler import StreamSender
+from tests.support.wire_peers import FakeEdge
 from wire.messages import (
     ControlState,
     ControlUpdate,
@@ -27,6 +30,33 @@ from wire.messages import (
     Usage,
     is_terminal,
 )
+
+
+def node_cfg(edge: FakeEdge, **kw: Any) -> NodeConfigFile:
+    """A node daemon's config dialling ``edge``: ``node-a``, reconnects from 50 ms up to 0.5 s,
+    a 2 s drain; ``kw`` overrides ``node`` fields."""
+    fields: dict[str, Any] = dict(
+        id="node-a",
+        edge=edge.address,
+        token="node-token",
+        reconnect_initial_backoff=0.05,
+        reconnect_max_backoff=0.5,
+        drain_timeout=2.0,
+    )
+    fields.update(kw)
+    return NodeConfigFile(node=NodeSection(**fields))
+
+
+def echo_config(delay_ms: int = 0, *extra: ProviderSpec, capacity: int = 8) -> NodeConfig:
+    """The first ``NodeConfig``: an echo provider ``echo`` (then ``extra``)."""
+    return NodeConfig(
+        stream_id=1,
+        version=1,
+        providers=[
+            ProviderSpec(id="echo", type="echo", delay_ms=delay_ms, capacity=capacity),
+            *extra,
+        ],
+    )
 
 
 class ScriptedHandler:

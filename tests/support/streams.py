@@ -1,8 +1,13 @@
-"""Small trio stream helpers for tests that watch or feed raw bytes."""
+"""Small trio stream helpers for tests that watch or feed raw bytes, and a provider stream
+without usage."""
 
 from __future__ import annotations
 
+import json
+
 import trio
+
+from tests.support.mock_providers import MockReply
 
 
 class CountingStream(trio.abc.Stream):
@@ -35,3 +40,29 @@ async def read_head(stream: trio.abc.ReceiveStream) -> bytes:
             break
         data += chunk
     return data
+
+
+#: A passthrough stream of ~3,000 tokens' worth of text (by the one estimate), no usage.
+NO_USAGE_PIECE = "abcd" * 10  # 10 tokens
+NO_USAGE_PIECES = 300
+
+
+def no_usage_stream(delay: float = 0.0) -> MockReply:
+    """An OpenAI-compatible SSE reply of ``NO_USAGE_PIECES`` chunks and no usage."""
+    chunks = [
+        b"data: "
+        + json.dumps(
+            {
+                "id": "chatcmpl-mock",
+                "object": "chat.completion.chunk",
+                "model": "mock-model",
+                "choices": [{"index": 0, "delta": {"content": NO_USAGE_PIECE}, "finish_reason": None}],
+            }
+        ).encode()
+        + b"\n\n"
+        for _ in range(NO_USAGE_PIECES)
+    ]
+    chunks.append(b"data: [DONE]\n\n")
+    return MockReply(
+        headers=[("content-type", "text/event-stream")], chunks=chunks, chunk_delay=delay
+    )

@@ -25,8 +25,9 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support.configs import TWO_ECHOES, echo_entry, gateway_yaml, http_provider, node_entry
 from tests.support.console_harness import console_app, serving_app, serving_console
-from tests.support.gateway import Gateway, http_request, node_token, running_gateway, token_hash
+from tests.support.gateway import Gateway, http_request, running_gateway
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 CHROMIUM = "/usr/bin/chromium"
@@ -83,41 +84,15 @@ class GatedOpenAI(MockOpenAIServer):
 
 
 def console_yaml(slow_base_url: str) -> str:
-    return f"""
-edge:
-  id: edge-console
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: echo
-    providers: {{echo-1: echo, echo-2: echo}}
-  - id: slow
-    providers: {{slow-1: mock-model}}
-nodes:
-  - id: node-a
-    alias: rack-1
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 3
-      - id: slow-1
-        type: openai
-        base_url: {slow_base_url}
-        models: [mock-model]
-        capacity: 2
-        health_interval: 30
-  - id: node-b
-    token_hash_sha256: {token_hash(node_token("node-b"))}
-    providers:
-      - id: echo-2
-        type: echo
-        models: [echo]
-        capacity: 2
-"""
+    node_a = echo_entry(category=None, capacity=3) + http_provider(
+        "slow-1", "openai", slow_base_url, models="[mock-model]", capacity=2
+    )
+    return gateway_yaml(
+        edge_id="edge-console",
+        models=TWO_ECHOES + "  - id: slow\n    providers: {slow-1: mock-model}",
+        nodes=node_entry("node-a", node_a, alias="rack-1")
+        + node_entry("node-b", echo_entry("echo-2", category=None, capacity=2)),
+    )
 
 
 def take_screenshot(page: Any, path: Path, *, full_page: bool = True) -> None:

@@ -33,6 +33,7 @@ from tests.support.daemons import (
     edge_yaml,
     get_status,
     http_request,
+    notify_socket,
     parse_log_line,
     run_daemon,
     sse_payloads,
@@ -234,17 +235,10 @@ async def test_one_request_line_per_request_and_no_secrets(tmp_path: Path, log_f
 
 
 async def test_edge_notifies_systemd_ready_reloading_stopping(tmp_path: Path) -> None:
-    path = str(tmp_path / "notify.sock")
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
-    await sock.bind(path)
-
-    async def next_states() -> list[str]:
-        return (await sock.recv(4096)).decode().split("\n")
-
     edge_cfg = tmp_path / "edge.yaml"
     edge_cfg.write_text(edge_yaml())
-    with sock, trio.fail_after(GUARD):
-        async with trio.open_nursery() as nursery:
+    with trio.fail_after(GUARD):
+        async with notify_socket(tmp_path) as (path, next_states), trio.open_nursery() as nursery:
             async with run_daemon(nursery, "edge", "edge", edge_cfg, notify_socket=path) as edge:
                 ready = await next_states()
                 assert "READY=1" in ready

@@ -251,7 +251,9 @@ async def _scenario(
 def _edge_cfg(tmp_path: Path, edge_id: str) -> Path:
     path = tmp_path / f"{edge_id}.yaml"
     path.write_text(
-        EDGE_YAML.format(edge_id=edge_id, node_verifier=node_verifier(NODE_TOKEN), delay_ms=DELAY_MS)
+        EDGE_YAML.format(
+            edge_id=edge_id, node_verifier=node_verifier(NODE_TOKEN), delay_ms=DELAY_MS
+        )
     )
     return path
 

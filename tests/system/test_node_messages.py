@@ -43,6 +43,7 @@ from tests.support.daemons import (
     host_port,
     http_request,
     node_verifier,
+    node_yaml,
     parse_log_line,
     run_daemon,
 )
@@ -84,15 +85,6 @@ nodes:
     providers:
       - {{id: rogue-1, type: echo, models: [rogue]}}
       - {{id: rogue-2, type: echo, models: [rogue]}}
-"""
-
-NODE_YAML = """\
-node:
-  id: good-node
-  edge: 127.0.0.1:{wire_port}
-  token: ${{IOP_NODE_TOKEN}}
-  reconnect_initial_backoff: 0.1
-  reconnect_max_backoff: 1
 """
 
 
@@ -205,7 +197,7 @@ async def test_a_rogue_nodes_oversized_messages_do_not_stall_the_edge(tmp_path: 
                 wire = host_port(started["wire"])
                 openai, admin = host_port(started["openai"]), host_port(started["admin"])
                 node_cfg = tmp_path / "node.yaml"
-                node_cfg.write_text(NODE_YAML.format(wire_port=wire[1]))
+                node_cfg.write_text(node_yaml(wire[1], node_id="good-node"))
                 async with run_daemon(nursery, "node", "node", node_cfg):
                     await edge.wait_for(
                         lambda ln: "event=node_connected" in ln and "good-node" in ln

@@ -20,22 +20,24 @@ import trio
 
 from tests.support.daemons import (
     NODE_TOKEN,
-    NODE_YAML,
     Daemon,
+    assert_one_line,
     edge_yaml,
     host_port,
+    node_yaml,
+    notify_socket,
     parse_log_line,
     run_daemon,
+    run_iopd,
 )
 from tests.support.gateway import free_port
-from tests.system.test_startup_errors import assert_one_line, run_iopd
 
 GUARD = 30.0
 
 
 def _node_config(tmp_path: Path, port: int) -> Path:
     path = tmp_path / "node.yaml"
-    path.write_text(NODE_YAML.format(wire_port=port, log_format="keyvalue"))
+    path.write_text(node_yaml(port, log_format="keyvalue"))
     return path
 
 
@@ -144,18 +146,11 @@ async def test_a_failed_sighup_logs_each_reason_with_what_to_do(tmp_path: Path) 
 
 async def test_systemctl_status_says_the_last_reload_failed(tmp_path: Path) -> None:
     """The unit's status text (``systemctl status``) after a failed reload names the reason."""
-    path = str(tmp_path / "notify.sock")
-    sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_DGRAM)
-    await sock.bind(path)
-
-    async def next_states() -> list[str]:
-        return (await sock.recv(4096)).decode().split("\n")
-
     edge_cfg = tmp_path / "edge.yaml"
     good = edge_yaml()
     edge_cfg.write_text(good)
-    with sock, trio.fail_after(GUARD):
-        async with trio.open_nursery() as nursery:
+    with trio.fail_after(GUARD):
+        async with notify_socket(tmp_path) as (path, next_states), trio.open_nursery() as nursery:
             async with run_daemon(nursery, "edge", "edge", edge_cfg, notify_socket=path) as edge:
                 assert "READY=1" in await next_states()
                 await edge.wait_event("edge_started")

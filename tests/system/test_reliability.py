@@ -37,6 +37,7 @@ from typing import Any
 import pytest
 import trio
 
+from tests.support.configs import echo_entry, gateway_yaml, node_entry
 from tests.support.daemons import (
     CALLER_TOKEN,
     NODE_TOKEN,
@@ -111,14 +112,7 @@ nodes:
 
 
 def echo_provider(pid: str = "echo-1", *, capacity: int = 2, delay_ms: int = 100) -> str:
-    return f"""\
-      - id: {pid}
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-"""
+    return echo_entry(pid, capacity=capacity, delay_ms=delay_ms)
 
 
 ECHO_MODEL = "  - id: echo\n    providers: {echo-1: echo}\n"
@@ -635,27 +629,16 @@ def _count_tasks() -> int:
     return walk(root)
 
 
-STORM_YAML = f"""
-edge:
-  id: storm-edge
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 512, queue_timeout: 30}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: storm-node
-    token_verifier: "{node_verifier("storm-token")}"
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 8
-        delay_ms: 5
-"""
+STORM_YAML = gateway_yaml(
+    edge_id="storm-edge",
+    pool="provider_pool: {max_queue: 512, queue_timeout: 30}",
+    models="  - id: echo\n    providers: {echo-1: echo}",
+    nodes=node_entry(
+        "storm-node",
+        echo_entry(category=None, capacity=8, delay_ms=5),
+        verifier=node_verifier("storm-token"),
+    ),
+)
 
 
 async def test_cancel_storm_leaks_nothing() -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.support.daemons import assert_one_line, run_iopd
 from tests.support.gateway import http_request
 
 GUARD = 30.0  # seconds; each process normally exits within one
@@ -78,27 +79,6 @@ def taken_port() -> Iterator[int]:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         yield int(sock.getsockname()[1])
-
-
-async def run_iopd(*args: str) -> tuple[int, str, str]:
-    """Run ``python -m iopd ARGS`` to its end: exit status, stdout, stderr."""
-    with trio.fail_after(GUARD):
-        proc = await trio.run_process(
-            [sys.executable, "-m", "iopd", *args],
-            stdin=subprocess.DEVNULL,
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
-        )
-    return proc.returncode, proc.stdout.decode(), proc.stderr.decode()
-
-
-def assert_one_line(result: tuple[int, str, str], expected: str) -> None:
-    code, stdout, stderr = result
-    assert code == 1, (code, stdout, stderr)
-    assert stderr.splitlines() == [expected], stderr
-    assert "Traceback" not in stdout + stderr
 
 
 # ------------------------------------------------------------------ a port in use
@@ -195,9 +175,7 @@ async def test_node_tls_ca_missing(tmp_path: Path) -> None:
 async def test_config_missing(tmp_path: Path, command: str) -> None:
     path = tmp_path / "absent.yaml"
     result = await run_iopd(command, "--config", str(path))
-    assert_one_line(
-        result, f"iopd {command}: cannot read config {path}: no such file or directory"
-    )
+    assert_one_line(result, f"iopd {command}: cannot read config {path}: no such file or directory")
 
 
 async def test_config_is_a_directory(tmp_path: Path) -> None:

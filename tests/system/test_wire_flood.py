@@ -40,12 +40,12 @@ import trio.lowlevel
 
 from tests.support.daemons import (
     CALLER_TOKEN,
-    NODE_YAML,
     Daemon,
     chat_body,
     edge_yaml,
     host_port,
     http_request,
+    node_yaml,
     run_daemon,
 )
 
@@ -234,7 +234,7 @@ async def test_a_flood_of_unauthenticated_connections_leaves_the_node_and_caller
                 wire = host_port(started["wire"])
                 openai, admin = host_port(started["openai"]), host_port(started["admin"])
                 node_cfg = tmp_path / "node.yaml"
-                node_cfg.write_text(NODE_YAML.format(wire_port=wire[1], log_format="keyvalue"))
+                node_cfg.write_text(node_yaml(wire[1], log_format="keyvalue"))
                 async with run_daemon(nursery, "node", "node", node_cfg) as node:
                     await edge.wait_event("node_connected")
                     await node.wait_event("edge_connected")

@@ -14,8 +14,9 @@ import pytest
 import trio
 import trio.testing
 
-from iopd.edge.nodes.hub import HubSettings, NodeHub
+from iopd.edge.nodes.hub import NodeHub
 from iopd.transport.listen import PendingGate, address_key, serve_wire
+from tests.support.hubs import make_hub
 from tests.support.wire_peers import FakeNode, HubRecorder, wait_until
 from wire import scram
 from wire.connection import Connection, ConnState, Role
@@ -216,16 +217,13 @@ async def gated_hub(
     *, max_pending: int, per_address: int, handshake_timeout: float = 10.0
 ) -> AsyncIterator[tuple[NodeHub, PendingGate, int, HubRecorder]]:
     rec = HubRecorder(TOKENS)
-    settings = HubSettings(
+    hub = make_hub(
+        rec,
         edge_id=LONGEST_ID,
-        heartbeat_interval=5.0,
-        heartbeat_timeout=15.0,
         handshake_timeout=handshake_timeout,
-        max_frame_bytes=1024 * 1024,
         max_pending=max_pending,
         max_pending_per_address=per_address,
     )
-    hub = NodeHub(settings, owner=rec)
     gate = hub.listener_gate()
     async with trio.open_nursery() as nursery:
         handler = lambda s: hub.handle_connection(s, gate=gate)  # noqa: E731

@@ -23,6 +23,9 @@ Why it looks like this:
   contract with the owner: ``node_disconnected`` first (the pool stops
   admitting to the node), then the session's streams fail and free their
   leases, whose release re-examines the queue.
+* ``retire``: a node that left the config is out of routing at once
+  (``node_disconnected``); its session takes no new stream and ends once the
+  open ones are done, which finish normally.
 * Admission: a node's ``LoadReport`` goes to ``provider_load``;
   its ``Busy`` to ``provider_busy`` and then ends its stream with the error
   code ``node_busy``, which the request path answers by leasing again.
@@ -44,14 +47,14 @@ import trio
 
 from iopd.edge.nodes.challenge import NodeVerifiers, Refusal, RefuseCode, challenge_node
 from iopd.edge.nodes.hub_contract import HubOwner, HubSettings
+from iopd.edge.nodes.metered import MeteredConnection, end_of_batch, wire_error_reason
 from iopd.edge.nodes.node_session import NodeSession
 from iopd.edge.nodes.node_text import needs_bounding, safe_node_reason, scrubbed_message
 from iopd.errors import NodeDispatchError
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.listen import PendingGate, RefusalReason
 from iopd.vocabulary import FrameDirection, WireErrorReason
-from wire.connection import Connection, Role
-from wire.errors import FrameTooLarge, MalformedFrame, RemoteProtocolError
+from wire.connection import Role
 from wire.messages import (
     FEATURE_GO_AWAY,
     PROTOCOL_VERSION,
@@ -80,83 +83,6 @@ LEGACY_FORM_HINT = (
     "that legacy proof unless node.accept_legacy_proof is true; give the entry "
     "token_verifier (`iopd token --token-env NAME`) instead"
 )
-
-
-class _MeteredConnection(Connection):
-    """A ``Connection`` that reports frame counts and remembers why the peer failed it.
-
-    Frames are tallied as they are sent and read, and reported by
-    :meth:`report` at the end of each batch read (after the replies it
-    brought were written to their callers: a metrics call is not on their
-    path; a node answers every request, and heartbeats at the latest), at a
-    protocol error, at EOF and at close.
-    """
-
-    def __init__(
-        self,
-        role: Role,
-        *,
-        max_frame_bytes: int,
-        on_frames: Callable[[FrameDirection, int], None],
-    ) -> None:
-        super().__init__(role, max_frame_bytes=max_frame_bytes)
-        self._on_frames = on_frames
-        self._unreported_out = 0
-        self._unreported_in = 0
-        self.remote_error: RemoteProtocolError | None = None
-
-    def report(self) -> None:
-        """Report the frames counted since the last report."""
-        out, self._unreported_out = self._unreported_out, 0
-        if out:
-            self._on_frames("out", out)
-        frames_in, self._unreported_in = self._unreported_in, 0
-        if frames_in:
-            self._on_frames("in", frames_in)
-
-    def send(self, msg: Message) -> bytes:
-        data = super().send(msg)
-        self._unreported_out += 1
-        return data
-
-    def receive_data(self, data: bytes | bytearray | memoryview) -> list[Message]:
-        try:
-            msgs = super().receive_data(data)
-        except RemoteProtocolError as exc:
-            self.remote_error = self.remote_error or exc
-            self.report()
-            raise
-        self._unreported_in += len(msgs)
-        return msgs
-
-    def receive_eof(self) -> None:
-        self.report()
-        try:
-            super().receive_eof()
-        except RemoteProtocolError as exc:
-            self.remote_error = self.remote_error or exc
-            raise
-
-    def close(self) -> None:
-        self.report()
-        super().close()
-
-
-def _end_of_batch(session: NodeSession, conn: _MeteredConnection) -> None:
-    """The hub reader's batch is dispatched: the replies it brought are
-    written first, then its frames counted."""
-    session.end_of_batch()
-    conn.report()
-
-
-def _wire_error_reason(conn: _MeteredConnection) -> WireErrorReason:
-    """The ``iop_wire_protocol_errors_total`` reason of a protocol failure on ``conn``."""
-    exc = conn.remote_error
-    if isinstance(exc, FrameTooLarge):
-        return "frame_too_large"
-    if isinstance(exc, MalformedFrame):
-        return "malformed"
-    return "protocol"
 
 
 def _printable(value: str, limit: int = 64) -> str:
@@ -194,7 +120,7 @@ class NodeHub:
     def session(self, node_id: str) -> NodeSession | None:
         """The ready session of ``node_id`` (config acknowledged), or None."""
         session = self._sessions.get(node_id)
-        if session is None or not session.ready or not session.alive:
+        if session is None or not session.ready or not session.alive or session.retire_reason:
             return None
         return session
 
@@ -215,6 +141,17 @@ class NodeHub:
         return await session.push_config(msg, timeout=timeout)
 
     # ---------------------------------------------------------------- lifecycle
+
+    def retire(self, node_id: str, reason: str) -> None:
+        """``node_id`` left the config: out of routing now, ended when its streams are done."""
+        session = self._sessions.get(node_id)
+        if session is None:
+            return
+        session.retire(reason)
+        if session.ready:
+            self._forget(session)  # node_disconnected now; the streams go on
+        else:
+            self._end_session(session, reason)
 
     async def aclose(self, reason: str) -> None:
         """Shutdown: refuse new nodes, end every session, wait for the handlers to exit."""
@@ -263,7 +200,7 @@ class NodeHub:
         the listener's ``PendingGate``, told once the node has authenticated.
         """
         peer = _peer_name(stream)
-        conn = _MeteredConnection(
+        conn = MeteredConnection(
             Role.EDGE, max_frame_bytes=self.settings.max_frame_bytes, on_frames=self._count_frames
         )
         channel = WireChannel(stream, conn, name=peer)
@@ -280,7 +217,7 @@ class NodeHub:
             await self._run_session(session, channel, conn)
         except ChannelClosed as exc:
             if exc.kind == "protocol":
-                self._protocol_error(None, peer, exc.reason, _wire_error_reason(conn))
+                self._protocol_error(None, peer, exc.reason, wire_error_reason(conn))
             else:
                 log.info(
                     "event=wire_connection_ended stage=handshake peer=%s reason=%r", peer, exc.reason
@@ -297,17 +234,23 @@ class NodeHub:
     # ---------------------------------------------------------------- sessions
 
     async def _run_session(
-        self, session: NodeSession, channel: WireChannel, conn: _MeteredConnection
+        self, session: NodeSession, channel: WireChannel, conn: MeteredConnection
     ) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._serve_session, session, channel, conn, nursery)
+            nursery.start_soon(self._end_when_retired, session)
             await self._announce(session)
+
+    async def _end_when_retired(self, session: NodeSession) -> None:
+        reason = await session.retired_and_idle()
+        log.info("event=node_retired node=%s peer=%s reason=%r", session.node_id, session.peer, reason)
+        self._end_session(session, reason)
 
     async def _serve_session(
         self,
         session: NodeSession,
         channel: WireChannel,
-        conn: _MeteredConnection,
+        conn: MeteredConnection,
         nursery: trio.Nursery,
     ) -> None:
         """The channel's reader and heartbeat, until the connection ends."""
@@ -340,12 +283,12 @@ class NodeHub:
                 dispatch,
                 heartbeat_interval=settings.heartbeat_interval,
                 heartbeat_timeout=settings.heartbeat_timeout,
-                end_of_batch=lambda: _end_of_batch(session, conn),
+                end_of_batch=lambda: end_of_batch(session, conn),
             )
         except ChannelClosed as exc:
             if exc.kind == "protocol":
                 self._protocol_error(
-                    session.node_id, session.peer, exc.reason, _wire_error_reason(conn)
+                    session.node_id, session.peer, exc.reason, wire_error_reason(conn)
                 )
             elif exc.kind == "heartbeat":
                 self._wire_error("heartbeat_timeout", exc.reason)
@@ -389,7 +332,7 @@ class NodeHub:
             )
             self._end_session(session, f"node rejected its initial config: {reason}")
             return
-        if not session.alive:
+        if not session.alive or session.retire_reason is not None:
             return
         session.mark_ready()
         self._announced.add(session)
@@ -439,7 +382,7 @@ class NodeHub:
                 "event=node_disconnected node=%s peer=%s reason=%r",
                 session.node_id,
                 session.peer,
-                session.end_reason,
+                session.end_reason or session.retire_reason,
             )
             self._call("node_disconnected", self._owner.node_disconnected, session.node_id)
 

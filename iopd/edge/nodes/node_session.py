@@ -281,6 +281,11 @@ class NodeSession:
         self.end_reason: str | None = None
         #: ``ProviderStatus`` entries that named no provider of this node (ignored).
         self.status_ignored = 0
+        #: Set by ``retire``: the node left the config; the session takes no new
+        #: streams and ends once its open ones are done.
+        self.retire_reason: str | None = None
+        self._retired = trio.Event()
+        self._idle: trio.Event | None = None
 
     @property
     def alive(self) -> bool:
@@ -388,6 +393,20 @@ class NodeSession:
         """The node acknowledged its first config: the session may be used."""
         self.connected_since = time.time()
 
+    def retire(self, reason: str) -> None:
+        """Take no new streams; ``retired_and_idle`` returns once the open ones are done."""
+        if self.retire_reason is None:
+            self.retire_reason = reason
+            self._retired.set()
+
+    async def retired_and_idle(self) -> str:
+        """Wait until the session is retired and has no open stream; the reason."""
+        await self._retired.wait()
+        while self._streams:
+            self._idle = trio.Event()
+            await self._idle.wait()
+        return self.retire_reason or "retired"
+
     def mark_ended(self, reason: str) -> bool:
         """Refuse new streams from now on; False when the session had ended already."""
         if self.end_reason is not None:
@@ -429,7 +448,7 @@ class _OpenStream:
         session, req = self._session, self._req
         if self._stream is not None:
             raise RuntimeError("a node stream is opened once")
-        if not session.alive:
+        if not session.alive or session.retire_reason is not None:
             raise NodeDispatchError(f"node {session.node_id} disconnected")
         # Ids go out in increasing order without a lock: the channel encodes
         # (and checks) each frame synchronously, in call order.
@@ -472,6 +491,8 @@ class _OpenStream:
         assert stream is not None
         stream_id = stream.stream_id
         session._streams.pop(stream_id, None)
+        if session._idle is not None and not session._streams:
+            session._idle.set()
         refund = stream.abandon()
         opened = session._channel.conn.stream_state(stream_id) is not StreamState.IDLE
         if session.alive and opened and not stream.terminal_received:

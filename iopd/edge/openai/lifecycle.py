@@ -232,8 +232,11 @@ async def fail(
     """End a request with ``exc``: an error response, an SSE error event, or a cut.
 
     ``context`` is the request's head-hook context: its route decides the
-    error's shape (Ollama's on ``/api/*``, see ``render_error``).
+    error's shape (Ollama's on ``/api/*``, see ``render_error``).  A provider
+    timeout names the model group it happened in.
     """
+    if isinstance(exc, errors.ProviderTimeout) and out.group != UNKNOWN_GROUP:
+        exc.message = f"model group '{out.group}': {exc.message}"
     out.failed(exc)
     if not responder.started:
         status, headers, body = render_error(exc, context)

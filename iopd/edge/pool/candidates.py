@@ -32,7 +32,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from iopd.errors import NodeDispatchError
+from iopd.errors import NodeDispatchError, ProviderDrained
 from iopd.vocabulary import Health, ProviderType, types_meeting
 
 from .outliers import Attempt, EjectionPolicy, OutlierTracker
@@ -62,6 +62,8 @@ class ProviderSlot:
     long_context_capacity: int = 0
     priority: int = 0
     enabled: bool = True
+    #: The operator's runtime state (``controls.ControlState``): why it is not enabled.
+    control: str = "active"
 
 
 @dataclass(frozen=True)
@@ -190,14 +192,23 @@ class Candidates:
     use_long_slots: bool
 
 
-def no_candidate_error(key: WaitKey) -> NodeDispatchError:
+def _need(key: WaitKey) -> str:
     need = f" that supports {', '.join(sorted(key.requires))}" if key.requires else ""
     if key.exclude:
         need += " that has not failed this request"
+    return need
+
+
+def no_candidate_error(key: WaitKey) -> NodeDispatchError:
+    need = _need(key)
     return NodeDispatchError(
         f"model group '{key.group_id}' has no available provider{need} "
         "(nodes disconnected, or providers disabled or unhealthy)"
     )
+
+
+#: Providers an error names one by one; the rest are counted.
+MAX_NAMED_PROVIDERS = 8
 
 
 class CandidateIndex:
@@ -356,6 +367,46 @@ class CandidateIndex:
             entries[gid] = tuple(row)
         self._entries = entries
 
+    def _why_not(self, entry: Entry, exclude: frozenset[str]) -> str:
+        """Why ``entry`` is no candidate now, in the words of an error message."""
+        slot = entry.slot
+        if not slot.enabled:
+            if slot.control == "draining":
+                return "drained"
+            return "disabled" if slot.control == "disabled" else "enabled: false"
+        if slot.node_id not in self._connected:
+            return f"node {slot.node_id} disconnected"
+        if slot.provider_id in self._unhealthy:
+            return "unhealthy"
+        return "failed this request" if slot.provider_id in exclude else "unavailable"
+
+    def unavailable_error(self, key: WaitKey) -> NodeDispatchError:
+        """The error of a group without a live candidate, naming each provider's state;
+        503 ``provider_drained`` when an operator drained every one."""
+        allowed = types_meeting(key.requires)
+        entries = [
+            e
+            for e in self._entries.get(key.group_id, ())
+            if allowed is None or e.slot.type in allowed
+        ]
+        if not entries:
+            return no_candidate_error(key)
+        reasons = [self._why_not(e, key.exclude) for e in entries]
+        named = ", ".join(
+            f"{e.slot.provider_id} {why}"
+            for e, why in zip(entries[:MAX_NAMED_PROVIDERS], reasons, strict=False)
+        )
+        if len(entries) > MAX_NAMED_PROVIDERS:
+            named += f", and {len(entries) - MAX_NAMED_PROVIDERS} more"
+        if all(why == "drained" for why in reasons):
+            return ProviderDrained(
+                f"model group '{key.group_id}' is drained: every provider of it is drained "
+                f"by an operator ({named}); retry later, or `iopd provider enable ID`"
+            )
+        return NodeDispatchError(
+            f"model group '{key.group_id}' has no available provider{_need(key)}: {named}"
+        )
+
     # ------------------------------------------------------------------ candidates
 
     def candidates(self, key: WaitKey) -> Candidates | None:
@@ -423,7 +474,7 @@ class CandidateIndex:
             return first_live  # every candidate excluded: its last resort serves
         if group_id not in self.snapshot.groups:
             raise NodeDispatchError(f"model group '{group_id}' is not configured")
-        raise no_candidate_error(WaitKey(group_id, long, requires, exclude))
+        raise self.unavailable_error(WaitKey(group_id, long, requires, exclude))
 
     def has_choosable(self, cands: Candidates, now: float) -> bool:
         """True when some candidate is not excluded by the outlier tracker."""

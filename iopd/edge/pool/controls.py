@@ -66,6 +66,7 @@ def effective_slot(slot: ProviderSlot, control: ProviderControl) -> ProviderSlot
         capacity=slot.capacity if control.capacity is None else control.capacity,
         priority=slot.priority if control.priority is None else control.priority,
         enabled=slot.enabled and control.state == "active",
+        control=control.state,
     )
 
 

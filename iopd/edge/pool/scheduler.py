@@ -63,7 +63,6 @@ from .candidates import (
     PrincipalPolicy,
     ProviderSlot,
     WaitKey,
-    no_candidate_error,
 )
 from .fair_queue import FairQueue, Lane, Waiter, WaiterState
 from .load_view import ProviderLoad, provider_loads, waiting_providers
@@ -504,7 +503,7 @@ class Scheduler:
         for w in waiters:
             w.state = WaiterState.FAILED
             w.error = (
-                no_candidate_error(key)
+                self._index.unavailable_error(key)
                 if key.group_id in self.snapshot.groups
                 else NodeDispatchError(
                     f"model group '{key.group_id}' was removed from the configuration"

@@ -5,7 +5,8 @@ keeps that immutable ``Snapshot`` (config, catalog, authenticator) until it
 ends, so a refresh never changes the rules under a request in flight.  A
 refresh builds a complete new ``Snapshot`` off to the side and swaps it in
 with one assignment, then tells the pool (which re-examines its waiters) and
-pushes a new ``NodeConfig`` to every changed node.  A push the node rejects
+pushes a new ``NodeConfig`` to every changed node; a node the refresh removed
+has its session retired (its streams finish, then it ends).  A push the node rejects
 or never acknowledges does not undo the apply (the edge's side is already
 swapped), but it is reported in the refresh report's ``errors``.
 """
@@ -18,14 +19,13 @@ import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Final
 
 import msgspec
 import trio
 
 from iopd.config.catalog import Catalog, build_catalog, node_config_for
 from iopd.config.load import ConfigError, load_edge_config
-from iopd.config.refresh_classify import classify
+from iopd.config.refresh_classify import RefreshDiff, classify
 from iopd.config.schema import EdgeConfig, NodeEntry
 from iopd.edge.metering.activity import ActivityRecorder
 from iopd.edge.metering.metrics import (
@@ -48,6 +48,7 @@ from iopd.edge.principals.status import (
     principals_in_flight,
     rates_in_force,
 )
+from iopd.edge.runtime.health_state import DISCONNECTED, ProviderHealthState
 from iopd.edge.runtime.pool_config import pool_snapshot, retry_budget_policy
 from iopd.edge.runtime.runtime_controls import RuntimeControls
 from iopd.edge.runtime.status_document import (
@@ -129,40 +130,6 @@ def _with_embedded_token(node: NodeEntry, embedded: Mapping[str, str]) -> NodeEn
 def mint_embedded_tokens(cfg: EdgeConfig) -> dict[str, str]:
     """A fresh random token per embedded node: it lives in this process only."""
     return {n.id: secrets.token_urlsafe(32) for n in cfg.nodes if n.embedded}
-
-
-#: ``event=provider_health`` lines per provider per ``HEALTH_LOG_WINDOW``
-#: seconds: a node can flip a provider's health with every message, and a
-#: real change is rare; the changes past it are counted in the next line.
-HEALTH_LOG_BURST: Final = 5
-HEALTH_LOG_WINDOW: Final = 10.0
-
-
-@dataclass
-class ProviderHealthState:
-    health: ShownHealth = "unknown"
-    last_error: str = ""
-    #: The ``event=provider_health`` budget: its window's start, lines logged in
-    #: it, changes not logged since the last line.
-    log_window: float = -HEALTH_LOG_WINDOW
-    logged: int = 0
-    unlogged: int = 0
-
-    def may_log_change(self, now: float) -> bool:
-        """One health change happened at ``now``: True to log it (at most
-        ``HEALTH_LOG_BURST`` a window), else it is counted in ``unlogged``."""
-        if now - self.log_window >= HEALTH_LOG_WINDOW:
-            self.log_window, self.logged = now, 0
-        if self.logged >= HEALTH_LOG_BURST:
-            self.unlogged += 1
-            return False
-        self.logged += 1
-        return True
-
-
-#: What ``/status`` and the health gauge show for a provider whose node has no
-#: live session: its last probe result is history, not the provider's state.
-DISCONNECTED: Final = "disconnected"
 
 
 @dataclass
@@ -520,6 +487,7 @@ class EdgeRuntime:
                 )
                 return report
             self._swap(new_cfg, changed=not diff.is_empty)
+            self._node_changes(diff)
             report["applied"] = True
             self.metrics.count_refresh("applied")
             log.info(
@@ -543,12 +511,23 @@ class EdgeRuntime:
         version = self.snapshot.version + (1 if changed else 0)
         new = _make_snapshot(cfg, version=version, embedded=self.embedded_tokens)
         self.snapshot = new  # the one atomic swap
+        for gone in self.health.keys() - new.catalog.providers.keys():
+            del self.health[gone]
         self._allow_metric_ids(cfg)
         self.limits.apply_config(cfg.limits)  # counters are kept
 
         self.pool.apply_snapshot(pool_snapshot(cfg, new.catalog))
         self.retry_budget.set_policy(retry_budget_policy(cfg))
         self.retry_budget.retain(g.id for g in new.catalog.listed())
+
+    def _node_changes(self, diff: RefreshDiff) -> None:
+        """After the swap: a removed node's session is retired (out of routing
+        now, ended once its streams are done); a changed verifier is checked at
+        the node's next handshake, the session in force goes on."""
+        for node_id in diff.removed_nodes:
+            self.hub.retire(node_id, "removed from the config by a refresh")
+        for node_id in diff.verifier_changed:
+            log.info("event=node_verifier_changed node=%s applies=next_handshake", node_id)
 
     async def _push_configs(self, changed_nodes: list[str]) -> list[str]:
         """Push the current snapshot's ``NodeConfig`` to every changed, connected node.
@@ -568,8 +547,8 @@ class EdgeRuntime:
         with trio.CancelScope(shield=True):
             async with trio.open_nursery() as nursery:
                 for node_id in changed_nodes:
-                    if self.hub.session(node_id) is None:
-                        continue  # it gets the new config at its next handshake
+                    if node_id not in snap.nodes or self.hub.session(node_id) is None:
+                        continue  # removed, or it gets the new config at its next handshake
                     msg = node_config_for(snap.config, node_id, snap.version)
                     nursery.start_soon(self._push_config, node_id, msg, problems)
         return [problems[n] for n in changed_nodes if n in problems]

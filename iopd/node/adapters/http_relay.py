@@ -27,6 +27,7 @@ from iopd.http.client import (
     ProviderTimeoutError,
 )
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
+from iopd.node.served_models import MAX_LIST_BYTES, listed_names, not_served
 from iopd.node.usage_extract import scanner_for
 from iopd.vocabulary import HOP_BY_HOP, NEVER_REACHED
 from wire.messages import Health, ProviderErrorCode, ProviderSpec, ProviderTunnelRequest
@@ -39,6 +40,8 @@ _RESPONSE_DROP = HOP_BY_HOP | {"content-length"}
 #: Bytes of a provider's error body quoted in an error message.
 ERROR_SNIPPET_BYTES = 512
 PROBE_EXTRA_SECONDS = 5.0
+#: Bytes of the probe's body kept: one past what is checked, to tell a longer list.
+LIST_CAP = MAX_LIST_BYTES + 1
 
 
 def _is_hop(name: str, drop: frozenset[str]) -> bool:
@@ -129,7 +132,7 @@ class HTTPAdapter(Adapter):
 
     #: Which usage flavour the relayed bodies have (``openai`` or ``ollama``).
     usage_flavour = "openai"
-    #: Path of the health probe (GET, 200 = healthy).
+    #: Path of the health probe (GET, 200 = healthy when it lists every served model).
     probe_path = "/"
 
     def __init__(self, spec: ProviderSpec) -> None:
@@ -140,6 +143,7 @@ class HTTPAdapter(Adapter):
             spec.base_url,
             connect_timeout=spec.connect_timeout,
             read_timeout=spec.read_timeout,
+            first_byte_timeout=spec.first_byte_timeout,
             # Keep as many idle connections as the edge may run requests at
             # once (+1 for the health probe): a smaller pool closes and
             # re-dials a connection per request under full load.
@@ -222,15 +226,22 @@ class HTTPAdapter(Adapter):
             with trio.fail_after(self.spec.connect_timeout + PROBE_EXTRA_SECONDS):
                 with adapter_errors():
                     resp = await self.client.request(
-                        "GET", self.probe_path, self.auth_headers(), max_body_bytes=65536
+                        "GET", self.probe_path, self.auth_headers(), max_body_bytes=LIST_CAP
                     )
         except trio.TooSlowError:
             return "unhealthy", "health probe timed out"
         except AdapterError as exc:  # for the operator (/status, the logs): with the address
             return "unhealthy", f"{exc.message}: {exc.detail}" if exc.detail else exc.message
-        if resp.status == 200:
-            return "healthy", ""
-        return "unhealthy", f"{self.probe_path} returned status {resp.status}"
+        if resp.status != 200:
+            return "unhealthy", f"{self.probe_path} returned status {resp.status}"
+        if len(resp.body) > MAX_LIST_BYTES:
+            return "healthy", ""  # a list this long is not checked
+        listed = listed_names(resp.body, self.usage_flavour)
+        if listed is not None:
+            wrong = not_served(self.spec.models, listed, self.usage_flavour, self.probe_path)
+            if wrong is not None:
+                return "unhealthy", wrong
+        return "healthy", ""
 
     async def aclose(self) -> None:
         await self.client.aclose()

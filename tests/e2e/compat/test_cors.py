@@ -17,7 +17,8 @@ import trio
 
 from iopd.config.validate import origin_problem
 from iopd.edge.openai.incoming import cors
-from tests.support.gateway import RawResponse, http_request, node_token, running_gateway, token_hash
+from tests.support.configs import echo_entry, gateway_yaml, http_provider, node_entry
+from tests.support.gateway import RawResponse, http_request, running_gateway
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
 APP = "http://app.example:3000"
@@ -25,36 +26,18 @@ TOKEN = "sk-browser-caller"
 
 
 def cors_yaml(base_url: str, origins: str = "[]") -> str:
-    return f"""
-edge:
-  id: edge-cors
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  bearer_token: {TOKEN}
-  max_body_bytes: 4096
-  cors_allow_origins: {origins}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-  - id: gpt
-    providers: {{oa-1: mock-model}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-      - id: oa-1
-        type: openai
-        base_url: {base_url}
-        models: [mock-model]
-        capacity: 4
-        health_interval: 30
-"""
+    return gateway_yaml(
+        edge_id="edge-cors",
+        openai_extra=(
+            f"  bearer_token: {TOKEN}\n  max_body_bytes: 4096\n  cors_allow_origins: {origins}"
+        ),
+        models="  - id: echo\n    providers: {echo-1: echo}\n  - id: gpt\n    providers: {oa-1: mock-model}",
+        nodes=node_entry(
+            "node-a",
+            echo_entry(category=None)
+            + http_provider("oa-1", "openai", base_url, models="[mock-model]"),
+        ),
+    )
 
 
 CHAT = {"model": "echo", "messages": [{"role": "user", "content": "hi"}]}

@@ -110,10 +110,7 @@ def test_turning_embedded_on_or_off_needs_a_restart() -> None:
     old = parse_edge_config(_yaml(), env={})
     node = msgspec.structs.replace(old.nodes[0], embedded=False, token_hash_sha256=token_hash("a"))
     new = msgspec.structs.replace(old, nodes=[node, old.nodes[1]])
-    assert classify(old, new).restart_required == [
-        "nodes[0].token_hash_sha256",
-        "nodes[0].embedded",
-    ]
+    assert classify(old, new).restart_required == ["nodes[0].embedded"]
     assert classify(old, old).is_empty
 
 
@@ -205,7 +202,7 @@ async def test_iopd_edge_with_the_one_machine_config_serves_the_sdk(tmp_path: Pa
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = MockOpenAIServer()
-            mock.models = ["Qwen/Qwen3-8B"]
+            mock.listed = ["Qwen/Qwen3-8B"]
             await n.start(mock.serve)
             text = shipped
             for old, new in (

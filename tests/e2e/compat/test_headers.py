@@ -17,7 +17,7 @@ import openai
 import pytest
 import trio
 
-from tests.support.configs import gateway_yaml, http_provider, node_entry
+from tests.support.configs import remote_yaml
 from tests.support.gateway import http_request, in_thread, running_gateway
 from tests.support.mock_providers import MockOpenAIServer, MockReply, RecordedRequest
 
@@ -27,12 +27,7 @@ ERROR_BODY = b'{"error":{"message":"slow down","type":"rate_limit","code":"rl"}}
 
 
 def _yaml(base_url: str) -> str:
-    return gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry(
-            "node-a", http_provider("oa-1", "openai", base_url, models="[mock-model]")
-        ),
-    )
+    return remote_yaml(base_url)
 
 
 def _with_provider_headers(mock: MockOpenAIServer) -> None:

@@ -12,7 +12,7 @@ import openai
 import pytest
 import trio
 
-from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry, remote_yaml
 from tests.support.gateway import in_thread, running_gateway
 from tests.support.mock_providers import MockOpenAIServer
 
@@ -124,12 +124,7 @@ async def test_normalized_n_out_of_range_is_a_400_naming_n(n: int, message: str)
 
 
 async def test_passthrough_relays_n_as_sent() -> None:
-    yaml_text = gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry(
-            "node-a", http_provider("oa-1", "openai", "{base}", models="[mock-model]")
-        ),
-    )
+    yaml_text = remote_yaml("{base}")
     with trio.fail_after(30):
         async with trio.open_nursery() as nursery:
             mock = await nursery.start(MockOpenAIServer().serve)

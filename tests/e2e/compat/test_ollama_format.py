@@ -23,7 +23,8 @@ import trio
 
 from iopd.node.adapters.base import AdapterError
 from iopd.node.adapters.ollama import to_ollama_format, to_ollama_messages
-from tests.support.gateway import Gateway, in_thread, node_token, running_gateway, token_hash
+from tests.support.configs import gateway_yaml, node_entry, provider_entry
+from tests.support.gateway import Gateway, in_thread, running_gateway
 from tests.support.mock_providers import MockOllamaServer
 
 SERVED = "mock:latest"
@@ -37,26 +38,14 @@ SCHEMA = {
 
 
 def _yaml(base_url: str) -> str:
-    return f"""
-edge:
-  id: edge-ollama-format
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: llama
-    providers: {{ol-1: "{SERVED}"}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: ol-1
-        type: ollama
-        base_url: {base_url}
-        models: ["{SERVED}"]
-        health_interval: 30
-"""
+    ollama = provider_entry(
+        "ol-1", "ollama", base_url=base_url, models=f'["{SERVED}"]', health_interval=30
+    )
+    return gateway_yaml(
+        edge_id="edge-ollama-format",
+        models=f'  - id: llama\n    providers: {{ol-1: "{SERVED}"}}',
+        nodes=node_entry("node-a", ollama),
+    )
 
 
 @asynccontextmanager

@@ -4,7 +4,7 @@ official ``openai`` SDK: ``client.responses.create`` and ``client.responses.stre
 
 Echo and cli run the ``<tool_call>`` text protocol, ollama native tool calls;
 both answer ``function_call`` output items.  Passthrough ``/v1/responses``
-stays a byte-exact relay (``test_e2e_surface``).
+stays a byte-exact relay (``tests/e2e/test_passthrough_relay.py``).
 """
 
 from __future__ import annotations

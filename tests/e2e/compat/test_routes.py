@@ -22,51 +22,33 @@ import pytest
 import trio
 
 from iopd.admin_client import format_status
-from tests.e2e.test_metrics import changes, scrape
+from tests.support.configs import echo_entry, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import (
     Gateway,
     http_request,
     in_thread,
-    node_token,
     running_gateway,
-    token_hash,
 )
+from tests.support.metrics import changes, scrape
 from tests.support.mock_providers import MockOpenAIServer
 
 SERVED = "mock-model"
 
 
 def routes_yaml(base_url: str, extra_models: str = "") -> str:
-    return f"""
-edge:
-  id: edge-routes
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-models:
-  - id: gpt-local
-    providers: {{oa-1: {SERVED}}}
-  - id: org/with-slash
-    providers: {{oa-1: {SERVED}}}
-  - id: echo-only
-    providers: {{echo-1: echo}}
-{extra_models}
-nodes:
-  - id: node-a
-    token_hash_sha256: {token_hash(node_token("node-a"))}
-    providers:
-      - id: oa-1
-        type: openai
-        base_url: {base_url}
-        models: [{SERVED}]
-        capacity: 4
-        health_interval: 30
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-"""
+    return gateway_yaml(
+        edge_id="edge-routes",
+        models=(
+            f"  - id: gpt-local\n    providers: {{oa-1: {SERVED}}}\n"
+            f"  - id: org/with-slash\n    providers: {{oa-1: {SERVED}}}\n"
+            "  - id: echo-only\n    providers: {echo-1: echo}\n" + extra_models
+        ),
+        nodes=node_entry(
+            "node-a",
+            http_provider("oa-1", "openai", base_url, models=f"[{SERVED}]")
+            + echo_entry(category=None),
+        ),
+    )
 
 
 @asynccontextmanager

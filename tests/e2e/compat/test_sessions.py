@@ -9,7 +9,7 @@ import pytest
 import trio
 
 from iopd.edge.openai.incoming.session_key import session_digest
-from tests.support.configs import gateway_yaml, http_provider, node_entry
+from tests.support.configs import remote_yaml
 from tests.support.daemons import parse_log_line
 from tests.support.gateway import http_request, running_gateway
 from tests.support.mock_providers import MockOpenAIServer
@@ -30,13 +30,7 @@ CLAUDE = [
 
 
 def _yaml(base_url: str, extra: str = "") -> str:
-    return gateway_yaml(
-        models="  - id: remote\n    providers: {oa-1: mock-model}\n",
-        nodes=node_entry(
-            "node-a", http_provider("oa-1", "openai", base_url, models="[mock-model]")
-        ),
-        openai_extra=extra,
-    )
+    return remote_yaml(base_url, openai_extra=extra)
 
 
 def _request_lines(caplog: pytest.LogCaptureFixture) -> list[dict[str, str]]:

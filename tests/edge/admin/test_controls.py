@@ -58,6 +58,10 @@ async def test_controls_answer_the_new_view_and_show_in_status() -> None:
             # echo-1 is the connected node's only candidate: new requests get a 502.
             r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
             assert r.status == 502, r.body
+            assert r.json()["error"]["message"] == (
+                "model group 'echo' has no available provider: "
+                "echo-1 disabled, echo-2 node node-b disconnected"
+            )
             r = await http_request(adm, "POST", "/providers/echo-1/reset")  # no body is fine
             assert r.status == 200 and r.json()["state"] == "active"
             r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
@@ -73,6 +77,26 @@ async def test_controls_answer_the_new_view_and_show_in_status() -> None:
             for action, n in [("disable", 1), ("override", 1), ("reset", 1), ("node_drain", 1)]:
                 line = f'iop_admin_actions_total{{action="{action}",edge_id="edge-admin"}} {n}.0'
                 assert line in metrics
+
+
+async def test_a_request_while_its_groups_providers_are_drained_gets_503_provider_drained() -> None:
+    with trio.fail_after(30):
+        async with running_gateway(two_node_yaml(), nodes=["node-a", "node-b"]) as gw:
+            adm = gw.handle.admin
+            for pid in ("echo-1", "echo-2"):
+                r = await http_request(adm, "POST", f"/providers/{pid}/state", body={"state": "draining"})
+                assert r.status == 200, r.body
+            r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
+            assert r.status == 503, r.body
+            error = r.json()["error"]
+            assert (error["type"], error["code"]) == ("server_error", "provider_drained")
+            assert error["message"] == (
+                "model group 'echo' is drained: every provider of it is drained by an operator "
+                "(echo-1 drained, echo-2 drained); retry later, or `iopd provider enable ID`"
+            )
+            await http_request(adm, "POST", "/providers/echo-2/state", body={"state": "active"})
+            r = await http_request(gw.host_port, "POST", "/v1/chat/completions", body=CHAT)
+            assert r.status == 200, r.body
 
 
 async def test_control_route_errors_are_envelopes() -> None:

@@ -514,3 +514,36 @@ async def test_aclose_ends_sessions_and_refuses_new_nodes() -> None:
                 assert isinstance(late.hello_reply, Refused)
             assert rec.events == [("connect", "node-a"), ("disconnect", "node-a")]
             nursery.cancel_scope.cancel()
+
+
+async def test_a_retired_session_finishes_its_streams_then_ends() -> None:
+    """A node removed by a refresh: out of routing at once (``node_disconnected``),
+    its open stream runs to its end, no new stream opens, then the session ends."""
+    with trio.fail_after(10):
+        async with running_hub() as (hub, port, rec):
+            async with node_with_session(hub, port) as (node, session):
+                async with session.open_stream(run_req()) as replies:
+                    req = await node.receive(RunRequest)
+                    hub.retire("node-a", "removed from the config by a refresh")
+                    assert hub.session("node-a") is None
+                    assert rec.events == [("connect", "node-a"), ("disconnect", "node-a")]
+                    with pytest.raises(NodeDispatchError):
+                        async with session.open_stream(run_req()):
+                            pass  # pragma: no cover - refused before it opens
+                    await trio.sleep(0.05)
+                    assert session.alive  # still serving the stream in flight
+                    await node.send(RunEvent(stream_id=req.stream_id, kind="text", text="x"))
+                    await node.send(RunEvent(stream_id=req.stream_id, kind="complete"))
+                    assert [m.kind async for m in replies] == ["text", "complete"]  # type: ignore[union-attr]
+                await wait_until(lambda: not session.alive)
+                assert session.end_reason == "removed from the config by a refresh"
+                assert rec.events == [("connect", "node-a"), ("disconnect", "node-a")]  # told once
+
+
+async def test_retiring_an_idle_session_ends_it_at_once_and_an_unknown_id_is_a_no_op() -> None:
+    with trio.fail_after(10):
+        async with running_hub() as (hub, port, _rec):
+            hub.retire("nobody", "removed")
+            async with node_with_session(hub, port) as (_node, session):
+                hub.retire("node-a", "removed")
+                await wait_until(lambda: not session.alive)

@@ -31,7 +31,8 @@ from iopd.edge.nodes.node_text import (
     safe_node_reason,
     scrubbed_message,
 )
-from iopd.edge.runtime.edge_runtime import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW, EdgeRuntime
+from iopd.edge.runtime.edge_runtime import EdgeRuntime
+from iopd.edge.runtime.health_state import HEALTH_LOG_BURST, HEALTH_LOG_WINDOW
 from iopd.transport.channel import WireChannel
 from tests.support.gateway import node_token, token_hash
 from wire.errors import MalformedFrame

@@ -2,7 +2,7 @@
 
 The end-to-end contract (a request that runs out of time while queued is a
 queue timeout, with a lease it is the provider's 504) is in
-``test_open_points.py``; this is the bookkeeping under it: a request granted
+``tests/e2e/test_request_timeout.py``; this is the bookkeeping under it: a request granted
 a provider at once never moves its scope's deadline (two updates of trio's
 deadline heap on the path of every request), a queued one parks it once and
 gets it back.

@@ -8,6 +8,7 @@ relies on, through the trio layer.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import pytest
 import trio
@@ -15,7 +16,7 @@ import trio.testing
 
 from iopd.edge.pool import Lease, PoolSnapshot, ProviderControl, ProviderPool
 from iopd.edge.pool.scheduler import Grant
-from iopd.errors import NodeDispatchError
+from iopd.errors import NodeDispatchError, ProviderDrained
 from tests.support.pools import hold, in_flight, make_pool
 
 
@@ -168,3 +169,70 @@ async def test_a_default_control_leaves_no_entry() -> None:
     pool.set_control("a", ProviderControl(capacity=3))
     pool.set_control("a", ProviderControl())
     assert pool.snapshot == pool.configured
+
+
+async def test_a_group_whose_providers_are_all_drained_answers_503_provider_drained(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    pool = make_pool()
+    pool.set_control("a", ProviderControl(state="draining"))
+    pool.set_control("b", ProviderControl(state="draining"))
+    with pytest.raises(ProviderDrained) as got:
+        async with pool.lease("m"):
+            pass
+    err = got.value
+    assert (err.status, err.code) == (503, "provider_drained")
+    assert err.message == (
+        "model group 'm' is drained: every provider of it is drained by an operator "
+        "(a drained, b drained); retry later, or `iopd provider enable ID`"
+    )
+    assert isinstance(err, NodeDispatchError)  # fallbacks are tried as for any dead group
+
+
+@pytest.mark.parametrize(
+    ("setup", "detail"),
+    [
+        (lambda p: p.set_control("a", ProviderControl(state="disabled")), "a disabled, b drained"),
+        (lambda p: p.set_node_connected("n1", False), "a node n1 disconnected, b drained"),
+        (lambda p: p.set_provider_health("a", "unhealthy"), "a unhealthy, b drained"),
+    ],
+    ids=["disabled", "disconnected", "unhealthy"],
+)
+async def test_a_group_without_a_provider_says_each_ones_state(
+    autojump_clock: trio.abc.Clock, setup: Callable[[ProviderPool], object], detail: str
+) -> None:
+    pool = make_pool()
+    pool.set_control("b", ProviderControl(state="draining"))
+    setup(pool)
+    with pytest.raises(NodeDispatchError) as got:
+        async with pool.lease("m"):
+            pass
+    assert not isinstance(got.value, ProviderDrained)
+    assert got.value.status == 502
+    assert got.value.message == f"model group 'm' has no available provider: {detail}"
+
+
+async def test_a_waiter_failed_by_a_drain_gets_provider_drained(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    pool = make_pool()
+    errors: list[BaseException] = []
+
+    async def wait_for_a() -> None:
+        try:
+            async with pool.lease("only-a"):
+                pass
+        except NodeDispatchError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        holders = Holders(pool, nursery)
+        await holders.start("only-a")
+        nursery.start_soon(wait_for_a)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.queue_depth == 1
+        pool.set_control("a", ProviderControl(state="draining"))
+        await trio.testing.wait_all_tasks_blocked()
+        holders.release_all()
+    (err,) = errors
+    assert isinstance(err, ProviderDrained) and err.status == 503

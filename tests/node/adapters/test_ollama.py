@@ -170,6 +170,19 @@ async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
         assert (await adapter.probe())[0] == "unhealthy"
 
 
+async def test_probe_reports_a_model_ollama_has_not_pulled(ollama_mock: MockOllamaServer) -> None:
+    ollama_mock.listed = ["llama3:latest"]
+    spec = ProviderSpec(id="ol", type="ollama", base_url=ollama_mock.base_url, models=["llama3", "qwen3:32b"])
+    adapter = OllamaAdapter(spec)
+    with trio.fail_after(5):
+        health, error = await adapter.probe()
+        assert health == "unhealthy"
+        assert error.startswith("model 'qwen3:32b' not served: /api/tags lists 'llama3:latest'")
+        ollama_mock.listed.append("qwen3:32b")
+        assert await adapter.probe() == ("healthy", "")
+    await adapter.aclose()
+
+
 @pytest.mark.parametrize(
     ("params", "options", "think"),
     [

@@ -345,3 +345,29 @@ async def test_probe_flips_and_canary_key_never_logged(
         assert CANARY not in info.value.message
     assert CANARY not in caplog.text
     await adapter.aclose()
+
+
+async def test_probe_reports_a_served_name_the_provider_does_not_list(
+    openai_mock: MockOpenAIServer,
+) -> None:
+    openai_mock.listed = ["other-model"]
+    adapter = adapter_for(openai_mock, models=["served"])
+    with trio.fail_after(5):
+        assert await adapter.probe() == (
+            "unhealthy",
+            "model 'served' not served: /v1/models lists 'other-model'; "
+            "fix nodes[].providers[].models or the server's model name",
+        )
+        openai_mock.listed = ["other-model", "served"]
+        assert await adapter.probe() == ("healthy", "")
+    await adapter.aclose()
+
+
+async def test_probe_checks_no_names_in_a_list_past_its_cap(openai_mock: MockOpenAIServer) -> None:
+    from iopd.node.served_models import MAX_LIST_BYTES
+
+    openai_mock.listed = [f"model-{i:08d}" for i in range(MAX_LIST_BYTES // 30)]
+    adapter = adapter_for(openai_mock, models=["served"])
+    with trio.fail_after(5):
+        assert await adapter.probe() == ("healthy", "")
+    await adapter.aclose()

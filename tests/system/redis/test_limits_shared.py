@@ -35,6 +35,7 @@ from tests.support.gateway import (
 )
 from tests.support.mock_providers import MockOpenAIServer, closed_port_url
 from tests.support.redis_server import RedisServer, running_redis
+from tests.support.streams import NO_USAGE_PIECES, no_usage_stream
 
 TEAM_A = "sk-shared-limits-team-a-0001"
 CHAT = "/v1/chat/completions"
@@ -83,7 +84,9 @@ def edge_yaml(
             " priority: 1}\n"
         )
         group = "{dead-1: echo, good-1: echo}"
-    return edge_head(edge_id) + f"""models:
+    return (
+        edge_head(edge_id)
+        + f"""models:
   - id: echo
     providers: {group}
 nodes:
@@ -100,6 +103,7 @@ limits:
   principals:
     - {{principal_ref: team-a, {limits}}}
 """
+    )
 
 
 @contextlib.asynccontextmanager
@@ -260,7 +264,9 @@ TEAM_B = "sk-shared-limits-team-b-0002"
 def two_providers_yaml(edge_id: str, url: str) -> str:
     """Model ``slow`` on ``x-1`` (one slot, 2 s a reply), ``echo`` on ``y-1``;
     team-a may run one request at once on every edge together, team-b has no limits."""
-    return edge_head(edge_id) + f"""    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
+    return (
+        edge_head(edge_id)
+        + f"""    - {{token_ref: b-1, token_hash_sha256: {token_hash(TEAM_B)}, principal_ref: team-b}}
 models:
   - id: slow
     providers: {{x-1: slow}}
@@ -280,6 +286,7 @@ limits:
   principals:
     - {{principal_ref: team-a, max_concurrent: 1}}
 """
+    )
 
 
 async def test_a_request_waiting_for_a_provider_holds_no_shared_slot(
@@ -507,13 +514,13 @@ async def test_a_stream_without_usage_settles_what_it_relayed_in_the_store(
 ) -> None:
     """TPM 2000, no max_tokens, ~3,000 tokens streamed without usage: the shared
     window records them all (the reservation was cut to 2000), as debt."""
-    from tests.e2e.test_limits import _PIECES, _no_usage_stream
-
     with trio.fail_after(60):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOpenAIServer().serve)
-            mock.handler = lambda req: _no_usage_stream() if req.method == "POST" else None
-            yaml = edge_head("edge-0") + f"""models:
+            mock.handler = lambda req: no_usage_stream() if req.method == "POST" else None
+            yaml = (
+                edge_head("edge-0")
+                + f"""models:
   - id: echo
     providers: {{oa-1: mock-model}}
 nodes:
@@ -527,12 +534,13 @@ limits:
   principals:
     - {{principal_ref: team-a, tokens_per_minute: 2000}}
 """
+            )
             async with running_gateway(yaml, nodes=[]) as gw:
                 await wait_until(lambda: gw.runtime.hub.connected_since("here") is not None)
                 resp = await post(gw, stream=True)
-                assert resp.status == 200 and resp.body.count(b'"content"') == _PIECES
+                assert resp.status == 200 and resp.body.count(b'"content"') == NO_USAGE_PIECES
                 requests, tokens, slots = await store_view(redis)
                 # The input estimate of "one two" (2) plus the output relayed.
-                assert (requests, tokens, slots) == (1, 2 + _PIECES * 10, 0)
+                assert (requests, tokens, slots) == (1, 2 + NO_USAGE_PIECES * 10, 0)
                 assert (await post(gw, stream=True)).status == 429  # in debt
             n.cancel_scope.cancel()

@@ -56,7 +56,9 @@ def section(url: str, mode: str, **limits: int) -> LimitsSection:
 
 
 @asynccontextmanager
-async def edge(url: str, mode: str = "local", name: str = "edge-f", **limits: int) -> AsyncIterator[SharedLimits]:
+async def edge(
+    url: str, mode: str = "local", name: str = "edge-f", **limits: int
+) -> AsyncIterator[SharedLimits]:
     sec = section(url, mode, **limits)
     backstop = TIMEOUT + LAG_ALLOWANCE_S + 1.0
     store = LimitsStore(url, timeout=TIMEOUT, backstop=backstop)
@@ -237,7 +239,10 @@ async def test_a_stalled_store_whose_calls_ran_unseen_counts_only_what_was_admit
     edge refuses the request (503), and the admission that ran is withdrawn at
     recovery: the store counts only what was served."""
     with trio.fail_after(30):
-        async with proxy(redis) as rogue, edge(rogue.url, "reject", requests_per_minute=5) as shared:
+        async with (
+            proxy(redis) as rogue,
+            edge(rogue.url, "reject", requests_per_minute=5) as shared,
+        ):
             first = await try_admit(shared)
             assert first is not None
             rogue.set_mode("stall")

@@ -254,7 +254,9 @@ class StoreMachine(RuleBasedStateMachine):
     @precondition(lambda self: any(not h.slot for h in self.live.values()))
     @rule(data=st.data())
     def take_slot(self, data: st.DataObject) -> None:
-        held = self.live[data.draw(st.sampled_from(sorted(k for k, h in self.live.items() if not h.slot)))]
+        held = self.live[
+            data.draw(st.sampled_from(sorted(k for k, h in self.live.items() if not h.slot)))
+        ]
         taken = run(
             self.server, held.edge, lambda s: s.take_slot(REF, held.key, LIMITS.max_concurrent, TTL)
         )
@@ -265,7 +267,9 @@ class StoreMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def free_slot(self, data: st.DataObject) -> None:
         """The request queues for a provider again: its lease is given back, it stays admitted."""
-        held = self.live[data.draw(st.sampled_from(sorted(k for k, h in self.live.items() if h.slot)))]
+        held = self.live[
+            data.draw(st.sampled_from(sorted(k for k, h in self.live.items() if h.slot)))
+        ]
         freed = run(self.server, held.edge, lambda s: s.free_slot(REF, held.key))
         self.model.advance()
         was_held = self.model.slots.pop(held.key, None) is not None
@@ -292,7 +296,11 @@ class StoreMachine(RuleBasedStateMachine):
 
     @rule(seconds=st.sampled_from([1, 5, 14, 20, 45, 61]))
     def time_passes(self, seconds: int) -> None:
-        run(self.server, 0, lambda s: s.client.eval(_AGE, keys=LimitsStore.keys(REF), args=[seconds]))
+        run(
+            self.server,
+            0,
+            lambda s: s.client.eval(_AGE, keys=LimitsStore.keys(REF), args=[seconds]),
+        )
         self.model.now += seconds
 
     @invariant()

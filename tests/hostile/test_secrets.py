@@ -10,13 +10,10 @@
   design (docs/reliability.md, "Security"); that one body is the provider's, not the gateway's.)
 * **Constant-time comparisons**: the auth code compares digests with
   ``hmac.compare_digest`` and never with ``==``.
-* **No client-chosen outbound URL**: ``base_url``/``api_base`` fields, an
-  absolute-form request target or a crafted ``Host`` never make the node
-  connect anywhere but the configured provider (a decoy server counts its
-  connections: zero).
-* **The admin API is not reachable from the public listener** by any path
-  trick (``/../status``, ``//status``, absolute-form target at the admin
-  port, ``%2Fstatus``, a ``Host`` naming the admin listener).
+
+The gateway with its canaries is ``tests/support/security_env.py``; the same gateway pins that
+no caller chooses an outbound URL (``test_outbound_urls.py``) and that the admin API cannot be
+reached from the public listener (``test_admin_unreachable.py``).
 """
 
 from __future__ import annotations
@@ -28,173 +25,36 @@ import json
 import logging
 import signal
 import textwrap
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import h11
 import pytest
 import trio
 
 from iopd.config.schema import NodeConfigFile, NodeSection
 from iopd.edge.nodes import hub as edge_nodes
 from iopd.edge.principals import authenticator as openai_auth
-from tests.support.gateway import (
-    Gateway,
-    RawResponse,
-    http_request,
-    node_token,
-    read_response,
-    running_gateway,
-    token_hash,
-    wait_until,
-)
-from tests.support.mock_providers import (
-    MockOllamaServer,
-    MockOpenAIServer,
-    MockReply,
-    RecordedRequest,
+from tests.support.gateway import http_request, token_hash, wait_until
+from tests.support.mock_providers import MockOllamaServer, MockReply, RecordedRequest
+from tests.support.security_env import (
+    API_KEY,
+    CALLER,
+    CANARIES,
+    LEGACY,
+    NODE,
+    PROVIDER_AUTH,
+    WRONG_BEARER,
+    WRONG_NODE,
+    chat,
+    raw_request,
+    security_env,
 )
 from wire import scram
-
-CALLER = "sk-canary-principal-4c1f9e2a7b"
-LEGACY = "sk-canary-legacy-8d2b6f0e3a"
-WRONG_BEARER = "sk-canary-wrong-bearer-1a9c7e5d"
-PROVIDER_AUTH = "pa-canary-forwarded-6e4c2a0b8f"
-API_KEY = "ak-canary-provider-key-3b7d9f1c5e"
-WRONG_NODE = "nt-canary-wrong-node-0f2e4d6c8a"
-NODE = node_token("node-a")  # the real node token: a canary too
-
-CANARIES = [CALLER, LEGACY, WRONG_BEARER, PROVIDER_AUTH, API_KEY, WRONG_NODE, NODE]
-
-EDGE_YAML = """
-edge:
-  id: sec-edge
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-openai:
-  listen: 127.0.0.1:0
-  bearer_token: {legacy}
-  principal_tokens:
-    - {{token_ref: sec-app, token_hash_sha256: {caller_hash}, principal_ref: sec-user, alias: sec}}
-  provider_auth: {{header: X-Provider-Authorization, target_header: Authorization}}
-provider_pool: {{max_queue: 8, queue_timeout: 5}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-  - id: pt
-    providers: {{oa-1: mock-model}}
-  - id: ol
-    providers: {{ol-1: "mock:latest"}}
-nodes:
-  - id: node-a
-    token_hash_sha256: {node_hash}
-    providers:
-      - id: echo-1
-        type: echo
-        models: [echo]
-        capacity: 4
-      - id: oa-1
-        type: openai
-        base_url: {oa_base}
-        models: [mock-model]
-        capacity: 4
-        health_interval: 0.2
-      - id: ol-1
-        type: ollama
-        base_url: {ol_base}
-        api_key: {api_key}
-        models: ["mock:latest"]
-        capacity: 4
-        health_interval: 0.2
-"""
 
 
 def _echo_headers(req: RecordedRequest) -> MockReply:
     """A provider error that echoes every request header back (a leaky provider)."""
     dumped = {k: v for k, v in req.headers}
     return MockReply(status=500, body=json.dumps({"error": {"echo": dumped}}).encode())
-
-
-@dataclass
-class Env:
-    gw: Gateway
-    oa: MockOpenAIServer
-    ol: MockOllamaServer
-    decoy: MockOpenAIServer
-    nursery: trio.Nursery
-    #: Every body (and header value) the edge itself wrote to a caller.
-    edge_output: list[str] = field(default_factory=list)
-
-    async def call(
-        self,
-        path: str,
-        body: dict[str, object] | bytes | None = None,
-        *,
-        method: str = "POST",
-        headers: list[tuple[str, str]] | None = None,
-        token: str | None = CALLER,
-        record: bool = True,
-    ) -> RawResponse:
-        hdrs = list(headers or [])
-        if token is not None:
-            hdrs.append(("authorization", f"Bearer {token}"))
-        resp = await raw_request(self.gw.host_port, method, path, body=body, headers=hdrs)
-        if record:
-            self.edge_output.append(resp.body.decode("utf-8", "replace"))
-            self.edge_output.extend(f"{k}: {v}" for k, v in resp.headers)
-        return resp
-
-
-async def raw_request(
-    host_port: tuple[str, int],
-    method: str,
-    target: str,
-    *,
-    body: dict[str, object] | bytes | None = None,
-    headers: list[tuple[str, str]] | None = None,
-) -> RawResponse:
-    """One request written byte for byte (any target, our own ``Host`` if given)."""
-    if isinstance(body, dict):
-        body = json.dumps(body).encode()
-    hdrs = list(headers or [])
-    if not any(k.lower() == "host" for k, _ in hdrs):
-        hdrs.insert(0, ("host", f"{host_port[0]}:{host_port[1]}"))
-    hdrs.append(("connection", "close"))
-    if body is not None:
-        hdrs += [("content-type", "application/json"), ("content-length", str(len(body)))]
-    head = f"{method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in hdrs)
-    stream = await trio.open_tcp_stream(*host_port)
-    async with stream:
-        await stream.send_all(head.encode() + b"\r\n" + (body or b""))
-        conn = h11.Connection(h11.CLIENT)
-        conn.send(h11.Request(method=method, target="/", headers=[("host", "x")]))
-        conn.send(h11.EndOfMessage())
-        return await read_response(stream, conn)
-
-
-@asynccontextmanager
-async def security_env() -> AsyncIterator[Env]:
-    async with trio.open_nursery() as nursery:
-        oa = await nursery.start(MockOpenAIServer().serve)
-        ol = await nursery.start(MockOllamaServer().serve)
-        decoy = await nursery.start(MockOpenAIServer().serve)
-        yaml_text = EDGE_YAML.format(
-            legacy=LEGACY,
-            caller_hash=token_hash(CALLER),
-            node_hash=token_hash(NODE),
-            oa_base=oa.base_url,
-            ol_base=ol.base_url,
-            api_key=API_KEY,
-        )
-        async with running_gateway(yaml_text) as gw:
-            yield Env(gw, oa, ol, decoy, nursery)
-        nursery.cancel_scope.cancel()
-
-
-def _chat(model: str, text: str = "hello there", **extra: object) -> dict[str, object]:
-    return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
 
 
 def _log_text(caplog: pytest.LogCaptureFixture) -> str:
@@ -219,15 +79,15 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             relayed_by_design: list[str] = []
 
             # Good principal token, legacy bearer, wrong and missing bearers.
-            assert (await env.call("/v1/chat/completions", _chat("echo"))).status == 200
-            r = await env.call("/v1/chat/completions", _chat("echo", stream=True), token=LEGACY)
+            assert (await env.call("/v1/chat/completions", chat("echo"))).status == 200
+            r = await env.call("/v1/chat/completions", chat("echo", stream=True), token=LEGACY)
             assert r.status == 200
             for bad in (WRONG_BEARER, f"{WRONG_BEARER} {CALLER}x", CALLER.upper()):
-                r = await env.call("/v1/chat/completions", _chat("echo"), token=bad)
+                r = await env.call("/v1/chat/completions", chat("echo"), token=bad)
                 assert r.status == 401
             r = await env.call(
                 "/v1/chat/completions",
-                _chat("echo"),
+                chat("echo"),
                 token=None,
                 headers=[("authorization", f"Basic {WRONG_BEARER}")],
             )
@@ -237,7 +97,7 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             # Provider auth forwarding on passthrough: the value reaches the
             # provider in the target header; the caller's token never does.
             pa = [("x-provider-authorization", f"Bearer {PROVIDER_AUTH}")]
-            r = await env.call("/v1/chat/completions", _chat("pt"), headers=pa)
+            r = await env.call("/v1/chat/completions", chat("pt"), headers=pa)
             assert r.status == 200
             sent = env.oa.requests[-1]
             assert sent.header("authorization") == f"Bearer {PROVIDER_AUTH}"
@@ -248,7 +108,7 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             # as is (the provider's body); the gateway adds nothing of its own.
             # (Health probes keep passing, so the provider stays a candidate.)
             env.oa.handler = lambda req: None if req.path == "/v1/models" else _echo_headers(req)
-            r = await env.call("/v1/chat/completions", _chat("pt"), headers=pa, record=False)
+            r = await env.call("/v1/chat/completions", chat("pt"), headers=pa, record=False)
             assert r.status == 500
             relayed_by_design.append(r.body.decode())
             assert CALLER not in r.body.decode()  # the caller's token was never sent
@@ -264,10 +124,10 @@ async def test_canary_secrets_never_reach_logs_metrics_status_or_error_bodies(
             assert any(
                 req.header("authorization") == f"Bearer {API_KEY}" for req in env.ol.requests
             ), "the api_key is sent to the provider (else this test proves nothing)"
-            r = await env.call("/v1/chat/completions", _chat("ol"))
+            r = await env.call("/v1/chat/completions", chat("ol"))
             assert r.status == 502
             assert r.json()["error"]["code"] == "provider_error"
-            r = await env.call("/v1/chat/completions", _chat("ol", stream=True))
+            r = await env.call("/v1/chat/completions", chat("ol", stream=True))
             assert r.status in (200, 502)
             # Now the health probe fails too (echoing headers): into last_error.
             env.ol.handler = _echo_headers
@@ -339,7 +199,7 @@ async def test_a_cut_canary_key_reaches_no_log_status_or_error_body(
     with trio.fail_after(60):
         async with security_env() as env:
             env.ol.handler = cut_echo
-            for body in (_chat("ol"), _chat("ol", stream=True)):
+            for body in (chat("ol"), chat("ol", stream=True)):
                 r = await env.call("/v1/chat/completions", body)
                 assert r.status in (200, 502) and b'x***","type":"server_error"' in r.body
             status = (await http_request(env.gw.handle.admin, "GET", "/status")).body.decode()
@@ -412,90 +272,6 @@ def test_node_handshake_compares_proofs_in_constant_time() -> None:
         assert "hmac.compare_digest" in source
         assert _equality_on_secrets(source) == []
     assert _equality_on_secrets(inspect.getsource(edge_nodes.NodeHub._authenticate)) == []
-
-
-# ------------------------------------------------------ no client-chosen URLs
-
-
-async def test_client_supplied_urls_never_cause_an_outbound_connection() -> None:
-    with trio.fail_after(60):
-        async with security_env() as env:
-            decoy = env.decoy
-            decoy_hostport = decoy.base_url.removeprefix("http://")
-            before = len(env.oa.requests)
-            pa = [("x-provider-authorization", f"Bearer {PROVIDER_AUTH}")]
-            for model in ("pt", "echo", "ol"):
-                for field_name in ("base_url", "api_base", "url", "endpoint"):
-                    body = _chat(model, **{field_name: decoy.base_url + "/v1"})
-                    r = await env.call("/v1/chat/completions", body, headers=pa)
-                    assert r.status in (200, 400, 502), r.body
-                r = await env.call(
-                    "/v1/responses",
-                    {"model": model, "input": "hi", "base_url": decoy.base_url},
-                    headers=pa,
-                )
-                assert r.status < 500 or model == "ol"
-            # Absolute-form targets and Host headers naming the decoy.
-            for target in (
-                f"{decoy.base_url}/v1/chat/completions",
-                f"http://{decoy_hostport}/v1/responses",
-            ):
-                r = await env.call(target, _chat("pt"), headers=pa)
-                assert r.status in (200, 400, 404)
-            r = await env.call(
-                "/v1/chat/completions",
-                _chat("pt"),
-                headers=[("host", decoy_hostport), *pa],
-            )
-            assert r.status in (200, 400)
-            assert len(env.oa.requests) > before, "the configured provider was used"
-            for req in env.oa.requests[before:]:
-                assert req.path.startswith("/v1/")
-            assert decoy.connections_opened == 0
-            assert decoy.requests == []
-
-
-# --------------------------------------------------- admin API stays private
-
-
-async def test_public_listener_never_reaches_the_admin_api() -> None:
-    with trio.fail_after(60):
-        async with security_env() as env:
-            ahost, aport = env.gw.handle.admin
-            admin = f"{ahost}:{aport}"
-            targets = [
-                "/status",
-                "/metrics",
-                "/../status",
-                "//status",
-                "/v1/../status",
-                "/%2Fstatus",
-                "%2Fstatus",
-                "/%2e%2e/status",
-                "/v1/%2e%2e/metrics",
-                "/./status",
-                "/status?x=1",
-                f"http://{admin}/status",
-                f"http://{admin}/metrics",
-                f"http://{admin}//status",
-            ]
-            for target in targets:
-                for method in ("GET", "POST"):
-                    for hdrs in ([], [("host", admin)], [("x-forwarded-host", admin)]):
-                        body = b'{"mode": "apply"}' if method == "POST" else None
-                        r = await env.call(target, body, method=method, headers=hdrs)
-                        assert 400 <= r.status < 500, (target, method, r.status)
-                        text = r.body.decode()
-                        assert "edge_id" not in text and "# HELP" not in text, target
-                        assert r.json()["error"]["code"] in (
-                            "not_found",
-                            "method_not_allowed",
-                            "invalid_request_error",
-                        )
-            for target in ("/refresh", f"http://{admin}/refresh", "/../refresh"):
-                r = await env.call(target, {"mode": "apply"})
-                assert 400 <= r.status < 500
-                assert "applied" not in r.body.decode()
 
 
 # ------------------------------------------------ real daemons, their output
@@ -595,7 +371,7 @@ async def test_canaries_never_reach_daemon_stdout_or_stderr(tmp_path: Path) -> N
                                 openai,
                                 "POST",
                                 "/v1/chat/completions",
-                                body=_chat(model, stream=stream),
+                                body=chat(model, stream=stream),
                                 headers=auth + hdrs,
                             )
                             outputs.append(r.body.decode("utf-8", "replace"))
