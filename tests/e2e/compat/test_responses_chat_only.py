@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import openai
 import pytest
 import trio
 
@@ -187,3 +188,17 @@ async def _all_healthy(gw: Gateway) -> None:
         if all(p["health"] == "healthy" for p in doc["providers"]):
             return
         await trio.sleep(0.02)
+
+
+async def test_what_chat_cannot_carry_is_a_400_naming_the_field() -> None:
+    with trio.fail_after(30):
+        async with chat_only_gateway() as (gw, upstream):
+            client = gw.sdk()
+            with pytest.raises(openai.BadRequestError) as caught:
+                await in_thread(
+                    lambda: client.responses.create(
+                        model="coder", input="x", previous_response_id="resp_earlier"
+                    )
+                )
+            assert caught.value.body["param"] == "previous_response_id"  # type: ignore[index]
+            assert [r for r in upstream.requests if r.method == "POST"] == []
