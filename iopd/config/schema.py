@@ -226,6 +226,10 @@ class ProviderConfig(_Section):
     #: ``openai``: the server speaks Anthropic's Messages API itself, so
     #: ``/v1/messages`` is relayed to it raw (edge-only: not pushed to the node).
     anthropic_messages: bool = False
+    #: ``openai``: the server serves the Responses API (``/v1/responses`` is
+    #: relayed to it raw); False: it speaks only Chat Completions, so the edge
+    #: translates ``/v1/responses`` to chat and back (edge-only).
+    openai_responses: bool = True
     capacity: int = 1
     long_context_capacity: int = 0
     priority: int = 0

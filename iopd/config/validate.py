@@ -132,6 +132,11 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
             f"{path}.anthropic_messages",
             f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
         )
+    if not p.openai_responses and p.type != "openai":
+        err.add(
+            f"{path}.openai_responses",
+            f"only a type 'openai' provider relays the Responses API (this one is '{p.type}')",
+        )
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
