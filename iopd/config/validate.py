@@ -36,6 +36,7 @@ from iopd.config.schema import (
     ProviderConfig,
     ProviderPoolSection,
 )
+from iopd.config.validate_routing import check_routing
 from iopd.vocabulary import forbidden_reason
 from wire import scram
 from wire.framing import MAX_HANDSHAKE_ID_CHARS
@@ -131,6 +132,11 @@ def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
             f"{path}.anthropic_messages",
             f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
         )
+    if not p.openai_responses and p.type != "openai":
+        err.add(
+            f"{path}.openai_responses",
+            f"only a type 'openai' provider relays the Responses API (this one is '{p.type}')",
+        )
     if p.type == "cli":
         if not p.command:
             err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
@@ -221,6 +227,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
     _check_retries_and_ejection(err, cfg.provider_pool)
+    err.problems.extend(check_routing(cfg.provider_pool.routing))
     _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 

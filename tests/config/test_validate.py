@@ -177,6 +177,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         "the Messages API (this one is 'echo')",
     ),
     (
+        "openai_responses: false only on an openai provider",
+        lambda d: prov(d, 1, 0).update(openai_responses=False),
+        "nodes[1].providers[0].openai_responses: only a type 'openai' provider relays "
+        "the Responses API (this one is 'echo')",
+    ),
+    (
         "drain_timeout > 0",
         set_in(["edge", "drain_timeout"], 0),
         "edge.drain_timeout: must be > 0 (got 0.0)",

@@ -56,6 +56,7 @@ from iopd.edge.principals.status import (
 )
 from iopd.edge.runtime.health_state import DISCONNECTED, ProviderHealthState
 from iopd.edge.runtime.pool_config import pool_snapshot, retry_budget_policy
+from iopd.edge.runtime.routing_status import routing_row, routing_view
 from iopd.edge.runtime.runtime_controls import RuntimeControls
 from iopd.edge.runtime.status_document import (
     ModelProviderRow,
@@ -331,6 +332,7 @@ class EdgeRuntime:
             connected_nodes=self._connected_count(),
             providers=self._gauge_rows(),
             principals_in_flight=principals_in_flight(self.snapshot.config, self.pool),
+            routing=routing_view(self.pool),
         )
 
     def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
@@ -440,6 +442,7 @@ class EdgeRuntime:
             },
             "principals": principal_rows(snap.config, self.pool, self.limits),
             "limits_backend": self.limits.backend_row(),
+            "routing": routing_row(self.pool),
         }
 
     def _model_rows(self) -> list[ModelRow]:

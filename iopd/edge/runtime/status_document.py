@@ -77,6 +77,27 @@ class QueueRow(TypedDict):
     max_queued_bytes: int
 
 
+class RoutingProviderRow(TypedDict):
+    """One provider's prefix index in ``GET /status`` ``routing``."""
+
+    index_blocks: int  # block hashes held (at most ``index_blocks_per_provider``)
+    lookups: int  # lookups it was a candidate of
+    hits: int  # of them, those where it held the prompt's first block at least
+    hit_rate: float
+
+
+class RoutingRow(TypedDict):
+    """The cache-aware routing in ``GET /status`` (docs/routing.md)."""
+
+    index_blocks: int  # over every provider
+    index_blocks_per_provider: int  # provider_pool.routing.index_blocks
+    index_bytes_per_block: int  # provider_pool.routing.block_bytes
+    sessions: int  # session keys placed and remembered
+    max_sessions: int
+    providers: dict[str, RoutingProviderRow]
+    decisions: dict[str, dict[str, int]]  # model group -> reason -> grants
+
+
 class StatusDocument(TypedDict):
     """The admin ``GET /status`` document."""
 
@@ -89,6 +110,7 @@ class StatusDocument(TypedDict):
     queue: QueueRow
     principals: list[PrincipalRow]
     limits_backend: BackendRow
+    routing: RoutingRow
 
 
 class RefreshReport(TypedDict):
