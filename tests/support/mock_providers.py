@@ -549,6 +549,8 @@ class MockOllamaServer(MockHTTPServer):
         super().__init__(ssl_context=ssl_context)
         self.models = ["mock:latest"]  # what /api/show knows
         self.listed: list[str] = []
+        #: More fields of a listed name's /api/tags entry (size, digest, details, ...).
+        self.tag_entries: dict[str, dict[str, Any]] = {}
         self.reply_text = "Hello from ollama"
         self.reasoning_text = ""
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(dict)}]
@@ -560,7 +562,8 @@ class MockOllamaServer(MockHTTPServer):
         if req.method == "GET" and req.path == "/api/tags":
             if not self.healthy:
                 return _json_reply({"error": "unhealthy"}, 503)
-            return _json_reply({"models": [{"name": m, "model": m} for m in self.listed]})
+            listed = [{"name": m, "model": m, **self.tag_entries.get(m, {})} for m in self.listed]
+            return _json_reply({"models": listed})
         if req.method == "POST" and req.path in ("/api/chat", "/api/generate"):
             return self._generate(req.json() or {}, chat=req.path == "/api/chat")
         if req.method == "POST" and req.path == "/api/show":

@@ -36,7 +36,13 @@ from iopd.edge.metering.metrics import (
 )
 from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.edge.nodes.node_state import NodeConfigStates, apply_node_controls, send_controls
-from iopd.edge.nodes.node_text import bounded, last_error_limit, safe_node_reason
+from iopd.edge.nodes.node_text import (
+    MODEL_TEXT_BUDGET,
+    bounded,
+    bounded_models,
+    last_error_limit,
+    safe_node_reason,
+)
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.retry_budget import RetryBudget
 from iopd.edge.principals.authenticator import Authenticator
@@ -271,7 +277,8 @@ class EdgeRuntime:
         Bounded by the node's configured providers, whatever the message holds:
         an entry per id is kept (the last), each ``last_error`` cut to
         ``last_error_limit`` before it is scrubbed (``STATUS_TEXT_BUDGET``
-        characters per message in all), and a health change is logged at most
+        characters per message in all), the served models' details only for
+        the provider's served names (``bounded_models``), and a health change is logged at most
         ``HEALTH_LOG_BURST`` times per provider per ``HEALTH_LOG_WINDOW``.
         """
         providers = self.snapshot.catalog.providers
@@ -283,12 +290,15 @@ class EdgeRuntime:
                 ignored += 1
             else:
                 latest[p.provider_id] = p
-        limit = last_error_limit(len(latest))
+        limit, budget = last_error_limit(len(latest)), MODEL_TEXT_BUDGET
         for provider_id, p in latest.items():
-            self._apply_health(node_id, provider_id, p, limit)
+            budget = self._apply_health(node_id, provider_id, p, limit, budget)
         return ignored
 
-    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth, limit: int) -> None:
+    def _apply_health(
+        self, node_id: str, provider_id: str, p: ProviderHealth, limit: int, budget: int
+    ) -> int:
+        """Apply one entry; return the served-model ``budget`` it left."""
         state = self.health.setdefault(provider_id, ProviderHealthState())
         # A probe's last error may quote the provider's answer: never a key in /status.
         last_error = bounded(p.last_error, limit, self.snapshot.secrets.scrub)
@@ -304,7 +314,10 @@ class EdgeRuntime:
             state.unlogged = 0
         state.health = p.health
         state.last_error = last_error
+        served = self.snapshot.catalog.providers[provider_id].config.models
+        state.models, budget = bounded_models(p.models, served, self.scrub, budget)
         self.pool.set_provider_health(provider_id, p.health)
+        return budget
 
     # ---------------------------------------------------------------- status
 
