@@ -30,7 +30,7 @@ served from their cache (``timings.cache_n`` / (``cache_n`` + ``prompt_n``)).
 
 The cache (the source, the build, the model) is ``$IOPD_BENCH_CACHE`` or
 ``~/.cache/iopd-bench-routing``; the build runs once, niced, ``-j1``
-(``IOPD_BENCH_JOBS``).  Needs ``numpy`` and ``gguf`` (``pip install numpy gguf``).
+(``IOPD_BENCH_JOBS``).  Needs ``numpy`` and ``gguf``: ``.venv/bin/pip install -e '.[bench]'``.
 """
 
 from __future__ import annotations

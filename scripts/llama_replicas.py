@@ -123,7 +123,7 @@ def write_model(
         import gguf
         import numpy as np
     except ImportError:
-        sys.exit("bench_routing: needs numpy and gguf: .venv/bin/pip install numpy gguf")
+        sys.exit("bench_routing: needs numpy and gguf: .venv/bin/pip install -e '.[bench]'")
     tokens, scores, types = _vocab()
     n_vocab = len(tokens)
     rng = np.random.default_rng(seed)

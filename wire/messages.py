@@ -116,7 +116,7 @@ Health = Literal["unknown", "healthy", "unhealthy"]
 
 #: Most providers one ProviderStatus may carry: a node sends all of its
 #: providers at most, and a config gives one node no more (see
-#: ``iopd.config.validate``).  A longer list is refused at its array header,
+#: ``iopd.config.rules``).  A longer list is refused at its array header,
 #: before any entry is decoded.
 MAX_STATUS_ENTRIES = 1024
 #: Longest provider id accepted in a node's message.

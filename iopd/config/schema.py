@@ -5,7 +5,7 @@ in an operator's YAML is an error, never silently ignored.  Field names, types
 and defaults here *are* the contract; ``docs/configuration.md`` documents every
 one of them (a test compares the two).
 
-Semantic checks (references, bounds, uniqueness) live in ``validate.py``;
+Semantic checks (references, bounds, uniqueness) live in ``rules/``;
 loading, ``${NAME}`` substitution and error paths in ``load.py``.
 """
 
@@ -37,8 +37,7 @@ LIFECYCLE_CAPABILITIES: frozenset[str] = frozenset(
 )
 
 DEFAULT_STRICT_OUTPUT_INSTRUCTION = (
-    "Put your final answer, and nothing else, inside a single "
-    "<completion>...</completion> element."
+    "Put your final answer, and nothing else, inside a single <completion>...</completion> element."
 )
 
 
@@ -226,6 +225,10 @@ class ProviderConfig(_Section):
     #: ``openai``: the server speaks Anthropic's Messages API itself, so
     #: ``/v1/messages`` is relayed to it raw (edge-only: not pushed to the node).
     anthropic_messages: bool = False
+    #: ``openai``: the server serves the Responses API (``/v1/responses`` is
+    #: relayed to it raw); False: it speaks only Chat Completions, so the edge
+    #: translates ``/v1/responses`` to chat and back (edge-only).
+    openai_responses: bool = True
     capacity: int = 1
     long_context_capacity: int = 0
     priority: int = 0
@@ -247,7 +250,7 @@ class ProviderConfig(_Section):
 
 class NodeEntry(_Section):
     id: str
-    #: One of these two unless ``embedded``; validated in ``validate.py``.
+    #: One of these two unless ``embedded``; validated in ``rules/edge.py``.
     #: ``token_verifier``: the SCRAM-SHA-256 verifier (``wire.scram``), the
     #: strong form; ``token_hash_sha256``: the weaker, legacy form.
     token_verifier: str = ""
@@ -282,7 +285,7 @@ class NodeSection(_Section):
     id: str
     token: str
     #: The one edge to dial (``host:port``), or ``edges``: several, one session
-    #: each.  Exactly one of the two; validated in ``validate.py``.
+    #: each.  Exactly one of the two; validated in ``rules/edge.py``.
     edge: str = ""
     edges: list[str] = msgspec.field(default_factory=list)
     tls: NodeTLS = msgspec.field(default_factory=NodeTLS)

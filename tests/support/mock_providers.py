@@ -384,6 +384,8 @@ class MockOpenAIServer(MockHTTPServer):
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(str)}]
         self.usage: dict[str, Any] = {"prompt_tokens": 11, "completion_tokens": 7}
         self.extra_fields: dict[str, Any] = {"x_unknown_field": {"kept": True}}
+        #: False: a server that speaks only Chat Completions (/v1/responses is a 404).
+        self.responses_api = True
 
     def route(self, req: RecordedRequest) -> MockReply:
         if req.method == "GET" and req.path == "/v1/models":
@@ -394,7 +396,7 @@ class MockOpenAIServer(MockHTTPServer):
             )
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return self._chat(req.json() or {})
-        if req.method == "POST" and req.path == "/v1/responses":
+        if req.method == "POST" and req.path == "/v1/responses" and self.responses_api:
             return self._responses(req.json() or {})
         if req.method == "POST" and req.path == "/v1/embeddings":
             return self._embeddings(req.json() or {})
