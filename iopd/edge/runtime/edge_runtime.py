@@ -455,7 +455,14 @@ class EdgeRuntime:
                 ref = catalog.providers.get(pid)
                 ptype = ref.config.type if ref is not None else "-"
                 providers.append({"provider": pid, "served": served, "type": ptype})
-            rows.append({"id": group.id, "source": group.source, "providers": providers})
+            rows.append(
+                {
+                    "id": group.id,
+                    "source": group.source,
+                    "routing": group.routing,
+                    "providers": providers,
+                }
+            )
         return rows
 
     # --------------------------------------------------------------- refresh

@@ -65,6 +65,7 @@ class ModelRow(TypedDict):
 
     id: str
     source: str  # models (``models[]``), route (legacy route), fallback
+    routing: str  # ``models[].routing``: prefix | least_load (docs/routing.md)
     providers: list[ModelProviderRow]
 
 
