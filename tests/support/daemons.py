@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -434,6 +435,17 @@ async def stream_until_first_chunk(
         token=CALLER_TOKEN,
         on_data=seen,
     )
+
+
+def kill_successors(edge: Daemon) -> None:
+    """Kill every edge process ``edge`` started at a hand-over (its log names each
+    one at ``handover_started``): a successor outlives its parent by design, so a
+    test that ends early must not leave it behind."""
+    for started in edge.events("handover_started"):
+        try:
+            os.kill(int(started["successor_pid"]), signal.SIGKILL)
+        except (ProcessLookupError, ValueError, KeyError):
+            pass
 
 
 async def wait_until_refused(addr: tuple[str, int]) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -22,12 +21,14 @@ import trio
 
 from tests.support.daemons import (
     CALLER_TOKEN,
+    Daemon,
     Response,
     chat_as,
     chat_body,
     fleet_yaml,
     host_port,
     http_request,
+    kill_successors,
     node_yaml,
     parse_log_line,
     run_daemon,
@@ -134,11 +135,12 @@ async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(
     edge_cfg = tmp_path / "edge.yaml"
     tokens = [STAYING, LEAVING]
     edge_cfg.write_text(day_two_yaml(admin_port, tokens=tokens, second_node=False))
-    successor_pid: int | None = None
+    edges: list[Daemon] = []  # whose successors to kill, however the test ends
     try:
         with trio.fail_after(120):
             async with trio.open_nursery() as nursery:
                 async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
+                    edges.append(edge)
                     started = await edge.wait_event("edge_started")
                     wire, openai = host_port(started["wire"]), host_port(started["openai"])
                     (tmp_path / "node.yaml").write_text(node_yaml(wire[1], log_format="keyvalue"))
@@ -199,7 +201,7 @@ async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(
 
                                 # 4. The edge restarted: a new process takes the sockets.
                                 said = await iopd("restart", "--config", str(edge_cfg))
-                                successor_pid = int(said.split("pid ")[1].split(")")[0])
+                                assert said.startswith("restarted: the new edge process (pid ")
                                 assert await edge.wait_exit() == 0  # the old one drained, left
                                 await wait_until(
                                     lambda: len(edge.events("node_connected")) >= 4, interval=0.05
@@ -216,11 +218,8 @@ async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(
                                 await load.done.wait()  # before node-2 stops
                     nursery.cancel_scope.cancel()
     finally:
-        if successor_pid is not None:
-            try:
-                os.kill(successor_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        for started in edges:
+            kill_successors(started)
 
     assert load.failures == [], load.failures[:5]
     assert set(load.answered) == {200} and len(load.answered) >= 60

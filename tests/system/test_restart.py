@@ -20,11 +20,13 @@ import trio
 from tests.support.daemons import (
     CALLER_TOKEN,
     Cluster,
+    Daemon,
     Response,
     chat_body,
     cluster,
     get_status,
     http_request,
+    kill_successors,
     parse_log_line,
     sse_payloads,
     stream_until_first_chunk,
@@ -35,13 +37,6 @@ from tests.support.gateway import wait_until
 LOOP_TASKS = 4
 STREAMS = 6
 STREAM_WORDS = 40  # at 100 ms a word: a 4 s stream, across the hand-over
-
-
-def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 async def _load_loop(c: Cluster, stop: trio.Event, outcomes: list[str]) -> None:
@@ -58,10 +53,11 @@ async def _load_loop(c: Cluster, stop: trio.Event, outcomes: list[str]) -> None:
 
 @pytest.mark.parametrize("how", ["signal", "cli"])
 async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: str) -> None:
-    successor_pid: int | None = None
+    edges: list[Daemon] = []  # whose successors to kill, however the test ends
     try:
         with trio.fail_after(90):
             async with cluster(tmp_path, capacity=32, delay_ms=100) as c:
+                edges.append(c.edge)
                 before = await get_status(c)
                 outcomes: list[str] = []
                 streams: dict[str, Response] = {}
@@ -93,8 +89,7 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
                         )
                         assert done_cli.returncode == 0, done_cli.stderr
                         assert b"restarted: the new edge process (pid " in done_cli.stdout
-                    done = await c.edge.wait_event("handover_done")
-                    successor_pid = int(done["successor_pid"])
+                    await c.edge.wait_event("handover_done")
                     assert await c.edge.wait_exit() == 0  # the old one drained and left
                     # The new process serves the same ports, and the node is back on it.
                     await c.edge.wait_for(
@@ -109,8 +104,8 @@ async def test_a_restart_hands_over_with_nothing_refused(tmp_path: Path, how: st
                     stop.set()
                 after = await get_status(c)
     finally:
-        if successor_pid is not None:
-            _kill(successor_pid)
+        for edge in edges:
+            kill_successors(edge)
 
     failures = [o for o in outcomes if o != "200"]
     assert failures == [], failures
