@@ -27,8 +27,8 @@ import trio
 
 from iopd.config.schema import NodeEntry, NodeSection
 from iopd.edge.nodes.hub import FrameDirection, HubSettings, NodeHub, WireErrorReason
+from iopd.node.edges.link import NodeLink
 from iopd.node.handler import StreamSender
-from iopd.node.link import NodeLink
 from iopd.transport.listen import serve_wire
 from wire.connection import Connection, Role
 from wire.framing import FrameDecoder, encode_frame

@@ -35,10 +35,10 @@ import trio
 from iopd.http.client import EarlyStart
 from iopd.node.adapters.base import Adapter, AdapterError
 from iopd.node.consent import Consent
+from iopd.node.edges.shared_state import SharedState
 from iopd.node.handler import StreamSender
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry, RegistryError
-from iopd.node.shared_state import SharedState
 from iopd.node.stream_out import WireRunOutput, WireStream, WireTunnelOutput
 from iopd.redact import Scrubber
 from wire.messages import (

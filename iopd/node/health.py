@@ -113,7 +113,9 @@ class HealthMonitor:
         entry = self._health.get(provider_id)
         return entry.health if entry is not None else "unknown"
 
-    async def run(self, sink: StatusSink, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self, sink: StatusSink, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Probe forever, reporting changes to ``sink``."""
         self._sink = sink
         task_status.started()

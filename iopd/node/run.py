@@ -25,9 +25,9 @@ from iopd import __version__
 from iopd.config.schema import NodeConfigFile, node_edge_addresses
 from iopd.logs import LOG_SECRETS
 from iopd.node.consent import Consent
+from iopd.node.edges.link import NodeLink
+from iopd.node.edges.sessions import EdgeSessions
 from iopd.node.executor import CANCEL_TERMINAL_TIMEOUT, NodeExecutor
-from iopd.node.link import NodeLink
-from iopd.node.sessions import EdgeSessions
 
 log = logging.getLogger(__name__)
 

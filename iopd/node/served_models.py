@@ -91,9 +91,7 @@ def _info(name: str, item: dict[str, object]) -> ModelInfo:
         details=ModelDetails(
             format=_text(details.get("format")),
             family=_text(details.get("family")),
-            families=[
-                _text(f) for f in families[:MAX_MODEL_FAMILIES] if isinstance(f, str)
-            ]
+            families=[_text(f) for f in families[:MAX_MODEL_FAMILIES] if isinstance(f, str)]
             if isinstance(families, list)
             else [],
             parameter_size=_text(details.get("parameter_size")),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from iopd.node.admission import OFFER_HOLD, WITHDRAW_GRACE, Slot, SlotTable
+from iopd.node.edges.admission import OFFER_HOLD, WITHDRAW_GRACE, Slot, SlotTable
 from wire.messages import SlotLoad
 
 

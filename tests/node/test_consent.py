@@ -17,12 +17,12 @@ import pytest
 import trio
 import trio.testing
 
-import iopd.node.link as link_mod
+import iopd.node.edges.link as link_mod
 from iopd.config.load import ConfigError, parse_node_config
 from iopd.config.schema import NodeSection
 from iopd.node.consent import REFUSED_PREFIX, Consent
+from iopd.node.edges.link import NodeLink
 from iopd.node.executor import NodeExecutor
-from iopd.node.link import NodeLink
 from tests.support.gateway import running_gateway, wait_until
 from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import FakeEdge

@@ -112,7 +112,7 @@ async def test_drain_lets_short_runs_finish_and_cancels_long_ones(
     autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     async with FakeEdge.in_memory(node_config=echo_config(delay_ms=1000)) as edge:
-        monkeypatch.setattr("iopd.node.link.dial", edge.dial)
+        monkeypatch.setattr("iopd.node.edges.link.dial", edge.dial)
         with trio.fail_after(300):
             async with trio.open_nursery() as nursery:
                 handle: NodeHandle = await nursery.start(

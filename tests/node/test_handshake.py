@@ -19,8 +19,8 @@ import trio
 
 from iopd.config.schema import NodeSection
 from iopd.edge.nodes.hub import NodeHub
-from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
-from iopd.node.link import NodeLink
+from iopd.node.edges.handshake import HandshakeFailed, SaltedPasswords, client_handshake
+from iopd.node.edges.link import NodeLink
 from iopd.transport.channel import WireChannel
 from iopd.transport.dial import dial
 from iopd.transport.listen import serve_wire
@@ -277,7 +277,7 @@ async def test_a_node_logs_one_clear_line_when_refused_for_its_version(
     with trio.fail_after(1000):
         async with FakeEdge.in_memory(token=TOKEN, refuse=refusal) as edge:
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr("iopd.node.link.dial", edge.dial)
+                mp.setattr("iopd.node.edges.link.dial", edge.dial)
                 link = NodeLink(cfg, ScriptedHandler(), software_version="1", rng=lambda: 1.0)
                 async with trio.open_nursery() as nursery:
                     await nursery.start(link.run)

@@ -10,9 +10,9 @@ import pytest
 import trio
 import trio.testing
 
-import iopd.node.link as link_mod
+import iopd.node.edges.link as link_mod
 from iopd.config.schema import NodeSection
-from iopd.node.link import NodeLink, parse_host_port
+from iopd.node.edges.link import NodeLink, parse_host_port
 from tests.support.node_parts import ScriptedHandler
 from tests.support.wire_peers import FakeEdge, FakeEdgeSession, wait_until
 from wire.messages import (

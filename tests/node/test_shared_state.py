@@ -1,4 +1,4 @@
-"""What a node holds for all its edges (``iopd.node.shared_state``), pure.
+"""What a node holds for all its edges (``iopd.node.edges.shared_state``), pure.
 
 The config revision in force (the highest wins; at the same revision only
 the edge in force may change it) and the runtime controls (last write wins,
@@ -7,7 +7,7 @@ only the node's providers, forgotten with a provider the config drops).
 
 from __future__ import annotations
 
-from iopd.node.shared_state import ConfigInForce, NodeControls
+from iopd.node.edges.shared_state import ConfigInForce, NodeControls
 from wire.messages import (
     ControlUpdate,
     NodeConfig,
@@ -75,9 +75,9 @@ def test_the_node_admits_under_the_operators_controls() -> None:
     configured one, and a draining or disabled provider admits nothing new."""
     from types import SimpleNamespace
 
-    from iopd.node.admission import SlotTable
-    from iopd.node.sessions import _limits_of
-    from iopd.node.shared_state import SharedState
+    from iopd.node.edges.admission import SlotTable
+    from iopd.node.edges.sessions import _limits_of
+    from iopd.node.edges.shared_state import SharedState
 
     shared = SharedState()
     changed: list[int] = []

@@ -44,7 +44,7 @@ async def test_cancel_arriving_with_its_request_stops_the_run(
     # before the stream's task had registered it, so the Cancel was lost and
     # the run went on to the end (the provider kept working for nobody).
     async with FakeEdge.in_memory(node_config=echo_config(delay_ms=1000, capacity=1)) as edge:
-        monkeypatch.setattr("iopd.node.link.dial", edge.dial)
+        monkeypatch.setattr("iopd.node.edges.link.dial", edge.dial)
         with trio.fail_after(300):
             async with trio.open_nursery() as nursery:
                 await nursery.start(functools.partial(run_node, node_cfg(edge)))

@@ -13,7 +13,7 @@ import trio.testing
 import trustme
 
 from iopd.config.schema import EdgeTLS, NodeSection, NodeTLS
-from iopd.node.link import NodeLink
+from iopd.node.edges.link import NodeLink
 from iopd.transport import (
     ChannelClosed,
     DialError,

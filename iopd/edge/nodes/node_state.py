@@ -1,7 +1,7 @@
 """The edge's side of what a node holds for all its edges.
 
 Why a module of its own: with several edges each node is the one authority
-for two things every edge must agree on (``iopd.node.shared_state``), and
+for two things every edge must agree on (``iopd.node.edges.shared_state``), and
 the edge only follows it:
 
 * **Config revision.**  The node tells which revision and provider set it

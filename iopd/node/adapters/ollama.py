@@ -248,9 +248,7 @@ def ollama_embed_body(body: JSONValue) -> JSONObject:
     return out
 
 
-def openai_embeddings(
-    answer: JSONValue, model: str, encoding: JSONValue
-) -> tuple[JSONObject, int]:
+def openai_embeddings(answer: JSONValue, model: str, encoding: JSONValue) -> tuple[JSONObject, int]:
     """Ollama's ``/api/embed`` answer -> OpenAI's embeddings list, and its input tokens."""
     vectors = answer.get("embeddings") if isinstance(answer, dict) else None
     if not isinstance(vectors, list) or not all(isinstance(v, list) for v in vectors):
@@ -263,7 +261,9 @@ def openai_embeddings(
             try:
                 packed = struct.pack(f"<{len(vector)}f", *vector)
             except (struct.error, OverflowError):
-                raise AdapterError("provider_error", "provider sent a non-numeric embedding") from None
+                raise AdapterError(
+                    "provider_error", "provider sent a non-numeric embedding"
+                ) from None
             value: JSONValue = base64.b64encode(packed).decode()
         else:
             value = vector

@@ -27,7 +27,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from iopd.edge.pool import GroupPolicy, PoolSnapshot, ProviderSlot
 from iopd.edge.pool.scheduler import Grant, Scheduler, Waiter, WaiterState
-from iopd.node.admission import OFFER_HOLD, Slot, SlotTable
+from iopd.node.edges.admission import OFFER_HOLD, Slot, SlotTable
 from wire.messages import SlotLoad
 
 EDGES = ["e0", "e1", "e2"]

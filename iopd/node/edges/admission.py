@@ -138,7 +138,12 @@ class SlotTable:
         if not self._offers_out:
             return None
         return min(
-            (e.offer_until for p in self._providers.values() for e in p.edges.values() if e.offered),
+            (
+                e.offer_until
+                for p in self._providers.values()
+                for e in p.edges.values()
+                if e.offered
+            ),
             default=None,
         )
 
@@ -182,9 +187,8 @@ class SlotTable:
         own = p.edge(edge)
         held = own.offered > 0
         long = long and long_capacity > 0
-        if (
-            (p.in_flight >= capacity if held else p.in_flight + p.offered >= capacity)
-            or (long and p.long_in_flight >= long_capacity)
+        if (p.in_flight >= capacity if held else p.in_flight + p.offered >= capacity) or (
+            long and p.long_in_flight >= long_capacity
         ):
             owed = self._owed.get(edge)
             if owed is not None:

@@ -9,9 +9,9 @@ apart); the others keep serving.  Health reports go to every connected edge.
 
 Everything that is per edge but node-wide in scope lives here: the
 sessions, the derived keys of the handshake, the broadcast of what every edge
-must agree on (``iopd.node.shared_state``: the config revision in force, the
+must agree on (``iopd.node.edges.shared_state``: the config revision in force, the
 runtime controls), and the providers' slots across edges.
-Admission (``iopd.node.admission``): one ``SlotTable`` for the node, one
+Admission (``iopd.node.edges.admission``): one ``SlotTable`` for the node, one
 ``AdmissionView`` per link; the load reports it makes due are pushed by one
 task (``_push_loads``), coalesced: every change of one scheduler round goes
 in one ``LoadReport`` per edge.  With one edge nothing is ever due but after
@@ -27,13 +27,13 @@ from collections.abc import Callable
 import trio
 
 from iopd.config.schema import NodeSection, node_edge_addresses
-from iopd.node.admission import AdmissionView, SlotTable
+from iopd.node.edges.admission import AdmissionView, SlotTable
+from iopd.node.edges.handshake import SaltedPasswords
+from iopd.node.edges.link import NodeLink
 from iopd.node.executor import NodeExecutor
-from iopd.node.handshake import SaltedPasswords
-from iopd.node.link import NodeLink
 from wire.messages import LoadReport, Message, ProviderStatus
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("iopd.node.sessions")  # (its name before the package moved)
 
 
 class EdgeSessions:
@@ -58,7 +58,7 @@ class EdgeSessions:
             self._new_link(address) for address in node_edge_addresses(cfg)
         ]
         # The config in force and the runtime controls are the node's, for
-        # every edge: their changes go to all (iopd.node.shared_state).
+        # every edge: their changes go to all (iopd.node.edges.shared_state).
         executor.shared.broadcast = self.broadcast
         executor.shared.controls_changed = self._controls_changed
 

@@ -2,11 +2,11 @@
 
 Why it looks like this:
 
-* One ``NodeLink`` per edge (``iopd.node.sessions.EdgeSessions`` owns them):
+* One ``NodeLink`` per edge (``iopd.node.edges.sessions.EdgeSessions`` owns them):
   each has its own backoff, heartbeats and session nursery, so losing one
   edge stops only that edge's streams.
 * ``run()`` loops forever: dial the edge, run the handshake
-  (``iopd.node.handshake``: SCRAM, the token never crosses), serve the
+  (``iopd.node.edges.handshake``: SCRAM, the token never crosses), serve the
   session, and after any loss back off (exponential, full jitter,
   ``reconnect_initial_backoff`` .. ``reconnect_max_backoff``; reset after a
   session got through the handshake) and dial again.  A refusal for
@@ -24,7 +24,7 @@ Why it looks like this:
   the nursery, so every run of that session stops.
 * ``LinkSender.send`` enforces the credit window: it waits while the
   stream has no credit left (the terminal message never waits).
-* Admission (``iopd.node.admission``, given as ``admission``): the reader
+* Admission (``iopd.node.edges.admission``, given as ``admission``): the reader
   admits every run and tunnel against the node's slots before spawning it,
   or answers ``Busy`` at once.  The slot goes back just before the stream's
   terminal is sent (so the edge, which frees its lease on reading it, never
@@ -43,9 +43,9 @@ import trio
 
 from iopd.config.schema import NodeSection
 from iopd.http.client import EarlyStart
-from iopd.node.admission import AdmissionView, Slot
+from iopd.node.edges.admission import AdmissionView, Slot
+from iopd.node.edges.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.node.handler import NodeHandler
-from iopd.node.handshake import HandshakeFailed, SaltedPasswords, client_handshake
 from iopd.node.stream_out import LinkSender
 from iopd.transport.channel import ChannelClosed, WireChannel
 from iopd.transport.dial import Backoff, DialError, dial
@@ -74,7 +74,7 @@ from wire.messages import (
     Waiting,
 )
 
-log = logging.getLogger("iopd.node.link")
+log = logging.getLogger("iopd.node.link")  # (its name before the package moved)
 
 #: Config pushes that may wait for the config task before the edge is misbehaving.
 MAX_PENDING_CONFIGS = 8
