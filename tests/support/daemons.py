@@ -285,6 +285,34 @@ class Cluster:
     openai: tuple[str, int]
     admin: tuple[str, int]
     edge_config: Path
+    wire: tuple[str, int]
+
+
+@asynccontextmanager
+async def edge_and_node(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    edge_cfg: Path,
+    *,
+    node_id: str = "ops-node",
+    log_format: str | None = None,
+) -> AsyncIterator[Cluster]:
+    """The edge daemon on ``edge_cfg``, then a node daemon ``node_id`` dialling its wire port
+    (``node_yaml``); the node is started, not yet waited for."""
+    async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
+        started = await edge.wait_event("edge_started")
+        wire = host_port(started["wire"])
+        node_cfg = tmp_path / "node.yaml"
+        node_cfg.write_text(node_yaml(wire[1], node_id=node_id, log_format=log_format))
+        async with run_daemon(nursery, "node", "node", node_cfg) as node:
+            yield Cluster(
+                edge=edge,
+                node=node,
+                openai=host_port(started["openai"]),
+                admin=host_port(started["admin"]),
+                edge_config=edge_cfg,
+                wire=wire,
+            )
 
 
 @asynccontextmanager
@@ -294,21 +322,9 @@ async def cluster(tmp_path: Path, **edge_opts: Any) -> AsyncIterator[Cluster]:
     edge_cfg = tmp_path / "edge.yaml"
     edge_cfg.write_text(edge_yaml(**edge_opts))
     async with trio.open_nursery() as nursery:
-        async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
-            started = await edge.wait_event("edge_started")
-            wire = host_port(started["wire"])
-            node_cfg = tmp_path / "node.yaml"
-            node_cfg.write_text(node_yaml(wire[1], log_format=log_format))
-            async with run_daemon(nursery, "node", "node", node_cfg) as node:
-                c = Cluster(
-                    edge=edge,
-                    node=node,
-                    openai=host_port(started["openai"]),
-                    admin=host_port(started["admin"]),
-                    edge_config=edge_cfg,
-                )
-                await edge.wait_event("node_connected")
-                yield c
+        async with edge_and_node(nursery, tmp_path, edge_cfg, log_format=log_format) as c:
+            await c.edge.wait_event("node_connected")
+            yield c
         nursery.cancel_scope.cancel()
 
 
