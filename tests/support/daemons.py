@@ -14,7 +14,7 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 import h11
 import trio
 
+from tests.support import configs
 from wire import scram
 
 GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
@@ -31,36 +32,6 @@ GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
 CALLER_TOKEN = "iop_canary_caller_7f3a9c1e5b"
 NODE_TOKEN = "iop_canary_node_2d8e4b6a0c"
 WRONG_TOKEN = "iop_canary_wrong_9b1d3f5e7a"
-
-EDGE_YAML = """\
-edge:
-  id: ops-edge
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  drain_timeout: {drain_timeout}
-  log_format: {log_format}
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - token_ref: canary-ref
-      token_hash_sha256: {caller_hash}
-      principal_ref: ops-user
-      alias: opsalice
-provider_pool: {{max_queue: 8, queue_timeout: 10}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: ops-node
-    token_verifier: "{node_verifier}"
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-"""
 
 
 def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | None = None) -> str:
@@ -144,14 +115,29 @@ def edge_yaml(
     delay_ms: int = 100,
     capacity: int = 2,
     log_format: str = "keyvalue",
+    max_queue: int = 8,
+    queue_timeout: float = 10,
+    edge: Mapping[str, Any] | None = None,
+    openai: Mapping[str, Any] | None = None,
 ) -> str:
-    return EDGE_YAML.format(
-        drain_timeout=drain_timeout,
-        delay_ms=delay_ms,
-        capacity=capacity,
-        log_format=log_format,
-        caller_hash=_sha256(CALLER_TOKEN),
-        node_verifier=node_verifier(NODE_TOKEN),
+    """The daemons' edge ``ops-edge``: caller ``CALLER_TOKEN`` (alias ``opsalice``), model
+    ``echo`` on ``ops-node`` (echo-1, words ``delay_ms`` apart); ``edge``/``openai``: more keys
+    of those sections (or other values)."""
+    caller = {
+        "token_ref": "canary-ref",
+        "token_hash_sha256": _sha256(CALLER_TOKEN),
+        "principal_ref": "ops-user",
+        "alias": "opsalice",
+    }
+    provider = configs.echo_provider(capacity=capacity, delay_ms=delay_ms)
+    return configs.edge_yaml(
+        edge_id="ops-edge",
+        edge={"drain_timeout": drain_timeout, "log_format": log_format, **(edge or {})},
+        openai={"principal_tokens": [caller], **(openai or {})},
+        provider_pool={"max_queue": max_queue, "queue_timeout": queue_timeout},
+        nodes=[
+            {"id": "ops-node", "token_verifier": node_verifier(NODE_TOKEN), "providers": [provider]}
+        ],
     )
 
 

@@ -64,11 +64,12 @@ RSS_GROWTH_BOUND_MIB = 100
 FD_MARGIN = 64
 NEEDED_FDS = IDLE + OVERSIZED + 1000
 
-FLOOD_SETTINGS = f"""\
-  heartbeat_interval: 0.5
-  heartbeat_timeout: 3
-  handshake_timeout: {HANDSHAKE_TIMEOUT}
-"""
+#: The edge keys the flood test adds to the daemons' edge section.
+FLOOD_SETTINGS = {
+    "heartbeat_interval": 0.5,
+    "heartbeat_timeout": 3,
+    "handshake_timeout": HANDSHAKE_TIMEOUT,
+}
 
 
 def _proc_status(pid: int, key: str) -> int:
@@ -222,8 +223,7 @@ async def test_a_flood_of_unauthenticated_connections_leaves_the_node_and_caller
     tmp_path: Path,
 ) -> None:
     edge_cfg = tmp_path / "edge.yaml"
-    text = edge_yaml(delay_ms=1, capacity=8)
-    edge_cfg.write_text(text.replace("  drain_timeout:", FLOOD_SETTINGS + "  drain_timeout:", 1))
+    edge_cfg.write_text(edge_yaml(delay_ms=1, capacity=8, edge=FLOOD_SETTINGS))
     socks: list[socket.socket] = []
     with enough_descriptors(), trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
