@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import trio
 
-from tests.support.configs import gateway_yaml, http_provider, node_entry, passthrough_yaml
+from tests.support.configs import (
+    gateway_yaml,
+    http_provider,
+    node_entry,
+    ollama_only_yaml,
+    passthrough_yaml,
+)
 from tests.support.gateway import http_request, running_gateway
 from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
 from tests.support.replies import assert_error, chat_body
@@ -18,16 +24,11 @@ async def test_generation_policy_normalized_fills_defaults_and_caps() -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOllamaServer().serve)
-            yaml_text = gateway_yaml(
-                models=(
-                    "  - id: gen\n    providers: {ol-1: 'mock:latest'}\n"
-                    "    generation: {defaults: {temperature: 0.25, top_p: 0.5},"
-                    " limits: {max_tokens: 100}}\n"
-                ),
-                nodes=node_entry(
-                    "node-a",
-                    http_provider("ol-1", "ollama", mock.base_url, models="['mock:latest']"),
-                ),
+            yaml_text = ollama_only_yaml(
+                mock.base_url,
+                "gen",
+                group="    generation: {defaults: {temperature: 0.25, top_p: 0.5},"
+                " limits: {max_tokens: 100}}\n",
             )
             async with running_gateway(yaml_text) as gw:
                 r = await http_request(

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import trio
 
-from tests.support.configs import gateway_yaml, http_provider, node_entry, remote_yaml
+from tests.support.configs import (
+    ollama_only_yaml,
+    remote_yaml,
+)
 from tests.support.gateway import http_request, running_gateway, wait_until
 from tests.support.mock_providers import (
     MockOllamaServer,
@@ -22,20 +25,12 @@ async def test_normalized_provider_error_and_timeout() -> None:
     with trio.fail_after(30):
         async with trio.open_nursery() as n:
             mock = await n.start(MockOllamaServer().serve)
-            yaml_text = gateway_yaml(
-                models="  - id: ol\n    providers: {ol-1: 'mock:latest'}\n",
-                nodes=node_entry(
-                    "node-a",
-                    http_provider(
-                        "ol-1",
-                        "ollama",
-                        mock.base_url,
-                        models="['mock:latest']",
-                        # One probe only, before the mock fails on purpose: a
-                        # probe in "error500" or "hang" mode marks it unhealthy.
-                        extra="        read_timeout: 0.3\n        health_interval: 3600\n",
-                    ),
-                ),
+            yaml_text = ollama_only_yaml(
+                mock.base_url,
+                "ol",
+                # One probe only, before the mock fails on purpose: a
+                # probe in "error500" or "hang" mode marks it unhealthy.
+                extra="        read_timeout: 0.3\n        health_interval: 3600\n",
             )
             async with running_gateway(yaml_text) as gw:
                 await wait_until(
