@@ -250,6 +250,17 @@ def _override_cell(override: object) -> str:
     return " ".join(cells) or "-"
 
 
+def _index_cells(routing: object, provider_id: str) -> list[str]:
+    """A provider's prefix index size (blocks) and hit rate from ``/status`` ``routing``;
+    ``-`` for an older edge (no such key), the rate ``-`` until a lookup counted it."""
+    rows = routing.get("providers") if isinstance(routing, dict) else None
+    row = rows.get(provider_id) if isinstance(rows, dict) else None
+    if not isinstance(row, dict):
+        return ["-", "-"]
+    rate = f"{row['hit_rate']:.2f}" if row.get("lookups") else "-"
+    return [str(row["index_blocks"]), rate]
+
+
 def _one_line(text: str, limit: int = LAST_ERROR_WIDTH) -> str:
     """``text`` with all whitespace runs as one space, cut to ``limit`` characters."""
     flat = " ".join(text.split())
@@ -273,6 +284,9 @@ def _table(
 
 def format_status(doc: AdminDoc) -> str:
     """The provider catalog as a table (plus nodes, model groups and queue).
+
+    Each provider has its prefix index size and hit rate (``routing``), each
+    model group its routing policy; an older edge's document lacks them (``-``).
 
     Columns widen to the longest id so rows stay aligned; a last error is
     flattened to one line and shortened (``--json`` has it whole).
@@ -304,6 +318,8 @@ def format_status(doc: AdminDoc) -> str:
             "QUEUED",
             "LONG",
             "OVERRIDE",
+            "INDEX",
+            "HIT_RATE",
             "MODELS / LAST ERROR",
         ]
     ]
@@ -324,20 +340,23 @@ def format_status(doc: AdminDoc) -> str:
                 str(p["queued"]),
                 f"{p['long_in_flight']}/{p['long_context_capacity']}",
                 _override_cell(p.get("override")),
+                *_index_cells(doc.get("routing"), p["id"]),
                 models + (f"  ! {err}" if err else ""),
             ]
         )
     lines += _table(
-        provider_rows, [14, 16, 7, 16, 8, 8, 10, 9, 6, 6, 7, 8], frozenset({7, 8, 9, 10})
+        provider_rows,
+        [14, 16, 7, 16, 8, 8, 10, 9, 6, 6, 7, 8, 6, 8],
+        frozenset({7, 8, 9, 10, 12, 13}),
     )
     groups = doc.get("models")
     if groups is not None:  # an older edge's /status has no model groups
         lines.append("")
-        model_rows = [["MODEL", "SOURCE", "PROVIDERS (provider=served model)"]]
+        model_rows = [["MODEL", "SOURCE", "ROUTING", "PROVIDERS (provider=served model)"]]
         for m in groups:
             served = " ".join(f"{p['provider']}={p['served']}" for p in m.get("providers", []))
-            model_rows.append([m["id"], m.get("source", "-"), served or "-"])
-        lines += _table(model_rows, [14, 8], frozenset())
+            model_rows.append([m["id"], m.get("source", "-"), m.get("routing", "-"), served or "-"])
+        lines += _table(model_rows, [14, 8, 10], frozenset())
     q = doc.get("queue", {})
     lines.append("")
     lines.append(f"queue depth {q.get('depth', 0)} / max {q.get('max_queue', 0)}")

@@ -116,7 +116,7 @@ Health = Literal["unknown", "healthy", "unhealthy"]
 
 #: Most providers one ProviderStatus may carry: a node sends all of its
 #: providers at most, and a config gives one node no more (see
-#: ``iopd.config.validate``).  A longer list is refused at its array header,
+#: ``iopd.config.rules``).  A longer list is refused at its array header,
 #: before any entry is decoded.
 MAX_STATUS_ENTRIES = 1024
 #: Longest provider id accepted in a node's message.
@@ -124,13 +124,52 @@ MAX_PROVIDER_ID_CHARS = 256
 _ProviderId = Annotated[str, msgspec.Meta(max_length=MAX_PROVIDER_ID_CHARS)]
 
 
+#: Most served models one ``ProviderHealth`` describes, families one model
+#: names, and characters of each of a model's strings (the node cuts them).
+MAX_MODEL_INFOS = 64
+MAX_MODEL_FAMILIES = 8
+MAX_MODEL_TEXT_CHARS = 128
+#: Largest model size in bytes (msgpack's largest signed integer).
+MAX_MODEL_SIZE = 2**63 - 1
+_ModelText = Annotated[str, msgspec.Meta(max_length=MAX_MODEL_TEXT_CHARS)]
+
+
+class ModelDetails(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A served model's ``details`` as Ollama's ``/api/tags`` lists them."""
+
+    format: _ModelText = ""
+    family: _ModelText = ""
+    families: Annotated[list[_ModelText], msgspec.Meta(max_length=MAX_MODEL_FAMILIES)] = (
+        msgspec.field(default_factory=list)
+    )
+    parameter_size: _ModelText = ""
+    quantization_level: _ModelText = ""
+    parent_model: _ModelText = ""
+
+
+class ModelInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One served model as the provider's list describes it; ``name`` is the
+    served name of the node's config (not the provider's spelling)."""
+
+    name: _ModelText
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_MODEL_SIZE)] = 0
+    digest: _ModelText = ""
+    modified_at: _ModelText = ""
+    details: ModelDetails = msgspec.field(default_factory=ModelDetails)
+
+
 class ProviderHealth(msgspec.Struct, omit_defaults=True, kw_only=True):
     """One provider's probe result.  ``last_error`` is free text: the edge cuts
-    it to ``iopd.edge.node_text.MAX_LAST_ERROR_CHARS`` when it applies it."""
+    it to ``iopd.edge.node_text.MAX_LAST_ERROR_CHARS`` when it applies it.
+    ``models``: what the probe's list says of the served models (Ollama's
+    ``/api/tags``; empty when unknown, and from a node of an earlier release)."""
 
     provider_id: _ProviderId
     health: Health = "unknown"
     last_error: str = ""
+    models: Annotated[list[ModelInfo], msgspec.Meta(max_length=MAX_MODEL_INFOS)] = (
+        msgspec.field(default_factory=list)
+    )
 
 
 class ProviderStatus(_Msg, tag=True):

@@ -18,9 +18,8 @@ from iopd.config.load import (
     parse_node_config,
 )
 from iopd.config.refresh_classify import RefreshDiff, classify
+from iopd.config.rules import validate_edge_config, validate_node_config
 from iopd.config.schema import EdgeConfig, NodeConfigFile, ProviderConfig
-from iopd.config.validate import validate_edge_config
-from iopd.config.validate_node import validate_node_config
 
 __all__ = [
     "Catalog",

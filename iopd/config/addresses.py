@@ -1,7 +1,7 @@
 """Addresses in the config: ``host:port`` listeners, loopback hosts, CORS origins.
 
 Pure string checks, each giving the reason a value is wrong (``ValueError``
-or ``None``); :mod:`iopd.config.validate` turns them into YAML-path problems.
+or ``None``); :mod:`iopd.config.rules` turns them into YAML-path problems.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ class GroupSpec:
     source: GroupSource = "models"
     fallbacks: tuple[str, ...] = ()  # models[].fallbacks as written
     fallback_on_queue_timeout: bool = False
+    routing: Literal["prefix", "least_load"] = "prefix"  # models[].routing
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +133,7 @@ def build_catalog(cfg: EdgeConfig) -> Catalog:
             source="models",
             fallbacks=tuple(m.fallbacks),
             fallback_on_queue_timeout=m.fallback_on_queue_timeout,
+            routing=m.routing,
         )
     for route in cfg.openai.model_routes:
         if route.model in groups:

@@ -1,6 +1,6 @@
 """Cycles in the model groups' fallback graph, found for the config validator.
 
-A graph algorithm of its own, apart from ``validate.py``'s checks: the
+A graph algorithm of its own, apart from the checks of ``rules/``: the
 validator builds the graph (group id -> its first definition's index and
 fallbacks, as the catalog keeps it) and reports each cycle at the YAML path
 of the edge that closes it.

@@ -6,7 +6,7 @@ whole list at once.  So the YAML data is walked against the Struct
 definitions (``msgspec.inspect``) first; each unknown key, missing key, wrong
 type or bad enum value becomes one ``ConfigProblem`` (YAML path, reason).  A
 bad value is replaced by its default (or a typed placeholder) so the semantic
-rules of ``validate.py`` can still run over the rest; semantic problems at or
+rules of ``rules/`` can still run over the rest; semantic problems at or
 under a path that already failed the walk are dropped as noise.  Only a
 config with no problem at all is turned into Structs.  The problems become
 the ``YAML.PATH: reason`` lines of ``ConfigError`` in one place,
@@ -31,9 +31,8 @@ import msgspec.inspect as mi
 import yaml
 
 from iopd.config.problems import ConfigProblem, join_key
+from iopd.config.rules import validate_edge_config, validate_node_config
 from iopd.config.schema import EdgeConfig, NodeConfigFile
-from iopd.config.validate import validate_edge_config
-from iopd.config.validate_node import validate_node_config
 
 __all__ = [
     "ConfigError",
@@ -454,7 +453,9 @@ def _build(data: object, cls: type[T], env: Mapping[str, str] | None, source: st
         if ok:
             problems.append(ConfigProblem(DOCUMENT_PATH, _one_line(str(exc))))
         raise _config_error(problems, source) from None
-    semantic = validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
+    semantic = (
+        validate_edge_config(cfg) if isinstance(cfg, EdgeConfig) else validate_node_config(cfg)
+    )
     problems += _not_seen_by_walk(semantic, walk.failed)
     if problems:
         raise _config_error(problems, source)

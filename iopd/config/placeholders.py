@@ -2,7 +2,7 @@
 
 An example copied unchanged must not open an edge to whoever read the same
 example: every token string the docs, the README and ``configs/`` use (and
-the usual ``change-me`` words) is listed here, and ``validate.py`` refuses
+the usual ``change-me`` words) is listed here, and ``rules/`` refuses
 it as a plain token (``openai.bearer_token``, ``node.token``) and its SHA-256
 wherever a token hash is accepted (principal tokens, ``nodes[]``,
 ``edge.admin_token_hash_sha256``).  ``tests/config/test_placeholders.py`` scans the
@@ -62,8 +62,7 @@ _PLACEHOLDER_HASHES: Final = frozenset(
 
 #: What a refusal says (never the token itself: the path names the field).
 PLACEHOLDER_HINT: Final = (
-    "is a placeholder from the docs or examples, not a secret; "
-    "run `iopd token` to make a real one"
+    "is a placeholder from the docs or examples, not a secret; run `iopd token` to make a real one"
 )
 PLACEHOLDER_HASH_HINT: Final = (
     "is the SHA-256 of a placeholder token from the docs or examples; "

@@ -1,6 +1,6 @@
 """A config problem is a YAML path and a reason; this module also spells the paths.
 
-Both the schema walk (``load.py``) and the semantic rules (``validate.py``)
+Both the schema walk (``load.py``) and the semantic rules (``rules/``)
 report problems by YAML path, and the loader drops a semantic problem at or
 under a path the walk already rejected.  The record and the path spelling
 live here, below both, so the dependency runs one way (load -> validate ->

@@ -5,7 +5,7 @@ in an operator's YAML is an error, never silently ignored.  Field names, types
 and defaults here *are* the contract; ``docs/configuration.md`` documents every
 one of them (a test compares the two).
 
-Semantic checks (references, bounds, uniqueness) live in ``validate.py``;
+Semantic checks (references, bounds, uniqueness) live in ``rules/``;
 loading, ``${NAME}`` substitution and error paths in ``load.py``.
 """
 
@@ -37,8 +37,7 @@ LIFECYCLE_CAPABILITIES: frozenset[str] = frozenset(
 )
 
 DEFAULT_STRICT_OUTPUT_INSTRUCTION = (
-    "Put your final answer, and nothing else, inside a single "
-    "<completion>...</completion> element."
+    "Put your final answer, and nothing else, inside a single <completion>...</completion> element."
 )
 
 
@@ -137,6 +136,21 @@ class OpenAISection(_Section):
     target: str | None = None
 
 
+class PoolRouting(_Section):
+    """``provider_pool.routing``: the prefix index's bounds and the cache-aware choice's
+    thresholds (``iopd.edge.pool.routing``; docs/routing.md)."""
+
+    block_bytes: int = 512
+    max_prompt_bytes: int = 256 * 1024
+    index_blocks: int = 16384
+    max_sessions: int = 65536
+    min_match: float = 0.5
+    max_load_gap: float = 1.0
+    max_load_gap_ratio: float = 0.5
+    wait_min_tokens: int = 512
+    prefill_tokens_per_second: float = 2000.0
+
+
 class ProviderPoolSection(_Section):
     max_queue: int = 256
     queue_timeout: float = 30.0
@@ -149,6 +163,7 @@ class ProviderPoolSection(_Section):
     retry_on_timeout: bool = False
     eject_after_failures: int = 5
     eject_seconds: float = 30.0
+    routing: PoolRouting = msgspec.field(default_factory=PoolRouting)
 
 
 class LimitDefaults(_Section):
@@ -195,6 +210,7 @@ class ModelGroup(_Section):
     generation: Generation = msgspec.field(default_factory=Generation)
     fallbacks: list[str] = msgspec.field(default_factory=list)  # group ids, tried in order
     fallback_on_queue_timeout: bool = False
+    routing: Literal["prefix", "least_load"] = "prefix"
 
 
 class ProviderConfig(_Section):
@@ -209,6 +225,10 @@ class ProviderConfig(_Section):
     #: ``openai``: the server speaks Anthropic's Messages API itself, so
     #: ``/v1/messages`` is relayed to it raw (edge-only: not pushed to the node).
     anthropic_messages: bool = False
+    #: ``openai``: the server serves the Responses API (``/v1/responses`` is
+    #: relayed to it raw); False: it speaks only Chat Completions, so the edge
+    #: translates ``/v1/responses`` to chat and back (edge-only).
+    openai_responses: bool = True
     capacity: int = 1
     long_context_capacity: int = 0
     priority: int = 0
@@ -230,7 +250,7 @@ class ProviderConfig(_Section):
 
 class NodeEntry(_Section):
     id: str
-    #: One of these two unless ``embedded``; validated in ``validate.py``.
+    #: One of these two unless ``embedded``; validated in ``rules/edge.py``.
     #: ``token_verifier``: the SCRAM-SHA-256 verifier (``wire.scram``), the
     #: strong form; ``token_hash_sha256``: the weaker, legacy form.
     token_verifier: str = ""
@@ -265,7 +285,7 @@ class NodeSection(_Section):
     id: str
     token: str
     #: The one edge to dial (``host:port``), or ``edges``: several, one session
-    #: each.  Exactly one of the two; validated in ``validate.py``.
+    #: each.  Exactly one of the two; validated in ``rules/edge.py``.
     edge: str = ""
     edges: list[str] = msgspec.field(default_factory=list)
     tls: NodeTLS = msgspec.field(default_factory=NodeTLS)

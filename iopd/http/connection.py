@@ -211,11 +211,13 @@ class Refuse:
 
     ``by_head_check``: the head hook refused, and already logged and counted
     it.  ``context``: what the hook returned when it had admitted the request.
+    ``head_request``: the refused request is a ``HEAD`` (its answer has no body).
     """
 
     error: Refusal
     by_head_check: bool = False
     context: HeadContext | None = None
+    head_request: bool = False
 
 
 class ListenerState:
@@ -397,9 +399,11 @@ class HttpConnection:
         return Signal.CLOSE
 
     def _refuse(self, error: Refusal, *, by_head_check: bool = False) -> Refuse:
-        context = self.context
+        incoming = self._incoming
+        context = incoming.context if incoming is not None else None
+        head_request = incoming is not None and incoming.head.method == "HEAD"
         self._apply(ConnEvent.REFUSE)
-        return Refuse(error, by_head_check, context)
+        return Refuse(error, by_head_check, context, head_request)
 
     def _admit(self, head: RequestHead) -> Refuse | None:
         """Everything decided from the head, before a body byte is read: the head

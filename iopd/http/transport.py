@@ -518,7 +518,11 @@ class ServedConnection:
                 except Exception:
                     log.exception("event=callback_failed component=http callback=on_reject")
         responder = Responder(
-            self, False, None, keep_alive=False, extra_headers=context_headers(refusal.context)
+            self,
+            refusal.head_request,  # the answer to a HEAD carries no body
+            None,
+            keep_alive=False,
+            extra_headers=context_headers(refusal.context),
         )
         try:
             await responder.send(status, headers, body)

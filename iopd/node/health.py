@@ -4,9 +4,10 @@ One probe loop per provider of the *current* registry, every
 ``health_interval`` seconds (``Adapter.probe``: openai ``GET /v1/models``,
 ollama ``GET /api/tags``, each also checking that every served model name is
 in the list (``iopd.node.served_models``), cli ``health_command``, echo
-always healthy).
+always healthy).  An ollama probe also keeps what the list says of each
+served model (``ProviderHealth.models``, for the edge's ``/api/tags``).
 Health is ``unknown`` until the first probe answers.  When a provider's
-health or last error changes, a ``ProviderStatus`` with just that provider
+health, last error or models change, a ``ProviderStatus`` with just that provider
 goes to the ``StatusSink`` (the wire link); ``current_status()`` gives all of
 them (sent by the link after every reconnect).
 
@@ -98,7 +99,12 @@ class HealthMonitor:
         """Health of every provider of the current registry."""
         return ProviderStatus(
             providers=[
-                ProviderHealth(provider_id=h.provider_id, health=h.health, last_error=h.last_error)
+                ProviderHealth(
+                    provider_id=h.provider_id,
+                    health=h.health,
+                    last_error=h.last_error,
+                    models=h.models,
+                )
                 for h in self._health.values()
             ]
         )
@@ -131,24 +137,30 @@ class HealthMonitor:
         provider_id = adapter.spec.id
         while True:
             health, last_error = await self.probe_once(adapter)
+            models = list(adapter.model_infos)
             entry = self._health.get(provider_id)
             if entry is None:  # pragma: no cover - swapped away under us
                 return
             if self._draining is not None:
                 return  # stays unhealthy until the node exits
-            if (entry.health, entry.last_error) != (health, last_error):
-                entry.health, entry.last_error = health, last_error
-                log.info(
-                    "event=provider_health provider=%s health=%s last_error=%r",
-                    provider_id,
-                    health,
-                    last_error,
-                )
+            changed = (entry.health, entry.last_error) != (health, last_error)
+            if changed or entry.models != models:
+                entry.health, entry.last_error, entry.models = health, last_error, models
+                if changed:
+                    log.info(
+                        "event=provider_health provider=%s health=%s last_error=%r",
+                        provider_id,
+                        health,
+                        last_error,
+                    )
                 sink.send_status(
                     ProviderStatus(
                         providers=[
                             ProviderHealth(
-                                provider_id=provider_id, health=health, last_error=last_error
+                                provider_id=provider_id,
+                                health=health,
+                                last_error=last_error,
+                                models=models,
                             )
                         ]
                     )

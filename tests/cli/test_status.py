@@ -39,6 +39,8 @@ TABLE_COLUMNS = [
     "QUEUED",
     "LONG",
     "OVERRIDE",
+    "INDEX",
+    "HIT_RATE",
     "MODELS",
     "LAST ERROR",
 ]
@@ -55,7 +57,9 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
                 lambda: getattr(gw.runtime.health.get("remote-1"), "health", "") == "unhealthy"
             )
             async with trio.open_nursery() as n:
-                body = {"model": "echo", "messages": [{"role": "user", "content": "a b c d"}]}
+                # Long enough for whole blocks of the prefix index.
+                prompt = "a b c d " + "x" * 2048
+                body = {"model": "echo", "messages": [{"role": "user", "content": prompt}]}
 
                 async def call() -> None:
                     await http_request(gw.host_port, "POST", "/v1/chat/completions", body=body)
@@ -86,12 +90,15 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
             echo1 = row_of(out, "echo-1")
             assert echo1[:7] == ["node-a", "echo-1", "echo", "api", "yes", "active", "healthy"]
             assert echo1[7:12] == ["1/2", "0.50", "0", "0/0", "-"]
-            assert echo1[12] == "echo"
+            # The granted request's prompt is in echo-1's prefix index; no lookup
+            # counted yet (echo-1 was the only provider up): no hit rate.
+            blocks = gw.runtime.pool.scheduler.router.index.stats("echo-1").blocks
+            assert blocks > 0
+            assert echo1[12:15] == [str(blocks), "-", "echo"]
 
             remote = row_of(out, "remote-1")
             assert remote[6] == "unhealthy"
-            assert remote[7:12] == ["0/1", "0.00", "0", "0/0", "-"]
-            assert remote[12] == "remote-model"
+            assert remote[7:15] == ["0/1", "0.00", "0", "0/0", "-", "0", "-", "remote-model"]
             remote_line = next(ln for ln in lines if " remote-1 " in ln)
             last_error = " ".join(gw.runtime.health["remote-1"].last_error.split())
             assert last_error
@@ -107,8 +114,8 @@ async def test_status_table_lists_every_node_and_provider(tmp_path: Path) -> Non
                 "active",
                 "disconnected",
             ]
-            assert echo2[7:13] == ["0/4", "0.00", "0", "0/1", "-", "echo"]
-            assert len(echo2) == 13  # no last error
+            assert echo2[7:15] == ["0/4", "0.00", "0", "0/1", "-", "0", "-", "echo"]
+            assert len(echo2) == 15  # no last error
 
             assert lines[-1] == "queue depth 0 / max 12"
 
@@ -286,7 +293,7 @@ def test_format_status_aligns_long_ids() -> None:
     col = header.index("HEALTH")
     for row in rows:
         assert row[col:].startswith("healthy"), (header, row)
-    assert row_of("\n".join(rows), long_prov)[12] == "m1,m2"
+    assert row_of("\n".join(rows), long_prov)[14] == "m1,m2"
 
 
 def test_format_status_keeps_a_multiline_last_error_on_one_row() -> None:
@@ -302,12 +309,57 @@ def test_format_status_zero_and_missing_values() -> None:
     text = format_status(status_doc(load_ratio=0, in_flight=0, capacity=4))
     row = row_of(text, "echo-1")
     assert row[5] == "-"  # an older edge's /status has no state
-    assert row[7:12] == ["0/4", "0.00", "0", "0/0", "-"]
+    # ... nor routing: no index size, no hit rate.
+    assert row[7:15] == ["0/4", "0.00", "0", "0/0", "-", "-", "-", "echo"]
     assert text.splitlines()[-1] == "queue depth 3 / max 9"
     # A node without alias or providers still renders.
     doc = status_doc()
     doc["nodes"][0]["providers"] = []
     assert "node-a         -" in format_status(doc)
+
+
+def index_row(blocks: int, lookups: int, hits: int) -> dict[str, Any]:
+    """One provider of ``/status`` ``routing.providers``."""
+    rate = round(hits / lookups, 4) if lookups else 0.0
+    return {"index_blocks": blocks, "lookups": lookups, "hits": hits, "hit_rate": rate}
+
+
+def test_format_status_shows_each_providers_index_and_each_groups_policy() -> None:
+    doc = status_doc()
+    doc["providers"].append({**doc["providers"][0], "id": "echo-2"})
+    doc["routing"] = {
+        "index_blocks": 1234,
+        "providers": {"echo-1": index_row(1234, 8, 6), "echo-2": index_row(0, 0, 0)},
+        "decisions": {},
+    }
+    doc["models"] = [
+        {"id": "echo", "source": "models", "routing": "prefix", "providers": []},
+        {"id": "flat", "source": "models", "routing": "least_load", "providers": []},
+    ]
+    text = format_status(doc)
+    header = next(ln for ln in text.splitlines() if ln.startswith("NODE") and "HEALTH" in ln)
+    assert header.split()[11:14] == ["OVERRIDE", "INDEX", "HIT_RATE"]
+    assert row_of(text, "echo-1")[12:14] == ["1234", "0.75"]
+    # No lookup counted it yet: its hit rate is not 0, it is unknown.
+    assert row_of(text, "echo-2")[12:14] == ["0", "-"]
+    models = text.split("\n\n")[3].splitlines()
+    assert models[0].split()[:4] == ["MODEL", "SOURCE", "ROUTING", "PROVIDERS"]
+    assert [ln.split()[:3] for ln in models[1:]] == [
+        ["echo", "models", "prefix"],
+        ["flat", "models", "least_load"],
+    ]
+
+
+def test_format_status_of_an_edge_older_than_routing() -> None:
+    doc = status_doc()
+    doc["models"] = [{"id": "echo", "source": "models", "providers": []}]
+    text = format_status(doc)
+    assert row_of(text, "echo-1")[12:14] == ["-", "-"]
+    [model] = [ln for ln in text.splitlines() if ln.startswith("echo ")]
+    assert model.split() == ["echo", "models", "-", "-"]
+    # A routing document without this provider (it joined after the read): ``-`` too.
+    doc["routing"] = {"providers": {"other": index_row(5, 1, 1)}}
+    assert row_of(format_status(doc), "echo-1")[12:14] == ["-", "-"]
 
 
 def test_format_report_lists_every_key() -> None:

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
-from iopd.config.validate import is_loopback_host, parse_host_port
+from iopd.config.addresses import is_loopback_host, parse_host_port
+from iopd.config.problems import ConfigProblem
+from iopd.config.rules.edge import validate_edge_config
+from tests.support.configs import edge_yaml
+from tests.support.gateway import edge_config
 from tests.support.validate_cases import P1, Mutation, errors_of
 from wire import scram
 
@@ -19,6 +24,22 @@ NODE_BASE: dict[str, Any] = {"node": {"id": "node-a", "edge": "127.0.0.1:7070", 
 def test_base_configs_are_valid() -> None:
     assert errors_of(lambda d: None) == []
     assert errors_of(lambda d: None, NODE_BASE) == []
+
+
+def test_the_rules_run_on_a_typed_config_in_file_order() -> None:
+    """``validate_edge_config`` itself, on a Struct the schema accepted: every
+    problem at once, top to bottom like the file (the cases below go through
+    the loader, which calls it)."""
+    cfg = edge_config(edge_yaml())
+    assert validate_edge_config(cfg) == []
+    broken = msgspec.structs.replace(
+        cfg,
+        openai=msgspec.structs.replace(cfg.openai, request_timeout=0),
+        provider_pool=msgspec.structs.replace(cfg.provider_pool, max_queue=-1),
+    )
+    problems = validate_edge_config(broken)
+    assert [p.path for p in problems] == ["openai.request_timeout", "provider_pool.max_queue"]
+    assert all(isinstance(p, ConfigProblem) for p in problems)
 
 
 def prov(d: dict[str, Any], n: int, j: int) -> dict[str, Any]:
@@ -175,6 +196,12 @@ CASES: list[tuple[str, Mutation, str]] = [
         lambda d: prov(d, 1, 0).update(anthropic_messages=True),
         "nodes[1].providers[0].anthropic_messages: only a type 'openai' provider relays "
         "the Messages API (this one is 'echo')",
+    ),
+    (
+        "openai_responses: false only on an openai provider",
+        lambda d: prov(d, 1, 0).update(openai_responses=False),
+        "nodes[1].providers[0].openai_responses: only a type 'openai' provider relays "
+        "the Responses API (this one is 'echo')",
     ),
     (
         "drain_timeout > 0",

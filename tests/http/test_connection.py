@@ -293,6 +293,12 @@ def test_a_hook_refusal_is_the_owners_and_a_crash_is_a_generic_500() -> None:
     assert isinstance(event.error, _Refused) and isinstance(event.error, Refusal)
     assert listener.body_bytes == 0  # nothing reserved for a refused caller
 
+    assert not event.head_request  # a POST: its refusal has a body
+    conn, _ = machine(head_check=refuse)
+    conn.receive_data(b"HEAD /p HTTP/1.1\r\nHost: x\r\n\r\n")
+    event = conn.next_event()
+    assert isinstance(event, Refuse) and event.head_request  # answered without a body
+
     def crash(method: str, path: str, headers: list[tuple[str, str]]) -> object:
         raise ValueError("secret")
 

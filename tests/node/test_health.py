@@ -6,10 +6,11 @@ import trio
 import trio.testing
 
 from iopd.node.adapters.base import Adapter
+from iopd.node.adapters.ollama import OllamaAdapter
 from iopd.node.adapters.openai import OpenAIAdapter
 from iopd.node.health import HealthMonitor
 from iopd.node.registry import AdapterRegistry
-from tests.support.mock_providers import MockOpenAIServer
+from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
 from wire.messages import Health, ProviderHealth, ProviderSpec, ProviderStatus
 
 
@@ -130,4 +131,33 @@ async def test_real_probe_flips_with_mock_toggle() -> None:
         assert sink.flat() == [("vllm", "healthy"), ("vllm", "unhealthy"), ("vllm", "healthy")]
         assert "503" in sink.msgs[1].providers[0].last_error
         assert all(r.path == "/v1/models" for r in mock.requests)
+        nursery.cancel_scope.cancel()
+
+
+async def test_an_ollama_probe_reports_the_served_models_entries_and_their_changes() -> None:
+    async with trio.open_nursery() as nursery:
+        mock = MockOllamaServer()
+        mock.listed = ["llama3:latest", "other:7b"]
+        mock.tag_entries["llama3:latest"] = {"size": 7, "details": {"family": "llama"}}
+        await nursery.start(mock.serve)
+        spec = ProviderSpec(
+            id="ol", type="ollama", base_url=mock.base_url, models=["llama3"], health_interval=0.05
+        )
+        monitor = HealthMonitor()
+        monitor.set_registry(AdapterRegistry({"ol": OllamaAdapter(spec)}))
+        sink = ListSink()
+        with trio.fail_after(10):
+            await nursery.start(monitor.run, sink)
+            await sink.wait_for(1)
+            (first,) = sink.msgs[0].providers
+            assert first.health == "healthy"
+            assert [(m.name, m.size, m.details.family) for m in first.models] == [
+                ("llama3", 7, "llama")
+            ]
+            mock.tag_entries["llama3:latest"]["size"] = 8  # re-pulled: same health
+            await sink.wait_for(2)
+        (second,) = sink.msgs[1].providers
+        assert second.health == "healthy" and second.models[0].size == 8
+        (current,) = monitor.current_status().providers
+        assert current.models == second.models  # sent again after a reconnect
         nursery.cancel_scope.cancel()

@@ -22,16 +22,8 @@ from tests.support.paths import ROOT
 
 MIN_LINES = 150
 
-_REQUEST_PATH = (
-    "the request path, run end to end by tests/e2e/ (every endpoint, retries, "
-    "streams); its unit tests come with its split into smaller modules"
-)
-
 #: Modules over ``MIN_LINES`` lines without a test of their own, and why.
-WITHOUT_DIRECT_TEST: dict[str, str] = {
-    "iopd.edge.openai.needs": _REQUEST_PATH,
-    "iopd.edge.openai.relay": _REQUEST_PATH,
-}
+WITHOUT_DIRECT_TEST: dict[str, str] = {}
 
 
 def imported_by_tests(tests: Path) -> set[str]:
@@ -75,9 +67,7 @@ def test_every_large_module_has_a_direct_test_or_a_reason() -> None:
 def test_the_list_of_exceptions_is_current() -> None:
     imported = imported_by_tests(ROOT / "tests")
     large = large_modules()
-    stale = sorted(
-        name for name in WITHOUT_DIRECT_TEST if name in imported or name not in large
-    )
+    stale = sorted(name for name in WITHOUT_DIRECT_TEST if name in imported or name not in large)
     assert not stale, f"tested directly now, or no longer over {MIN_LINES} lines: {stale}"
     assert all(reason.strip() for reason in WITHOUT_DIRECT_TEST.values())
 

@@ -384,6 +384,8 @@ class MockOpenAIServer(MockHTTPServer):
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(str)}]
         self.usage: dict[str, Any] = {"prompt_tokens": 11, "completion_tokens": 7}
         self.extra_fields: dict[str, Any] = {"x_unknown_field": {"kept": True}}
+        #: False: a server that speaks only Chat Completions (/v1/responses is a 404).
+        self.responses_api = True
 
     def route(self, req: RecordedRequest) -> MockReply:
         if req.method == "GET" and req.path == "/v1/models":
@@ -394,7 +396,7 @@ class MockOpenAIServer(MockHTTPServer):
             )
         if req.method == "POST" and req.path == "/v1/chat/completions":
             return self._chat(req.json() or {})
-        if req.method == "POST" and req.path == "/v1/responses":
+        if req.method == "POST" and req.path == "/v1/responses" and self.responses_api:
             return self._responses(req.json() or {})
         if req.method == "POST" and req.path == "/v1/embeddings":
             return self._embeddings(req.json() or {})
@@ -547,6 +549,8 @@ class MockOllamaServer(MockHTTPServer):
         super().__init__(ssl_context=ssl_context)
         self.models = ["mock:latest"]  # what /api/show knows
         self.listed: list[str] = []
+        #: More fields of a listed name's /api/tags entry (size, digest, details, ...).
+        self.tag_entries: dict[str, dict[str, Any]] = {}
         self.reply_text = "Hello from ollama"
         self.reasoning_text = ""
         self.tool_calls: list[dict[str, Any]] = []  # [{name, arguments(dict)}]
@@ -558,7 +562,8 @@ class MockOllamaServer(MockHTTPServer):
         if req.method == "GET" and req.path == "/api/tags":
             if not self.healthy:
                 return _json_reply({"error": "unhealthy"}, 503)
-            return _json_reply({"models": [{"name": m, "model": m} for m in self.listed]})
+            listed = [{"name": m, "model": m, **self.tag_entries.get(m, {})} for m in self.listed]
+            return _json_reply({"models": listed})
         if req.method == "POST" and req.path in ("/api/chat", "/api/generate"):
             return self._generate(req.json() or {}, chat=req.path == "/api/chat")
         if req.method == "POST" and req.path == "/api/show":

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -149,13 +150,18 @@ def in_flight_cell(page: Any, provider: str) -> Any:
     return page.locator(f'tr[data-provider="{provider}"] [data-field="in-flight"]')
 
 
+#: The slow calls' prompt: a few blocks of the prefix index.
+PROMPT = "wait for it " * 200
+
+
 async def slow_call(gw: Gateway, results: list[int]) -> None:
     """One chat completion to the gated provider; its HTTP status into ``results``."""
     resp = await http_request(
         gw.host_port,
         "POST",
         "/v1/chat/completions",
-        body={"model": "slow", "messages": [{"role": "user", "content": "wait for it"}]},
+        # Long enough for whole blocks of the prefix index (a short prompt records none).
+        body={"model": "slow", "messages": [{"role": "user", "content": PROMPT}]},
     )
     results.append(resp.status)
 
@@ -217,6 +223,10 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
                     "slow-1 → mock-model"
                 )
                 expect(slow.locator('[data-field="routing"]')).to_have_text("no fallback")
+                expect(slow.locator('[data-field="policy"]')).to_have_text("prefix")
+                slow_row = page.locator('tr[data-provider="slow-1"]')
+                expect(slow_row.locator('[data-field="index-blocks"]')).to_have_text("0")
+                expect(slow_row.locator('[data-field="hit-rate"]')).to_have_text("-")
                 expect(page.locator('#groups tr[data-group="echo"] .gp')).to_have_count(2)
                 # The stylesheet applied under the admin CSP (no inline style to block).
                 header = page.locator("header.top")
@@ -224,6 +234,10 @@ async def test_the_console_shows_every_provider_and_a_request_in_flight_live(
 
                 console.start_slow_call()
                 expect(in_flight_cell(page, "slow-1")).to_have_text("1 / 2", timeout=UI_TIMEOUT_MS)
+                # Its grant recorded the prompt in slow-1's prefix index, shown live.
+                expect(slow_row.locator('[data-field="index-blocks"]')).to_have_text(
+                    re.compile(r"^[1-9][0-9]*$")
+                )
                 take_screenshot(page, tmp_path / "console-in-flight.png")
 
                 console.release_slow_calls()

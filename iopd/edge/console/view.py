@@ -20,7 +20,7 @@ from typing import Final, TypedDict
 from iopd.config.catalog import GroupSpec
 from iopd.edge.metering.activity import ErrorRow, UsageRow
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
-from iopd.edge.runtime.status_document import ProviderRow
+from iopd.edge.runtime.status_document import ProviderRow, RoutingProviderRow
 
 __all__ = ["ACTIONS", "MAX_USAGE_ROWS", "ConsoleView", "console_view"]
 
@@ -59,6 +59,8 @@ class ProviderView(TypedDict):
     capacity: int
     load_ratio: float
     queued: int
+    index_blocks: int | None  # its prefix index size (None: not in the routing document)
+    hit_rate: float | None  # of its index's lookups (None until one counted it)
     last_error: str
     override: dict[str, int] | None  # the runtime overrides, when the controls set some
     actions: list[str]  # the controls offered in this state (``ACTIONS``)
@@ -78,6 +80,7 @@ class GroupView(TypedDict):
     id: str
     source: str  # models, route (legacy), fallback
     providers: list[GroupProviderView]
+    policy: str  # ``models[].routing``: prefix | least_load
     routing: str  # its fallbacks and queue timeout, in words
     queued: int
 
@@ -105,7 +108,8 @@ def console_view(rt: EdgeRuntime) -> ConsoleView:
     """The console's document for the edge as it is now."""
     status = rt.status()
     queued = rt.pool.queued_by_group()
-    providers = [_provider(row) for row in status["providers"]]
+    index = status["routing"]["providers"]
+    providers = [_provider(row, index.get(row["id"])) for row in status["providers"]]
     by_id = {p["id"]: p for p in providers}
     specs = rt.snapshot.catalog.groups
     return {
@@ -141,6 +145,7 @@ def console_view(rt: EdgeRuntime) -> ConsoleView:
                     }
                     for mp in m["providers"]
                 ],
+                "policy": m["routing"],
                 "routing": _routing(specs.get(m["id"])),
                 "queued": queued.get(m["id"], 0),
             }
@@ -168,8 +173,8 @@ def _routing(spec: GroupSpec | None) -> str:
     return text
 
 
-def _provider(row: ProviderRow) -> ProviderView:
-    """One provider row of ``/status`` as the console shows it."""
+def _provider(row: ProviderRow, index: RoutingProviderRow | None) -> ProviderView:
+    """One provider row of ``/status`` (and its prefix index's) as the console shows it."""
     # ``enabled: false`` in the config outranks the runtime state (which is
     # ``active`` unless an operator changed it): such a provider takes nothing.
     state = str(row["state"] if row["enabled"] else "disabled")
@@ -184,6 +189,8 @@ def _provider(row: ProviderRow) -> ProviderView:
         "capacity": row["capacity"],
         "load_ratio": row["load_ratio"],
         "queued": row["queued"],
+        "index_blocks": index["index_blocks"] if index is not None else None,
+        "hit_rate": index["hit_rate"] if index is not None and index["lookups"] else None,
         "last_error": row["last_error"],
         "override": _set_overrides(override),
         "actions": list(ACTIONS.get(state, ())) if row["enabled"] else [],

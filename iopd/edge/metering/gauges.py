@@ -13,14 +13,27 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from iopd.edge.pool.routing import MATCH_BUCKETS
 from iopd.vocabulary import ShownHealth, load_ratio
 
 log = logging.getLogger("iopd.edge.metrics")
 
-__all__ = ["HEALTH_GAUGE", "GatewayStatus", "ProviderGaugeRow", "StatusCollector", "StatusSource"]
+__all__ = [
+    "HEALTH_GAUGE",
+    "GatewayStatus",
+    "ProviderGaugeRow",
+    "RoutingView",
+    "StatusCollector",
+    "StatusSource",
+]
 
 HEALTH_GAUGE: Final[Mapping[ShownHealth, int]] = {
     "ejected": -2,
@@ -58,6 +71,18 @@ class ProviderGaugeRow:
 
 
 @dataclass(frozen=True)
+class RoutingView:
+    """The cache-aware routing's counts (``iopd.edge.pool.routing.Router``), config ids only."""
+
+    #: Grants by (model group, reason).
+    decisions: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    #: Per group: counts per ``MATCH_BUCKETS`` bucket, then the sum of the fractions.
+    matched: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    #: Block hashes the prefix index holds per (node id, provider id).
+    index_blocks: Mapping[tuple[str, str], int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class GatewayStatus:
     """What the status source returns at each scrape: one consistent read."""
 
@@ -68,6 +93,7 @@ class GatewayStatus:
     providers: Sequence[ProviderGaugeRow] = field(default_factory=tuple)
     #: Requests holding a provider slot, by ``principal_ref`` (config ids only).
     principals_in_flight: Mapping[str, int] = field(default_factory=dict)
+    routing: RoutingView = field(default_factory=RoutingView)
 
 
 StatusSource = Callable[[], GatewayStatus]
@@ -162,3 +188,38 @@ class StatusCollector(Collector):
             if self._principal_allowed(ref):  # a config id, never a caller's string
                 principals.add_metric([self._edge_id, ref], float(running))
         yield principals
+        yield from routing_families(self._edge_id, status.routing)
+
+
+def routing_families(edge_id: str, view: RoutingView) -> Iterator[Metric]:
+    """``iop_routing_decisions_total``, the matched-fraction histogram, the index sizes."""
+    decisions = CounterMetricFamily(
+        "iop_routing_decisions",
+        "Provider choices by reason: prefix (cached prefix), session (a session's "
+        "placement), load (least load), fallback (a target over the load bound or busy).",
+        labels=["edge_id", "model_group", "reason"],
+    )
+    for (group, reason), n in sorted(view.decisions.items()):
+        decisions.add_metric([edge_id, group, reason], float(n))
+    yield decisions
+    matched = HistogramMetricFamily(
+        "iop_routing_matched_fraction",
+        "Fraction of a prompt's blocks the chosen provider was found to hold (prefix groups).",
+        labels=["edge_id", "model_group"],
+    )
+    for group, hist in sorted(view.matched.items()):
+        cumulative, buckets = 0.0, []
+        for upper, count in zip(MATCH_BUCKETS, hist, strict=False):
+            cumulative += count
+            buckets.append((repr(upper), cumulative))
+        buckets.append(("+Inf", cumulative))
+        matched.add_metric([edge_id, group], buckets, hist[-1])
+    yield matched
+    blocks = GaugeMetricFamily(
+        "iop_prefix_index_blocks",
+        "Block hashes the prefix index holds for the provider (bounded by index_blocks).",
+        labels=["edge_id", "node_id", "provider_id"],
+    )
+    for (node_id, pid), held in sorted(view.index_blocks.items()):
+        blocks.add_metric([edge_id, node_id, pid], float(held))
+    yield blocks

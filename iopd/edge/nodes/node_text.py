@@ -9,6 +9,11 @@ before anything scans it (the secret scrubber is linear, but linear in 16
 MiB is a stall of the loop).  A long string is cut, never a reason to
 refuse the message.
 
+A provider's served-model details (``ProviderHealth.models``, shown by
+``/api/tags``) are kept only for the names the provider serves in the
+edge's config, each string cut to ``MAX_MODEL_TEXT_CHARS`` and scrubbed,
+``MODEL_TEXT_BUDGET`` characters per message in all (``bounded_models``).
+
 The cuts of the hub's own reads live here too: `needs_bounding` and
 `scrubbed_message` for a run's or tunnel's error text, `safe_node_reason`
 for a node's config rejection.
@@ -21,12 +26,20 @@ is, so a secret the cut splits is masked in the part that is kept.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 
 from iopd.redact import Scrubber
-from wire.messages import NodeConfig, ProviderTunnelFrame, RunEvent
+from wire.messages import (
+    MAX_MODEL_FAMILIES,
+    MAX_MODEL_TEXT_CHARS,
+    ModelDetails,
+    ModelInfo,
+    NodeConfig,
+    ProviderTunnelFrame,
+    RunEvent,
+)
 
 __all__ = [
     "CUT_MARK",
@@ -34,8 +47,10 @@ __all__ = [
     "MAX_FINISH_REASON_CHARS",
     "MAX_LAST_ERROR_CHARS",
     "MAX_NODE_MESSAGE_CHARS",
+    "MODEL_TEXT_BUDGET",
     "STATUS_TEXT_BUDGET",
     "bounded",
+    "bounded_models",
     "cut",
     "last_error_limit",
     "needs_bounding",
@@ -50,6 +65,9 @@ MAX_LAST_ERROR_CHARS = 512
 #: each (``last_error_limit``).  The scrubber's worst case (a text made of
 #: pieces of secrets) is about a microsecond a character.
 STATUS_TEXT_BUDGET = 8192
+#: The served-model characters one ``ProviderStatus`` may make the edge keep
+#: (and scrub) in all; the models past it are not kept.
+MODEL_TEXT_BUDGET = 65536
 #: A run's or tunnel's error message, as a caller and the console see it.
 MAX_NODE_MESSAGE_CHARS = 2048
 #: A run's or tunnel's error code (a short word; compared, never shown).
@@ -77,6 +95,53 @@ def cut(text: str, limit: int) -> str:
 def bounded(text: str, limit: int, scrub: Callable[[str], str]) -> str:
     """``text`` cut to ``limit``, then scrubbed of the edge's secrets."""
     return scrub(cut(text, limit))
+
+
+def bounded_models(
+    models: Sequence[ModelInfo],
+    served: Iterable[str],
+    scrub: Callable[[str], str],
+    budget: int = MODEL_TEXT_BUDGET,
+) -> tuple[dict[str, ModelInfo], int]:
+    """``models`` by name, only those named in ``served`` (the first entry of
+    each), every string cut to ``MAX_MODEL_TEXT_CHARS`` and scrubbed, at most
+    ``MAX_MODEL_FAMILIES`` families; a model whose strings do not fit in
+    ``budget`` characters ends the list.  Returns them and the budget left."""
+    if not models:
+        return {}, budget
+    wanted = set(served)
+    kept: dict[str, ModelInfo] = {}
+
+    def text(value: str) -> str:
+        return bounded(value, MAX_MODEL_TEXT_CHARS, scrub) if value else value
+
+    for m in models:
+        if m.name not in wanted or m.name in kept:
+            continue
+        d = m.details
+        families = d.families[:MAX_MODEL_FAMILIES]
+        strings = (m.digest, m.modified_at, d.format, d.family, d.parameter_size)
+        cost = sum(min(len(t), MAX_MODEL_TEXT_CHARS) for t in (*strings, *families))
+        cost += min(len(d.quantization_level), MAX_MODEL_TEXT_CHARS)
+        cost += min(len(d.parent_model), MAX_MODEL_TEXT_CHARS)
+        if cost > budget:
+            break
+        budget -= cost
+        kept[m.name] = ModelInfo(
+            name=m.name,
+            size=m.size,
+            digest=text(m.digest),
+            modified_at=text(m.modified_at),
+            details=ModelDetails(
+                format=text(d.format),
+                family=text(d.family),
+                families=[text(f) for f in families],
+                parameter_size=text(d.parameter_size),
+                quantization_level=text(d.quantization_level),
+                parent_model=text(d.parent_model),
+            ),
+        )
+    return kept, budget
 
 
 _URL_USERINFO = re.compile(r"(://)[^/@\s]+@")

@@ -19,6 +19,7 @@ from iopd.edge.openai.prepare import model_not_found
 from iopd.edge.openai.routes import Host
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.server import Request, Responder
+from wire.messages import ModelInfo
 
 __all__ = [
     "MODEL_PREFIX",
@@ -63,14 +64,16 @@ async def model(host: Host, call: Call, request: Request, responder: Responder) 
 
 
 async def ollama_tags(host: Host, call: Call, request: Request, responder: Responder) -> None:
-    """``/api/tags``: the groups with an ``ollama`` provider."""
-    tags = [_ollama_model(g.id) for g in _ollama_groups(host.rt.snapshot)]
+    """``/api/tags``: the groups with an ``ollama`` provider, each with what its
+    node's last probe said of the served model (``_ollama_model``)."""
+    rt = host.rt
+    tags = [_ollama_model(g.id, _served_info(rt, g)) for g in _ollama_groups(rt.snapshot)]
     await _answer(call, responder, _json_encode({"models": tags}))
 
 
 async def ollama_ps(host: Host, call: Call, request: Request, responder: Responder) -> None:
     """``/api/ps``: those of them with a request in flight."""
-    running = [_ollama_model(g) for g in _running_ollama_groups(host.rt)]
+    running = [_ollama_model(g, None) for g in _running_ollama_groups(host.rt)]
     await _answer(call, responder, _json_encode({"models": running}))
 
 
@@ -121,12 +124,36 @@ def _running_ollama_groups(rt: EdgeRuntime) -> list[str]:
     return running
 
 
-def _ollama_model(name: str) -> dict[str, object]:
+def _served_info(rt: EdgeRuntime, group: GroupSpec) -> ModelInfo | None:
+    """The first of ``group``'s ollama providers' served models its node described."""
+    snap = rt.snapshot
+    for pid, served in group.providers:
+        ref = snap.catalog.providers.get(pid)
+        state = rt.health.get(pid)
+        if ref is not None and ref.config.type == "ollama" and state is not None:
+            info = state.models.get(served)
+            if info is not None:
+                return info
+    return None
+
+
+def _ollama_model(name: str, info: ModelInfo | None) -> dict[str, object]:
+    """An ``/api/tags`` entry named ``name`` (the caller's model): the provider's
+    entry as the node reported it, or placeholders when nothing is known."""
+    if info is None:
+        return {
+            "name": name,
+            "model": name,
+            "modified_at": "1970-01-01T00:00:00Z",
+            "size": 0,
+            "digest": "",
+            "details": {},
+        }
     return {
         "name": name,
         "model": name,
-        "modified_at": "1970-01-01T00:00:00Z",
-        "size": 0,
-        "digest": "",
-        "details": {},
+        "modified_at": info.modified_at or "1970-01-01T00:00:00Z",
+        "size": info.size,
+        "digest": info.digest,
+        "details": {f: getattr(info.details, f) for f in info.details.__struct_fields__},
     }

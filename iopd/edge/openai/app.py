@@ -33,12 +33,7 @@ from iopd.edge.openai.anthropic_api import handler
 from iopd.edge.openai.incoming import cors
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.lifecycle import Call, Outcome, RequestIds, fail, finish, log_request
-from iopd.edge.openai.normalized import (
-    chat_once,
-    chat_stream,
-    responses_once,
-    responses_stream,
-)
+from iopd.edge.openai.normalized import chat_once, chat_stream
 from iopd.edge.openai.outgoing.error_envelope import (
     OLLAMA_ERRORS,
     OPENAI_ERRORS,
@@ -49,6 +44,7 @@ from iopd.edge.openai.outgoing.error_envelope import (
 from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
 from iopd.edge.openai.prepare import Body, LeasedRequest, prepare
 from iopd.edge.openai.relay import relay
+from iopd.edge.openai.responses_api import handler as responses_api
 from iopd.edge.openai.routes import GET, POST, Host, Route, Serves
 from iopd.edge.runtime.edge_runtime import EdgeRuntime, Snapshot
 from iopd.http.server import HeadContext, Request, Responder
@@ -118,11 +114,7 @@ ROUTES: dict[str, Route] = {
         "chat_completions",
         Provided(Serves.RELAY_OR_NORMALIZED, rq.ChatRequest, chat_once, chat_stream),
     ),
-    "/v1/responses": Route(
-        POST,
-        "responses",
-        Provided(Serves.RELAY_OR_NORMALIZED, rq.ResponsesRequest, responses_once, responses_stream),
-    ),
+    "/v1/responses": Route(POST, "responses", responses_api.serve),
     "/v1/embeddings": Route(POST, "embeddings", _RELAYED_OPENAI),
     "/v1/completions": Route(POST, "completions", _RELAYED_OPENAI),
     "/v1/messages": Route(
@@ -361,7 +353,8 @@ def _admit(
     out.endpoint = route.endpoint
     if route.endpoint in RELAY_ONLY_ENDPOINTS:
         out.mode = "passthrough"  # the metrics convention: only ever a raw relay
-    if method not in route.methods:
+    # A GET route answers HEAD as GET; the responder leaves the body out.
+    if method not in route.methods and (method != "HEAD" or "GET" not in route.methods):
         if not route.methods:
             raise errors.RouteNotFound(f"no route for {method} {path}")
         raise errors.MethodNotAllowed(f"{method} is not allowed on {path}")

@@ -47,6 +47,7 @@ from iopd.edge.openai.generation import apply_generation
 from iopd.edge.openai.incoming import requests as rq
 from iopd.edge.openai.incoming.json_body import parse_json_object
 from iopd.edge.openai.incoming.jsonschema import JSONObject
+from iopd.edge.openai.incoming.prompt_blocks import prompt_bytes
 from iopd.edge.openai.incoming.session_key import session_key
 from iopd.edge.openai.lifecycle import PASSTHROUGH_TYPES, Call, Outcome
 from iopd.edge.openai.needs import (
@@ -225,8 +226,18 @@ class Leasing(Generic[Body]):
             fallbacks=self._chain,
             fallback_on_queue_timeout=self._group.fallback_on_queue_timeout,
             principal=self._principal_ref,  # its share (and, memory, max_concurrent): the pool's
+            # Cache-aware routing (docs/routing.md): the prompt's bytes and the session key.
+            prompt=self._prompt_bytes(),
+            session_key=self._call.out.session,
         )
         return limits.lease_with_slot(self._rt, self._call, open_lease, self._queue_timeout())
+
+    def _prompt_bytes(self) -> bytes:
+        """The prompt as the prefix index reads it (empty for a ``least_load`` group)."""
+        if self._group.routing != "prefix":
+            return b""
+        limit = self._rt.pool.snapshot.routing.max_prompt_bytes
+        return prompt_bytes(self._request.path, getattr(self._body, "raw", None), limit)
 
     def _queue_timeout(self) -> float:
         bound = self._rt.pool.scheduler.snapshot.queue_timeout_of(

@@ -35,7 +35,9 @@ from typing import NamedTuple
 from iopd.errors import NodeDispatchError, ProviderDrained
 from iopd.vocabulary import Health, ProviderType, types_meeting
 
+from . import routing as cache_aware
 from .outliers import Attempt, EjectionPolicy, OutlierTracker
+from .routing import RouteAsk as Ask
 
 __all__ = [
     "Candidates",
@@ -73,6 +75,7 @@ class GroupPolicy:
     id: str
     providers: tuple[tuple[str, str], ...]  # (provider_id, served target)
     queue_timeout: float | None = None  # per-group override (legacy routes)
+    routing: cache_aware.RoutingMode = "prefix"  # ``models[].routing`` (``routing.py``)
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class PoolSnapshot:
     principals: Mapping[str, PrincipalPolicy] = field(default_factory=dict)
     default_principal: PrincipalPolicy = PrincipalPolicy()
     ejection: EjectionPolicy = EjectionPolicy()
+    routing: cache_aware.RoutingPolicy = cache_aware.RoutingPolicy()
 
     def queue_timeout_of(self, group_id: str, override: float | None = None) -> float:
         """The waiting bound of a request: explicit override, else group's, else default."""
@@ -132,6 +136,8 @@ class Grant:
     principal: str = ""
     #: The outlier tracker's ticket for this attempt (its verdict goes back with it).
     attempt: Attempt | None = None
+    route: str = "load"  # why this provider (``routing.RoutingReason``)
+    matched: float = 0.0  # the prompt's fraction the provider was found to hold
 
 
 class WaitKey(NamedTuple):
@@ -217,6 +223,7 @@ class CandidateIndex:
     def __init__(self, snapshot: PoolSnapshot) -> None:
         self.snapshot = snapshot
         self.outliers = OutlierTracker(snapshot.ejection)
+        self.router = cache_aware.Router(snapshot.routing)
         #: Providers the tracker may exclude (ejected or saturated); others are choosable.
         self.flagged: set[str] = set()
         self._connected: set[str] = set()
@@ -289,7 +296,9 @@ class CandidateIndex:
             self._connected.add(node_id)
         else:
             self._connected.discard(node_id)
-        return [pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id]
+        changed = [pid for pid, slot in self.snapshot.providers.items() if slot.node_id == node_id]
+        self.router.forget(changed)  # a new session: the provider may have restarted meanwhile
+        return changed
 
     def set_health(self, provider_id: str, health: Health) -> bool:
         """Record a probe result; True when it changed."""
@@ -298,6 +307,7 @@ class CandidateIndex:
         self._health[provider_id] = health
         if health == "unhealthy":
             self._unhealthy.add(provider_id)
+            self.router.index.drop(provider_id)  # down, or restarting: its cache is gone
         else:
             self._unhealthy.discard(provider_id)
         return True
@@ -323,7 +333,9 @@ class CandidateIndex:
 
     def apply_snapshot(self, snapshot: PoolSnapshot, now: float) -> list[str]:
         """Swap the static config; the providers whose ejection the new policy ended."""
-        self.snapshot = snapshot
+        old, self.snapshot = self.snapshot, snapshot
+        self.router.set_policy(snapshot.routing)
+        self.router.forget(cache_aware.routing_changed(old, snapshot))  # drained or reconfigured
         for pid in [
             p
             for p, c in self._counters.items()
@@ -539,9 +551,22 @@ class CandidateIndex:
                 best, best_ratio, best_priority = e, ratio, slot.priority
         return best
 
-    def take(self, key: WaitKey, cands: Candidates, principal: str, now: float) -> Grant | None:
-        """Choose a provider and take its slot, or None when every eligible one is full."""
-        entry = self.select(key.group_id, cands, now)
+    def take(
+        self, key: WaitKey, cands: Candidates, principal: str, now: float, ask: Ask | None = None
+    ) -> Grant | None:
+        """Choose a provider and take its slot, or None when every eligible one is full
+        (or, for a prefix-routed ``ask``, when it waits for its busy target)."""
+        group = self.snapshot.groups.get(key.group_id)
+        routed = self.router.routes(ask, key.group_id, group.routing if group else None)
+        route: cache_aware.RoutingReason = "load"
+        matched = 0.0
+        if ask is None or not routed:
+            entry = self.select(key.group_id, cands, now)
+        else:
+            entry, route, matched = cache_aware.route_entries(
+                self.router, key.group_id, self.eligible(cands, now), cands.use_long_slots,
+                ask, now, lambda: self.select(key.group_id, cands, now),
+            )  # fmt: skip
         if entry is None:
             return None
         self._cursor[key.group_id] = entry.index + 1
@@ -552,6 +577,8 @@ class CandidateIndex:
         attempt = self.outliers.attempt_started(slot.provider_id, now)
         if attempt.probe:
             self.flagged.add(slot.provider_id)  # not choosable while its probe runs
+        if ask is not None:
+            self.router.took(key.group_id, slot.provider_id, ask, routed, route, matched)
         return Grant(
             group_id=key.group_id,
             provider_id=slot.provider_id,
@@ -561,6 +588,8 @@ class CandidateIndex:
             long=cands.use_long_slots,
             principal=principal,
             attempt=attempt,
+            route=route,
+            matched=matched,
         )
 
     def give_back(self, grant: Grant) -> _Counters:

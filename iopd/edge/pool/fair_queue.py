@@ -54,6 +54,7 @@ from dataclasses import dataclass
 from iopd.errors import QueueFull
 
 from .candidates import Grant, PoolSnapshot, WaitKey
+from .routing import RouteAsk
 
 __all__ = ["FairQueue", "Lane", "Waiter", "WaiterState"]
 
@@ -82,6 +83,7 @@ class Waiter:
     state: WaiterState = WaiterState.PENDING
     grant: Grant | None = None
     error: BaseException | None = None
+    route: RouteAsk | None = None  # its prompt and session, for a prefix-routed group
 
     @property
     def group_id(self) -> str:

@@ -34,6 +34,7 @@ from iopd.vocabulary import ContextClass, DispatchOutcome, Health, ProviderType
 from .controls import ControlTable, ProviderControl, ShownState, shown_state
 from .outliers import EjectionStatus, Transition
 from .retry_rules import FailureReason
+from .routing import RouteAsk
 from .scheduler import (
     AttemptOutcome,
     Grant,
@@ -65,6 +66,7 @@ class _Ask(NamedTuple):
     requires: frozenset[str]
     exclude: frozenset[str]
     principal: str
+    ask: RouteAsk | None  # the prompt and session key (``routing``)
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,8 @@ class ProviderPool:
         fallbacks: Sequence[str] = (),
         fallback_on_queue_timeout: bool = False,
         on_queued: Callable[[], Awaitable[None]] | None = None,
+        prompt: bytes = b"",
+        session_key: str | None = None,
     ) -> _PoolLease:
         """Hold one slot of a provider of ``group_id`` for the body of the block.
 
@@ -142,14 +146,21 @@ class ProviderPool:
         ``NodeDispatchError`` (no live candidate, also while waiting),
         ``QueueFull`` (would wait, queue full by count or bytes) or
         ``QueueTimeout`` (waited ``queue_timeout``, else the group's, else
-        the pool default).
+        the pool default).  ``prompt`` (``prompt_blocks.prompt_bytes``) and
+        ``session_key`` feed the cache-aware choice of a ``prefix`` group.
         """
         acquire = functools.partial(
             self._acquire,
             group_id,
             fallbacks,
             fallback_on_queue_timeout,
-            _Ask(context_class == "long", requires, exclude, principal),
+            _Ask(
+                context_class == "long",
+                requires,
+                exclude,
+                principal,
+                RouteAsk(prompt, session_key),
+            ),
             queue_timeout=queue_timeout,
             body_bytes=body_bytes,
             on_queued=on_queued,
@@ -180,6 +191,7 @@ class ProviderPool:
                 requires=want.requires,
                 exclude=want.exclude,
                 principal=want.principal,
+                ask=want.ask,
             )
         except QueueFull:
             self._observe(group_id, 0.0, "queue_full")
@@ -189,6 +201,7 @@ class ProviderPool:
             raise
         if not isinstance(outcome, Grant):
             self._tell_waiting()
+            self._outliers_changed.set()  # a routing patience may end before the timer's
         while not isinstance(outcome, Grant):
             waiter = outcome
             await self._wait(waiter, group_id, started, on_queued)

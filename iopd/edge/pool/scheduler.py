@@ -48,8 +48,7 @@ request would have to wait, so a request admitted at once is never refused.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Sequence
 
 from iopd.errors import GatewayError, NodeDispatchError
 from iopd.vocabulary import HEALTH_STATES, Health
@@ -67,7 +66,12 @@ from .candidates import (
 from .fair_queue import FairQueue, Lane, Waiter, WaiterState
 from .load_view import ProviderLoad, provider_loads, waiting_providers
 from .outliers import Attempt, EjectionStatus, OutlierTracker, Transition
-from .retry_rules import FailureReason
+from .routing import RouteAsk, Router
+from .verdicts import NOTHING, AttemptOutcome, AttemptVerdicts
+
+#: How far behind a lane's head a re-examination looks for a waiter that can
+#: take a freed slot while the head waits for its own provider (``routing``).
+LOOK_BEHIND = 32
 
 __all__ = [
     "AttemptOutcome",
@@ -84,17 +88,7 @@ __all__ = [
 ]
 
 
-class AttemptOutcome(NamedTuple):
-    """What an attempt's verdict did: the tracker's transition and the waiters it resolved."""
-
-    transition: Transition | None
-    resolved: list[Waiter]
-
-
-_NOTHING = AttemptOutcome(None, [])
-
-
-class Scheduler:
+class Scheduler(AttemptVerdicts):
     """The pool's state machine.  Every mutating call returns the waiters it resolved.
 
     The caller (the trio layer) wakes each returned waiter; it reads
@@ -110,6 +104,9 @@ class Scheduler:
         #: Grants not yet released, each with its attempt ticket until a verdict is in.
         self._active: dict[Grant, Attempt | None] = {}
         self._running: dict[str, int] = {}  # principal -> grants held
+        #: Waiters declining a free provider for a busy one, by when they stop.
+        self._patience: list[tuple[float, int, Waiter]] = []
+        self._due_lanes: set[Lane] = set()
         self._now = 0.0
 
     # ------------------------------------------------------------------ queries
@@ -117,6 +114,11 @@ class Scheduler:
     @property
     def snapshot(self) -> PoolSnapshot:
         return self._index.snapshot
+
+    @property
+    def router(self) -> Router:
+        """The cache-aware routing: its prefix index, sessions and counts (read-only use)."""
+        return self._index.router
 
     @property
     def outliers(self) -> OutlierTracker:
@@ -171,8 +173,13 @@ class Scheduler:
         return self.outliers.ejection(provider_id, self._clock(now))
 
     def next_outlier_change(self) -> float | None:
-        """When ``outliers_due`` next has something to do (None: never, until an attempt ends)."""
-        return self.outliers.next_change(self._now)
+        """When ``outliers_due`` next has something to do (None: never, until an attempt
+        ends); also when a waiter's patience for its busy provider ends (``routing``)."""
+        when = self.outliers.next_change(self._now)
+        patience = self._patience_due(self._now) if self._patience else None
+        if self._due_lanes:
+            return self._now
+        return patience if when is None else when if patience is None else min(when, patience)
 
     def queued_by_group(self) -> dict[str, int]:
         """Waiters per model group (the group each asked for), for the status view."""
@@ -203,6 +210,7 @@ class Scheduler:
         principal: str = "",
         fallbacks: Sequence[str] = (),
         now: float | None = None,
+        ask: RouteAsk | None = None,
     ) -> Grant | Waiter:
         """Admit at once (a ``Grant``) or enqueue (a pending ``Waiter``).
 
@@ -220,17 +228,22 @@ class Scheduler:
         now = self._clock(now)
         key, cands = self._index.route(group_id, fallbacks, long, frozenset(requires), exclude, now)
         if self._may_start(principal):
-            grant = self._take(key, cands, principal, now)
+            grant = self._take(key, cands, principal, now, ask)
             if grant is not None:
                 return grant
         self._queue.check_room(group_id, body_bytes, self.snapshot)
-        return self._queue.new_waiter(
+        waiter = self._queue.new_waiter(
             key,
             principal,
             self.snapshot.principal(principal).share,
             self.snapshot.queue_timeout_of(group_id, queue_timeout),
             body_bytes,
         )
+        if ask is not None:
+            waiter.route = ask
+            self._index.router.enqueued(ask)
+            self._watch(waiter)
+        return waiter
 
     def try_now(
         self,
@@ -241,6 +254,7 @@ class Scheduler:
         exclude: frozenset[str] = frozenset(),
         principal: str = "",
         now: float | None = None,
+        ask: RouteAsk | None = None,
     ) -> Grant | None:
         """A grant if ``group_id`` can take the request at once, else None (never queues).
 
@@ -251,7 +265,7 @@ class Scheduler:
         cands = self._index.candidates(key)
         if cands is None or not self._may_start(principal):
             return None
-        return self._take(key, cands, principal, now)
+        return self._take(key, cands, principal, now, ask)
 
     def release(self, grant: Grant, now: float | None = None) -> list[Waiter]:
         """Give a grant's slots back (idempotent) and admit waiters that now fit.
@@ -293,60 +307,7 @@ class Scheduler:
             return
         self._queue.pop(waiter)
         waiter.state = WaiterState.CANCELLED
-
-    # ------------------------------------------------------------ attempts
-
-    def attempt_succeeded(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
-        """The grant's attempt worked (a caller's 4xx counts as working)."""
-        return self._verdict(grant, now, self.outliers.attempt_succeeded)
-
-    def attempt_failed(
-        self, grant: Grant, reason: FailureReason, now: float | None = None
-    ) -> AttemptOutcome:
-        """The grant's attempt failed (retried or not); may eject its provider
-        (when the streak holds another principal's failure too: the grant's
-        principal is whose failure this is)."""
-        if reason is FailureReason.STATUS_429:
-            raise ValueError("a 429 is not a failure: use attempt_saturated")
-        return self._verdict(
-            grant,
-            now,
-            lambda a, t: self.outliers.attempt_failed(a, reason, t, principal=grant.principal),
-        )
-
-    def attempt_saturated(
-        self, grant: Grant, seconds: float, now: float | None = None
-    ) -> AttemptOutcome:
-        """The provider answered 429: not chosen for ``seconds`` (bounded by the tracker)."""
-        return self._verdict(
-            grant, now, lambda a, t: self.outliers.attempt_saturated(a, t, seconds)
-        )
-
-    def attempt_caller_credentialed(
-        self, grant: Grant, now: float | None = None
-    ) -> AttemptOutcome:
-        """The provider answered an error status to the caller's own credential:
-        the verdict closes, the provider's standing is untouched (a probe's slot frees)."""
-        return self._verdict(
-            grant, now, lambda a, _t: self.outliers.attempt_caller_credentialed(a)
-        )
-
-    def attempt_abandoned(self, grant: Grant, now: float | None = None) -> AttemptOutcome:
-        """The attempt ended without a verdict (caller gone, deadline)."""
-        return self._verdict(grant, now, lambda a, _t: self.outliers.attempt_abandoned(a))
-
-    def _verdict(
-        self,
-        grant: Grant,
-        now: float | None,
-        apply: Callable[[Attempt, float], Transition | None],
-    ) -> AttemptOutcome:
-        """Claim the grant's one verdict and let ``apply`` give it to the tracker."""
-        attempt = self._claim_verdict(grant)
-        if attempt is None:
-            return _NOTHING
-        now = self._clock(now)
-        return self._outlier_changed(grant.provider_id, apply(attempt, now), now)
+        self._unroute(waiter)
 
     def outliers_due(self, now: float | None = None) -> list[Waiter]:
         """Re-examine the waiters of providers that became choosable by time."""
@@ -355,6 +316,10 @@ class Scheduler:
         for pid in self.outliers.due(now):
             self._index.refresh_flag(pid, now)
             lanes.update(dict.fromkeys(self._lanes_listing(pid)))
+        if self._patience:
+            self._patience_due(now)
+        lanes.update(dict.fromkeys(self._due_lanes))
+        self._due_lanes.clear()
         return self._reexamine(lanes, now) if lanes else []
 
     # ------------------------------------------------------------ state changes
@@ -433,6 +398,7 @@ class Scheduler:
         for w in waiters:
             w.state = WaiterState.FAILED
             w.error = error
+            self._unroute(w)
         return waiters
 
     # ------------------------------------------------------------ internals
@@ -449,8 +415,15 @@ class Scheduler:
         limit = snap.principal(principal).max_concurrent
         return limit == 0 or self._running.get(principal, 0) < limit
 
-    def _take(self, key: WaitKey, cands: Candidates, principal: str, now: float) -> Grant | None:
-        grant = self._index.take(key, cands, principal, now)
+    def _take(
+        self,
+        key: WaitKey,
+        cands: Candidates,
+        principal: str,
+        now: float,
+        ask: RouteAsk | None = None,
+    ) -> Grant | None:
+        grant = self._index.take(key, cands, principal, now, ask)
         if grant is not None:
             self._active[grant] = grant.attempt
             self._running[principal] = self._running.get(principal, 0) + 1
@@ -469,7 +442,7 @@ class Scheduler:
         """A tracker transition can make waiters fit (restored) or move them (excluded)."""
         self._index.refresh_flag(provider_id, now)
         if transition is None:
-            return _NOTHING
+            return NOTHING
         return AttemptOutcome(transition, self._reexamine(self._lanes_listing(provider_id), now))
 
     def _lanes_listing(self, provider_id: str) -> list[Lane]:
@@ -502,6 +475,7 @@ class Scheduler:
         waiters = self._queue.drain_lane(lane)
         for w in waiters:
             w.state = WaiterState.FAILED
+            self._unroute(w)
             w.error = (
                 self._index.unavailable_error(key)
                 if key.group_id in self.snapshot.groups
@@ -565,13 +539,16 @@ class Scheduler:
             if not self._may_start(principal):
                 blocked.add(principal)
                 continue
-            grant = self._take(lane[0], cands, principal, now)
+            waiter = q[seq]
+            grant = self._take(lane[0], cands, principal, now, waiter.route)
+            if grant is None and waiter.route is not None and waiter.route.home is not None:
+                waiter, grant = self._look_behind(q, cands, principal, now)
             if grant is None:
                 continue  # admissions only take slots: this lane cannot fit again this pass
-            waiter = q[seq]
             self._queue.admit(waiter)
             waiter.state = WaiterState.ADMITTED
             waiter.grant = grant
+            self._unroute(waiter)
             resolved.append(waiter)
             if q:
                 nxt = next(iter(q.values()))
@@ -579,3 +556,43 @@ class Scheduler:
         # Failures were collected first; report everything in enqueue order.
         resolved.sort(key=lambda w: w.seq)
         return resolved
+
+    # ------------------------------------------------------------ routing
+
+    def _look_behind(
+        self, q: dict[int, Waiter], cands: Candidates, principal: str, now: float
+    ) -> tuple[Waiter, Grant | None]:
+        """The lane's head waits for its busy provider (``routing``): the first of the
+        next ``LOOK_BEHIND`` waiters of its lane that takes a slot now goes first."""
+        waiters = iter(q.values())
+        head = next(waiters)
+        for waiter, _ in zip(waiters, range(LOOK_BEHIND), strict=False):
+            grant = self._take(waiter.key, cands, principal, now, waiter.route)
+            if grant is not None:
+                return waiter, grant
+        self._watch(head)
+        return head, None
+
+    def _watch(self, waiter: Waiter) -> None:
+        """A waiter declining a free provider for its busy one: the timer looks again
+        when its patience ends (``next_outlier_change``)."""
+        ask = waiter.route
+        if ask is not None and ask.deadline is not None and ask.watched != ask.deadline:
+            ask.watched = ask.deadline
+            heapq.heappush(self._patience, (ask.deadline, waiter.seq, waiter))
+
+    def _unroute(self, waiter: Waiter) -> None:  # it waits no more
+        if waiter.route is not None:
+            self._index.router.left(waiter.route)
+
+    def _patience_due(self, now: float) -> float | None:
+        """Pop the waiters whose patience ended; the next deadline still ahead."""
+        heap = self._patience
+        while heap:
+            when, _, waiter = heap[0]
+            if waiter.state is WaiterState.PENDING and when > now:
+                return when
+            heapq.heappop(heap)
+            if waiter.state is WaiterState.PENDING:
+                self._due_lanes.add(waiter.lane)
+        return None

@@ -36,7 +36,13 @@ from iopd.edge.metering.metrics import (
 )
 from iopd.edge.nodes.hub import HubSettings, NodeHub
 from iopd.edge.nodes.node_state import NodeConfigStates, apply_node_controls, send_controls
-from iopd.edge.nodes.node_text import bounded, last_error_limit, safe_node_reason
+from iopd.edge.nodes.node_text import (
+    MODEL_TEXT_BUDGET,
+    bounded,
+    bounded_models,
+    last_error_limit,
+    safe_node_reason,
+)
 from iopd.edge.pool.pool import ProviderPool
 from iopd.edge.pool.retry_budget import RetryBudget
 from iopd.edge.principals.authenticator import Authenticator
@@ -50,6 +56,7 @@ from iopd.edge.principals.status import (
 )
 from iopd.edge.runtime.health_state import DISCONNECTED, ProviderHealthState
 from iopd.edge.runtime.pool_config import pool_snapshot, retry_budget_policy
+from iopd.edge.runtime.routing_status import routing_row, routing_view
 from iopd.edge.runtime.runtime_controls import RuntimeControls
 from iopd.edge.runtime.status_document import (
     ModelProviderRow,
@@ -270,7 +277,8 @@ class EdgeRuntime:
         Bounded by the node's configured providers, whatever the message holds:
         an entry per id is kept (the last), each ``last_error`` cut to
         ``last_error_limit`` before it is scrubbed (``STATUS_TEXT_BUDGET``
-        characters per message in all), and a health change is logged at most
+        characters per message in all), the served models' details only for
+        the provider's served names (``bounded_models``), and a health change is logged at most
         ``HEALTH_LOG_BURST`` times per provider per ``HEALTH_LOG_WINDOW``.
         """
         providers = self.snapshot.catalog.providers
@@ -282,12 +290,15 @@ class EdgeRuntime:
                 ignored += 1
             else:
                 latest[p.provider_id] = p
-        limit = last_error_limit(len(latest))
+        limit, budget = last_error_limit(len(latest)), MODEL_TEXT_BUDGET
         for provider_id, p in latest.items():
-            self._apply_health(node_id, provider_id, p, limit)
+            budget = self._apply_health(node_id, provider_id, p, limit, budget)
         return ignored
 
-    def _apply_health(self, node_id: str, provider_id: str, p: ProviderHealth, limit: int) -> None:
+    def _apply_health(
+        self, node_id: str, provider_id: str, p: ProviderHealth, limit: int, budget: int
+    ) -> int:
+        """Apply one entry; return the served-model ``budget`` it left."""
         state = self.health.setdefault(provider_id, ProviderHealthState())
         # A probe's last error may quote the provider's answer: never a key in /status.
         last_error = bounded(p.last_error, limit, self.snapshot.secrets.scrub)
@@ -303,7 +314,10 @@ class EdgeRuntime:
             state.unlogged = 0
         state.health = p.health
         state.last_error = last_error
+        served = self.snapshot.catalog.providers[provider_id].config.models
+        state.models, budget = bounded_models(p.models, served, self.scrub, budget)
         self.pool.set_provider_health(provider_id, p.health)
+        return budget
 
     # ---------------------------------------------------------------- status
 
@@ -318,6 +332,7 @@ class EdgeRuntime:
             connected_nodes=self._connected_count(),
             providers=self._gauge_rows(),
             principals_in_flight=principals_in_flight(self.snapshot.config, self.pool),
+            routing=routing_view(self.pool),
         )
 
     def _shown_health(self, node_id: str, provider_id: str) -> ProviderHealthState:
@@ -427,6 +442,7 @@ class EdgeRuntime:
             },
             "principals": principal_rows(snap.config, self.pool, self.limits),
             "limits_backend": self.limits.backend_row(),
+            "routing": routing_row(self.pool),
         }
 
     def _model_rows(self) -> list[ModelRow]:
@@ -439,7 +455,14 @@ class EdgeRuntime:
                 ref = catalog.providers.get(pid)
                 ptype = ref.config.type if ref is not None else "-"
                 providers.append({"provider": pid, "served": served, "type": ptype})
-            rows.append({"id": group.id, "source": group.source, "providers": providers})
+            rows.append(
+                {
+                    "id": group.id,
+                    "source": group.source,
+                    "routing": group.routing,
+                    "providers": providers,
+                }
+            )
         return rows
 
     # --------------------------------------------------------------- refresh

@@ -6,10 +6,11 @@ snapshot and its refresh; ``EdgeRuntime.health`` holds one of these per provider
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from iopd.vocabulary import ShownHealth
+from wire.messages import ModelInfo
 
 __all__ = ["DISCONNECTED", "HEALTH_LOG_BURST", "HEALTH_LOG_WINDOW", "ProviderHealthState"]
 
@@ -24,6 +25,8 @@ HEALTH_LOG_WINDOW: Final = 10.0
 class ProviderHealthState:
     health: ShownHealth = "unknown"
     last_error: str = ""
+    #: What the node's probe said of each served model (``/api/tags``), by served name.
+    models: dict[str, ModelInfo] = field(default_factory=dict)
     #: The ``event=provider_health`` budget: its window's start, lines logged in
     #: it, changes not logged since the last line.
     log_window: float = -HEALTH_LOG_WINDOW

@@ -12,10 +12,11 @@ from iopd.config.catalog import Catalog
 from iopd.config.schema import EdgeConfig
 from iopd.edge.pool.outliers import EjectionPolicy
 from iopd.edge.pool.retry_budget import RetryBudgetPolicy
+from iopd.edge.pool.routing import RoutingPolicy
 from iopd.edge.pool.scheduler import GroupPolicy, PoolSnapshot, ProviderSlot
 from iopd.edge.principals.status import principal_policies
 
-__all__ = ["pool_snapshot", "retry_budget_policy"]
+__all__ = ["pool_snapshot", "retry_budget_policy", "routing_policy"]
 
 
 def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
@@ -37,7 +38,9 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
         for pid, ref in catalog.providers.items()
     }
     groups = {
-        g.id: GroupPolicy(id=g.id, providers=g.providers, queue_timeout=g.queue_timeout)
+        g.id: GroupPolicy(
+            id=g.id, providers=g.providers, queue_timeout=g.queue_timeout, routing=g.routing
+        )
         for g in catalog.listed()
     }
     default_principal, principals = principal_policies(cfg.limits)
@@ -54,6 +57,23 @@ def pool_snapshot(cfg: EdgeConfig, catalog: Catalog) -> PoolSnapshot:
             seconds=cfg.provider_pool.eject_seconds,
             principals=2 if _callers_told_apart(cfg) > 1 else 1,
         ),
+        routing=routing_policy(cfg),
+    )
+
+
+def routing_policy(cfg: EdgeConfig) -> RoutingPolicy:
+    """``provider_pool.routing`` as the pool's router takes it."""
+    r = cfg.provider_pool.routing
+    return RoutingPolicy(
+        block_bytes=r.block_bytes,
+        max_prompt_bytes=r.max_prompt_bytes,
+        index_blocks=r.index_blocks,
+        max_sessions=r.max_sessions,
+        min_match=r.min_match,
+        max_load_gap=r.max_load_gap,
+        max_load_gap_ratio=r.max_load_gap_ratio,
+        wait_min_tokens=r.wait_min_tokens,
+        prefill_tokens_per_second=r.prefill_tokens_per_second,
     )
 
 

@@ -65,6 +65,7 @@ class ModelRow(TypedDict):
 
     id: str
     source: str  # models (``models[]``), route (legacy route), fallback
+    routing: str  # ``models[].routing``: prefix | least_load (docs/routing.md)
     providers: list[ModelProviderRow]
 
 
@@ -75,6 +76,27 @@ class QueueRow(TypedDict):
     max_queue: int
     queued_bytes: int
     max_queued_bytes: int
+
+
+class RoutingProviderRow(TypedDict):
+    """One provider's prefix index in ``GET /status`` ``routing``."""
+
+    index_blocks: int  # block hashes held (at most ``index_blocks_per_provider``)
+    lookups: int  # lookups it was a candidate of
+    hits: int  # of them, those where it held the prompt's first block at least
+    hit_rate: float
+
+
+class RoutingRow(TypedDict):
+    """The cache-aware routing in ``GET /status`` (docs/routing.md)."""
+
+    index_blocks: int  # over every provider
+    index_blocks_per_provider: int  # provider_pool.routing.index_blocks
+    index_bytes_per_block: int  # provider_pool.routing.block_bytes
+    sessions: int  # session keys placed and remembered
+    max_sessions: int
+    providers: dict[str, RoutingProviderRow]
+    decisions: dict[str, dict[str, int]]  # model group -> reason -> grants
 
 
 class StatusDocument(TypedDict):
@@ -89,6 +111,7 @@ class StatusDocument(TypedDict):
     queue: QueueRow
     principals: list[PrincipalRow]
     limits_backend: BackendRow
+    routing: RoutingRow
 
 
 class RefreshReport(TypedDict):

@@ -16,6 +16,7 @@ from iopd.http.client import EarlyStart
 from iopd.json_types import JSONObject
 from wire.messages import (
     Health,
+    ModelInfo,
     ProviderErrorCode,
     ProviderSpec,
     ProviderTunnelRequest,
@@ -174,6 +175,8 @@ class Adapter:
     def __init__(self, spec: ProviderSpec) -> None:
         self.spec = spec
         self.closed = False
+        #: What the last probe's model list said of the served models (Ollama's details).
+        self.model_infos: list[ModelInfo] = []
 
     async def run(self, req: RunRequest, out: RunOutput) -> None:
         """Run a normalized request, writing to ``out``; raise AdapterError on failure."""

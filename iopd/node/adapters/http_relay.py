@@ -27,7 +27,7 @@ from iopd.http.client import (
     ProviderTimeoutError,
 )
 from iopd.node.adapters.base import Adapter, AdapterError, TunnelOutput
-from iopd.node.served_models import MAX_LIST_BYTES, listed_names, not_served
+from iopd.node.served_models import MAX_LIST_BYTES, listed_names, model_infos, not_served
 from iopd.node.usage_extract import scanner_for
 from iopd.vocabulary import HOP_BY_HOP, NEVER_REACHED
 from wire.messages import Health, ProviderErrorCode, ProviderSpec, ProviderTunnelRequest
@@ -237,6 +237,8 @@ class HTTPAdapter(Adapter):
         if len(resp.body) > MAX_LIST_BYTES:
             return "healthy", ""  # a list this long is not checked
         listed = listed_names(resp.body, self.usage_flavour)
+        if self.usage_flavour == "ollama":
+            self.model_infos = model_infos(resp.body, self.spec.models)
         if listed is not None:
             wrong = not_served(self.spec.models, listed, self.usage_flavour, self.probe_path)
             if wrong is not None:

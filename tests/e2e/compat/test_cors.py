@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from iopd.config.validate import origin_problem
+from iopd.config.addresses import origin_problem
 from iopd.edge.openai.incoming import cors
 from tests.support.configs import echo_entry, gateway_yaml, http_provider, node_entry
 from tests.support.gateway import RawResponse, http_request, running_gateway

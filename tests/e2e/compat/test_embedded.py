@@ -17,7 +17,7 @@ import trio
 
 from iopd.config.load import ConfigError, parse_edge_config
 from iopd.config.refresh_classify import classify
-from iopd.config.validate import validate_edge_config
+from iopd.config.rules import validate_edge_config
 from iopd.edge.embedded import embedded_node_config
 from iopd.node.run import run_node
 from tests.support.gateway import (

@@ -1,7 +1,7 @@
 """Ollama's routes through the official ``ollama`` client.
 
 A real edge + node in front of ``MockOllamaServer``: ``list`` (``/api/tags``,
-from the catalog), ``show``, ``embed`` and the legacy ``embeddings``
+from the catalog, with the details the node's probe read from the provider), ``show``, ``embed`` and the legacy ``embeddings``
 (relayed to the group's ollama provider, byte-exact), ``chat`` (relayed), ``ps`` (the edge's in-flight view),
 ``/api/version`` (the edge's own), and errors in Ollama's shape
 ``{"error": "..."}`` that the client turns into a ``ResponseError`` with the
@@ -36,9 +36,9 @@ TOKEN = "sk-ollama-caller"
 
 @asynccontextmanager
 async def gateway(
-    *, auth: bool = False, max_body: int | None = None
+    *, auth: bool = False, max_body: int | None = None, mock: MockOllamaServer | None = None
 ) -> AsyncIterator[tuple[Gateway, MockOllamaServer]]:
-    mock = MockOllamaServer()
+    mock = mock or MockOllamaServer()
     yaml_text = ollama_yaml("MOCK")
     extra = []
     if auth:
@@ -97,6 +97,40 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
             sent = [r.json() for r in mock.requests if r.path == "/api/embeddings"]
             assert len(sent) == 1
             assert sent[0]["model"] == OLLAMA_SERVED and sent[0]["prompt"] == "abcd"
+
+
+async def test_list_shows_the_providers_details_under_the_groups_names() -> None:
+    mock = MockOllamaServer()
+    mock.listed = [OLLAMA_SERVED, "other:7b"]
+    mock.tag_entries[OLLAMA_SERVED] = {
+        "modified_at": "2026-11-30T10:00:00Z",
+        "size": 4661224676,
+        "digest": "365c0bd3c000",
+        "details": {
+            "parent_model": "",
+            "format": "gguf",
+            "family": "llama",
+            "families": ["llama"],
+            "parameter_size": "8.0B",
+            "quantization_level": "Q4_0",
+        },
+    }
+    with trio.fail_after(30):
+        async with gateway(mock=mock) as (gw, _mock):
+            health = gw.runtime.health
+            await wait_until(lambda: "ol-1" in health and bool(health["ol-1"].models))
+            listed = await in_thread(client(gw).list)
+    assert [m.model for m in listed.models] == ["llama", "both"]
+    for m in listed.models:
+        assert m.size == 4661224676 and m.digest == "365c0bd3c000"
+        assert m.modified_at is not None and m.modified_at.isoformat() == "2026-11-30T10:00:00+00:00"
+        assert m.details is not None
+        assert (m.details.format, m.details.family, m.details.families) == (
+            "gguf",
+            "llama",
+            ["llama"],
+        )
+        assert (m.details.parameter_size, m.details.quantization_level) == ("8.0B", "Q4_0")
 
 
 async def test_ps_shows_groups_with_a_request_in_flight_and_version_is_the_edges() -> None:

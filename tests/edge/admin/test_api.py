@@ -25,7 +25,14 @@ from tests.support.gateway import http_request, running_gateway, wait_until
 
 STATUS_KEYS = {"edge_id", "nodes", "providers", "queue"}
 #: Beyond the core keys: the runtime's snapshot version, bumped by every applied refresh.
-STATUS_EXTRA_KEYS = {"config_version", "config_revision", "models", "principals", "limits_backend"}
+STATUS_EXTRA_KEYS = {
+    "config_version",
+    "config_revision",
+    "models",
+    "principals",
+    "limits_backend",
+    "routing",
+}
 NODE_KEYS = {
     "id",
     "alias",

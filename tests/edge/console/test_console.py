@@ -105,6 +105,7 @@ async def test_the_model_groups_table_lists_providers_routing_and_queue() -> Non
         "    fallbacks: [spare]\n"
         "    fallback_on_queue_timeout: true\n"
         "  - id: spare\n"
+        "    routing: least_load\n"
         "    providers: {echo-2: echo}\n",
     )
     rt = EdgeRuntime.create(parse_edge_config(text, env={}))
@@ -118,10 +119,35 @@ async def test_the_model_groups_table_lists_providers_routing_and_queue() -> Non
     assert echo["routing"] == "fallback when full, unhealthy or queue timeout: spare"
     assert (echo["source"], echo["queued"]) == ("models", 0)
     assert groups["spare"]["routing"] == "no fallback"
+    assert (echo["policy"], groups["spare"]["policy"]) == ("prefix", "least_load")
     page = await (await console_app(rt).test_client().get("/")).get_data(as_text=True)
     assert '<tr data-group="echo">' in page
     assert "echo-2 → echo" in page
     assert "fallback when full, unhealthy or queue timeout: spare" in page
+    assert re.findall(r'data-field="policy">(\w+)<', page) == ["prefix", "least_load"]
+
+
+async def test_each_provider_shows_its_prefix_index_size_and_hit_rate() -> None:
+    rt = runtime()
+    index = rt.pool.scheduler.router.index
+    index.record("echo-1", (1, 2, 3))
+    index.match((1, 2, 3), ["echo-1", "echo-2"])  # echo-1 holds the head: a hit
+    index.match((9,), ["echo-1"])  # a miss
+    rows = {p["id"]: p for p in console_view(rt)["providers"]}
+    assert (rows["echo-1"]["index_blocks"], rows["echo-1"]["hit_rate"]) == (3, 0.5)
+    # Nothing recorded and never looked up: no rate (not a rate of 0).
+    assert (rows["echo-2"]["index_blocks"], rows["echo-2"]["hit_rate"]) == (0, None)
+    page = await (await console_app(rt).test_client().get("/")).get_data(as_text=True)
+    cells = dict(
+        re.findall(
+            r'<tr data-provider="([\w-]+)">.*?data-field="index-blocks">(\d+)</td>',
+            page,
+            flags=re.S,
+        )
+    )
+    assert cells == {"echo-1": "3", "echo-off": "0", "echo-2": "0"}
+    rates = re.findall(r'data-field="hit-rate">([^<]*)<', page)
+    assert rates == ["50%", "-", "-"]
 
 
 async def test_recent_errors_are_escaped_on_the_page() -> None:

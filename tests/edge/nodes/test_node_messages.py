@@ -25,7 +25,9 @@ from iopd.edge.nodes.node_text import (
     MAX_FINISH_REASON_CHARS,
     MAX_LAST_ERROR_CHARS,
     MAX_NODE_MESSAGE_CHARS,
+    MODEL_TEXT_BUDGET,
     bounded,
+    bounded_models,
     cut,
     needs_bounding,
     safe_node_reason,
@@ -40,9 +42,13 @@ from wire.framing import MAX_FRAME_BYTES, FrameDecoder, encode_frame
 from wire.messages import (
     MAX_DIGEST_CHARS,
     MAX_LOAD_ENTRIES,
+    MAX_MODEL_FAMILIES,
+    MAX_MODEL_TEXT_CHARS,
     MAX_PROVIDER_ID_CHARS,
     MAX_STATUS_ENTRIES,
     LoadReport,
+    ModelDetails,
+    ModelInfo,
     NodeConfig,
     NodeConfigState,
     ProviderHealth,
@@ -174,6 +180,56 @@ async def test_a_secret_split_by_the_cut_is_still_masked() -> None:
     )
     kept = rt.health["p1"].last_error
     assert KEY[:12] not in kept and KEY[:8] not in kept
+
+
+async def test_apply_keeps_the_served_models_only_cut_and_scrubbed() -> None:
+    rt = runtime()
+    near_cap = "d" * (MAX_MODEL_TEXT_CHARS - len(KEY)) + KEY
+    served = ModelInfo(
+        name="m", size=5, digest=near_cap, details=ModelDetails(families=["llama", near_cap])
+    )
+    elsewhere = ModelInfo(name="not-in-the-config")
+    entries = [ProviderHealth(provider_id="p1", models=[elsewhere, served, ModelInfo(name="m")])]
+    rt.provider_status("node-a", ProviderStatus(providers=entries))
+    (kept,) = rt.health["p1"].models.values()  # the first entry of a served name
+    assert kept.name == "m" and kept.size == 5
+    assert KEY[:8] not in kept.digest and "***" in kept.digest
+    assert kept.details.families[0] == "llama" and KEY[:8] not in kept.details.families[1]
+    # Another node's report of p1 changes nothing.
+    rt.provider_status("node-b", ProviderStatus(providers=[ProviderHealth(provider_id="p1")]))
+    assert list(rt.health["p1"].models) == ["m"]
+
+
+def test_bounded_models_cuts_every_string() -> None:
+    long = "x" * 10_000  # past the wire's bound: the edge's own cut still holds
+    info = ModelInfo(name="m", modified_at=long, details=ModelDetails(family=long))
+    kept_models, left = bounded_models([info], ["m"], lambda t: t)
+    (kept,) = kept_models.values()
+    assert len(kept.modified_at) == MAX_MODEL_TEXT_CHARS and kept.modified_at.endswith(CUT_MARK)
+    assert len(kept.details.family) == MAX_MODEL_TEXT_CHARS
+    assert left == MODEL_TEXT_BUDGET - 2 * MAX_MODEL_TEXT_CHARS
+
+
+def test_a_status_keeps_at_most_its_budget_of_model_text() -> None:
+    text = "t" * MAX_MODEL_TEXT_CHARS
+    per_model = 15 * MAX_MODEL_TEXT_CHARS  # 7 strings and 8 families
+    info = ModelDetails(
+        format=text,
+        family=text,
+        families=[text] * MAX_MODEL_FAMILIES,
+        parameter_size=text,
+        quantization_level=text,
+        parent_model=text,
+    )
+    models = [
+        ModelInfo(name=f"m{i}", digest=text, modified_at=text, details=info) for i in range(64)
+    ]
+    kept, left = bounded_models(models, [m.name for m in models], lambda t: t)
+    assert len(kept) == MODEL_TEXT_BUDGET // per_model < len(models)
+    assert left == MODEL_TEXT_BUDGET % per_model
+    scrubbed: list[str] = []
+    later, _ = bounded_models(models, ["m0"], lambda t: scrubbed.append(t) or t, budget=left)
+    assert later == {} and scrubbed == []  # nothing past the budget is scrubbed
 
 
 async def test_refused_by_node_status_still_applies() -> None:

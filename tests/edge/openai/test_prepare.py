@@ -22,36 +22,8 @@ from iopd.edge.openai.prepare import Body, Decision, Leasing, prepare
 from iopd.edge.openai.routes import Serves
 from iopd.edge.pool.pool import Lease
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
-from iopd.http.connection import Request
 from iopd.vocabulary import UNKNOWN_GROUP
-from tests.support.configs import echo_provider, edge_yaml, model, node
-from tests.support.gateway import edge_config
-
-PASSTHROUGH = {
-    "id": "vllm-a",
-    "type": "openai",
-    "base_url": "http://127.0.0.1:9/v1",
-    "models": ["served"],
-}
-OLLAMA = {"id": "ol-1", "type": "ollama", "base_url": "http://127.0.0.1:9", "models": ["llama"]}
-
-
-def runtime(**openai: Any) -> EdgeRuntime:
-    """Groups ``echo`` (normalized), ``pt`` (passthrough only, max_tokens ≤ 100),
-    ``mixed`` (both) and ``ol`` (ollama)."""
-    limited = {**model("pt", {"vllm-a": "served"}), "generation": {"limits": {"max_tokens": 100}}}
-    yaml_text = edge_yaml(
-        openai=openai,
-        models=[
-            model("echo"),
-            limited,
-            model("mixed", {"echo-1": "echo", "vllm-a": "served"}),
-            model("ol", {"ol-1": "llama"}),
-        ],
-        nodes=[node(providers=[echo_provider(), PASSTHROUGH, OLLAMA])],
-    )
-    return EdgeRuntime.create(edge_config(yaml_text))
-
+from tests.support.request_path import post_request, runtime
 
 RON = Serves.RELAY_OR_NORMALIZED
 
@@ -68,13 +40,7 @@ def prepared(
     out = Outcome(request_id="req-1", principal=rt.snapshot.auth.authenticate(None))
     call = Call(rt.snapshot, out, trio.CancelScope())
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
-    return prepare(rt, call, _request(raw, path, headers), kind, serves), out
-
-
-def _request(
-    body: bytes, path: str = "/v1/chat/completions", headers: list[tuple[str, str]] | None = None
-) -> Request:
-    return Request("POST", path, path, "", headers or [], body, None, "1.1")
+    return prepare(rt, call, post_request(raw, path, headers), kind, serves), out
 
 
 def chat(model_id: str, **fields: Any) -> dict[str, Any]:
@@ -144,7 +110,7 @@ async def test_an_unknown_model_is_a_404_naming_the_models() -> None:
     out = Outcome(request_id="req-1", principal=rt.snapshot.auth.authenticate(None))
     body = json.dumps(chat("nope")).encode()
     with pytest.raises(errors.ModelNotFound) as exc:
-        prepare(rt, Call(rt.snapshot, out, trio.CancelScope()), _request(body), rq.ChatRequest, RON)
+        prepare(rt, Call(rt.snapshot, out, trio.CancelScope()), post_request(body), rq.ChatRequest, RON)
     assert "available models: echo, pt, mixed, ol" in exc.value.message
     assert out.group == UNKNOWN_GROUP
 
@@ -154,7 +120,7 @@ async def test_a_bad_body_of_a_known_model_is_counted_under_its_group() -> None:
     out = Outcome(request_id="req-1", principal=rt.snapshot.auth.authenticate(None))
     body = json.dumps({"model": "echo", "messages": "not a list"}).encode()
     with pytest.raises(errors.InvalidRequest) as exc:
-        prepare(rt, Call(rt.snapshot, out, trio.CancelScope()), _request(body), rq.ChatRequest, RON)
+        prepare(rt, Call(rt.snapshot, out, trio.CancelScope()), post_request(body), rq.ChatRequest, RON)
     assert exc.value.param == "messages"
     assert out.group == "echo"  # resolved once, before the body was validated
 

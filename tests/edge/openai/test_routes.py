@@ -22,6 +22,7 @@ from iopd.edge.openai.outgoing.error_envelope import (
     render_error,
 )
 from iopd.edge.openai.outgoing.messages_reply import ANTHROPIC_ERRORS
+from iopd.edge.openai.responses_api import handler as responses_api
 from iopd.edge.openai.routes import Serves
 from iopd.edge.runtime.edge_runtime import EdgeRuntime
 from iopd.http.connection import Request
@@ -64,7 +65,6 @@ def test_the_routes_a_provider_serves_say_which_providers() -> None:
     }
     assert served == {
         "/v1/chat/completions": (Serves.RELAY_OR_NORMALIZED, rq.ChatRequest),
-        "/v1/responses": (Serves.RELAY_OR_NORMALIZED, rq.ResponsesRequest),
         "/v1/embeddings": (Serves.PASSTHROUGH, rq.RelayedRequest),
         "/v1/completions": (Serves.PASSTHROUGH, rq.RelayedRequest),
         "/api/chat": (Serves.OLLAMA, rq.OllamaRequest),
@@ -73,6 +73,8 @@ def test_the_routes_a_provider_serves_say_which_providers() -> None:
         "/api/embeddings": (Serves.OLLAMA, rq.OllamaRequest),
         "/api/show": (Serves.OLLAMA, rq.OllamaRequest),
     }
+    # /v1/responses has its own handler (relayed, translated through chat, or normalized).
+    assert ROUTES["/v1/responses"].handler is responses_api.serve
     # Every /api/* route answers in Ollama's shape, the Messages routes in
     # Anthropic's, every other in OpenAI's.
     for path, route in ROUTES.items():

@@ -57,6 +57,8 @@
       td("Load", null, el("meter", { min: 0, max: 1, value: Math.min(p.load_ratio, 1) }), " ",
         el("span", { "data-field": "load" }, Math.round(p.load_ratio * 100) + "%")),
       td("Queue", { "data-field": "queued" }, p.queued),
+      td("Index (blocks)", { "data-field": "index-blocks" }, p.index_blocks === null ? "-" : p.index_blocks),
+      td("Hit rate", { "data-field": "hit-rate" }, p.hit_rate === null ? "-" : Math.round(p.hit_rate * 100) + "%"),
       td("Last error", { class: "err", "data-field": "last-error" }, p.last_error || "-"),
       providerActions(p));
   }
@@ -100,6 +102,7 @@
     if (g.providers.length === 0) providers.append("-");
     return el("tr", { "data-group": g.id },
       name, providers,
+      td("Policy", { "data-field": "policy" }, g.policy),
       td("Routing", { "data-field": "routing" }, g.routing),
       td("Waiting", { "data-field": "queued" }, g.queued));
   }

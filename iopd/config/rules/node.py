@@ -1,6 +1,6 @@
 """Semantic rules over a node config: its edges, token, TLS, backoff and consent.
 
-The node's twin of ``validate.py`` (the same ``Errors`` collector, so the
+The node's twin of ``rules/edge.py`` (the same ``Errors`` collector, so the
 problems read like the file, top to bottom); the shapes of the consent keys
 are ``node_consent.py``'s.
 """
@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 from iopd.config.node_consent import consent_problems
 from iopd.config.problems import ConfigProblem
+from iopd.config.rules.collect import Errors, first_at
 from iopd.config.schema import NodeConfigFile, NodeSection, NodeTLS
-from iopd.config.validate import Errors, first_at
 
 __all__ = ["validate_node_config"]
 

@@ -1,4 +1,4 @@
-"""Semantic rules over typed configs: references, bounds, uniqueness, addresses.
+"""Semantic rules over the edge config: references, bounds, uniqueness, addresses.
 
 Pure functions from a Struct to a list of ``ConfigProblem`` (YAML path,
 reason), so they serve ``load.py`` (every problem of a file at once, written
@@ -19,11 +19,12 @@ from dataclasses import dataclass
 
 from iopd.config.addresses import is_loopback_host, origin_problem, parse_host_port
 from iopd.config.fallback_graph import fallback_cycles
-from iopd.config.placeholders import placeholder_hash_reason, placeholder_token_reason
+from iopd.config.placeholders import placeholder_hash_reason
 from iopd.config.problems import ConfigProblem, join_key
-from iopd.config.provider_url import HTTP_PROVIDER_TYPES, base_url_problem
+from iopd.config.rules.collect import Errors, first_at
+from iopd.config.rules.providers import check_provider
+from iopd.config.rules.routing import check_routing
 from iopd.config.schema import (
-    LIFECYCLE_CAPABILITIES,
     EdgeConfig,
     EdgeSection,
     EdgeTLS,
@@ -38,7 +39,6 @@ from iopd.config.schema import (
 )
 from iopd.vocabulary import forbidden_reason
 from wire import scram
-from wire.framing import MAX_HANDSHAKE_ID_CHARS
 from wire.messages import MAX_PROVIDER_ID_CHARS, MAX_STATUS_ENTRIES
 
 __all__ = [
@@ -50,136 +50,17 @@ __all__ = [
     "validate_edge_config",
 ]
 
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 #: Longest base ejection; doubled ejections stop at 10x this (see the outlier tracker).
 MAX_EJECT_SECONDS = 86400.0
 #: Most unauthenticated wire connections an edge may be told to hold.
 MAX_PENDING_CAP = 65536
-_HASH_HINT = "must be 64 lowercase hex characters (the SHA-256 of the token; see 'iopd token')"
-
-
-class Errors:
-    """Collects the problems found, in the order found."""
-
-    def __init__(self) -> None:
-        self.problems: list[ConfigProblem] = []
-
-    def add(self, path: str, reason: str) -> None:
-        self.problems.append(ConfigProblem(path, reason))
-
-    def positive(self, path: str, value: float) -> None:
-        if not value > 0 or (isinstance(value, float) and math.isnan(value)):
-            self.add(path, f"must be > 0 (got {value})")
-
-    def non_negative(self, path: str, value: float) -> None:
-        if not value >= 0:
-            self.add(path, f"must be >= 0 (got {value})")
-
-    def not_empty(self, path: str, value: str) -> bool:
-        if not value.strip():
-            self.add(path, "must not be empty")
-            return False
-        return True
-
-    def wire_id(self, path: str, value: str) -> bool:
-        """An id sent in a handshake frame: not empty, and short enough for its frame cap."""
-        if len(value) > MAX_HANDSHAKE_ID_CHARS:
-            self.add(path, f"must be at most {MAX_HANDSHAKE_ID_CHARS} characters (got {len(value)})")
-            return False
-        return self.not_empty(path, value)
-
-    def address(self, path: str, value: str) -> str | None:
-        try:
-            host, _ = parse_host_port(value)
-        except ValueError as exc:
-            self.add(path, f"{exc} (got {value[:80]!r})")
-            return None
-        return host
-
-    def hash64(self, path: str, value: str) -> bool:
-        """A token hash: 64 lowercase hex, and not the hash of an example's token."""
-        reason = placeholder_hash_reason(value) or (None if _HEX64.match(value) else _HASH_HINT)
-        if reason:
-            self.add(path, reason)
-        return reason is None
-
-    def real_token(self, path: str, value: str) -> None:
-        """A plain token (``openai.bearer_token``, ``node.token``): not an example's."""
-        if reason := placeholder_token_reason(value):
-            self.add(path, reason)
-
-    def tls_pair(self, path: str, cert: str | None, key: str | None) -> None:
-        if cert and not key:
-            self.add(f"{path}.key", f"required when {path}.cert is set")
-        if key and not cert:
-            self.add(f"{path}.cert", f"required when {path}.key is set")
-
-
-def _check_provider(err: Errors, path: str, p: ProviderConfig) -> None:
-    if p.type in HTTP_PROVIDER_TYPES:
-        if not p.base_url:
-            err.add(
-                f"{path}.base_url", f"required for type '{p.type}' (an http:// or https:// URL)"
-            )
-        else:
-            problem = base_url_problem(p.type, p.base_url)
-            if problem is not None:
-                err.add(f"{path}.base_url", problem)
-    if p.anthropic_messages and p.type != "openai":
-        err.add(
-            f"{path}.anthropic_messages",
-            f"only a type 'openai' provider relays the Messages API (this one is '{p.type}')",
-        )
-    if p.type == "cli":
-        if not p.command:
-            err.add(f"{path}.command", "required for type 'cli' (a non-empty argv list)")
-        elif not p.command[0].strip():
-            err.add(f"{path}.command[0]", "the program must not be empty")
-    if p.health_command is not None and (not p.health_command or not p.health_command[0].strip()):
-        err.add(f"{path}.health_command", "must be a non-empty argv list when given")
-    if not p.models:
-        err.add(f"{path}.models", "must list at least one served model name")
-    for i, name in enumerate(p.models):
-        if not name.strip():
-            err.add(f"{path}.models[{i}]", "must not be empty")
-    if p.capacity < 1:
-        err.add(f"{path}.capacity", f"must be >= 1 (got {p.capacity})")
-    if not 0 <= p.long_context_capacity <= max(p.capacity, 0):
-        err.add(
-            f"{path}.long_context_capacity",
-            f"must be between 0 and capacity ({p.capacity}) (got {p.long_context_capacity})",
-        )
-    err.non_negative(f"{path}.priority", p.priority)
-    err.positive(f"{path}.connect_timeout", p.connect_timeout)
-    err.positive(f"{path}.read_timeout", p.read_timeout)
-    err.positive(f"{path}.first_byte_timeout", p.first_byte_timeout)
-    if p.first_byte_timeout > 86400:
-        err.add(f"{path}.first_byte_timeout", f"must be at most 86400 (got {p.first_byte_timeout})")
-    err.positive(f"{path}.health_interval", p.health_interval)
-    err.non_negative(f"{path}.kill_grace", p.kill_grace)
-    err.non_negative(f"{path}.delay_ms", p.delay_ms)
-    for i, cap in enumerate(p.lifecycle_capabilities):
-        if cap not in LIFECYCLE_CAPABILITIES:
-            known = ", ".join(sorted(LIFECYCLE_CAPABILITIES))
-            err.add(
-                f"{path}.lifecycle_capabilities[{i}]",
-                f"unknown capability {cap[:60]!r} (known: {known})",
-            )
 
 
 def _check_edge_tls(err: Errors, tls: EdgeTLS) -> None:
     err.tls_pair("edge.tls", tls.cert, tls.key)
     if tls.client_ca and not (tls.cert and tls.key):
         err.add("edge.tls.client_ca", "requires edge.tls.cert and edge.tls.key")
-
-
-def first_at(seen: dict[str, str], key: str, path: str) -> str | None:
-    """Where ``key`` was first defined, or None (recording ``path``) the first time."""
-    first = seen.get(key)
-    if first is None:
-        seen[key] = path
-    return first
 
 
 @dataclass(frozen=True)
@@ -221,6 +102,7 @@ def validate_edge_config(cfg: EdgeConfig) -> list[ConfigProblem]:
     _check_single_target_route(err, cfg.openai, defined)
     _check_provider_pool(err, cfg.provider_pool)
     _check_retries_and_ejection(err, cfg.provider_pool)
+    err.problems.extend(check_routing(cfg.provider_pool.routing))
     _check_limits(err, cfg.limits, cfg.openai.principal_tokens)
     return err.problems
 
@@ -292,7 +174,7 @@ def _check_nodes(err: Errors, nodes: list[NodeEntry]) -> _Defined:
                 else:
                     providers[p.id] = p
                     provider_node[p.id] = node.id
-            _check_provider(err, ppath, p)
+            check_provider(err, ppath, p)
     return _Defined(node_index, providers, provider_node)
 
 
@@ -536,6 +418,8 @@ def _check_retries_and_ejection(err: Errors, pool: ProviderPoolSection) -> None:
             "provider_pool.eject_seconds",
             f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (a day) (got {pool.eject_seconds})",
         )
+
+
 def _check_limits(err: Errors, limits: LimitsSection, tokens: list[PrincipalToken]) -> None:
     """``limits``: counts >= 0 (0 = unlimited), ``share`` >= 1, each entry a known principal once.
 
@@ -561,7 +445,12 @@ def _check_limits(err: Errors, limits: LimitsSection, tokens: list[PrincipalToke
                     f"unknown principal {ref[:80]!r}: no openai.principal_tokens[] entry has "
                     "this principal_ref (callers without a principal get limits.default)",
                 )
-        for name in ("max_concurrent", "requests_per_minute", "tokens_per_minute", "tokens_per_day"):
+        for name in (
+            "max_concurrent",
+            "requests_per_minute",
+            "tokens_per_minute",
+            "tokens_per_day",
+        ):
             value = getattr(entry, name)
             if value is not None:
                 err.non_negative(f"{path}.{name}", value)
@@ -575,7 +464,9 @@ def _check_limits_backend(err: Errors, limits: LimitsSection) -> None:
     for name in ("backend_timeout", "lease_ttl"):
         value = getattr(limits, name)
         if not (math.isfinite(value) and 0 < value <= MAX_EJECT_SECONDS):
-            err.add(f"limits.{name}", f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (got {value})")
+            err.add(
+                f"limits.{name}", f"must be > 0 and at most {MAX_EJECT_SECONDS:g} (got {value})"
+            )
     if limits.backend_timeout >= limits.lease_ttl / 3:
         err.add(
             "limits.backend_timeout",
