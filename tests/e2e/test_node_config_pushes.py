@@ -21,7 +21,7 @@ import trio.testing
 from iopd.admin_client import refresh_main
 from iopd.edge.nodes.node_text import safe_node_reason
 from tests.support.edges import running_edge
-from tests.support.gateway import metric, node_token, wait_until
+from tests.support.gateway import metric, wait_until
 from tests.support.wire_peers import FakeNode
 from wire.messages import Message, NodeConfig, NodeConfigAck, ProviderSpec
 
@@ -75,11 +75,8 @@ async def test_node_rejecting_its_first_config_is_closed_and_not_connected(
 ) -> None:
     with trio.fail_after(60):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
             caplog.clear()
-            async with RejectsEverything.connect(
-                host, port, node_id="node-b", token=node_token("node-b")
-            ) as fake:
+            async with edge.fake_node(cls=RejectsEverything) as fake:
                 await fake.wait_closed()  # the edge ends the session
                 assert isinstance(fake, ScriptedAckNode) and fake.pushes == 1
                 assert fake.config is not None
@@ -108,10 +105,7 @@ async def test_refresh_reports_a_rejected_push_and_the_cli_exits_1(
 ) -> None:
     with trio.fail_after(60):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
-            async with RejectsLaterPushes.connect(
-                host, port, node_id="node-b", token=node_token("node-b")
-            ) as fake:
+            async with edge.fake_node(cls=RejectsLaterPushes) as fake:
                 await wait_until(lambda: edge.gw.runtime.hub.session("node-b") is not None)
                 caplog.clear()
                 edge.write(cap1=3, cap2=4)  # node-a (a real node) and node-b change
@@ -145,10 +139,7 @@ async def test_refresh_reports_an_unanswered_push(
     monkeypatch.setattr("iopd.edge.runtime.edge_runtime.NODE_PUSH_TIMEOUT", 0.5)
     with trio.fail_after(60):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
-            async with IgnoresLaterPushes.connect(
-                host, port, node_id="node-b", token=node_token("node-b")
-            ):
+            async with edge.fake_node(cls=IgnoresLaterPushes):
                 await wait_until(lambda: edge.gw.runtime.hub.session("node-b") is not None)
                 doc = await edge.apply(cap2=4)
                 version = edge.gw.runtime.snapshot.version

@@ -24,6 +24,7 @@ from tests.support.gateway import (
     running_gateway,
 )
 from tests.support.mock_providers import MockOllamaServer
+from tests.support.replies import function_tool
 
 
 @asynccontextmanager
@@ -138,18 +139,8 @@ async def test_normalized_chat_restores_thinking_and_native_tool_calls() -> None
     mock.reasoning_text = "let me think about it"
     mock.reply_text = "The weather is fine."
     mock.tool_calls = [{"name": "get_weather", "arguments": {"city": "Seoul", "days": 2}}]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
-                },
-            },
-        }
-    ]
+    weather = {"city": {"type": "string"}, "days": {"type": "integer"}}
+    tools = [function_tool("get_weather", weather)]
     messages = [{"role": "user", "content": "weather in Seoul?"}]
     with trio.fail_after(30):
         async with ollama_gateway(mock) as (gw, _):

@@ -30,6 +30,7 @@ from tests.support.gateway import (
     wait_until,
 )
 from tests.support.mock_providers import MockOpenAIServer
+from tests.support.replies import function_tool
 from wire.messages import ProviderTunnelRequest, RunRequest
 
 PRINCIPAL_TOKEN = "sk-canary-principal-0001"
@@ -152,19 +153,7 @@ async def test_responses_normalized_string_input() -> None:
 
 async def test_text_tool_call_through_echo() -> None:
     """echo is text-only: a <tool_call> block in its output becomes an OpenAI tool call."""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"city": {"type": "string"}},
-                    "required": ["city"],
-                },
-            },
-        }
-    ]
+    tools = [function_tool("get_weather", {"city": {"type": "string"}}, required=["city"])]
     call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Seoul"}}</tool_call>'
     bad = '<tool_call>{"name": "get_weather", "arguments": {"town": 1}}</tool_call>'
     with trio.fail_after(30):

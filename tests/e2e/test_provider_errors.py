@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import trio
 
-from tests.support.configs import gateway_yaml, http_provider, node_entry, remote_yaml
+from tests.support.configs import (
+    ollama_only_yaml,
+    remote_yaml,
+)
 from tests.support.gateway import http_request, running_gateway, wait_until
 from tests.support.mock_providers import (
     MockOllamaServer,
@@ -18,69 +21,57 @@ from tests.support.replies import assert_error, chat_body
 CHAT = "/v1/chat/completions"
 
 
-async def test_normalized_provider_error_and_timeout() -> None:
+async def test_normalized_provider_error_and_timeout(ollama_mock: MockOllamaServer) -> None:
+    mock = ollama_mock
     with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            mock = await n.start(MockOllamaServer().serve)
-            yaml_text = gateway_yaml(
-                models="  - id: ol\n    providers: {ol-1: 'mock:latest'}\n",
-                nodes=node_entry(
-                    "node-a",
-                    http_provider(
-                        "ol-1",
-                        "ollama",
-                        mock.base_url,
-                        models="['mock:latest']",
-                        # One probe only, before the mock fails on purpose: a
-                        # probe in "error500" or "hang" mode marks it unhealthy.
-                        extra="        read_timeout: 0.3\n        health_interval: 3600\n",
-                    ),
-                ),
+        yaml_text = ollama_only_yaml(
+            mock.base_url,
+            "ol",
+            # One probe only, before the mock fails on purpose: a
+            # probe in "error500" or "hang" mode marks it unhealthy.
+            extra="        read_timeout: 0.3\n        health_interval: 3600\n",
+        )
+        async with running_gateway(yaml_text) as gw:
+            await wait_until(
+                lambda: getattr(gw.runtime.health.get("ol-1"), "health", "") == "healthy"
             )
-            async with running_gateway(yaml_text) as gw:
-                await wait_until(
-                    lambda: getattr(gw.runtime.health.get("ol-1"), "health", "") == "healthy"
-                )
-                mock.mode = "error500"
-                r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
-                assert_error(r, 502, "provider_error")
-                assert r.json()["error"]["type"] == "server_error"
-                mock.mode = "hang"
-                r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
-                assert_error(r, 504, "provider_timeout")
-                mock.mode = "ok"
-                r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
-                assert r.status == 200
-                await wait_until(lambda: gw.runtime.pool.provider_loads()["ol-1"].in_flight == 0)
-            n.cancel_scope.cancel()
+            mock.mode = "error500"
+            r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
+            assert_error(r, 502, "provider_error")
+            assert r.json()["error"]["type"] == "server_error"
+            mock.mode = "hang"
+            r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
+            assert_error(r, 504, "provider_timeout")
+            mock.mode = "ok"
+            r = await http_request(gw.host_port, "POST", CHAT, body=chat_body("ol", "hi"))
+            assert r.status == 200
+            await wait_until(lambda: gw.runtime.pool.provider_loads()["ol-1"].in_flight == 0)
 
 
-async def test_passthrough_provider_error_relayed_as_is() -> None:
+async def test_passthrough_provider_error_relayed_as_is(openai_mock: MockOpenAIServer) -> None:
+    mock = openai_mock
     with trio.fail_after(30):
-        async with trio.open_nursery() as n:
-            mock = await n.start(MockOpenAIServer().serve)
-            body_bytes = b'{"error": {"message": "upstream exploded", "type": "weird", "code": 7}}'
+        body_bytes = b'{"error": {"message": "upstream exploded", "type": "weird", "code": 7}}'
 
-            def handler(req: RecordedRequest) -> MockReply | None:
-                if req.method == "POST":
-                    return MockReply(
-                        status=500,
-                        headers=[("content-type", "application/json"), ("x-upstream", "yes")],
-                        body=body_bytes,
-                    )
-                return None
+        def handler(req: RecordedRequest) -> MockReply | None:
+            if req.method == "POST":
+                return MockReply(
+                    status=500,
+                    headers=[("content-type", "application/json"), ("x-upstream", "yes")],
+                    body=body_bytes,
+                )
+            return None
 
-            mock.handler = handler
-            yaml_text = remote_yaml(mock.base_url)
-            async with running_gateway(yaml_text) as gw:
-                for path, body in (
-                    (CHAT, chat_body("remote", "hi")),
-                    ("/v1/responses", {"model": "remote", "input": "hi", "stream": True}),
-                ):
-                    r = await http_request(gw.host_port, "POST", path, body=body)
-                    assert r.status == 500
-                    assert r.body == body_bytes
-                    assert r.header("x-upstream") == "yes"
-                pool = gw.runtime.pool
-                await wait_until(lambda: pool.provider_loads()["oa-1"].in_flight == 0)
-            n.cancel_scope.cancel()
+        mock.handler = handler
+        yaml_text = remote_yaml(mock.base_url)
+        async with running_gateway(yaml_text) as gw:
+            for path, body in (
+                (CHAT, chat_body("remote", "hi")),
+                ("/v1/responses", {"model": "remote", "input": "hi", "stream": True}),
+            ):
+                r = await http_request(gw.host_port, "POST", path, body=body)
+                assert r.status == 500
+                assert r.body == body_bytes
+                assert r.header("x-upstream") == "yes"
+            pool = gw.runtime.pool
+            await wait_until(lambda: pool.provider_loads()["oa-1"].in_flight == 0)

@@ -31,7 +31,6 @@ from tests.support.gateway import (
     Gateway,
     RawResponse,
     http_request,
-    node_token,
     token_hash,
     wait_until,
 )
@@ -400,10 +399,7 @@ async def test_changed_node_gets_new_registry_unchanged_node_does_not(tmp_path: 
 async def test_fake_node_sees_pushes_only_when_changed(tmp_path: Path) -> None:
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
-            async with FakeNode.connect(
-                host, port, node_id="node-b", token=node_token("node-b")
-            ) as fake:
+            async with edge.fake_node() as fake:
                 await wait_until(lambda: fake.config is not None)
                 assert fake.config is not None and fake.config.version == 1
 
@@ -441,10 +437,7 @@ async def test_push_rejected_by_node_is_logged_and_apply_still_counts(
     """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
-            async with FakeNode.connect(
-                host, port, node_id="node-b", token=node_token("node-b")
-            ) as fake:
+            async with edge.fake_node() as fake:
                 await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
                 fake._config_ok = False  # from now on every push is rejected
                 caplog.clear()
@@ -757,8 +750,7 @@ async def test_refresh_outcomes_are_counted_and_new_groups_are_labelled(tmp_path
 @asynccontextmanager
 async def silent_node_a(edge: Edge) -> AsyncIterator[FakeNode]:
     """A FakeNode for node-a that acks its handshake config, then never again."""
-    host, port = edge.gw.handle.wire
-    async with FakeNode.connect(host, port, node_id="node-a", token=node_token("node-a")) as fake:
+    async with edge.fake_node("node-a") as fake:
         await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-a") is not None)
         fake._ack_config = False
         yield fake
@@ -867,15 +859,7 @@ async def test_apply_during_a_node_handshake_reaches_that_node(tmp_path: Path) -
     """
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"]) as edge:
-            host, port = edge.gw.handle.wire
-            async with FakeNode.connect(
-                host,
-                port,
-                node_id="node-b",
-                token=node_token("node-b"),
-                ack_config=False,
-                timeout=3,
-            ) as fake:
+            async with edge.fake_node(ack_config=False, timeout=3) as fake:
                 first = await fake.receive(NodeConfig)
                 assert first.version == 1 and first.providers[0].capacity == 2
                 doc = await edge.apply(cap2=3)
@@ -925,10 +909,7 @@ async def test_generation_defaults_and_limits_live_on_the_normalized_path(tmp_pa
     policy = only_b + "    generation: {defaults: {temperature: 0.25}, limits: {max_tokens: 64}}\n"
     with trio.fail_after(30):
         async with running_edge(tmp_path, nodes=["node-a"], models=only_b) as edge:
-            host, port = edge.gw.handle.wire
-            async with FakeNode.connect(
-                host, port, node_id="node-b", token=node_token("node-b"), responder=script
-            ) as fake:
+            async with edge.fake_node(responder=script) as fake:
                 await wait_until(lambda: edge.gw.runtime.hub.connected_since("node-b") is not None)
                 assert text_of(await edge.chat("hi", max_tokens=500)) == "ok"
                 assert runs()[-1].params.get("max_tokens") == 500

@@ -13,7 +13,7 @@ import math
 
 import trio
 
-from tests.e2e.test_metrics import (
+from tests.support.metered import (
     UNMAPPED,
     chat,
     gateway_with_fake_node,

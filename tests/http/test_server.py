@@ -99,9 +99,7 @@ async def test_http10_closes_after_the_response() -> None:
     with trio.fail_after(10):
         async with running() as (port, _), connect(port) as client:
             await client.send(b"GET / HTTP/1.0\r\n\r\n")
-            data = b""
-            while chunk := await client.stream.receive_some(65536):
-                data += chunk
+            data = await client.read_to_eof()
             assert data.startswith(b"HTTP/1.1 200")
 
 
@@ -362,9 +360,7 @@ async def test_handler_exception_after_start_closes_the_connection() -> None:
     with trio.fail_after(10):
         async with running(handler) as (port, _), connect(port) as client:
             await client.send(get())
-            data = b""
-            while chunk := await client.stream.receive_some(65536):
-                data += chunk
+            data = await client.read_to_eof()
             assert b"partial" in data
             assert not data.endswith(b"0\r\n\r\n")  # no terminating chunk
 
@@ -678,9 +674,7 @@ async def test_http10_stream_is_close_delimited() -> None:
     with trio.fail_after(10):
         async with running(handler) as (port, _), connect(port) as client:
             await client.send(b"GET / HTTP/1.0\r\n\r\n")
-            data = b""
-            while chunk := await client.stream.receive_some(65536):
-                data += chunk
+            data = await client.read_to_eof()
             head, _, body = data.partition(b"\r\n\r\n")
             assert b"transfer-encoding" not in head.lower()
             assert b"connection: close" in head.lower()
@@ -735,9 +729,7 @@ async def test_a_client_that_closes_inside_its_request_gets_a_400(raw: bytes) ->
         async with running() as (port, _), connect(port) as client:
             await client.send(raw)
             await client.stream.send_eof()
-            data = b""
-            while chunk := await client.stream.receive_some(65536):
-                data += chunk
+            data = await client.read_to_eof()
             assert data.startswith(b"HTTP/1.1 400 ")
             assert b'"invalid_request_error"' in data
 

@@ -307,6 +307,19 @@ def ollama_yaml(base_url: str, *, generation: str = "") -> str:
     )
 
 
+def ollama_only_yaml(base_url: str, model_id: str, *, group: str = "", extra: str = "") -> str:
+    """Node ``node-a`` whose one provider is Ollama ``ol-1`` at ``base_url``, serving
+    ``OLLAMA_SERVED`` as model ``model_id``; ``group``: more lines of that model (its
+    generation policy), ``extra``: more lines of the provider."""
+    return gateway_yaml(
+        models=f"  - id: {model_id}\n    providers: {{ol-1: '{OLLAMA_SERVED}'}}\n{group}",
+        nodes=node_entry(
+            "node-a",
+            http_provider("ol-1", "ollama", base_url, models=f"['{OLLAMA_SERVED}']", extra=extra),
+        ),
+    )
+
+
 def one_slot_yaml(request_timeout: float = 5) -> str:
     """One echo provider with one slot (1 s a chunk); a request may wait (queue 8, 60 s) far
     longer than it may run (``request_timeout``); drain_timeout 30 s."""

@@ -15,7 +15,7 @@ import re
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +24,7 @@ from typing import Any
 import h11
 import trio
 
+from tests.support import configs
 from wire import scram
 
 GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
@@ -32,36 +33,6 @@ GUARD = 30.0  # seconds: generous, the tests normally take 2-8 s each
 CALLER_TOKEN = "iop_canary_caller_7f3a9c1e5b"
 NODE_TOKEN = "iop_canary_node_2d8e4b6a0c"
 WRONG_TOKEN = "iop_canary_wrong_9b1d3f5e7a"
-
-EDGE_YAML = """\
-edge:
-  id: ops-edge
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  drain_timeout: {drain_timeout}
-  log_format: {log_format}
-openai:
-  listen: 127.0.0.1:0
-  principal_tokens:
-    - token_ref: canary-ref
-      token_hash_sha256: {caller_hash}
-      principal_ref: ops-user
-      alias: opsalice
-provider_pool: {{max_queue: 8, queue_timeout: 10}}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: ops-node
-    token_verifier: "{node_verifier}"
-    providers:
-      - id: echo-1
-        type: echo
-        category: api
-        models: [echo]
-        capacity: {capacity}
-        delay_ms: {delay_ms}
-"""
 
 
 def node_yaml(wire_port: int, *, node_id: str = "ops-node", log_format: str | None = None) -> str:
@@ -145,14 +116,29 @@ def edge_yaml(
     delay_ms: int = 100,
     capacity: int = 2,
     log_format: str = "keyvalue",
+    max_queue: int = 8,
+    queue_timeout: float = 10,
+    edge: Mapping[str, Any] | None = None,
+    openai: Mapping[str, Any] | None = None,
 ) -> str:
-    return EDGE_YAML.format(
-        drain_timeout=drain_timeout,
-        delay_ms=delay_ms,
-        capacity=capacity,
-        log_format=log_format,
-        caller_hash=_sha256(CALLER_TOKEN),
-        node_verifier=node_verifier(NODE_TOKEN),
+    """The daemons' edge ``ops-edge``: caller ``CALLER_TOKEN`` (alias ``opsalice``), model
+    ``echo`` on ``ops-node`` (echo-1, words ``delay_ms`` apart); ``edge``/``openai``: more keys
+    of those sections (or other values)."""
+    caller = {
+        "token_ref": "canary-ref",
+        "token_hash_sha256": _sha256(CALLER_TOKEN),
+        "principal_ref": "ops-user",
+        "alias": "opsalice",
+    }
+    provider = configs.echo_provider(capacity=capacity, delay_ms=delay_ms)
+    return configs.edge_yaml(
+        edge_id="ops-edge",
+        edge={"drain_timeout": drain_timeout, "log_format": log_format, **(edge or {})},
+        openai={"principal_tokens": [caller], **(openai or {})},
+        provider_pool={"max_queue": max_queue, "queue_timeout": queue_timeout},
+        nodes=[
+            {"id": "ops-node", "token_verifier": node_verifier(NODE_TOKEN), "providers": [provider]}
+        ],
     )
 
 
@@ -286,6 +272,34 @@ class Cluster:
     openai: tuple[str, int]
     admin: tuple[str, int]
     edge_config: Path
+    wire: tuple[str, int]
+
+
+@asynccontextmanager
+async def edge_and_node(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    edge_cfg: Path,
+    *,
+    node_id: str = "ops-node",
+    log_format: str | None = None,
+) -> AsyncIterator[Cluster]:
+    """The edge daemon on ``edge_cfg``, then a node daemon ``node_id`` dialling its wire port
+    (``node_yaml``); the node is started, not yet waited for."""
+    async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
+        started = await edge.wait_event("edge_started")
+        wire = host_port(started["wire"])
+        node_cfg = tmp_path / "node.yaml"
+        node_cfg.write_text(node_yaml(wire[1], node_id=node_id, log_format=log_format))
+        async with run_daemon(nursery, "node", "node", node_cfg) as node:
+            yield Cluster(
+                edge=edge,
+                node=node,
+                openai=host_port(started["openai"]),
+                admin=host_port(started["admin"]),
+                edge_config=edge_cfg,
+                wire=wire,
+            )
 
 
 @asynccontextmanager
@@ -295,21 +309,9 @@ async def cluster(tmp_path: Path, **edge_opts: Any) -> AsyncIterator[Cluster]:
     edge_cfg = tmp_path / "edge.yaml"
     edge_cfg.write_text(edge_yaml(**edge_opts))
     async with trio.open_nursery() as nursery:
-        async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
-            started = await edge.wait_event("edge_started")
-            wire = host_port(started["wire"])
-            node_cfg = tmp_path / "node.yaml"
-            node_cfg.write_text(node_yaml(wire[1], log_format=log_format))
-            async with run_daemon(nursery, "node", "node", node_cfg) as node:
-                c = Cluster(
-                    edge=edge,
-                    node=node,
-                    openai=host_port(started["openai"]),
-                    admin=host_port(started["admin"]),
-                    edge_config=edge_cfg,
-                )
-                await edge.wait_event("node_connected")
-                yield c
+        async with edge_and_node(nursery, tmp_path, edge_cfg, log_format=log_format) as c:
+            await c.edge.wait_event("node_connected")
+            yield c
         nursery.cancel_scope.cancel()
 
 

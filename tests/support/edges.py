@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from tests.support.configs import echo_entry, provider_entry, two_node_yaml
-from tests.support.gateway import Gateway, RawResponse, http_request, running_gateway, wait_until
+from tests.support.gateway import (
+    Gateway,
+    RawResponse,
+    http_request,
+    node_token,
+    running_gateway,
+    wait_until,
+)
+from tests.support.wire_peers import FakeNode
 
 REPORT_KEYS = {
     "mode",
@@ -124,6 +132,13 @@ class Edge:
 
     def in_flight(self) -> dict[str, int]:
         return {pid: load.in_flight for pid, load in self.gw.runtime.pool.provider_loads().items()}
+
+    def fake_node(
+        self, node_id: str = "node-b", cls: type[FakeNode] = FakeNode, **kw: Any
+    ) -> AbstractAsyncContextManager[FakeNode]:
+        """A scripted ``cls`` dialling this edge's wire port as ``node_id``, with its token."""
+        host, port = self.gw.handle.wire
+        return cls.connect(host, port, node_id=node_id, token=node_token(node_id), **kw)
 
     async def idle(self) -> None:
         """Wait until no lease is held and nobody queues."""

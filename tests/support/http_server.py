@@ -84,6 +84,13 @@ class Client:
             else:
                 raise AssertionError(f"unexpected {event!r}")
 
+    async def read_to_eof(self) -> bytes:
+        """Every byte the server sends until it closes the connection."""
+        data = b""
+        while chunk := await self.stream.receive_some(65536):
+            data += chunk
+        return data
+
     async def at_eof(self) -> bool:
         """True when the server closed the connection (EOF or reset)."""
         try:

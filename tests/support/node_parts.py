@@ -152,14 +152,28 @@ class ListSender:
         return [m for m in self.msgs if is_terminal(m)]
 
 
-def run_req(text: str = "alpha beta gamma", provider: str = "echo", sid: int = 1) -> RunRequest:
+def adapter_req(
+    provider_id: str,
+    adapter: str,
+    target: str,
+    messages: list[dict[str, Any]],
+    *,
+    stream_id: int = 1,
+    **fields: Any,
+) -> RunRequest:
+    """A ``RunRequest`` for one adapter: ``target`` on ``provider_id``, the rest as given."""
     return RunRequest(
-        stream_id=sid,
-        provider_id=provider,
-        adapter="echo",
-        target="echo",
-        messages=[{"role": "user", "content": text}],
+        stream_id=stream_id,
+        provider_id=provider_id,
+        adapter=adapter,
+        target=target,
+        messages=messages,
+        **fields,
     )
+
+
+def run_req(text: str = "alpha beta gamma", provider: str = "echo", sid: int = 1) -> RunRequest:
+    return adapter_req(provider, "echo", "echo", [{"role": "user", "content": text}], stream_id=sid)
 
 
 def tunnel_req(

@@ -1,4 +1,4 @@
-"""A request body and what came back: a chat body, an error envelope asserted, the JSON
+"""A request body and what came back: a chat body, a function tool, an error envelope asserted, the JSON
 payloads of an SSE body and the text it streamed."""
 
 from __future__ import annotations
@@ -11,6 +11,17 @@ from tests.support.gateway import RawResponse
 
 def chat_body(model: str, text: str, **extra: Any) -> dict[str, Any]:
     return {"model": model, "messages": [{"role": "user", "content": text}], **extra}
+
+
+def function_tool(
+    name: str, properties: dict[str, Any], required: list[str] | None = None
+) -> dict[str, Any]:
+    """A Chat Completions ``tools[]`` entry: function ``name`` taking an object of
+    ``properties`` (``required`` left out when None)."""
+    parameters: dict[str, Any] = {"type": "object", "properties": properties}
+    if required is not None:
+        parameters["required"] = required
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
 
 def assert_error(resp: RawResponse, status: int, code: str, param: str | None = None) -> None:

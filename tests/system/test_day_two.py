@@ -13,12 +13,11 @@ both nodes are served by the new edge process.
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import trio
 
+from tests.support.cli import iopd as run_iopd_command
 from tests.support.daemons import (
     CALLER_TOKEN,
     Daemon,
@@ -116,16 +115,9 @@ class PacedLoad:
 async def iopd(*args: str) -> str:
     """Run ``python -m iopd ARGS`` as the operator would (no admin URL in the
     environment); its stdout, asserting exit 0."""
-    env = {k: v for k, v in os.environ.items() if k not in ("IOP_ADMIN_URL", "IOP_ADMIN_TOKEN")}
-    done = await trio.run_process(
-        [sys.executable, "-m", "iopd", *args],
-        capture_stdout=True,
-        capture_stderr=True,
-        check=False,
-        env=env,
-    )
-    assert done.returncode == 0, (args, done.stdout, done.stderr)
-    return done.stdout.decode()
+    code, out, err = await run_iopd_command(*args)
+    assert code == 0, (args, out, err)
+    return out
 
 
 async def test_day_two_changes_and_a_restart_fail_no_request_and_drop_no_stream(

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from tests.support.configs import edge_yaml, model
 from tests.support.daemons import (
     NODE_TOKEN,
     Daemon,
@@ -43,31 +44,6 @@ HAPROXY = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/sb
 #: words is in flight for about WORDS x DELAY_MS.
 DELAY_MS = 250
 WORDS = 8
-
-EDGE_YAML = """\
-edge:
-  id: {edge_id}
-  node_listen: 127.0.0.1:0
-  admin_listen: 127.0.0.1:0
-  heartbeat_interval: 1
-  heartbeat_timeout: 3
-  drain_timeout: 5
-openai:
-  listen: 127.0.0.1:0
-provider_pool: {{max_queue: 64, queue_timeout: 30}}
-models:
-  - id: echo
-    providers: {{echo-1: echo, echo-2: echo}}
-nodes:
-  - id: node-1
-    token_verifier: "{node_verifier}"
-    providers:
-      - {{id: echo-1, type: echo, models: [echo], capacity: 16, delay_ms: {delay_ms}}}
-  - id: node-2
-    token_verifier: "{node_verifier}"
-    providers:
-      - {{id: echo-2, type: echo, models: [echo], capacity: 16, delay_ms: {delay_ms}}}
-"""
 
 NODE_YAML = """\
 node:
@@ -249,10 +225,33 @@ async def _scenario(
 
 
 def _edge_cfg(tmp_path: Path, edge_id: str) -> Path:
+    """Edge ``edge_id``: nodes node-1 and node-2 (one echo provider each, 16 slots, words
+    DELAY_MS apart) behind model ``echo``; heartbeats 1/3 s, a 5 s drain."""
+    verifier = node_verifier(NODE_TOKEN)
+    nodes = [
+        {
+            "id": f"node-{n}",
+            "token_verifier": verifier,
+            "providers": [
+                {
+                    "id": f"echo-{n}",
+                    "type": "echo",
+                    "models": ["echo"],
+                    "capacity": 16,
+                    "delay_ms": DELAY_MS,
+                }
+            ],
+        }
+        for n in (1, 2)
+    ]
     path = tmp_path / f"{edge_id}.yaml"
     path.write_text(
-        EDGE_YAML.format(
-            edge_id=edge_id, node_verifier=node_verifier(NODE_TOKEN), delay_ms=DELAY_MS
+        edge_yaml(
+            edge_id=edge_id,
+            edge={"heartbeat_interval": 1, "heartbeat_timeout": 3, "drain_timeout": 5},
+            provider_pool={"max_queue": 64, "queue_timeout": 30},
+            models=[model("echo", {"echo-1": "echo", "echo-2": "echo"})],
+            nodes=nodes,
         )
     )
     return path

@@ -40,12 +40,10 @@ from tests.support.daemons import (
     Daemon,
     _sha256,
     chat_body,
-    host_port,
+    edge_and_node,
     http_request,
     node_verifier,
-    node_yaml,
     parse_log_line,
-    run_daemon,
 )
 from tests.support.wire_peers import FakeNode
 from wire.messages import MAX_STATUS_ENTRIES, ProviderHealth, ProviderStatus
@@ -192,30 +190,23 @@ async def test_a_rogue_nodes_oversized_messages_do_not_stall_the_edge(tmp_path: 
     )
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
-                started = await edge.wait_event("edge_started")
-                wire = host_port(started["wire"])
-                openai, admin = host_port(started["openai"]), host_port(started["admin"])
-                node_cfg = tmp_path / "node.yaml"
-                node_cfg.write_text(node_yaml(wire[1], node_id="good-node"))
-                async with run_daemon(nursery, "node", "node", node_cfg):
+            async with edge_and_node(nursery, tmp_path, edge_cfg, node_id="good-node") as c:
+                edge, wire, openai, admin = c.edge, c.wire, c.openai, c.admin
+                await edge.wait_for(lambda ln: "event=node_connected" in ln and "good-node" in ln)
+                await _wait_health(admin, "echo-1", "healthy")
+                async with FakeNode.connect(
+                    *wire, node_id="rogue-node", token=ROGUE_TOKEN, timeout=GUARD
+                ) as rogue:
                     await edge.wait_for(
-                        lambda ln: "event=node_connected" in ln and "good-node" in ln
+                        lambda ln: "event=node_connected" in ln and "rogue-node" in ln
                     )
-                    await _wait_health(admin, "echo-1", "healthy")
-                    async with FakeNode.connect(
-                        *wire, node_id="rogue-node", token=ROGUE_TOKEN, timeout=GUARD
-                    ) as rogue:
-                        await edge.wait_for(
-                            lambda ln: "event=node_connected" in ln and "rogue-node" in ln
-                        )
-                        lines_before = len(_non_request_lines(edge))
-                        probes = Probes(openai)
-                        async with trio.open_nursery() as probing:
-                            probing.start_soon(probes.run)
-                            size, rogue_1 = await _flood(rogue, edge, admin)
-                            probes.stop.set()
-                    flood_lines = _non_request_lines(edge)[lines_before:]
+                    lines_before = len(_non_request_lines(edge))
+                    probes = Probes(openai)
+                    async with trio.open_nursery() as probing:
+                        probing.start_soon(probes.run)
+                        size, rogue_1 = await _flood(rogue, edge, admin)
+                        probes.stop.set()
+                flood_lines = _non_request_lines(edge)[lines_before:]
         nursery.cancel_scope.cancel()
 
     assert probes.errors == []

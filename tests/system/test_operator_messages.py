@@ -79,10 +79,7 @@ async def test_a_node_dialling_the_openai_port_is_told_it_is_http(tmp_path: Path
     edge_cfg = tmp_path / "edge.yaml"
     # A short header timeout: the OpenAI listener answers the node's bytes with a 408 soon.
     edge_cfg.write_text(
-        edge_yaml().replace(
-            "openai:\n  listen: 127.0.0.1:0\n",
-            "openai:\n  listen: 127.0.0.1:0\n  header_timeout: 0.5\n",
-        )
+        edge_yaml(openai={"header_timeout": 0.5})
     )
     with trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
@@ -111,9 +108,7 @@ async def test_a_failed_sighup_logs_each_reason_with_what_to_do(tmp_path: Path) 
                 await edge.wait_event("edge_started")
                 # Two problems: both are logged, each on its line.
                 edge_cfg.write_text(
-                    good.replace(
-                        "max_queue: 8, queue_timeout: 10", "max_queue: -1, queue_timeout: 0"
-                    )
+                    edge_yaml(max_queue=-1, queue_timeout=0)
                 )
                 edge.proc.send_signal(signal.SIGHUP)
                 await edge.wait_for(lambda ln: "queue_timeout" in ln and "sighup_refresh" in ln)
@@ -131,7 +126,7 @@ async def test_a_failed_sighup_logs_each_reason_with_what_to_do(tmp_path: Path) 
 
                 # A key that needs a restart: named, with the two ways out.
                 edge_cfg.write_text(
-                    good.replace("node_listen: 127.0.0.1:0", "node_listen: 127.0.0.1:1")
+                    edge_yaml(edge={"node_listen": "127.0.0.1:1"})
                 )
                 edge.proc.send_signal(signal.SIGHUP)
                 line = await edge.wait_for(lambda ln: "event=sighup_refresh outcome=refused" in ln)
@@ -154,7 +149,7 @@ async def test_systemctl_status_says_the_last_reload_failed(tmp_path: Path) -> N
             async with run_daemon(nursery, "edge", "edge", edge_cfg, notify_socket=path) as edge:
                 assert "READY=1" in await next_states()
                 await edge.wait_event("edge_started")
-                edge_cfg.write_text(good.replace("max_queue: 8", "max_queue: -1"))
+                edge_cfg.write_text(edge_yaml(max_queue=-1))
                 edge.proc.send_signal(signal.SIGHUP)
                 assert "RELOADING=1" in await next_states()
                 after = await next_states()

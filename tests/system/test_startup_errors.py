@@ -21,32 +21,18 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 
+from tests.support import configs
+from tests.support.configs import ANY_PORT
 from tests.support.daemons import assert_one_line, run_iopd
 from tests.support.gateway import http_request
 
 GUARD = 30.0  # seconds; each process normally exits within one
 NODE_TOKEN = "iop_canary_startup_node_4e1c"
-
-EDGE_YAML = """\
-edge:
-  id: startup-edge
-  node_listen: {node_listen}
-  admin_listen: {admin_listen}
-{tls}openai:
-  listen: {openai_listen}
-models:
-  - id: echo
-    providers: {{echo-1: echo}}
-nodes:
-  - id: n1
-    token_hash_sha256: {node_hash}
-    providers:
-      - {{id: echo-1, type: echo, models: [echo]}}
-"""
 
 NODE_YAML = """\
 node:
@@ -58,17 +44,26 @@ node:
 
 def edge_yaml(
     *,
-    node_listen: str = "127.0.0.1:0",
-    admin_listen: str = "127.0.0.1:0",
-    openai_listen: str = "127.0.0.1:0",
-    tls: str = "",
+    node_listen: str = ANY_PORT,
+    admin_listen: str = ANY_PORT,
+    openai_listen: str = ANY_PORT,
+    tls: dict[str, str] | None = None,
 ) -> str:
-    return EDGE_YAML.format(
-        node_listen=node_listen,
-        admin_listen=admin_listen,
-        openai_listen=openai_listen,
-        tls=tls,
-        node_hash=hashlib.sha256(NODE_TOKEN.encode()).hexdigest(),
+    """Edge ``startup-edge`` serving ``echo`` on node ``n1``; ``tls`` its ``edge.tls``."""
+    edge: dict[str, Any] = {"node_listen": node_listen, "admin_listen": admin_listen}
+    if tls is not None:
+        edge["tls"] = tls
+    return configs.edge_yaml(
+        edge_id="startup-edge",
+        edge=edge,
+        openai={"listen": openai_listen},
+        nodes=[
+            {
+                "id": "n1",
+                "token_hash_sha256": hashlib.sha256(NODE_TOKEN.encode()).hexdigest(),
+                "providers": [{"id": "echo-1", "type": "echo", "models": ["echo"]}],
+            }
+        ],
     )
 
 
@@ -140,7 +135,7 @@ async def test_demo_rejects_a_port_out_of_range() -> None:
 async def test_edge_tls_cert_missing(tmp_path: Path) -> None:
     cert, key = tmp_path / "missing.pem", tmp_path / "missing.key"
     config = tmp_path / "edge.yaml"
-    config.write_text(edge_yaml(tls=f"  tls: {{cert: {cert}, key: {key}}}\n"))
+    config.write_text(edge_yaml(tls={"cert": str(cert), "key": str(key)}))
     result = await run_iopd("edge", "--config", str(config))
     assert_one_line(
         result, f"iopd edge: cannot read edge.tls.cert {cert}: no such file or directory"
@@ -152,7 +147,7 @@ async def test_edge_tls_cert_not_pem(tmp_path: Path) -> None:
     cert.write_text("not a certificate\n")
     key.write_text("not a key\n")
     config = tmp_path / "edge.yaml"
-    config.write_text(edge_yaml(tls=f"  tls: {{cert: {cert}, key: {key}}}\n"))
+    config.write_text(edge_yaml(tls={"cert": str(cert), "key": str(key)}))
     code, stdout, stderr = await run_iopd("edge", "--config", str(config))
     assert code == 1 and "Traceback" not in stdout + stderr
     (line,) = stderr.splitlines()

@@ -42,11 +42,9 @@ from tests.support.daemons import (
     CALLER_TOKEN,
     Daemon,
     chat_body,
+    edge_and_node,
     edge_yaml,
-    host_port,
     http_request,
-    node_yaml,
-    run_daemon,
 )
 
 GUARD = 55.0
@@ -66,11 +64,12 @@ RSS_GROWTH_BOUND_MIB = 100
 FD_MARGIN = 64
 NEEDED_FDS = IDLE + OVERSIZED + 1000
 
-FLOOD_SETTINGS = f"""\
-  heartbeat_interval: 0.5
-  heartbeat_timeout: 3
-  handshake_timeout: {HANDSHAKE_TIMEOUT}
-"""
+#: The edge keys the flood test adds to the daemons' edge section.
+FLOOD_SETTINGS = {
+    "heartbeat_interval": 0.5,
+    "heartbeat_timeout": 3,
+    "handshake_timeout": HANDSHAKE_TIMEOUT,
+}
 
 
 def _proc_status(pid: int, key: str) -> int:
@@ -224,50 +223,44 @@ async def test_a_flood_of_unauthenticated_connections_leaves_the_node_and_caller
     tmp_path: Path,
 ) -> None:
     edge_cfg = tmp_path / "edge.yaml"
-    text = edge_yaml(delay_ms=1, capacity=8)
-    edge_cfg.write_text(text.replace("  drain_timeout:", FLOOD_SETTINGS + "  drain_timeout:", 1))
+    edge_cfg.write_text(edge_yaml(delay_ms=1, capacity=8, edge=FLOOD_SETTINGS))
     socks: list[socket.socket] = []
     with enough_descriptors(), trio.fail_after(GUARD):
         async with trio.open_nursery() as nursery:
-            async with run_daemon(nursery, "edge", "edge", edge_cfg) as edge:
-                started = await edge.wait_event("edge_started")
-                wire = host_port(started["wire"])
-                openai, admin = host_port(started["openai"]), host_port(started["admin"])
-                node_cfg = tmp_path / "node.yaml"
-                node_cfg.write_text(node_yaml(wire[1], log_format="keyvalue"))
-                async with run_daemon(nursery, "node", "node", node_cfg) as node:
-                    await edge.wait_event("node_connected")
-                    await node.wait_event("edge_connected")
-                    before = await node_row(admin)
-                    assert before["connected"] is True
-                    pid = edge.proc.pid
-                    # A few requests first: the edge's memory as it serves.
-                    warm = Probes()
-                    for n in range(20):
-                        resp = await http_request(
-                            openai,
-                            "POST",
-                            "/v1/chat/completions",
-                            chat_body(f"warm {n}"),
-                            token=CALLER_TOKEN,
-                        )
-                        assert resp.status == 200, resp.body
-                        warm.ok += 1
-                    rss_before, fds_before = rss_kib(pid), fd_count(pid)
-                    probes, peak, stop = Probes(), Peak(), trio.Event()
-                    try:
-                        async with trio.open_nursery() as inner:
-                            inner.start_soon(probe_loop, openai, probes, stop)
-                            inner.start_soon(sample_loop, pid, peak, stop)
-                            await flood(wire[1], socks)
-                            await trio.sleep(HOLD)
-                            stop.set()
-                    finally:
-                        for sock in socks:
-                            sock.close()
-                    metrics = (await http_request(admin, "GET", "/metrics")).body.decode()
-                    after = await node_row(admin)
-                    events = link_events(edge, node)
+            async with edge_and_node(nursery, tmp_path, edge_cfg, log_format="keyvalue") as c:
+                edge, node, wire, openai, admin = c.edge, c.node, c.wire, c.openai, c.admin
+                await edge.wait_event("node_connected")
+                await node.wait_event("edge_connected")
+                before = await node_row(admin)
+                assert before["connected"] is True
+                pid = edge.proc.pid
+                # A few requests first: the edge's memory as it serves.
+                warm = Probes()
+                for n in range(20):
+                    resp = await http_request(
+                        openai,
+                        "POST",
+                        "/v1/chat/completions",
+                        chat_body(f"warm {n}"),
+                        token=CALLER_TOKEN,
+                    )
+                    assert resp.status == 200, resp.body
+                    warm.ok += 1
+                rss_before, fds_before = rss_kib(pid), fd_count(pid)
+                probes, peak, stop = Probes(), Peak(), trio.Event()
+                try:
+                    async with trio.open_nursery() as inner:
+                        inner.start_soon(probe_loop, openai, probes, stop)
+                        inner.start_soon(sample_loop, pid, peak, stop)
+                        await flood(wire[1], socks)
+                        await trio.sleep(HOLD)
+                        stop.set()
+                finally:
+                    for sock in socks:
+                        sock.close()
+                metrics = (await http_request(admin, "GET", "/metrics")).body.decode()
+                after = await node_row(admin)
+                events = link_events(edge, node)
 
     assert probes.errors == [], probes.errors[:10]
     assert probes.ok >= 10, probes

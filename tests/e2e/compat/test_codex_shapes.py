@@ -18,7 +18,10 @@ from typing import Any
 import pytest
 import trio
 
-from tests.support.configs import echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import (
+    echo_yaml,
+    ollama_only_yaml,
+)
 from tests.support.gateway import http_request, metric, running_gateway
 from tests.support.mock_providers import MockOllamaServer
 
@@ -195,13 +198,7 @@ async def test_codex_shapes_on_ollama_map_fields_and_tools(
     mock = ollama_mock
     with trio.fail_after(30):
         mock.tool_calls = [{"name": "apply_patch", "arguments": {"input": PATCH}}]
-        yaml_text = gateway_yaml(
-            models="  - id: m\n    providers: {ol-1: 'mock:latest'}\n",
-            nodes=node_entry(
-                "node-a",
-                http_provider("ol-1", "ollama", mock.base_url, models="['mock:latest']"),
-            ),
-        )
+        yaml_text = ollama_only_yaml(mock.base_url, "m")
         async with running_gateway(yaml_text) as gw:
             body = _codex_body(
                 [

@@ -16,7 +16,13 @@ import openai
 import pytest
 import trio
 
-from tests.support.configs import cli_provider, echo_yaml, gateway_yaml, http_provider, node_entry
+from tests.support.configs import (
+    cli_provider,
+    echo_yaml,
+    gateway_yaml,
+    node_entry,
+    ollama_only_yaml,
+)
 from tests.support.gateway import in_thread, running_gateway
 from tests.support.mock_providers import MockOllamaServer
 
@@ -168,13 +174,7 @@ async def test_native_tool_calls_on_ollama() -> None:
         async with trio.open_nursery() as nursery:
             mock = await nursery.start(MockOllamaServer().serve)
             mock.tool_calls = [{"name": "get_weather", "arguments": {"city": "Oslo"}}]
-            yaml_text = gateway_yaml(
-                models="  - id: llama\n    providers: {ol-1: 'mock:latest'}\n",
-                nodes=node_entry(
-                    "node-a",
-                    http_provider("ol-1", "ollama", mock.base_url, models="['mock:latest']"),
-                ),
-            )
+            yaml_text = ollama_only_yaml(mock.base_url, "llama")
             async with running_gateway(yaml_text) as gw:
                 client = gw.sdk()
                 resp = await in_thread(

@@ -7,12 +7,15 @@ in-memory stream pair + ``autojump_clock`` for everything timed.
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 
 import msgspec
 import pytest
 import trio
 import trio.testing
 
+from iopd.edge.nodes.hub import NodeHub
 from iopd.edge.nodes.node_session import NodeStream
 from iopd.errors import NodeDispatchError
 from iopd.transport.listen import serve_wire
@@ -173,17 +176,24 @@ class RawNode:
         return cfg
 
 
+@asynccontextmanager
+async def raw_node_on(hub: NodeHub) -> AsyncIterator[tuple[RawNode, trio.Nursery]]:
+    """A ``RawNode`` over an in-memory stream that ``hub`` serves, past its handshake."""
+    client, server = trio.testing.memory_stream_pair()
+    raw = RawNode(client)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(hub.handle_connection, server)
+        await raw.handshake()
+        yield raw, nursery
+
+
 async def test_heartbeat_timeout_detects_silent_node(
     autojump_clock: trio.testing.MockClock,
 ) -> None:
     rec = HubRecorder(TOKENS)
     hub = make_hub(rec, heartbeat_interval=5.0, heartbeat_timeout=15.0)
-    client, server = trio.testing.memory_stream_pair()
-    raw = RawNode(client)
     with trio.fail_after(100):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.handle_connection, server)
-            await raw.handshake()
+        async with raw_node_on(hub):
             await wait_until(lambda: ("connect", "node-a") in rec.events)
             connected_at = trio.current_time()
             # The node stays silent (reads nothing, sends nothing) from here on.
@@ -195,12 +205,8 @@ async def test_heartbeat_timeout_detects_silent_node(
 async def test_heartbeats_keep_a_live_node(autojump_clock: trio.testing.MockClock) -> None:
     rec = HubRecorder(TOKENS)
     hub = make_hub(rec, heartbeat_interval=5.0, heartbeat_timeout=15.0)
-    client, server = trio.testing.memory_stream_pair()
-    raw = RawNode(client)
     with trio.fail_after(1000):
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(hub.handle_connection, server)
-            await raw.handshake()
+        async with raw_node_on(hub) as (raw, nursery):
             seen = 0
             while seen < 10:  # 50 virtual seconds, answering every heartbeat
                 msg = await raw.recv()

@@ -13,6 +13,7 @@ import trio
 from iopd.node.adapters.base import AdapterError, CollectedRunOutput
 from iopd.node.adapters.cli import STDERR_TAIL_BYTES, CliAdapter, render_prompt
 from iopd.tokens import estimate_input_tokens
+from tests.support.node_parts import adapter_req
 from wire.messages import ProviderSpec, RunRequest
 
 PY = sys.executable
@@ -29,14 +30,7 @@ def cli(script: str, **kw: Any) -> CliAdapter:
 def run_req(
     messages: list[dict[str, Any]] | None = None, workspace: str | None = None
 ) -> RunRequest:
-    return RunRequest(
-        stream_id=1,
-        provider_id="agent",
-        adapter="cli",
-        target="agent",
-        messages=messages or MESSAGES,
-        workspace=workspace,
-    )
+    return adapter_req("agent", "cli", "agent", messages or MESSAGES, workspace=workspace)
 
 
 def process_gone(pid: int) -> bool:

@@ -12,6 +12,7 @@ from iopd.node.adapters.base import AdapterError, CollectedRunOutput, CollectedT
 from iopd.node.adapters.ollama import OllamaAdapter, to_ollama_messages
 from iopd.node.usage_extract import NdjsonUsageScanner
 from tests.support.mock_providers import MockOllamaServer, MockReply
+from tests.support.node_parts import adapter_req
 from wire.messages import ProviderSpec, ProviderTunnelRequest, RunRequest, Usage
 
 
@@ -20,20 +21,14 @@ def adapter_for(ollama_mock: MockOllamaServer) -> OllamaAdapter:
 
 
 def run_req(**kw: Any) -> RunRequest:
-    return RunRequest(
-        stream_id=1,
-        provider_id="ol",
-        adapter="ollama",
-        target="qwen3:32b",
-        messages=[
-            {"role": "system", "content": "be nice"},
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
-            },
-        ],
-        **kw,
-    )
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "be nice"},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}],
+        },
+    ]
+    return adapter_req("ol", "ollama", "qwen3:32b", messages, **kw)
 
 
 async def test_run_maps_text_thinking_usage_and_options(ollama_mock: MockOllamaServer) -> None:
@@ -172,7 +167,9 @@ async def test_probe_uses_api_tags(ollama_mock: MockOllamaServer) -> None:
 
 async def test_probe_reports_a_model_ollama_has_not_pulled(ollama_mock: MockOllamaServer) -> None:
     ollama_mock.listed = ["llama3:latest"]
-    spec = ProviderSpec(id="ol", type="ollama", base_url=ollama_mock.base_url, models=["llama3", "qwen3:32b"])
+    spec = ProviderSpec(
+        id="ol", type="ollama", base_url=ollama_mock.base_url, models=["llama3", "qwen3:32b"]
+    )
     adapter = OllamaAdapter(spec)
     with trio.fail_after(5):
         health, error = await adapter.probe()

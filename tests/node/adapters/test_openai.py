@@ -22,7 +22,7 @@ from iopd.node.usage_extract import (
     usage_from_openai,
 )
 from tests.support.mock_providers import MockOpenAIServer, MockReply
-from tests.support.node_parts import tunnel_req
+from tests.support.node_parts import adapter_req, tunnel_req
 from wire.messages import NodeConfig, ProviderSpec, RunRequest, Usage
 
 CANARY = "sk-canary-4f1d2a9e"
@@ -265,14 +265,7 @@ async def test_cancel_through_executor_closes_upstream_connection(openai_mock: M
 
 
 def run_req(**kw: Any) -> RunRequest:
-    return RunRequest(
-        stream_id=1,
-        provider_id="vllm",
-        adapter="openai",
-        target="served-model",
-        messages=[{"role": "user", "content": "hi"}],
-        **kw,
-    )
+    return adapter_req("vllm", "openai", "served-model", [{"role": "user", "content": "hi"}], **kw)
 
 
 async def test_normalized_run_text_reasoning_tools_usage(openai_mock: MockOpenAIServer) -> None:
