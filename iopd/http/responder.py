@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from email.utils import formatdate
-from typing import Protocol
+from typing import Protocol, cast
 
 import trio
 
@@ -284,3 +284,107 @@ class Responder:
             self._held = data
         elif data:
             await self._conn.send_bytes(data, self._scope)
+
+
+class RewritingResponder:
+    """A responder in front of another, rewriting what is written to it.
+
+    A translation (one API's reply given to a caller of another) sits
+    between a path that writes a provider's reply and the caller's
+    ``Responder``: a subclass decides the head (``start_held``, ``send``)
+    and turns each body piece (``rewrite``) and the end (``rewrite_end``)
+    into the caller's bytes.  State (``started``, ``finished``, ``unsent``)
+    is the inner responder's, so the request's error handling sees one
+    response; ``as_responder`` hands it to a path typed for a ``Responder``
+    (it has every method such a path calls).
+    """
+
+    __slots__ = ("_inner",)
+
+    def __init__(self, inner: Responder) -> None:
+        self._inner = inner
+
+    def as_responder(self) -> Responder:
+        return cast(Responder, self)
+
+    # -- what a subclass rewrites (the defaults pass everything through)
+
+    def rewrite(self, data: bytes) -> bytes:
+        """The caller's bytes for one body piece (may hold some back: ``b""``)."""
+        return data
+
+    def rewrite_end(self) -> bytes:
+        """The caller's last bytes, once the body has ended."""
+        return b""
+
+    # -- state: the inner responder's
+
+    @property
+    def started(self) -> bool:
+        return self._inner.started
+
+    @property
+    def finished(self) -> bool:
+        return self._inner.finished
+
+    @property
+    def unsent(self) -> bool:
+        return self._inner.unsent
+
+    # -- the Responder's methods, through ``rewrite``
+
+    async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
+        await self._inner.send(status, headers, body)
+
+    def start_held(self, status: int, headers: list[tuple[str, str]]) -> None:
+        self._inner.start_held(status, headers)
+
+    async def start(
+        self, status: int, headers: list[tuple[str, str]], *, hold: bool = False
+    ) -> None:
+        self.start_held(status, headers)
+        if not hold:
+            await self._inner.flush()
+
+    async def write(self, data: bytes, *, hold: bool = False) -> None:
+        piece = self.rewrite(data)
+        if piece:
+            await self._inner.write(piece, hold=hold)
+
+    def write_held(self, data: bytes) -> bool:
+        if not self._inner.started or self._inner.finished:
+            return False
+        piece = self.rewrite(data)
+        return self._inner.write_held(piece) if piece else True
+
+    def end_held(self) -> bool:
+        if not self._inner.started or self._inner.finished:
+            return False
+        tail = self.rewrite_end()
+        if tail:
+            self._inner.write_held(tail)
+        return self._inner.end_held()
+
+    async def end(self) -> None:
+        if self._inner.finished:
+            return
+        tail = self.rewrite_end()
+        if tail:
+            await self._inner.write(tail, hold=True)
+        await self._inner.end()
+
+    def flush_nowait(self) -> bool:
+        return self._inner.flush_nowait()
+
+    async def send_unsent(self) -> None:
+        await self._inner.send_unsent()
+
+    async def flush(self) -> None:
+        await self._inner.flush()
+
+
+def json_typed(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``headers`` for a JSON body the responder writes itself: its own
+    ``content-type``, no ``content-length`` of the body it replaces."""
+    kept = [(k, v) for k, v in headers if k.lower() not in ("content-type", "content-length")]
+    return [("content-type", "application/json"), *kept]

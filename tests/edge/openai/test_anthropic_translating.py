@@ -9,7 +9,7 @@ from typing import Any
 
 import h11
 
-from iopd.edge.openai.anthropic_api.translating import Translating, responder_of
+from iopd.edge.openai.anthropic_api.translating import Translating
 from iopd.http.responder import Responder
 
 
@@ -124,7 +124,7 @@ async def test_a_native_answer_passes_through_untranslated() -> None:
     sink, _, tr = _translating()
     tr.translate = False  # (what upstream() sets for a Messages-native provider)
     native = b'{"type": "message", "content": []}'
-    await responder_of(tr).send(200, [("content-type", "application/json")], native)
+    await tr.as_responder().send(200, [("content-type", "application/json")], native)
     assert _response(sink.data)[2] == native
 
 

@@ -5,7 +5,7 @@ responder (``translating.py``) fed as the relay feeds it."""
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pytest
@@ -19,7 +19,8 @@ from iopd.edge.openai.responses_api.chat_reply import (
     response_from_completion,
 )
 from iopd.edge.openai.responses_api.chat_request import chat_body
-from iopd.edge.openai.responses_api.translating import Translating, responder_of
+from iopd.edge.openai.responses_api.translating import Translating
+from iopd.http.server import Responder
 
 TOOLS: list[Any] = [
     {"type": "function", "name": "shell", "parameters": {"type": "object"}},
@@ -261,8 +262,8 @@ class _Inner:
 def _translating(inner: _Inner, stream: bool = False) -> Translating:
     body = ResponsesRequest.parse({"model": "coder", "input": "x", "stream": stream})
     translating = Translating(
-        responder_of(inner), body, response_id="resp_1", announce=lambda d: None
-    )  # type: ignore[arg-type]
+        cast(Responder, inner), body, response_id="resp_1", announce=lambda d: None
+    )
     translating.translate = True
     return translating
 

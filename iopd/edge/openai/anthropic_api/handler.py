@@ -39,7 +39,6 @@ from iopd.edge.openai.anthropic_api.translating import (
     messages_body,
     native,
     refuse_untranslatable,
-    responder_of,
 )
 from iopd.edge.openai.incoming.json_body import parse_json_object
 from iopd.edge.openai.incoming.messages_request import CountTokensBody, MessagesBody
@@ -83,13 +82,13 @@ async def serve(host: Host, call: Call, request: Request, responder: Responder) 
             input_estimate=leased.estimate,
         )
         if leased.decision.relay:
-            await relay(leased, responder_of(translating), call.out, upstream=translating.upstream)
+            await relay(leased, translating.as_responder(), call.out, upstream=translating.upstream)
         else:
             refuse_untranslatable(body)
             if body.stream:
-                await chat_stream(leased, responder_of(translating), call, host.ids)
+                await chat_stream(leased, translating.as_responder(), call, host.ids)
             else:
-                await chat_once(leased, responder_of(translating), call, host.ids)
+                await chat_once(leased, translating.as_responder(), call, host.ids)
 
 
 # ------------------------------------------------------------- count_tokens

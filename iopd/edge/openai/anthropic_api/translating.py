@@ -13,8 +13,6 @@ streams are translated line by line (``SseLines``).
 
 from __future__ import annotations
 
-from typing import cast
-
 import msgspec
 
 from iopd import errors
@@ -24,6 +22,7 @@ from iopd.edge.openai.incoming.requests import ChatRequest
 from iopd.edge.openai.outgoing import messages_reply as out_msgs
 from iopd.edge.openai.prepare import LeasedRequest
 from iopd.edge.runtime.edge_runtime import Snapshot
+from iopd.http.responder import RewritingResponder, json_typed
 from iopd.http.server import Request, Responder
 
 __all__ = [
@@ -33,7 +32,6 @@ __all__ = [
     "messages_body",
     "native",
     "refuse_untranslatable",
-    "responder_of",
 ]
 
 #: Where an OpenAI-compatible provider gets the translation.
@@ -48,12 +46,6 @@ UpstreamRequest = tuple[str, bytes, list[tuple[str, str]]]
 
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
-
-
-def responder_of(translating: Translating) -> Responder:
-    """The translating responder where the chat paths take a ``Responder``
-    (it has every method they call)."""
-    return cast(Responder, translating)
 
 
 def messages_body(leased: LeasedRequest[ChatRequest]) -> MessagesBody:
@@ -81,7 +73,7 @@ def refuse_untranslatable(body: MessagesBody) -> None:
         )
 
 
-class Translating:
+class Translating(RewritingResponder):
     """A responder in front of the caller's: chat bytes in, Messages bytes out.
 
     It has the methods the relay (with its wire-reader writer) and the
@@ -91,7 +83,6 @@ class Translating:
     """
 
     __slots__ = (
-        "_inner",
         "_events",
         "_message_id",
         "_model",
@@ -106,7 +97,7 @@ class Translating:
     def __init__(
         self, inner: Responder, *, message_id: str, model: str, input_estimate: int
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._message_id = message_id
         self._model = model
         self._estimate = input_estimate
@@ -131,25 +122,11 @@ class Translating:
         self.translate = True
         return CHAT_PATH, rewrite_model(body.raw, target), []
 
-    # -- state: the caller's responder's
-
-    @property
-    def started(self) -> bool:
-        return self._inner.started
-
-    @property
-    def finished(self) -> bool:
-        return self._inner.finished
-
-    @property
-    def unsent(self) -> bool:
-        return self._inner.unsent
-
     # -- whole responses
 
     async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         if self.translate:
-            headers = _json_headers(headers)
+            headers = json_typed(headers)
             body = self._whole(status, body)
         await self._inner.send(status, headers, body)
 
@@ -163,62 +140,21 @@ class Translating:
         ctype = next((v for k, v in headers if k.lower() == "content-type"), "")
         if status >= 400:
             self._mode = "error"
-            headers = _json_headers(headers)
+            headers = json_typed(headers)
         elif ctype.startswith("text/event-stream"):
             self._mode = "sse"
             headers = [(k, v) for k, v in headers if k.lower() != "content-type"]
             headers = [*out_msgs.MESSAGES_SSE_HEADERS[:1], *headers]
         else:
             self._mode = "json"
-            headers = _json_headers(headers)
+            headers = json_typed(headers)
         self._inner.start_held(status, headers)
-
-    async def start(
-        self, status: int, headers: list[tuple[str, str]], *, hold: bool = False
-    ) -> None:
-        self.start_held(status, headers)
-        if not hold:
-            await self._inner.flush()
-
-    async def write(self, data: bytes, *, hold: bool = False) -> None:
-        piece = self._feed(data) if self.translate else data
-        if piece:
-            await self._inner.write(piece, hold=hold)
-
-    def write_held(self, data: bytes) -> bool:
-        if not self._inner.started or self._inner.finished:
-            return False
-        piece = self._feed(data) if self.translate else data
-        return self._inner.write_held(piece) if piece else True
-
-    def end_held(self) -> bool:
-        if not self._inner.started or self._inner.finished:
-            return False
-        tail = self._tail() if self.translate else b""
-        if tail:
-            self._inner.write_held(tail)
-        return self._inner.end_held()
-
-    async def end(self) -> None:
-        if self._inner.finished:
-            return
-        tail = self._tail() if self.translate else b""
-        if tail:
-            await self._inner.write(tail, hold=True)
-        await self._inner.end()
-
-    def flush_nowait(self) -> bool:
-        return self._inner.flush_nowait()
-
-    async def send_unsent(self) -> None:
-        await self._inner.send_unsent()
-
-    async def flush(self) -> None:
-        await self._inner.flush()
 
     # -- translation
 
-    def _feed(self, data: bytes) -> bytes:
+    def rewrite(self, data: bytes) -> bytes:
+        if not self.translate:  # a native provider's answer, as it is
+            return data
         if self._mode == "sse":
             return b"".join(self._events.data(p) for p in self._lines.feed(data))
         limit = MAX_ERROR_BYTES if self._mode == "error" else MAX_WHOLE_BYTES
@@ -229,7 +165,9 @@ class Translating:
         self._buf += data
         return b""
 
-    def _tail(self) -> bytes:
+    def rewrite_end(self) -> bytes:
+        if not self.translate:
+            return b""
         if self._mode == "sse":
             return self._events.finish()
         body, self._buf = bytes(self._buf), bytearray()
@@ -253,11 +191,6 @@ class Translating:
                 input_estimate=self._estimate,
             )
         )
-
-
-def _json_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    kept = [(k, v) for k, v in headers if k.lower() not in ("content-type", "content-length")]
-    return [("content-type", JSON), *kept]
 
 
 def _error_message(body: bytes) -> str:

@@ -32,7 +32,7 @@ from iopd.edge.openai.needs import announce_dropped_tools
 from iopd.edge.openai.normalized import responses_once, responses_stream
 from iopd.edge.openai.prepare import prepare
 from iopd.edge.openai.relay import relay
-from iopd.edge.openai.responses_api.translating import Translating, chat_only, responder_of
+from iopd.edge.openai.responses_api.translating import Translating, chat_only
 from iopd.edge.openai.routes import Host, Serves
 from iopd.edge.runtime.edge_runtime import Snapshot
 from iopd.http.server import Request, Responder
@@ -56,7 +56,7 @@ async def serve(host: Host, call: Call, request: Request, responder: Responder) 
             translating = Translating(
                 responder, leased.body, response_id=host.ids.new("resp"), announce=announce
             )
-            await relay(leased, responder_of(translating), call.out, upstream=translating.upstream)
+            await relay(leased, translating.as_responder(), call.out, upstream=translating.upstream)
         elif leased.body.stream:
             await responses_stream(leased, responder, call, host.ids)
         else:

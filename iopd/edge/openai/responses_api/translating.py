@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import cast
 
 import msgspec
 
@@ -31,9 +30,10 @@ from iopd.edge.openai.prepare import LeasedRequest
 from iopd.edge.openai.responses_api.chat_reply import ChunkEvents, response_from_completion
 from iopd.edge.openai.responses_api.chat_request import chat_body
 from iopd.edge.runtime.edge_runtime import Snapshot
+from iopd.http.responder import RewritingResponder, json_typed
 from iopd.http.server import Responder
 
-__all__ = ["CHAT_PATH", "Translating", "chat_only", "responder_of"]
+__all__ = ["CHAT_PATH", "Translating", "chat_only"]
 
 #: Where a chat-only provider gets the translation.
 CHAT_PATH = "/v1/chat/completions"
@@ -51,12 +51,7 @@ def chat_only(snap: Snapshot, provider_id: str) -> bool:
     return ref is not None and not ref.config.openai_responses
 
 
-def responder_of(translating: Translating) -> Responder:
-    """The translating responder where the relay takes a ``Responder``."""
-    return cast(Responder, translating)
-
-
-class Translating:
+class Translating(RewritingResponder):
     """A responder in front of the caller's: chat bytes in, Responses bytes out.
 
     State (``started``, ``finished``) is the caller's responder's, so the
@@ -67,7 +62,6 @@ class Translating:
     """
 
     __slots__ = (
-        "_inner",
         "_body",
         "_id",
         "_created",
@@ -87,7 +81,7 @@ class Translating:
         response_id: str,
         announce: Callable[[tuple[str, ...]], None],
     ) -> None:
-        self._inner = inner
+        super().__init__(inner)
         self._body = body
         self._id = response_id
         self._created = int(time.time())
@@ -122,25 +116,11 @@ class Translating:
         self.translate = True
         return CHAT_PATH, _encode(made.body), []
 
-    # -- state: the caller's responder's
-
-    @property
-    def started(self) -> bool:
-        return self._inner.started
-
-    @property
-    def finished(self) -> bool:
-        return self._inner.finished
-
-    @property
-    def unsent(self) -> bool:
-        return self._inner.unsent
-
     # -- whole responses
 
     async def send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
         if self.translate and status < 400:
-            headers = _json_headers(headers)
+            headers = json_typed(headers)
             body = self._whole(body)
         await self._inner.send(status, headers, body)
 
@@ -155,55 +135,12 @@ class Translating:
             headers = [(k, v) for k, v in headers if k.lower() != "content-length"]
         else:
             self._mode = "json"
-            headers = _json_headers(headers)
+            headers = json_typed(headers)
         self._inner.start_held(status, headers)
-
-    async def start(
-        self, status: int, headers: list[tuple[str, str]], *, hold: bool = False
-    ) -> None:
-        self.start_held(status, headers)
-        if not hold:
-            await self._inner.flush()
-
-    async def write(self, data: bytes, *, hold: bool = False) -> None:
-        piece = self._feed(data)
-        if piece:
-            await self._inner.write(piece, hold=hold)
-
-    def write_held(self, data: bytes) -> bool:
-        if not self._inner.started or self._inner.finished:
-            return False
-        piece = self._feed(data)
-        return self._inner.write_held(piece) if piece else True
-
-    def end_held(self) -> bool:
-        if not self._inner.started or self._inner.finished:
-            return False
-        tail = self._tail()
-        if tail:
-            self._inner.write_held(tail)
-        return self._inner.end_held()
-
-    async def end(self) -> None:
-        if self._inner.finished:
-            return
-        tail = self._tail()
-        if tail:
-            await self._inner.write(tail, hold=True)
-        await self._inner.end()
-
-    def flush_nowait(self) -> bool:
-        return self._inner.flush_nowait()
-
-    async def send_unsent(self) -> None:
-        await self._inner.send_unsent()
-
-    async def flush(self) -> None:
-        await self._inner.flush()
 
     # -- translation
 
-    def _feed(self, data: bytes) -> bytes:
+    def rewrite(self, data: bytes) -> bytes:
         if self._mode == "sse":
             return b"".join(self._chunks.data(p) for p in self._lines.feed(data))
         if self._mode != "json":
@@ -213,7 +150,7 @@ class Translating:
         self._buf += data
         return b""
 
-    def _tail(self) -> bytes:
+    def rewrite_end(self) -> bytes:
         if self._mode == "sse":
             return self._chunks.finish()
         if self._mode != "json":
@@ -245,8 +182,3 @@ class Translating:
 
 def _metadata(body: ResponsesRequest) -> dict[str, str]:
     return {k: v for k, v in body.metadata.items() if k != "workspace"}
-
-
-def _json_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
-    kept = [(k, v) for k, v in headers if k.lower() not in ("content-type", "content-length")]
-    return [("content-type", JSON), *kept]
