@@ -28,6 +28,7 @@ import msgspec
 
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
 from iopd.edge.openai.outgoing.error_envelope import ErrorShape
+from iopd.edge.openai.outgoing.sse import read_chat_payload
 from iopd.errors import GatewayError
 
 __all__ = [
@@ -266,20 +267,13 @@ class MessageEvents:
 
     def data(self, payload: bytes) -> bytes:
         """One SSE ``data:`` payload of a chat stream (``[DONE]`` ends it)."""
-        if payload.strip() == b"[DONE]":
+        read = read_chat_payload(payload)
+        if read.done:
             return self.finish()
-        try:
-            doc = _decode(payload)
-        except msgspec.DecodeError:
-            return b""  # not JSON: nothing a chat client would have read either
-        if not isinstance(doc, dict):
-            return b""
-        error = doc.get("error")
-        if error is not None and "choices" not in doc:
-            message = error.get("message") if isinstance(error, dict) else error
+        if read.error is not None:
             self.done = True
-            return self.start() + error_event(500, str(message)[:2000])
-        return self.chunk(doc)
+            return self.start() + error_event(500, read.error)
+        return self.chunk(read.chunk) if read.chunk is not None else b""
 
     def chunk(self, doc: JSONObject) -> bytes:
         """One ``chat.completion.chunk``."""

@@ -16,17 +16,15 @@ usage of the stream's last chunk.
 
 from __future__ import annotations
 
-import msgspec
-
 from iopd import errors
 from iopd.edge.openai.incoming.jsonschema import JSONObject, JSONValue
 from iopd.edge.openai.outgoing.error_envelope import OPENAI_ERRORS
 from iopd.edge.openai.outgoing.responses import ResponseEvents, build_response
+from iopd.edge.openai.outgoing.sse import read_chat_payload
 from wire.messages import Usage
 
 __all__ = ["MAX_CALLS", "ChunkEvents", "chat_usage", "response_from_completion"]
 
-_decode = msgspec.json.Decoder().decode
 #: Most distinct tool calls kept from one stream (more are dropped).
 MAX_CALLS = 128
 #: Most characters of tool-call arguments held from one stream.
@@ -138,21 +136,14 @@ class ChunkEvents:
         """One SSE ``data:`` payload of a chat stream."""
         if self.done:
             return b""
-        if payload.strip() == b"[DONE]":
+        read = read_chat_payload(payload)
+        if read.done:
             return self.finish()
-        try:
-            doc = _decode(payload)
-        except msgspec.DecodeError:
-            return b""  # not JSON: nothing a chat client would have read either
-        if not isinstance(doc, dict):
-            return b""
-        error = doc.get("error")
-        if error is not None and "choices" not in doc:
-            message = error.get("message") if isinstance(error, dict) else error
+        if read.error is not None:
             self.done = True
-            exc = errors.ProviderError(str(message)[:2000] or "the provider failed")
+            exc = errors.ProviderError(read.error or "the provider failed")
             return self._start() + OPENAI_ERRORS.sse_event(exc)
-        return self.chunk(doc)
+        return self.chunk(read.chunk) if read.chunk is not None else b""
 
     def chunk(self, doc: JSONObject) -> bytes:
         """One ``chat.completion.chunk``."""
