@@ -80,7 +80,12 @@ _COMPLETION = json.dumps(
     separators=(",", ":"),
 ).encode()
 
-_MODELS = b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"}]}'
+#: Both names the edge's config says this provider serves: the node's health
+#: probe checks each against this list.
+_MODELS = (
+    b'{"object":"list","data":[{"id":"bench-model","object":"model","owned_by":"bench"},'
+    b'{"id":"slow","object":"model","owned_by":"bench"}]}'
+)
 STREAM_CHUNKS = 16
 
 
