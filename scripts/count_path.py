@@ -59,7 +59,8 @@ from typing import Any
 import bench_gateway as bg
 import trio
 
-DUMP_SIGNAL = signal.SIGUSR2
+#: Not SIGUSR2: that is the edge's hand-over to a successor (a restart).
+DUMP_SIGNAL = signal.SIGRTMIN + 1
 CALLTREE_SIGNAL = signal.SIGUSR1
 LATENCIES: list[float] = []
 
