@@ -66,8 +66,15 @@ from iopd.http.server import Request
 from iopd.vocabulary import ContextClass, ResponseMode
 
 __all__ = [
-    "MODEL_GROUP_HEADER", "Body", "ContextClass", "Decision", "LeasedRequest", "Leasing",
-    "model_not_found", "prepare", "until_done",
+    "MODEL_GROUP_HEADER",
+    "Body",
+    "ContextClass",
+    "Decision",
+    "LeasedRequest",
+    "Leasing",
+    "model_not_found",
+    "prepare",
+    "until_done",
 ]
 
 #: On every response of a leased request: the model group that served it (or fallback).
@@ -80,7 +87,6 @@ P = ParamSpec("P")
 
 #: At most this many model ids are named in a ``model_not_found`` message.
 MAX_NAMED_MODELS = 20
-
 
 
 class Decision(NamedTuple):
@@ -234,10 +240,14 @@ class Leasing(Generic[Body]):
 
     def _prompt_bytes(self) -> bytes:
         """The prompt as the prefix index reads it (empty for a ``least_load`` group)."""
-        if self._group.routing != "prefix":
+        policy = self._rt.pool.snapshot.routing
+        # The prompt is parts of the body, re-encoded no longer: a body under
+        # one block can fill none, and is not serialized at all.
+        if self._group.routing != "prefix" or len(self._request.body) < policy.block_bytes:
             return b""
-        limit = self._rt.pool.snapshot.routing.max_prompt_bytes
-        return prompt_bytes(self._request.path, getattr(self._body, "raw", None), limit)
+        return prompt_bytes(
+            self._request.path, getattr(self._body, "raw", None), policy.max_prompt_bytes
+        )
 
     def _queue_timeout(self) -> float:
         bound = self._rt.pool.scheduler.snapshot.queue_timeout_of(
@@ -249,7 +259,9 @@ class Leasing(Generic[Body]):
         rt, call, request = self._rt, self._call, self._request
         if call.snap.rates_limited:  # its limits: 429/400 before queueing
             call.park_deadline()  # (its store may be remote: a wait, not the provider's time)
-            await limits.admit(rt, call, request, self._principal_ref, self._body, self._needs.estimate)
+            await limits.admit(
+                rt, call, request, self._principal_ref, self._body, self._needs.estimate
+            )
         rt.retry_budget.note_request(self._group.id, trio.current_time())
         return await self._enter()
 

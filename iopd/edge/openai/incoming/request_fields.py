@@ -327,6 +327,7 @@ _SAMPLING_EXTRAS: tuple[tuple[str, str, float, float], ...] = (
     ("repeat_penalty", "repeat_penalty", 0, 10),
     ("repetition_penalty", "repeat_penalty", 0, 10),
 )
+_SAMPLING_KEYS = frozenset({key for key, *_ in _SAMPLING_EXTRAS} | {"chat_template_kwargs"})
 MAX_TEMPLATE_KWARGS = 32
 
 
@@ -334,6 +335,8 @@ def sampling_extras(raw: JSONObject, params: JSONObject) -> None:
     """``top_k``, ``min_p``, ``repeat_penalty`` (or vLLM's ``repetition_penalty``)
     and ``chat_template_kwargs`` into ``params``: checked here, mapped by each
     adapter where its provider has a place for them (ollama: ``options``)."""
+    if raw.keys().isdisjoint(_SAMPLING_KEYS):  # the common case: none of them sent
+        return
     for key, name, low, high in _SAMPLING_EXTRAS:
         value = opt_number(raw, key, low, high)
         if value is None or (name == "top_k" and value < 0):  # top_k -1: off (vLLM)

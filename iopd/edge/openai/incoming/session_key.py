@@ -38,6 +38,7 @@ SESSION_HEADERS: tuple[str, ...] = (
     "x-session-affinity",
     "x-claude-code-session-id",
 )
+_SESSION_HEADER_SET = frozenset(SESSION_HEADERS)
 #: Body fields that name a session, in the order they count (``metadata.user_id``:
 #: a nested one).
 _BODY_FIELDS: tuple[str, ...] = (
@@ -77,10 +78,13 @@ def session_key(
     ``openai.session_header``.  Linear in the number of headers.
     """
     wanted = (header.lower(),) + SESSION_HEADERS if header else SESSION_HEADERS
+    names = frozenset(wanted) if header else _SESSION_HEADER_SET
     found: dict[str, str] = {}
     for name, text in headers:
-        if name in wanted and name not in found:
+        if name in names and name not in found:
             found[name] = text
+    if not found and body is None:
+        return None
     for name in wanted:
         if name in found:
             key = _bounded(found[name])
