@@ -8,6 +8,7 @@ import json
 import pytest
 
 from iopd.node.served_models import MAX_LIST_ITEMS, listed_names, model_infos, not_served
+from tests.support.mock_providers import LLAMA_TAG_DETAILS
 from wire.messages import (
     MAX_MODEL_FAMILIES,
     MAX_MODEL_INFOS,
@@ -18,7 +19,9 @@ from wire.messages import (
 
 
 def openai_list(*names: str) -> bytes:
-    return json.dumps({"object": "list", "data": [{"id": n, "object": "model"} for n in names]}).encode()
+    return json.dumps(
+        {"object": "list", "data": [{"id": n, "object": "model"} for n in names]}
+    ).encode()
 
 
 def ollama_tags(*names: str) -> bytes:
@@ -75,16 +78,7 @@ LLAMA = {
     "name": "llama3:latest",
     "model": "llama3:latest",
     "modified_at": "2026-11-30T10:00:00.5+01:00",
-    "size": 4661224676,
-    "digest": "365c0bd3c000",
-    "details": {
-        "parent_model": "",
-        "format": "gguf",
-        "family": "llama",
-        "families": ["llama"],
-        "parameter_size": "8.0B",
-        "quantization_level": "Q4_0",
-    },
+    **LLAMA_TAG_DETAILS,
 }
 
 

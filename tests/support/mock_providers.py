@@ -427,7 +427,12 @@ class MockOpenAIServer(MockHTTPServer):
         model = body.get("model", "")
         base = {"id": "cmpl-mock", "object": "text_completion", "created": 1, "model": model}
         if not body.get("stream"):
-            choice = {"index": 0, "text": self.reply_text, "finish_reason": "stop", "logprobs": None}
+            choice = {
+                "index": 0,
+                "text": self.reply_text,
+                "finish_reason": "stop",
+                "logprobs": None,
+            }
             return _json_reply({**base, "choices": [choice], "usage": self.usage})
         events = [
             sse({**base, "choices": [{"index": 0, "text": w, "finish_reason": None}]})
@@ -539,6 +544,21 @@ class MockOpenAIServer(MockHTTPServer):
             + sse({"type": "response.completed", "response": response})
         )
         return MockReply(headers=[("content-type", "text/event-stream")], chunks=events)
+
+
+#: What Ollama's ``/api/tags`` says of a pulled llama model (the tests' one example).
+LLAMA_TAG_DETAILS: dict[str, object] = {
+    "size": 4661224676,
+    "digest": "365c0bd3c000",
+    "details": {
+        "parent_model": "",
+        "format": "gguf",
+        "family": "llama",
+        "families": ["llama"],
+        "parameter_size": "8.0B",
+        "quantization_level": "Q4_0",
+    },
+}
 
 
 class MockOllamaServer(MockHTTPServer):
@@ -709,17 +729,28 @@ class MockMessagesServer(MockOpenAIServer):
         }
         if not body.get("stream"):
             return _json_reply(message)
-        start = {**message, "content": [], "stop_reason": None, "usage": {**self._usage(), "output_tokens": 1}}
+        start = {
+            **message,
+            "content": [],
+            "stop_reason": None,
+            "usage": {**self._usage(), "output_tokens": 1},
+        }
         events = [anthropic_event({"type": "message_start", "message": start})]
         events.append(anthropic_event({"type": "ping"}))
         events.append(
             anthropic_event(
-                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+                {
+                    "type": "content_block_start",
+                    "index": 0,
+                    "content_block": {"type": "text", "text": ""},
+                }
             )
         )
         for word in _words(self.reply_text):
             delta = {"type": "text_delta", "text": word}
-            events.append(anthropic_event({"type": "content_block_delta", "index": 0, "delta": delta}))
+            events.append(
+                anthropic_event({"type": "content_block_delta", "index": 0, "delta": delta})
+            )
         events.append(anthropic_event({"type": "content_block_stop", "index": 0}))
         for i, tu in enumerate(self.tool_uses, start=1):
             block = {"type": "tool_use", "id": tu["id"], "name": tu["name"], "input": {}}

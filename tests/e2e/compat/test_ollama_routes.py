@@ -29,7 +29,7 @@ from tests.support.gateway import (
     running_gateway,
     wait_until,
 )
-from tests.support.mock_providers import MockOllamaServer
+from tests.support.mock_providers import LLAMA_TAG_DETAILS, MockOllamaServer
 
 TOKEN = "sk-ollama-caller"
 
@@ -87,7 +87,10 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
             body = {"model": "llama", "input": "x"}
             r = await http_request(gw.host_port, "POST", "/api/embed", body=body)
             direct = await http_request(
-                ("127.0.0.1", mock.port), "POST", "/api/embed", body={**body, "model": OLLAMA_SERVED}
+                ("127.0.0.1", mock.port),
+                "POST",
+                "/api/embed",
+                body={**body, "model": OLLAMA_SERVED},
             )
             assert r.status == 200 and r.body == direct.body
 
@@ -102,19 +105,7 @@ async def test_list_show_chat_embed_through_the_ollama_client() -> None:
 async def test_list_shows_the_providers_details_under_the_groups_names() -> None:
     mock = MockOllamaServer()
     mock.listed = [OLLAMA_SERVED, "other:7b"]
-    mock.tag_entries[OLLAMA_SERVED] = {
-        "modified_at": "2026-11-30T10:00:00Z",
-        "size": 4661224676,
-        "digest": "365c0bd3c000",
-        "details": {
-            "parent_model": "",
-            "format": "gguf",
-            "family": "llama",
-            "families": ["llama"],
-            "parameter_size": "8.0B",
-            "quantization_level": "Q4_0",
-        },
-    }
+    mock.tag_entries[OLLAMA_SERVED] = {"modified_at": "2026-11-30T10:00:00Z", **LLAMA_TAG_DETAILS}
     with trio.fail_after(30):
         async with gateway(mock=mock) as (gw, _mock):
             health = gw.runtime.health
@@ -123,7 +114,9 @@ async def test_list_shows_the_providers_details_under_the_groups_names() -> None
     assert [m.model for m in listed.models] == ["llama", "both"]
     for m in listed.models:
         assert m.size == 4661224676 and m.digest == "365c0bd3c000"
-        assert m.modified_at is not None and m.modified_at.isoformat() == "2026-11-30T10:00:00+00:00"
+        assert (
+            m.modified_at is not None and m.modified_at.isoformat() == "2026-11-30T10:00:00+00:00"
+        )
         assert m.details is not None
         assert (m.details.format, m.details.family, m.details.families) == (
             "gguf",
@@ -172,7 +165,9 @@ async def test_errors_on_api_routes_take_ollamas_shape() -> None:
                 ("GET", "/api/chat", 405),
                 ("POST", "/api/chat", 400),  # no body: not JSON
             ):
-                r = await http_request(gw.host_port, method, path, body=b"" if method == "POST" else None)
+                r = await http_request(
+                    gw.host_port, method, path, body=b"" if method == "POST" else None
+                )
                 assert r.status == status, (path, r.body)
                 doc = json.loads(r.body)
                 assert list(doc) == ["error"] and isinstance(doc["error"], str)
