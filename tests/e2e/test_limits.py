@@ -77,6 +77,14 @@ async def post(gw: Gateway, body: dict[str, Any], token: str) -> None:
     await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(token))
 
 
+async def settled(gw: Gateway) -> None:
+    """Until no request is in flight: a caller can have a whole answer before
+    its handler settles the limits (in its ``finally``)."""
+    server = gw.handle.openai_server
+    assert server is not None
+    await wait_until(lambda: server.in_flight == 0)
+
+
 def window(rt: EdgeRuntime, ref: str, name: str, clock: Clock) -> tuple[int, int | None]:
     st = rt.limiter.status_of(ref, clock())
     w = getattr(st, name)
@@ -186,11 +194,13 @@ async def test_tokens_429_while_a_reservation_is_held_then_settled_with_usage() 
                 assert other.status == 200
                 assert other.header("x-ratelimit-limit-tokens") is None
             # Settled with the metered usage: the unused reservation is back.
+            await settled(gw)
             used, remaining = window(rt, "team-a", "tokens_per_minute", clock)
             done = await http_request(
                 gw.host_port, "POST", CHAT, body=chat("x y", max_tokens=20), headers=auth(TEAM_A)
             )
             usage = done.json()["usage"]
+            await settled(gw)
             after, _ = window(rt, "team-a", "tokens_per_minute", clock)
             assert after - used == usage["prompt_tokens"] + usage["completion_tokens"]
             assert done.header("x-ratelimit-remaining-tokens") is not None
@@ -439,6 +449,7 @@ async def test_a_stream_without_usage_settles_the_output_it_relayed() -> None:
                 body = {"model": "remote", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
                 resp = await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
                 assert resp.status == 200 and resp.body.count(b'"content"') == NO_USAGE_PIECES
+                await settled(gw)
                 used, remaining = window(gw.runtime, "team-a", "tokens_per_minute", clock)
                 assert used == 1 + NO_USAGE_PIECES * 10 and remaining == 0  # input "hi" + output
                 # In debt: the next request waits, whatever it asks for.
