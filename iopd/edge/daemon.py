@@ -439,17 +439,15 @@ async def _upgrade(handle: EdgeHandle, rt: EdgeRuntime, outcome: HandoverOutcome
 
 
 async def _listen_again(handle: EdgeHandle, rt: EdgeRuntime, fds: list[int]) -> None:
-    """After a failed hand-over: accept node connections on the kept wire sockets again."""
-    import socket as _socket
-
+    """After a failed hand-over: accept node connections on the kept wire sockets again
+    (taken back the way a successor takes inherited ones)."""
     assert handle._nursery is not None
-    listeners = [
-        trio.SocketListener(trio.socket.from_stdlib_socket(_socket.socket(fileno=fd))) for fd in fds
-    ]
+    cfg = rt.snapshot.config
+    host, port = split_hostport(cfg.edge.node_listen)
+    listeners = await open_listeners("wire", host, port, Inherited({"wire": fds}))
     handle._wire_stop = trio.Event()
     handle.listeners["wire"] = listeners
     gate = rt.hub.listener_gate()
-    cfg = rt.snapshot.config
     await handle._nursery.start(
         functools.partial(
             serve_wire,
@@ -459,7 +457,8 @@ async def _listen_again(handle: EdgeHandle, rt: EdgeRuntime, fds: list[int]) -> 
             listeners=listeners,
             stop_accepting=handle._wire_stop,
         ),
-        *split_hostport(cfg.edge.node_listen),
+        host,
+        port,
     )
     log.info("event=wire_listening_again count=%d", len(listeners))
 
