@@ -9,7 +9,7 @@ One run, on loopback:
   here (``scripts/llama_replicas.py``), ``--replicas`` replicas started cold
   for every target, one slot each with a bounded prompt cache
   (``--cache-ram`` MiB: a replica cannot hold every session, as a GPU's KV
-  cache cannot);
+  cache cannot) that every slot switch goes through (``--slot-similarity``);
 * per target, the same seeded workload: ``agent`` (``--sessions`` concurrent
   sessions of ``--turns`` turns over ``--system-prompts`` shared system
   prompts of ``--system-tokens`` tokens, each turn adding a tool output of
@@ -36,6 +36,7 @@ The cache (the source, the build, the model) is ``$IOPD_BENCH_CACHE`` or
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -64,6 +65,9 @@ class Turn:
     cache_n: int
     prompt_n: int
     ok: bool = True
+    session: int = -1
+    request_id: str = ""
+    replica: str = ""  # which replica served it (the oracle's URL, the edge's log)
 
 
 @dataclass
@@ -84,7 +88,26 @@ class Result:
             "cached_fraction": round(cached / prompt, 4) if prompt else 0.0,
             "requests": len(ok),
             "errors": len(self.turns) - len(ok),
+            **_placement(ok),
         }
+
+
+def _placement(turns: list[Turn]) -> dict[str, str | int]:
+    """Where the sessions went: first turns per replica, and the turns served
+    by another replica than their session's previous turn."""
+    if not all(t.replica for t in turns):
+        return {}
+    by_session: dict[int, list[Turn]] = {}
+    for t in turns:
+        by_session.setdefault(t.session, []).append(t)
+    firsts: dict[str, int] = {}
+    moves = 0
+    for session_turns in by_session.values():
+        firsts[session_turns[0].replica] = firsts.get(session_turns[0].replica, 0) + 1
+        replicas_in_turn = [t.replica for t in session_turns]
+        moves += sum(a != b for a, b in itertools.pairwise(replicas_in_turn))
+    spread = "/".join(str(n) for n in sorted(firsts.values(), reverse=True))
+    return {"first_turns": spread, "moves": moves}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -123,6 +146,7 @@ def _chat(url: str, messages: list[dict[str, str]], args: argparse.Namespace) ->
     timings: dict[str, int] = {}
     try:
         with urllib.request.urlopen(request, timeout=args.request_timeout) as reply:
+            request_id = reply.headers.get("x-request-id", "")
             for raw in reply:
                 line = raw.decode("utf-8", "replace").strip()
                 if not line.startswith("data:") or line == "data: [DONE]":
@@ -141,6 +165,7 @@ def _chat(url: str, messages: list[dict[str, str]], args: argparse.Namespace) ->
         time.monotonic() - started,
         int(timings.get("cache_n", 0)),
         int(timings.get("prompt_n", 0)),
+        request_id=request_id,
     )
     return turn, "".join(text)
 
@@ -187,6 +212,9 @@ def run_workload(kind: str, urls: list[str], args: argparse.Namespace) -> Result
         for new in plan[i]:
             messages = [*history, *new] if kind == "agent" else new
             turn, reply = _chat(url, messages, args)
+            turn.session = i
+            if len(urls) > 1:
+                turn.replica = url
             with lock:
                 result.turns.append(turn)
             if kind == "agent":
@@ -274,6 +302,14 @@ def _edge(
     sys.exit(f"bench_routing: the edge did not start; see {log}")
 
 
+def _served_by(log: Path) -> dict[str, str]:
+    """request id -> provider, from the edge's request log lines."""
+    found = re.finditer(
+        r"event=request request_id=(\S+) .*?\bprovider=(\S+)", log.read_text(errors="replace")
+    )
+    return {m.group(1): m.group(2) for m in found}
+
+
 def _ready(url: str, args: argparse.Namespace, n: int) -> None:
     """Until every replica answered through the gateway (a one-token prompt each)."""
     deadline = time.monotonic() + 60
@@ -296,6 +332,7 @@ def run_target(
         n=args.replicas,
         ctx=args.ctx,
         cache_ram_mib=args.cache_ram,
+        slot_similarity=args.slot_similarity,
         threads=args.threads,
         log_dir=tmp,
     ) as ports:
@@ -305,13 +342,17 @@ def run_target(
         try:
             url = edge.openai_url  # type: ignore[attr-defined]
             _ready(url, args, args.replicas)
-            return run_workload(kind, [url], args)
+            result = run_workload(kind, [url], args)
         finally:
             edge.terminate()
             try:
                 edge.wait(10)
             except subprocess.TimeoutExpired:
                 edge.kill()
+        served = _served_by(tmp / f"edge-{target}.log")  # complete once the edge has exited
+        for turn in result.turns:
+            turn.replica = served.get(turn.request_id, "")
+        return result
 
 
 # ------------------------------------------------------------ main
@@ -332,9 +373,19 @@ def main() -> None:
     p.add_argument(
         "--cache-ram",
         type=int,
-        default=64,
-        help="prompt cache per replica, MiB (64: about two sessions' prompts of the "
+        default=128,
+        help="prompt cache per replica, MiB (128: about four sessions' prompts of the "
         "default workload, of the twelve)",
+    )
+    p.add_argument(
+        "--slot-similarity",
+        type=float,
+        default=0.0,
+        help="llama-server --slot-prompt-similarity (0: every new prompt saves the slot's "
+        "to the prompt cache and restores the best cached one; llama-server's own default, "
+        "0.1, reuses the one slot without looking at the cache whenever the new prompt "
+        "keeps half of it, so a session sharing a system prompt with the last one loses "
+        "the rest of its own)",
     )
     p.add_argument("--threads", type=int, default=1, help="CPU threads per replica")
     p.add_argument(
@@ -389,13 +440,19 @@ def _report(results: dict[str, dict[str, dict[str, float]]], args: argparse.Name
         ("ttft_p99_s", "TTFT p99 (s)"),
         ("cached_fraction", "cached fraction"),
         ("errors", "errors"),
+        ("first_turns", "first turns"),
+        ("moves", "turns moved"),
     ]
     for kind, by_target in results.items():
         targets = list(by_target)
         print(f"\nworkload {kind}")
-        print(f"  {'':18}" + "".join(f"{t:>12}" for t in targets))
+        width = max(12, *(len(t) + 2 for t in targets))
+        print(f"  {'':18}" + "".join(f"{t:>{width}}" for t in targets))
         for key, name in rows:
-            print(f"  {name:18}" + "".join(f"{by_target[t][key]:>12}" for t in targets))
+            if kind != "agent" and key in ("first_turns", "moves"):
+                continue  # no sessions there: each request is its own
+            cells = (str(by_target[t].get(key, "-")) for t in targets)
+            print(f"  {name:18}" + "".join(f"{c:>{width}}" for c in cells))
         if {"prefix", "least_load"} <= set(targets):
             a, b = by_target["prefix"], by_target["least_load"]
             print(f"  prefix vs least_load wall time: {b['wall_s'] / max(a['wall_s'], 1e-9):.2f}x")

@@ -5,7 +5,7 @@ written here with ``numpy`` and ``gguf``, and replicas started cold.
 
     server = find_or_build_server(cache_dir)   # built once, kept in cache_dir
     model = write_model(cache_dir / "tiny.gguf")
-    with replicas(server, model, n=3, ctx=12288, cache_ram_mib=64, ...) as ports: ...
+    with replicas(server, model, n=3, ctx=12288, cache_ram_mib=128, slot_similarity=0, ...) as ports: ...
 
 The build is CPU only, only the server target, niced and ``-j1`` by default
 (``IOPD_BENCH_JOBS``): it takes a while once and is reused after.  The model
@@ -203,12 +203,14 @@ def replicas(
     n: int,
     ctx: int,
     cache_ram_mib: int,
+    slot_similarity: float = 0.1,
     threads: int,
     log_dir: Path,
     timeout: float = 120.0,
 ) -> Iterator[list[int]]:
-    """``n`` cold ``llama-server`` replicas, one slot each, a bounded prompt cache;
-    their ports.  Stopped (TERM, then KILL) on leaving."""
+    """``n`` cold ``llama-server`` replicas, one slot each, a bounded prompt cache
+    (``slot_similarity`` 0: every new prompt saves the slot's prompt there and
+    restores the best cached one); their ports.  Stopped (TERM, then KILL) on leaving."""
     procs: list[subprocess.Popen[bytes]] = []
     ports: list[int] = []
     try:
@@ -218,7 +220,8 @@ def replicas(
             cmd = [
                 str(server), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
                 "--alias", "bench", "-np", "1", "-c", str(ctx), "-t", str(threads),
-                "-tb", str(threads), "--cache-ram", str(cache_ram_mib), "--no-warmup",
+                "-tb", str(threads), "--cache-ram", str(cache_ram_mib),
+                "--slot-prompt-similarity", str(slot_similarity), "--no-warmup",
                 "--no-webui", "-b", "2048", "-ub", "512",
             ]  # fmt: skip
             with log.open("wb") as out:
