@@ -268,11 +268,12 @@ async def test_exact_accounting_under_a_cancel_storm() -> None:
             rt = gw.runtime
             clock = Clock(rt)
             statuses: list[int] = []
+            cuts: dict[int, trio.CancelScope] = {}
 
             async def one(i: int) -> None:
                 body = chat(text, stream=True, max_tokens=50)
                 if i % 2:
-                    with trio.move_on_after(0.05 + 0.01 * (i % 5)):
+                    with cuts.setdefault(i, trio.CancelScope()):
                         await http_request(gw.host_port, "POST", CHAT, body=body, headers=auth(TEAM_A))
                 else:
                     resp = await http_request(
@@ -283,6 +284,11 @@ async def test_exact_accounting_under_a_cancel_storm() -> None:
             async with trio.open_nursery() as n:
                 for i in range(16):
                     n.start_soon(one, i)
+                # Cut once every request is admitted (a caller gone before the edge
+                # read its request was never one), some streaming, most queued.
+                await wait_until(lambda: window(rt, "team-a", "requests_per_minute", clock)[0] == 16)
+                for i, scope in cuts.items():
+                    scope.deadline = trio.current_time() + 0.01 * (i % 5)
             await wait_until(lambda: rt.pool.principal_loads() == {})
             await wait_until(lambda: rt.limiter.status_of("team-a", clock()).admitted == 0)
             assert statuses == [200] * 8
