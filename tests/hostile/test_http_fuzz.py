@@ -10,30 +10,16 @@ checker cannot make the fuzz pass vacuously.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from types import ModuleType
 
 import pytest
 import trio
 
-from tests.support.paths import ROOT
+from tests.support.paths import load_script
 
-SCRIPT = ROOT / "scripts" / "fuzz_http.py"
 SEED = 20261129
 
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("fuzz_http", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("fuzz_http", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz_http = _load()
+fuzz_http = load_script("fuzz_http")
 
 
 def _response(status: int, body: bytes) -> bytes:

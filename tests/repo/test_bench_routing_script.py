@@ -4,18 +4,11 @@ sessions spread and moved."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
-from tests.support.paths import ROOT
+from tests.support.paths import load_script
 
-SCRIPT = ROOT / "scripts" / "bench_routing.py"
-_spec = importlib.util.spec_from_file_location("bench_routing", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-bench_routing = importlib.util.module_from_spec(_spec)
-sys.modules["bench_routing"] = bench_routing
-_spec.loader.exec_module(bench_routing)
+bench_routing = load_script("bench_routing")
 Turn = bench_routing.Turn
 
 

@@ -4,19 +4,11 @@ hand-made traces, where every hop and step is known."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-
 import pytest
 
-from tests.support.paths import ROOT
+from tests.support.paths import load_script
 
-SCRIPT = ROOT / "scripts" / "hop_timeline.py"
-_spec = importlib.util.spec_from_file_location("hop_timeline", SCRIPT)
-assert _spec is not None and _spec.loader is not None
-hop_timeline = importlib.util.module_from_spec(_spec)
-sys.modules["hop_timeline"] = hop_timeline
-_spec.loader.exec_module(hop_timeline)
+hop_timeline = load_script("hop_timeline")
 
 TARGETS = {
     "direct": ["provider"],

@@ -51,7 +51,7 @@ from tests.support.daemons import (
     sse_payloads,
 )
 from tests.support.mock_providers import MockOllamaServer, MockOpenAIServer
-from tests.support.paths import ROOT
+from tests.support.paths import ROOT, load_script
 
 REPO = ROOT
 
@@ -786,14 +786,7 @@ async def test_soak_short_run_has_no_violations() -> None:
 
 
 def _load_soak() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("soak", REPO / "scripts" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("soak", module)  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("soak")
 
 
 def _sse(*deltas: str, finish: str | None = "stop", done: bool = True) -> bytes:
