@@ -48,6 +48,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,17 +98,12 @@ def _placement(turns: list[Turn]) -> dict[str, str | int]:
     by another replica than their session's previous turn."""
     if not all(t.replica for t in turns):
         return {}
-    by_session: dict[int, list[Turn]] = {}
+    by_session: dict[int, list[str]] = {}
     for t in turns:
-        by_session.setdefault(t.session, []).append(t)
-    firsts: dict[str, int] = {}
-    moves = 0
-    for session_turns in by_session.values():
-        firsts[session_turns[0].replica] = firsts.get(session_turns[0].replica, 0) + 1
-        replicas_in_turn = [t.replica for t in session_turns]
-        moves += sum(a != b for a, b in itertools.pairwise(replicas_in_turn))
-    spread = "/".join(str(n) for n in sorted(firsts.values(), reverse=True))
-    return {"first_turns": spread, "moves": moves}
+        by_session.setdefault(t.session, []).append(t.replica)
+    firsts = Counter(served[0] for served in by_session.values())
+    moves = sum(a != b for served in by_session.values() for a, b in itertools.pairwise(served))
+    return {"first_turns": "/".join(str(n) for _, n in firsts.most_common()), "moves": moves}
 
 
 def _pct(values: list[float], q: float) -> float:

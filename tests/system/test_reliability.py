@@ -785,10 +785,6 @@ async def test_soak_short_run_has_no_violations() -> None:
     assert "violations=0" in out
 
 
-def _load_soak() -> Any:
-    return load_script("soak")
-
-
 def _sse(*deltas: str, finish: str | None = "stop", done: bool = True) -> bytes:
     out = b""
     for d in deltas:
@@ -802,7 +798,7 @@ def _sse(*deltas: str, finish: str | None = "stop", done: bool = True) -> bytes:
 
 
 def test_soak_sequence_check_catches_lost_duplicated_reordered_chunks() -> None:
-    check = _load_soak().check_stream
+    check = load_script("soak").check_stream
     words = ["s0-1-0", "s0-1-1", "s0-1-2"]
     assert check(_sse("s0-1-0 ", "s0-1-1 ", "s0-1-2"), words) is None
     assert "lost" in check(_sse("s0-1-0 ", "s0-1-2"), words)
